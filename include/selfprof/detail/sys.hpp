@@ -1,0 +1,78 @@
+// The one thin seam every system call of selfprof (outside the signal handler) goes through, so tests
+// can inject failures such as EACCES, ENOSYS or EMFILE. Functions follow libc: -1 and errno on failure.
+// Context: any thread except the signal handler (the handler makes its few raw syscalls directly).
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdint>
+
+namespace selfprof {
+namespace detail {
+
+struct syscall_table {
+  long (*perf_event_open)(void* attr, int pid, int cpu, int group_fd, unsigned long flags);
+  int (*timer_create)(clockid_t clock, struct sigevent* sev, timer_t* out);
+  int (*timer_settime)(timer_t id, int flags, const struct itimerspec* value, struct itimerspec* old);
+  int (*timer_delete)(timer_t id);
+  int (*setitimer)(int which, const struct itimerval* value, struct itimerval* old);
+  int (*sigaction)(int sig, const struct sigaction* act, struct sigaction* old);
+  int (*open)(const char* path, int flags, mode_t mode);
+  int (*openat)(int dirfd, const char* path, int flags, mode_t mode);
+  int (*close)(int fd);
+  int (*fcntl_int)(int fd, int cmd, long arg);
+  int (*getrlimit)(int resource, struct rlimit* out);
+  int (*setrlimit)(int resource, const struct rlimit* value);
+};
+
+inline long default_perf_event_open(void* attr, int pid, int cpu, int group_fd, unsigned long flags) {
+  return ::syscall(SYS_perf_event_open, attr, pid, cpu, group_fd, flags);
+}
+inline int default_timer_create(clockid_t clock, struct sigevent* sev, timer_t* out) {
+  return ::timer_create(clock, sev, out);
+}
+inline int default_timer_settime(timer_t id, int flags, const struct itimerspec* v, struct itimerspec* o) {
+  return ::timer_settime(id, flags, v, o);
+}
+inline int default_timer_delete(timer_t id) { return ::timer_delete(id); }
+inline int default_setitimer(int which, const struct itimerval* v, struct itimerval* o) {
+  return ::setitimer(static_cast<__itimer_which>(which), v, o);
+}
+inline int default_sigaction(int sig, const struct sigaction* act, struct sigaction* old) {
+  return ::sigaction(sig, act, old);
+}
+inline int default_open(const char* path, int flags, mode_t mode) { return ::open(path, flags, mode); }
+inline int default_openat(int dirfd, const char* path, int flags, mode_t mode) {
+  return ::openat(dirfd, path, flags, mode);
+}
+inline int default_close(int fd) { return ::close(fd); }
+inline int default_fcntl_int(int fd, int cmd, long arg) { return ::fcntl(fd, cmd, arg); }
+inline int default_getrlimit(int r, struct rlimit* out) {
+  return ::getrlimit(static_cast<__rlimit_resource>(r), out);
+}
+inline int default_setrlimit(int r, const struct rlimit* v) {
+  return ::setrlimit(static_cast<__rlimit_resource>(r), v);
+}
+
+inline syscall_table default_syscalls() {
+  return syscall_table{default_perf_event_open, default_timer_create, default_timer_settime,
+                       default_timer_delete,    default_setitimer,    default_sigaction,
+                       default_open,            default_openat,       default_close,
+                       default_fcntl_int,       default_getrlimit,    default_setrlimit};
+}
+
+// The table in use. Tests replace entries (and restore them with default_syscalls()).
+inline syscall_table& sys() {
+  static syscall_table table = default_syscalls();
+  return table;
+}
+
+}  // namespace detail
+}  // namespace selfprof

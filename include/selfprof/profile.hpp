@@ -1,0 +1,72 @@
+// The profile value: symbolized stacks with counts, thread names and sampling metadata.
+// Context: any thread (built by the collector or the CLI; read by the writers).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace selfprof {
+
+// What kind of code a frame is in; writers map it to the folded annotations of
+// flamegraph.pl (`_[k]`, `_[j]`, `_[i]`) and to palettes.
+enum class frame_kind : std::uint8_t {
+  native,   // ordinary machine code of a mapped module
+  kernel,   // kernel code (`_[k]`)
+  jit,      // code named by a perf map or selfprof::jit (`_[j]`)
+  inlined,  // an inlined call expanded by the symbolizer (`_[i]`)
+  marker,   // synthetic frame made by selfprof itself: thread roots, [truncated], [blocked: ...]
+};
+
+struct frame {
+  std::string name;         // demangled function name, or "[module+0xoffset]" when nothing names it
+  std::string module;       // path of the module (empty for markers)
+  std::uint64_t address = 0;        // absolute address looked up (pc, or pc-1 for return addresses)
+  std::uint64_t module_offset = 0;  // address relative to the module's load bias
+  std::string file;         // source file when known (libdw), else empty
+  std::uint32_t line = 0;   // source line when known, else 0
+  frame_kind kind = frame_kind::native;
+};
+
+struct stack {
+  std::vector<std::uint32_t> frames;  // indices into profile::frames; root first, leaf last
+  std::uint64_t count = 0;            // samples (or the profile's unit, see profile_info::unit)
+  std::uint32_t tid = 0;              // thread the samples came from (0 when merged/unknown)
+  bool truncated = false;             // the unwinder hit the depth limit: root-side frames are missing
+};
+
+struct thread_info {
+  std::uint32_t tid = 0;
+  std::string name;
+};
+
+struct profile_info {
+  std::string mode = "cpu";        // cpu | wall | offcpu
+  std::string unit = "samples";    // what stack::count counts
+  std::string source;              // tick source that produced the samples (perf, timer, itimer, file)
+  double hz = 0;                   // requested sampling rate
+  double duration_s = 0;           // wall time covered by the profile
+  std::uint64_t period_ns = 0;     // CPU time one sample stands for
+  std::uint64_t samples = 0;       // samples counted in the stacks (sum of weights)
+  std::uint64_t dropped = 0;       // samples lost (ring full, unwinder refused, ...)
+  std::uint64_t truncated = 0;     // samples whose stack hit the depth limit
+  std::uint64_t start_unix_ns = 0; // when the profile started
+  std::vector<std::string> notes;  // human-readable remarks (why a source was refused, ...)
+};
+
+struct profile {
+  std::vector<frame> frames;
+  std::vector<stack> stacks;
+  std::vector<thread_info> threads;
+  profile_info info;
+
+  // Name of a thread, or an empty string when unknown.
+  const std::string& thread_name(std::uint32_t tid) const {
+    static const std::string empty;
+    for (const auto& t : threads)
+      if (t.tid == tid) return t.name;
+    return empty;
+  }
+};
+
+}  // namespace selfprof
