@@ -1,0 +1,133 @@
+// Signal-handler code: the profiling signal handler and the lock-free globals it reads.
+// Context: signal handler (async-signal-safe only: no malloc, no locks, no lazy TLS, errno preserved).
+#pragma once
+
+#include <signal.h>
+#include <ucontext.h>
+
+#include <atomic>
+#include <errno.h>
+#include <cstddef>
+#include <cstdint>
+#include <time.h>
+
+#include "raw_syscall.hpp"
+#include "ring.hpp"
+#include "unwind_fp.hpp"
+
+namespace selfprof {
+namespace detail {
+
+// Everything the handler reads or counts. Constant-initialized: no constructor runs, so it is valid in
+// any thread at any time, before main and after exit.
+struct handler_globals {
+  std::atomic<bool> active{false};              // samples are taken only while set
+  std::atomic<int> in_flight{0};                // handlers running now (stop waits for zero)
+  std::atomic<sample_ring*> ring{nullptr};
+  std::atomic<int> signal_number{0};
+  std::atomic<std::uint32_t> max_depth{0};
+  std::atomic<std::uint32_t> main_tid{0};
+  std::atomic<std::uintptr_t> main_stack_end{0};
+  std::atomic<bool> weight_overruns{true};      // CPU timers: weight a sample by 1 + si_overrun
+  // Counters, read by the collector.
+  std::atomic<std::uint64_t> taken{0};          // records written to the ring
+  std::atomic<std::uint64_t> dropped_full{0};   // samples lost because the ring was full
+  std::atomic<std::uint64_t> dropped_inactive{0};  // ticks that arrived while stopping
+  std::atomic<std::uint64_t> foreign{0};        // signals sent by kill/tgkill/sigqueue, ignored
+  std::atomic<std::uint64_t> truncated{0};      // samples cut at max_depth
+  // perf_event fds opened by selfprof (one bit per fd below kPerfFdBits): their overflow disables the
+  // event (PERF_EVENT_IOC_REFRESH 1) and the handler re-arms it after sampling.
+  static constexpr int kPerfFdBits = 65536;
+  std::atomic<std::uint64_t> perf_fds[kPerfFdBits / 64]{};
+};
+
+inline handler_globals g_handler;  // one per process (see profiler.hpp for two copies in one process)
+
+// The value CPU-timer signals carry in si_value, so they can be told from a foreign sigqueue().
+inline void* timer_cookie() { return static_cast<void*>(&g_handler); }
+
+// Is this delivery one of our ticks? The kernel's perf_event and itimer signals have si_code > 0;
+// POSIX timers say SI_TIMER and carry our cookie; anything else was sent by someone (kill, tgkill).
+inline bool is_our_tick(const siginfo_t* info) {
+  if (info == nullptr) return false;
+  if (info->si_code > 0) return true;
+  return info->si_code == SI_TIMER && info->si_value.sival_ptr == timer_cookie();
+}
+
+// PERF_EVENT_IOC_REFRESH from <linux/perf_event.h>: _IO('$', 2).
+constexpr unsigned long kPerfIocRefresh = 0x2402;
+constexpr int kPollHup = 6;  // si_code of a perf_event signal whose event_limit ran out (POLL_HUP)
+
+inline bool owns_perf_fd(handler_globals& g, int fd) {
+  if (fd < 0 || fd >= handler_globals::kPerfFdBits) return false;
+  return (g.perf_fds[fd / 64].load(std::memory_order_acquire) >> (fd % 64)) & 1u;
+}
+
+inline void rearm_perf_event(handler_globals& g, const siginfo_t* info) {
+  if (info->si_code == kPollHup && owns_perf_fd(g, info->si_fd))
+    raw_syscall3(SYS_ioctl, info->si_fd, static_cast<long>(kPerfIocRefresh), 1);
+}
+
+inline void sample_signal_handler(int, siginfo_t* info, void* context) {
+  const int saved_errno = errno;
+  handler_globals& g = g_handler;
+  g.in_flight.fetch_add(1, std::memory_order_acquire);
+  do {
+    if (!is_our_tick(info)) {
+      g.foreign.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    if (!g.active.load(std::memory_order_acquire)) {
+      g.dropped_inactive.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    rearm_perf_event(g, info);  // first, so the next period starts counting now
+    sample_ring* ring = g.ring.load(std::memory_order_acquire);
+    if (ring == nullptr || context == nullptr) break;
+    std::uint64_t pos = 0;
+    ring_slot* slot = ring->claim(pos);
+    if (slot == nullptr) {
+      g.dropped_full.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    const ucontext_t* uc = static_cast<const ucontext_t*>(context);
+    std::uintptr_t pc = 0, sp = 0, fp = 0;
+#if defined(__x86_64__)
+    pc = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
+    sp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RSP]);
+    fp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RBP]);
+#elif defined(__aarch64__)
+    pc = static_cast<std::uintptr_t>(uc->uc_mcontext.pc);
+    sp = static_cast<std::uintptr_t>(uc->uc_mcontext.sp);
+    fp = static_cast<std::uintptr_t>(uc->uc_mcontext.regs[29]);
+#endif
+    const std::uint32_t tid = raw_gettid();
+    const bool is_main = tid == g.main_tid.load(std::memory_order_relaxed);
+    const std::uintptr_t end =
+        current_thread_stack_end(sp, g.main_stack_end.load(std::memory_order_relaxed), is_main);
+    const std::size_t max_depth = ring->max_depth();
+    unwind_result u = unwind_fp(pc, sp, fp, end, slot->pcs(), max_depth);
+
+    sample_header& h = slot->header;
+    h.tid = tid;
+    h.depth = static_cast<std::uint16_t>(u.depth);
+    h.flags = static_cast<std::uint16_t>((u.truncated ? sample_truncated : 0) | (u.leaf_fixed ? sample_leaf_fixed : 0));
+    std::uint32_t weight = 1;
+    if (info->si_code == SI_TIMER && info->si_overrun > 0 && g.weight_overruns.load(std::memory_order_relaxed))
+      weight += static_cast<std::uint32_t>(info->si_overrun);
+    h.weight = weight;
+    h.aux = 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe (POSIX.1-2008 list)
+    h.time_ns = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+    h.tag = 0;
+    if (u.truncated) g.truncated.fetch_add(1, std::memory_order_relaxed);
+    sample_ring::publish(slot, pos);
+    g.taken.fetch_add(1, std::memory_order_relaxed);
+  } while (false);
+  g.in_flight.fetch_sub(1, std::memory_order_release);
+  errno = saved_errno;
+}
+
+}  // namespace detail
+}  // namespace selfprof

@@ -1,0 +1,109 @@
+// Signal-handler code: the preallocated multi-producer, single-consumer ring of fixed-size sample records.
+// Context: producers run in the signal handler (lock-free, never wait); the one consumer is whoever holds
+// the collector's table lock.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace selfprof {
+namespace detail {
+
+enum sample_flags : std::uint16_t {
+  sample_truncated = 1u << 0,   // the depth limit cut the stack: root-side frames are missing
+  sample_offcpu = 1u << 1,      // wall mode: the thread was not running
+  sample_leaf_fixed = 1u << 2,  // the caller of the interrupted frame was recovered by a leaf heuristic
+};
+
+// One sample, as the handler writes it. `pcs` follows the header in the slot: pcs[0] is the interrupted
+// pc, pcs[1..depth) are return addresses, leaf first.
+struct sample_header {
+  std::uint32_t tid;
+  std::uint16_t depth;
+  std::uint16_t flags;
+  std::uint32_t weight;  // ticks this sample stands for (1 + timer overruns)
+  std::uint32_t aux;     // reserved for the sampling mode (wall: blocking syscall number + 1)
+  std::uint64_t time_ns; // CLOCK_MONOTONIC when taken
+  std::uint64_t tag;     // frame marker of the thread (game frames), 0 if none
+};
+
+struct ring_slot {
+  std::atomic<std::uint64_t> seq;
+  sample_header header;
+  // followed by max_depth std::uint64_t program counters
+  std::uint64_t* pcs() { return reinterpret_cast<std::uint64_t*>(this + 1); }
+};
+static_assert(sizeof(ring_slot) % 8 == 0, "slots must keep 8-byte alignment");
+
+// A bounded MPSC queue (sequence numbers per slot, after D. Vyukov's design). The memory is given by the
+// owner and outlives every handler that may still run.
+class sample_ring {
+ public:
+  sample_ring() = default;
+  sample_ring(const sample_ring&) = delete;
+  sample_ring& operator=(const sample_ring&) = delete;
+
+  static std::size_t stride_for(std::size_t max_depth) {
+    return sizeof(ring_slot) + max_depth * sizeof(std::uint64_t);
+  }
+
+  // `memory` must hold capacity * stride_for(max_depth) bytes, 8-byte aligned; capacity a power of two.
+  void init(void* memory, std::size_t capacity, std::size_t max_depth) {
+    base_ = static_cast<unsigned char*>(memory);
+    capacity_ = capacity;
+    mask_ = capacity - 1;
+    max_depth_ = max_depth;
+    stride_ = stride_for(max_depth);
+    // std::atomic<uint64_t> is trivially default-constructible: zeroed memory from the owner holds one.
+    for (std::size_t i = 0; i < capacity; ++i) slot(i)->seq.store(i, std::memory_order_relaxed);
+    head_.store(0, std::memory_order_relaxed);
+    tail_ = 0;
+  }
+
+  std::size_t capacity() const { return capacity_; }
+  std::size_t max_depth() const { return max_depth_; }
+
+  // Producer: claims a slot or returns nullptr when the ring is full. Fill it, then publish(slot, pos).
+  ring_slot* claim(std::uint64_t& pos) {
+    std::uint64_t p = head_.load(std::memory_order_relaxed);
+    for (;;) {
+      ring_slot* s = slot(p & mask_);
+      std::uint64_t seq = s->seq.load(std::memory_order_acquire);
+      auto dif = static_cast<std::int64_t>(seq - p);
+      if (dif == 0) {
+        if (head_.compare_exchange_weak(p, p + 1, std::memory_order_relaxed)) {
+          pos = p;
+          return s;
+        }
+      } else if (dif < 0) {
+        return nullptr;  // full: the consumer has not freed this slot yet
+      } else {
+        p = head_.load(std::memory_order_relaxed);
+      }
+    }
+  }
+  static void publish(ring_slot* s, std::uint64_t pos) { s->seq.store(pos + 1, std::memory_order_release); }
+
+  // Consumer: the next published slot, or nullptr. Call release() when done with it.
+  ring_slot* peek() {
+    ring_slot* s = slot(tail_ & mask_);
+    std::uint64_t seq = s->seq.load(std::memory_order_acquire);
+    return seq == tail_ + 1 ? s : nullptr;
+  }
+  void release(ring_slot* s) {
+    s->seq.store(tail_ + capacity_, std::memory_order_release);
+    ++tail_;
+  }
+
+ private:
+  ring_slot* slot(std::size_t i) { return reinterpret_cast<ring_slot*>(base_ + i * stride_); }
+
+  unsigned char* base_ = nullptr;
+  std::size_t capacity_ = 0, mask_ = 0, max_depth_ = 0, stride_ = 0;
+  alignas(64) std::atomic<std::uint64_t> head_{0};
+  alignas(64) std::uint64_t tail_ = 0;
+};
+
+}  // namespace detail
+}  // namespace selfprof
