@@ -1,0 +1,117 @@
+// Profiler options and their SELFPROF_* environment variables (parsed, validated, reported by name).
+// Context: setup only.
+#pragma once
+
+#include <signal.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "sources/source.hpp"
+
+namespace selfprof {
+
+struct options {
+  double hz = 99;                               // SELFPROF_HZ: samples per CPU-second per thread
+  source_kind source = source_kind::automatic;  // SELFPROF_SOURCE: auto|perf|timer|itimer
+  std::string out;                              // SELFPROF_OUT: dump path template(s), comma-separated
+  int dump_signal = SIGUSR2;                    // SELFPROF_SIGNAL: USR2 (default), USR1, a number, or none (0)
+  std::string mode = "cpu";                     // SELFPROF_MODE: cpu|wall
+  double interval_s = 0;                        // SELFPROF_INTERVAL: seconds between periodic dumps (0: off)
+  unsigned max_depth = 128;                     // SELFPROF_MAX_DEPTH: frames kept per sample (2..1024)
+  int sample_signal = 0;                        // SELFPROF_SAMPLE_SIGNAL: 0 picks SIGPROF or a free RT signal
+  bool thread_roots = false;                    // SELFPROF_THREAD_ROOTS: per-thread root frames in output
+  bool verbose = false;                         // SELFPROF_VERBOSE: echo the configuration once on start
+  unsigned thread_scan_ms = 20;                 // how often new threads are looked for
+  std::size_t ring_slots = 0;                   // sample ring capacity (0: sized from hz)
+};
+
+namespace detail {
+
+inline bool parse_double(const char* text, double lo, double hi, double& out) {
+  if (text == nullptr || *text == '\0') return false;
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(text, &end);
+  if (errno != 0 || end == text || *end != '\0' || !(v >= lo && v <= hi)) return false;
+  out = v;
+  return true;
+}
+
+inline bool parse_bool(const char* text, bool& out) {
+  std::string s = text ? text : "";
+  if (s == "1" || s == "true" || s == "yes" || s == "on") return out = true, true;
+  if (s == "0" || s == "false" || s == "no" || s == "off") return out = false, true;
+  return false;
+}
+
+inline bool parse_signal(const char* text, bool allow_none, int& out) {
+  std::string s = text ? text : "";
+  if (allow_none && (s == "none" || s == "0")) return out = 0, true;
+  if (s.rfind("SIG", 0) == 0) s = s.substr(3);
+  if (s == "USR1") return out = SIGUSR1, true;
+  if (s == "USR2") return out = SIGUSR2, true;
+  if (s == "PROF") return out = SIGPROF, true;
+  if (s == "VTALRM") return out = SIGVTALRM, true;
+  double v = 0;
+  if (parse_double(s.c_str(), 1, SIGRTMAX, v) && v == static_cast<int>(v) && v != SIGKILL && v != SIGSTOP)
+    return out = static_cast<int>(v), true;
+  return false;
+}
+
+}  // namespace detail
+
+// Options from the SELFPROF_* environment variables. A value that does not parse is described in
+// `warnings` (with the variable's name) and the default is kept.
+inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
+  options o;
+  auto bad = [&](const char* name, const char* value, const char* expected) {
+    if (warnings)
+      warnings->push_back(std::string("selfprof: ignoring ") + name + "=\"" + value + "\": expected " + expected +
+                          "; using the default");
+  };
+  double d = 0;
+  bool b = false;
+  int sig = 0;
+  if (const char* v = std::getenv("SELFPROF_HZ")) {
+    if (detail::parse_double(v, 1, 100000, d)) o.hz = d; else bad("SELFPROF_HZ", v, "a rate in Hz from 1 to 100000");
+  }
+  if (const char* v = std::getenv("SELFPROF_SOURCE")) {
+    std::string s = v;
+    if (s == "auto") o.source = source_kind::automatic;
+    else if (s == "perf") o.source = source_kind::perf;
+    else if (s == "timer") o.source = source_kind::timer;
+    else if (s == "itimer") o.source = source_kind::itimer;
+    else bad("SELFPROF_SOURCE", v, "auto, perf, timer or itimer");
+  }
+  if (const char* v = std::getenv("SELFPROF_OUT")) o.out = v;
+  if (const char* v = std::getenv("SELFPROF_SIGNAL")) {
+    if (detail::parse_signal(v, true, sig)) o.dump_signal = sig; else bad("SELFPROF_SIGNAL", v, "USR1, USR2, a signal number or none");
+  }
+  if (const char* v = std::getenv("SELFPROF_MODE")) {
+    std::string s = v;
+    if (s == "cpu" || s == "wall") o.mode = s; else bad("SELFPROF_MODE", v, "cpu or wall");
+  }
+  if (const char* v = std::getenv("SELFPROF_INTERVAL")) {
+    if (detail::parse_double(v, 0, 86400 * 365.0, d)) o.interval_s = d; else bad("SELFPROF_INTERVAL", v, "seconds between dumps (0 disables)");
+  }
+  if (const char* v = std::getenv("SELFPROF_MAX_DEPTH")) {
+    if (detail::parse_double(v, 2, 1024, d) && d == static_cast<unsigned>(d)) o.max_depth = static_cast<unsigned>(d);
+    else bad("SELFPROF_MAX_DEPTH", v, "a whole number of frames from 2 to 1024");
+  }
+  if (const char* v = std::getenv("SELFPROF_SAMPLE_SIGNAL")) {
+    if (detail::parse_signal(v, false, sig)) o.sample_signal = sig; else bad("SELFPROF_SAMPLE_SIGNAL", v, "PROF, a signal number");
+  }
+  if (const char* v = std::getenv("SELFPROF_THREAD_ROOTS")) {
+    if (detail::parse_bool(v, b)) o.thread_roots = b; else bad("SELFPROF_THREAD_ROOTS", v, "0 or 1");
+  }
+  if (const char* v = std::getenv("SELFPROF_VERBOSE")) {
+    if (detail::parse_bool(v, b)) o.verbose = b; else bad("SELFPROF_VERBOSE", v, "0 or 1");
+  }
+  return o;
+}
+
+}  // namespace selfprof

@@ -1,0 +1,179 @@
+// Tick source: one perf_event per thread (software task clock, or hardware cycles where a PMU exists)
+// whose overflow signal is delivered to that thread (F_SETOWN_EX F_OWNER_TID).
+// Context: setup only and the collector thread.
+#pragma once
+
+#include <linux/perf_event.h>
+#include <sys/ioctl.h>
+#include <sys/utsname.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+#include "../detail/sys.hpp"
+#include "../signal/handler.hpp"
+#include "source.hpp"
+
+namespace selfprof {
+namespace detail {
+
+// Linux 6.16 and 6.17 hang in the hrtimer path when PERF_EVENT_IOC_REFRESH re-arms a software event
+// from its overflow signal (async-profiler issue 1578); selfprof refuses perf_event there.
+inline bool kernel_has_refresh_hang() {
+  struct utsname u {};
+  if (uname(&u) != 0) return false;
+  int major = 0, minor = 0;
+  if (std::sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
+  return major == 6 && (minor == 16 || minor == 17);
+}
+
+class perf_event_source final : public tick_source {
+ public:
+  ~perf_event_source() override { close(); }
+  source_kind kind() const override { return source_kind::perf; }
+  bool per_thread() const override { return true; }
+  bool counts_kernel_time() const override { return !user_only_; }
+  double effective_hz() const override { return config_.hz; }
+  std::size_t armed_count() const override { return fds_.size(); }
+  std::string describe() const override {
+    std::string s = "perf_event ";
+    s += hardware_ ? "cpu-cycles" : "task-clock";
+    s += user_only_ ? " (user only: time in the kernel is not sampled)" : " (user+kernel)";
+    return s;
+  }
+  int last_errno() const { return last_errno_; }
+
+  status open(const source_config& config) override {
+    config_ = config;
+    if (kernel_has_refresh_hang())
+      return status::error("perf_event refused on Linux 6.16/6.17 (PERF_EVENT_IOC_REFRESH hang)");
+    raise_fd_limit();
+    // Probe the calling thread: hardware cycles first, then the software task clock; kernel time
+    // included unless the caller accepts user-only events.
+    pid_t self = static_cast<pid_t>(raw_gettid());
+    int first_errno = 0;
+    for (int user = 0; user <= (config.allow_user_only ? 1 : 0); ++user) {
+      for (int hw = 1; hw >= 0; --hw) {
+        hardware_ = hw == 1;
+        user_only_ = user == 1;
+        int fd = open_event(self);
+        if (fd >= 0) {
+          sys().close(fd);
+          return status::ok();
+        }
+        if (hw == 0 && user == 0) first_errno = errno;  // the software event with kernel time says most
+      }
+    }
+    last_errno_ = first_errno;
+    std::string why = std::string("perf_event_open(task-clock) failed: ") + std::strerror(first_errno);
+    if (first_errno == EACCES || first_errno == EPERM)
+      why += config.allow_user_only ? " (kernel.perf_event_paranoid or seccomp forbids it)"
+                                     : " (an event including kernel time needs root or kernel.perf_event_paranoid <= 1)";
+    return status::error(why);
+  }
+
+  status arm(pid_t tid) override {
+    if (fds_.count(tid)) return status::ok();
+    int fd = open_event(tid);
+    if (fd < 0) {
+      last_errno_ = errno;
+      return status::error(std::string("perf_event_open: ") + std::strerror(errno));
+    }
+    struct f_owner_ex owner {};
+    owner.type = F_OWNER_TID;
+    owner.pid = tid;
+    if (fd >= handler_globals::kPerfFdBits || sys().fcntl_int(fd, F_SETFL, O_ASYNC) != 0 ||
+        sys().fcntl_int(fd, F_SETSIG, config_.signal_number) != 0 ||
+        ::fcntl(fd, F_SETOWN_EX, &owner) != 0) {
+      last_errno_ = fd >= handler_globals::kPerfFdBits ? EMFILE : errno;
+      sys().close(fd);
+      return status::error(std::string("perf_event fd setup: ") + std::strerror(last_errno_));
+    }
+    set_bit(fd, true);
+    // Overflow disables the event (event_limit 1) until the handler refreshes it: no re-entrant ticks.
+    if (::ioctl(fd, PERF_EVENT_IOC_REFRESH, 1) != 0) {
+      last_errno_ = errno;
+      set_bit(fd, false);
+      sys().close(fd);
+      return status::error(std::string("PERF_EVENT_IOC_REFRESH: ") + std::strerror(last_errno_));
+    }
+    fds_.emplace(tid, fd);
+    return status::ok();
+  }
+
+  void disarm(pid_t tid) override {
+    auto it = fds_.find(tid);
+    if (it == fds_.end()) return;
+    release(it->second, true);
+    fds_.erase(it);
+  }
+
+  void close() override {
+    for (auto& f : fds_) release(f.second, true);
+    fds_.clear();
+  }
+
+  // The child's fds are copies that still point at the parent's events: close them without disabling.
+  void abandon_after_fork() override {
+    for (auto& f : fds_) release(f.second, false);
+    fds_.clear();
+  }
+
+ private:
+  int open_event(pid_t tid) {
+    struct perf_event_attr attr;
+    std::memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;
+    if (hardware_) {
+      attr.type = PERF_TYPE_HARDWARE;
+      attr.config = PERF_COUNT_HW_CPU_CYCLES;
+      attr.freq = 1;
+      attr.sample_freq = static_cast<std::uint64_t>(config_.hz > 1 ? config_.hz : 1);
+    } else {
+      attr.type = PERF_TYPE_SOFTWARE;
+      attr.config = PERF_COUNT_SW_TASK_CLOCK;
+      attr.sample_period = static_cast<std::uint64_t>(period_ns_for(config_.hz));
+    }
+    attr.disabled = 1;
+    attr.exclude_kernel = user_only_ ? 1 : 0;
+    attr.exclude_hv = 1;
+    attr.wakeup_events = 1;
+    long fd = sys().perf_event_open(&attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
+    return static_cast<int>(fd);
+  }
+
+  void set_bit(int fd, bool on) {
+    if (fd < 0 || fd >= handler_globals::kPerfFdBits) return;
+    std::uint64_t bit = std::uint64_t(1) << (fd % 64);
+    if (on)
+      g_handler.perf_fds[fd / 64].fetch_or(bit, std::memory_order_release);
+    else
+      g_handler.perf_fds[fd / 64].fetch_and(~bit, std::memory_order_release);
+  }
+
+  void release(int fd, bool disable) {
+    set_bit(fd, false);
+    if (disable) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+    sys().close(fd);
+  }
+
+  // One fd per thread: raise the soft RLIMIT_NOFILE to the hard limit (peers.md pitfall 7).
+  static void raise_fd_limit() {
+    struct rlimit rl {};
+    if (sys().getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      sys().setrlimit(RLIMIT_NOFILE, &rl);
+    }
+  }
+
+  source_config config_;
+  bool hardware_ = false, user_only_ = false;
+  int last_errno_ = 0;
+  std::unordered_map<pid_t, int> fds_;
+};
+
+}  // namespace detail
+}  // namespace selfprof

@@ -1,0 +1,104 @@
+// Choosing and installing the profiling signal: never replaces an application's handler silently, and
+// recognises another copy of selfprof in the same process by a marker in its handler's sa_mask.
+// Context: setup only.
+#pragma once
+
+#include <signal.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../detail/sys.hpp"
+#include "../signal/handler.hpp"
+#include "../status.hpp"
+
+namespace selfprof {
+namespace detail {
+
+// Every selfprof handler blocks SIGRTMAX while it runs; no application handler is likely to look like
+// that together with SA_SIGINFO|SA_RESTART, and it costs nothing: it is how one copy of selfprof sees
+// another copy (a different version, or a hidden-visibility build in another shared library).
+inline int selfprof_marker_signal() { return SIGRTMAX; }
+
+inline bool is_selfprof_action(const struct sigaction& a) {
+  return (a.sa_flags & SA_SIGINFO) && (a.sa_flags & SA_RESTART) &&
+         sigismember(&a.sa_mask, selfprof_marker_signal()) == 1;
+}
+
+inline bool is_free_action(const struct sigaction& a) {
+  if (a.sa_flags & SA_SIGINFO) return false;
+  return a.sa_handler == SIG_DFL || a.sa_handler == SIG_IGN;
+}
+
+struct installed_signal {
+  int number = 0;
+  struct sigaction previous {};
+};
+
+// Signals tried when none is requested: SIGPROF, then real-time signals from the top (glibc keeps the
+// first ones for itself; SIGRTMAX is our marker). Standard signals do not queue, which is what we want
+// for ticks; RT ones do, which is harmless at these rates.
+inline std::vector<int> sample_signal_candidates() {
+  std::vector<int> c{SIGPROF};
+  for (int s = SIGRTMAX - 1; s >= SIGRTMAX - 8 && s > SIGRTMIN + 2; --s) c.push_back(s);
+  return c;
+}
+
+inline status check_no_other_copy() {
+  for (int s : sample_signal_candidates()) {
+    struct sigaction cur {};
+    if (sys().sigaction(s, nullptr, &cur) != 0) continue;
+    if (is_selfprof_action(cur) && cur.sa_sigaction != &sample_signal_handler)
+      return status::error("another copy of selfprof (another build in this process) already profiles it on signal " +
+                           std::to_string(s) + "; this copy defers to it");
+  }
+  return status::ok();
+}
+
+inline status install_sample_handler(int requested, installed_signal& out, std::vector<std::string>& notes) {
+  status other = check_no_other_copy();
+  if (!other) return other;
+  std::vector<int> candidates = requested > 0 ? std::vector<int>{requested} : sample_signal_candidates();
+  for (int s : candidates) {
+    struct sigaction cur {};
+    if (sys().sigaction(s, nullptr, &cur) != 0) continue;
+    if (!is_free_action(cur)) {
+      notes.push_back("signal " + std::to_string(s) + (s == SIGPROF ? " (SIGPROF)" : "") +
+                      " already has a handler installed by the application: left alone");
+      continue;
+    }
+    struct sigaction act {};
+    act.sa_sigaction = &sample_signal_handler;
+    act.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&act.sa_mask);
+    sigaddset(&act.sa_mask, selfprof_marker_signal());
+    if (sys().sigaction(s, &act, &out.previous) != 0) {
+      notes.push_back("sigaction(" + std::to_string(s) + "): " + std::strerror(errno));
+      continue;
+    }
+    out.number = s;
+    g_handler.signal_number.store(s, std::memory_order_release);
+    return status::ok();
+  }
+  std::string why = requested > 0 ? "the requested sampling signal " + std::to_string(requested) + " is in use"
+                                   : "every candidate sampling signal is in use";
+  return status::error("selfprof: " + why + " (set SELFPROF_SAMPLE_SIGNAL to a free signal)");
+}
+
+// Discards pending ticks (setting SIG_IGN drops them, POSIX sigaction), waits for running handlers, then
+// restores the application's previous action.
+inline void restore_sample_handler(installed_signal& s) {
+  if (s.number == 0) return;
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  sys().sigaction(s.number, &ign, nullptr);
+  while (g_handler.in_flight.load(std::memory_order_acquire) != 0) sched_yield();
+  sys().sigaction(s.number, &s.previous, nullptr);
+  s.number = 0;
+}
+
+}  // namespace detail
+}  // namespace selfprof

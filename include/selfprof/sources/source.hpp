@@ -1,0 +1,73 @@
+// The tick-source interface: what every sampling mechanism (perf_event, CPU timer, itimer) provides.
+// Context: setup only and the collector thread (never the signal handler).
+#pragma once
+
+#include <sys/types.h>
+#include <time.h>
+
+#include <cstdint>
+#include <string>
+
+#include "../status.hpp"
+
+namespace selfprof {
+
+enum class source_kind { automatic, perf, timer, itimer };
+
+inline const char* source_name(source_kind k) {
+  switch (k) {
+    case source_kind::automatic: return "auto";
+    case source_kind::perf: return "perf";
+    case source_kind::timer: return "timer";
+    case source_kind::itimer: return "itimer";
+  }
+  return "?";
+}
+
+namespace detail {
+
+struct source_config {
+  double hz = 99;
+  int signal_number = 0;
+  bool allow_user_only = false;  // perf: accept an event that excludes kernel time
+};
+
+class tick_source {
+ public:
+  virtual ~tick_source() = default;
+  virtual source_kind kind() const = 0;
+  // A short description of what was opened (e.g. "perf task-clock (user+kernel)").
+  virtual std::string describe() const = 0;
+  // Process-wide setup; checks that the mechanism works (opens one probe for the calling thread).
+  virtual status open(const source_config& config) = 0;
+  // Per-thread sources arm one thread by tid, from any thread of the process.
+  virtual bool per_thread() const = 0;
+  virtual status arm(pid_t tid) = 0;
+  virtual void disarm(pid_t tid) = 0;
+  // Disarms every thread and releases every kernel object. Idempotent.
+  virtual void close() = 0;
+  // A forked child holds copies of the parent's kernel objects: forget them without touching the
+  // parent's (no disable ioctl); just release this process's references.
+  virtual void abandon_after_fork() = 0;
+  virtual std::size_t armed_count() const = 0;
+  // Sampling rate really delivered per CPU-second (may be lower than requested: timer above the tick).
+  virtual double effective_hz() const = 0;
+  virtual bool counts_kernel_time() const = 0;
+};
+
+// Kernel tick rate (CONFIG_HZ), read from the resolution of the coarse clock, which advances by one tick.
+inline double kernel_tick_hz() {
+  struct timespec res {};
+  if (clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0 && (res.tv_sec > 0 || res.tv_nsec > 0))
+    return 1e9 / (static_cast<double>(res.tv_sec) * 1e9 + static_cast<double>(res.tv_nsec));
+  return 250;  // the most common CONFIG_HZ
+}
+
+inline std::int64_t period_ns_for(double hz) {
+  if (!(hz > 0)) hz = 99;
+  double ns = 1e9 / hz;
+  return ns < 1000 ? 1000 : static_cast<std::int64_t>(ns);
+}
+
+}  // namespace detail
+}  // namespace selfprof
