@@ -1,0 +1,10 @@
+// selfprof: a header-only CPU profiler a Linux program embeds in itself. Include this one header.
+// Context: any thread (see each part's header for where its functions may run).
+#pragma once
+
+#include "selfprof/config.hpp"
+#include "selfprof/options.hpp"
+#include "selfprof/profile.hpp"
+#include "selfprof/profiler.hpp"
+#include "selfprof/status.hpp"
+#include "selfprof/version.hpp"

@@ -1,0 +1,480 @@
+// The profiler core: one per process. Owns the sample ring, the tick source, the thread list and the
+// stack table, and runs the collector thread that drains the ring, finds new threads and answers dumps.
+// Context: setup only (start/stop), the collector thread, and any thread calling the public API.
+#pragma once
+
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "../options.hpp"
+#include "../signal/handler.hpp"
+#include "../sources/select.hpp"
+#include "../sources/signal_setup.hpp"
+#include "stack_table.hpp"
+#include "symbolize.hpp"
+#include "threads.hpp"
+
+namespace selfprof {
+
+// Counters and choices of the running (or last) profiling session.
+struct stats {
+  bool running = false;
+  std::string source;                 // perf | timer | itimer
+  std::string source_detail;          // what was opened
+  std::string source_reason;          // why it was chosen
+  std::vector<std::string> refused;   // why earlier sources were not
+  std::vector<std::string> notes;     // other remarks (signals left alone, ...)
+  double hz = 0, effective_hz = 0;
+  int sample_signal = 0;
+  bool kernel_time = true;            // samples include time spent in the kernel
+  std::uint64_t samples = 0;          // sample weight folded into the table
+  std::uint64_t records = 0;          // records written by the handler
+  std::uint64_t dropped_full = 0, dropped_inactive = 0, foreign_signals = 0, truncated = 0;
+  std::size_t unique_stacks = 0, table_bytes = 0;
+  std::size_t threads_seen = 0, threads_armed = 0, threads_fallback = 0, threads_arm_failed = 0;
+  std::size_t threads_blocking_signal = 0;  // live threads blocking the sampling signal (never sampled)
+  std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread;
+};
+
+namespace detail {
+
+constexpr unsigned kCollectorWakeMs = 20;     // drain + cheap thread-count check
+constexpr unsigned kFullThreadScanMs = 250;   // full /proc/self/task scan even when the count is stable
+constexpr unsigned kSymbolRefreshMs = 200;    // module snapshot while samples arrive (dlclose'd libraries)
+
+class profiler_core {
+ public:
+  static profiler_core& instance() {
+    static profiler_core* core = new profiler_core();  // never destroyed: usable from atexit and signals
+    return *core;
+  }
+
+  status start(const options& opts) {
+    std::lock_guard<std::mutex> control(control_mu_);
+    if (running_) return status::ok();
+    install_atfork_once();
+    if (opts.mode != "cpu" && opts.mode != "wall") return status::error("selfprof: unknown mode '" + opts.mode + "'");
+    if (opts.mode == "wall") return status::error("selfprof: SELFPROF_MODE=wall is not available in this build yet");
+    opts_ = opts;
+    if (opts_.max_depth < 2) opts_.max_depth = 2;
+    if (opts_.max_depth > 1024) opts_.max_depth = 1024;
+    stats_ = stats{};
+    stats_.hz = opts_.hz;
+    {
+      std::lock_guard<std::mutex> t(table_mu_);
+      table_.clear();
+      samples_by_thread_.clear();
+    }
+    // Ring: about 0.2 s of samples for 16 busy threads, at least 512 slots.
+    std::size_t want = opts_.ring_slots ? opts_.ring_slots : static_cast<std::size_t>(opts_.hz * 16 * 0.2);
+    std::size_t cap = 512;
+    while (cap < want && cap < (1u << 20)) cap <<= 1;
+    ring_memory_.assign(cap * sample_ring::stride_for(opts_.max_depth) / 8, 0);
+    ring_.init(ring_memory_.data(), cap, opts_.max_depth);
+    g_handler.main_tid.store(static_cast<std::uint32_t>(::getpid()), std::memory_order_relaxed);
+    g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
+    g_handler.ring.store(&ring_, std::memory_order_release);
+    base_taken_ = g_handler.taken.load();
+    base_full_ = g_handler.dropped_full.load();
+    base_inactive_ = g_handler.dropped_inactive.load();
+    base_foreign_ = g_handler.foreign.load();
+    base_truncated_ = g_handler.truncated.load();
+
+    status st = install_sample_handler(opts_.sample_signal, signal_, stats_.notes);
+    if (!st) return fail_start(st);
+    source_config cfg;
+    cfg.hz = opts_.hz;
+    cfg.signal_number = signal_.number;
+    source_choice choice = choose_source(opts_.source, cfg);
+    stats_.refused = choice.refused;
+    if (!choice.source) {
+      std::string why = "selfprof: no tick source works here";
+      for (auto& r : choice.refused) why += "; " + r;
+      return fail_start(status::error(why));
+    }
+    source_ = std::move(choice.source);
+    source_config_ = cfg;
+    stats_.source = source_name(source_->kind());
+    stats_.source_detail = source_->describe();
+    stats_.source_reason = choice.reason;
+    stats_.effective_hz = source_->effective_hz();
+    stats_.kernel_time = source_->counts_kernel_time();
+    stats_.sample_signal = signal_.number;
+
+    start_unix_ns_ = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+    start_steady_ = std::chrono::steady_clock::now();
+    g_handler.active.store(true, std::memory_order_release);
+    {
+      std::lock_guard<std::mutex> t(threads_mu_);
+      threads_.clear();
+      scan_threads_locked();
+    }
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    stop_collector_.store(false);
+    collector_ = new std::thread([this] { collector_loop(); });
+    running_ = true;
+    if (opts_.verbose) std::fprintf(stderr, "%s", describe_locked().c_str());
+    return status::ok();
+  }
+
+  status stop() {
+    std::lock_guard<std::mutex> control(control_mu_);
+    if (!running_) return status::ok();
+    stop_collector_.store(true);
+    wake();
+    collector_->join();
+    delete collector_;
+    collector_ = nullptr;
+    {
+      std::lock_guard<std::mutex> t(threads_mu_);
+      if (source_) source_->close();
+      if (fallback_) fallback_->close();
+      stats_.threads_armed = 0;
+    }
+    g_handler.active.store(false, std::memory_order_release);
+    restore_sample_handler(signal_);
+    {
+      std::lock_guard<std::mutex> t(table_mu_);
+      drain_locked();
+      g_handler.ring.store(nullptr, std::memory_order_release);
+      stop_steady_ = std::chrono::steady_clock::now();
+    }
+    source_.reset();
+    fallback_.reset();
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    wake_fd_ = -1;
+    running_ = false;
+    return status::ok();
+  }
+
+  bool running() const { return running_; }
+  bool thread_roots() const { return opts_.thread_roots; }
+
+  // Arms the calling thread now (instead of at the next scan) and unblocks the sampling signal in it.
+  status register_current_thread() {
+    std::lock_guard<std::mutex> t(threads_mu_);
+    if (!running_ || !source_) return status::error("selfprof: register_thread() called while not profiling");
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, signal_.number);
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    pid_t tid = static_cast<pid_t>(raw_gettid());
+    if (!threads_.count(tid)) {
+      thread_rec rec;
+      rec.name = thread_name(tid);
+      arm_locked(tid, rec);
+      threads_.emplace(tid, rec);
+      names_[static_cast<std::uint32_t>(tid)] = rec.name;
+      ++stats_.threads_seen;
+    }
+    return status::ok();
+  }
+
+  // A copy of everything collected so far (drains the ring first); the profile stays in place.
+  raw_snapshot snapshot_raw() {
+    raw_snapshot s;
+    {
+      std::lock_guard<std::mutex> t(table_mu_);
+      drain_locked();
+      s.table = table_;
+    }
+    {
+      std::lock_guard<std::mutex> t(threads_mu_);
+      refresh_names_locked();
+      for (auto& n : names_) s.thread_names.emplace(n.first, n.second);
+    }
+    stats st = get_stats();
+    s.info.mode = opts_.mode;
+    s.info.unit = "samples";
+    s.info.source = st.source;
+    s.info.hz = opts_.hz;
+    s.info.period_ns = static_cast<std::uint64_t>(period_ns_for(opts_.hz));
+    s.info.dropped = st.dropped_full;
+    s.info.start_unix_ns = start_unix_ns_;
+    auto end = running_ ? std::chrono::steady_clock::now() : stop_steady_;
+    s.info.duration_s = std::chrono::duration<double>(end - start_steady_).count();
+    if (!st.kernel_time) s.info.notes.push_back("time spent in the kernel is not sampled (user-only perf_event)");
+    for (auto& r : st.refused) s.info.notes.push_back("refused " + r);
+    return s;
+  }
+
+  profile snapshot() {
+    raw_snapshot raw = snapshot_raw();
+    std::lock_guard<std::mutex> s(sym_mu_);
+    symbolizer_.refresh();
+    return build_profile(raw, symbolizer_);
+  }
+
+  stats get_stats() {
+    stats s;
+    {
+      std::lock_guard<std::mutex> t(threads_mu_);
+      s = stats_;
+      s.running = running_;
+      if (running_) {
+        s.threads_blocking_signal = 0;
+        for (auto& t : threads_)
+          if (thread_blocks_signal(t.first, signal_.number)) ++s.threads_blocking_signal;
+      }
+    }
+    s.records = g_handler.taken.load() - base_taken_;
+    s.dropped_full = g_handler.dropped_full.load() - base_full_;
+    s.dropped_inactive = g_handler.dropped_inactive.load() - base_inactive_;
+    s.foreign_signals = g_handler.foreign.load() - base_foreign_;
+    s.truncated = g_handler.truncated.load() - base_truncated_;
+    std::lock_guard<std::mutex> t(table_mu_);
+    s.samples = table_.total();
+    s.unique_stacks = table_.unique();
+    s.table_bytes = table_.memory_bytes();
+    s.samples_by_thread = samples_by_thread_;
+    return s;
+  }
+
+  std::string describe() {
+    std::lock_guard<std::mutex> control(control_mu_);
+    return describe_locked();
+  }
+
+ private:
+  struct thread_rec {
+    std::string name;
+    int armed_by = 0;  // 0 none, 1 primary source, 2 fallback timer
+  };
+
+  profiler_core() = default;
+
+  status fail_start(status st) {
+    g_handler.active.store(false, std::memory_order_release);
+    restore_sample_handler(signal_);
+    g_handler.ring.store(nullptr, std::memory_order_release);
+    source_.reset();
+    return st;
+  }
+
+  std::string describe_locked() {
+    char buf[256];
+    std::string s;
+    std::snprintf(buf, sizeof buf, "selfprof: sampling at %g Hz (effective %g Hz) with %s on signal %d\n", opts_.hz,
+                  stats_.effective_hz, stats_.source_detail.c_str(), signal_.number);
+    s += buf;
+    s += "selfprof: source " + stats_.source + ": " + stats_.source_reason + "\n";
+    for (auto& r : stats_.refused) s += "selfprof: refused " + r + "\n";
+    for (auto& n : stats_.notes) s += "selfprof: " + n + "\n";
+    return s;
+  }
+
+  void wake() {
+    if (wake_fd_ >= 0) {
+      std::uint64_t one = 1;
+      ssize_t r = ::write(wake_fd_, &one, sizeof one);
+      (void)r;
+    }
+  }
+
+  void collector_loop() {
+    pthread_setname_np(pthread_self(), "selfprof");
+    collector_tid_.store(static_cast<pid_t>(raw_gettid()));  // our own collector thread is not profiled
+    auto last_full_scan = std::chrono::steady_clock::now();
+    auto last_sym = last_full_scan;
+    long last_count = thread_count_hint();
+    std::uint64_t last_total = 0;
+    while (!stop_collector_.load()) {
+      struct pollfd p {};
+      p.fd = wake_fd_;
+      p.events = POLLIN;
+      int r = ::poll(&p, 1, static_cast<int>(kCollectorWakeMs));
+      if (r > 0) {
+        std::uint64_t v;
+        ssize_t n = ::read(wake_fd_, &v, sizeof v);
+        (void)n;
+      }
+      if (stop_collector_.load()) break;
+      std::uint64_t total;
+      {
+        std::lock_guard<std::mutex> t(table_mu_);
+        drain_locked();
+        total = table_.total();
+      }
+      auto now = std::chrono::steady_clock::now();
+      long count = thread_count_hint();
+      bool full = now - last_full_scan >= std::chrono::milliseconds(kFullThreadScanMs);
+      if (count != last_count || full) {
+        std::lock_guard<std::mutex> t(threads_mu_);
+        scan_threads_locked();
+        last_count = count;
+        last_full_scan = now;
+      }
+      if (total != last_total && now - last_sym >= std::chrono::milliseconds(kSymbolRefreshMs)) {
+        std::lock_guard<std::mutex> s(sym_mu_);
+        symbolizer_.refresh();  // keeps modules that get unloaded before the dump
+        last_sym = now;
+        last_total = total;
+      }
+    }
+  }
+
+  void drain_locked() {
+    while (ring_slot* s = ring_.peek()) {
+      const sample_header& h = s->header;
+      std::uint16_t flags = static_cast<std::uint16_t>(h.flags & (sample_truncated | sample_offcpu));
+      std::size_t depth = h.depth <= ring_.max_depth() ? h.depth : ring_.max_depth();
+      if (depth > 0) {
+        table_.add(h.tid, flags, s->pcs(), depth, h.weight);
+        samples_by_thread_[h.tid] += h.weight;
+      }
+      ring_.release(s);
+    }
+  }
+
+  void arm_locked(pid_t tid, thread_rec& rec) {
+    status st = source_->arm(tid);
+    if (st) {
+      rec.armed_by = 1;
+      ++stats_.threads_armed;
+      return;
+    }
+    // One fd per thread can run out (EMFILE/ENFILE/ENOMEM): fall back to a CPU timer for that thread.
+    auto* perf = dynamic_cast<perf_event_source*>(source_.get());
+    if (perf) {
+      int e = perf->last_errno();
+      if (e == EMFILE || e == ENFILE || e == ENOMEM) {
+        if (!fallback_) {
+          fallback_.reset(new cpu_timer_source());
+          if (!fallback_->open(source_config_)) fallback_.reset();
+          else stats_.notes.push_back("ran out of file descriptors for perf_event: CPU timers for the remaining threads");
+        }
+        if (fallback_ && fallback_->arm(tid)) {
+          rec.armed_by = 2;
+          ++stats_.threads_armed;
+          ++stats_.threads_fallback;
+          return;
+        }
+      }
+    }
+    ++stats_.threads_arm_failed;  // typically the thread exited between the scan and the arm (ESRCH)
+  }
+
+  void scan_threads_locked() {
+    if (!source_) return;
+    std::vector<pid_t> live = list_threads();
+    pid_t collector_tid = collector_tid_.load();
+    std::unordered_map<pid_t, bool> seen;
+    for (pid_t tid : live) {
+      seen[tid] = true;
+      if (threads_.count(tid) || tid == collector_tid) continue;
+      thread_rec rec;
+      rec.name = thread_name(tid);
+      if (source_->per_thread()) arm_locked(tid, rec);
+      names_[static_cast<std::uint32_t>(tid)] = rec.name;
+      threads_.emplace(tid, rec);
+      ++stats_.threads_seen;
+    }
+    for (auto it = threads_.begin(); it != threads_.end();) {
+      if (seen.count(it->first)) {
+        ++it;
+        continue;
+      }
+      if (it->second.armed_by == 1) source_->disarm(it->first);
+      if (it->second.armed_by == 2 && fallback_) fallback_->disarm(it->first);
+      if (it->second.armed_by != 0 && stats_.threads_armed > 0) --stats_.threads_armed;
+      it = threads_.erase(it);
+    }
+  }
+
+  void refresh_names_locked() {
+    for (auto& t : threads_) {
+      std::string n = thread_name(t.first);
+      if (!n.empty()) {
+        t.second.name = n;
+        names_[static_cast<std::uint32_t>(t.first)] = n;
+      }
+    }
+  }
+
+  // fork(2): the child gets one thread and copies of our locks and kernel objects. Take every lock
+  // before the fork so no copy is held by a thread that does not exist in the child; in the child,
+  // forget the collector thread and the sources without touching the parent's, and stop cleanly.
+  void install_atfork_once() {
+    static bool done = false;
+    if (done) return;
+    done = true;
+    pthread_atfork([] { instance().atfork_prepare(); }, [] { instance().atfork_parent(); },
+                   [] { instance().atfork_child(); });
+  }
+  void atfork_prepare() {
+    control_mu_.lock();
+    threads_mu_.lock();
+    table_mu_.lock();
+    sym_mu_.lock();
+  }
+  void atfork_parent() {
+    sym_mu_.unlock();
+    table_mu_.unlock();
+    threads_mu_.unlock();
+    control_mu_.unlock();
+  }
+  void atfork_child() {
+    if (running_) {
+      g_handler.active.store(false, std::memory_order_release);
+      if (source_) source_->abandon_after_fork();
+      if (fallback_) fallback_->abandon_after_fork();
+      source_.release();    // leaked on purpose: its destructor would touch the parent's kernel objects
+      fallback_.release();
+      if (signal_.number != 0) sys().sigaction(signal_.number, &signal_.previous, nullptr);
+      signal_.number = 0;
+      collector_ = nullptr;  // that thread does not exist here; its std::thread is leaked on purpose
+      if (wake_fd_ >= 0) ::close(wake_fd_);
+      wake_fd_ = -1;
+      g_handler.ring.store(nullptr, std::memory_order_release);
+      running_ = false;
+    }
+    threads_.clear();
+    names_.clear();
+    table_.clear();
+    samples_by_thread_.clear();
+    stats_ = stats{};
+    collector_tid_.store(0);
+    atfork_parent();
+  }
+
+  std::mutex control_mu_;  // start/stop; taken first
+  std::mutex threads_mu_;  // sources_, threads_, names_, stats_
+  std::mutex table_mu_;    // ring consumer side, table_, samples_by_thread_
+  std::mutex sym_mu_;      // symbolizer_
+  bool running_ = false;
+  options opts_;
+  stats stats_;
+  installed_signal signal_;
+  source_config source_config_;
+  std::unique_ptr<tick_source> source_, fallback_;
+  std::unordered_map<pid_t, thread_rec> threads_;
+  std::unordered_map<std::uint32_t, std::string> names_;  // every thread seen, even exited ones
+  std::vector<std::uint64_t> ring_memory_;
+  sample_ring ring_;
+  stack_table table_;
+  std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread_;
+  symbolizer symbolizer_;
+  std::thread* collector_ = nullptr;
+  std::atomic<bool> stop_collector_{false};
+  std::atomic<pid_t> collector_tid_{0};
+  int wake_fd_ = -1;
+  std::uint64_t base_taken_ = 0, base_full_ = 0, base_inactive_ = 0, base_foreign_ = 0, base_truncated_ = 0;
+  std::uint64_t start_unix_ns_ = 0;
+  std::chrono::steady_clock::time_point start_steady_{}, stop_steady_{};
+};
+
+}  // namespace detail
+}  // namespace selfprof

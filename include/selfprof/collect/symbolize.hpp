@@ -1,0 +1,76 @@
+// Turns the raw stack table into a profile value: addresses become frames (pc - 1 for return
+// addresses), stacks become root-first frame lists.
+// Context: any thread (never the signal handler); runs only when a profile is written.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "../profile.hpp"
+#include "../signal/ring.hpp"
+#include "../symbols/symbolizer.hpp"
+#include "stack_table.hpp"
+
+namespace selfprof {
+namespace detail {
+
+struct raw_snapshot {
+  stack_table table;
+  std::unordered_map<std::uint32_t, std::string> thread_names;
+  profile_info info;
+};
+
+inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
+  profile p;
+  p.info = raw.info;
+  // lookup address -> [first frame, count) in p.frames
+  std::unordered_map<std::uint64_t, std::pair<std::uint32_t, std::uint32_t>> cache;
+  std::vector<selfprof::frame> scratch;
+  auto frames_for = [&](std::uint64_t lookup) -> std::pair<std::uint32_t, std::uint32_t> {
+    auto it = cache.find(lookup);
+    if (it != cache.end()) return it->second;
+    scratch.clear();
+    sym.resolve(lookup, scratch);
+    if (scratch.empty()) {
+      selfprof::frame f;
+      f.name = "[unknown]";
+      f.address = lookup;
+      scratch.push_back(f);
+    }
+    std::pair<std::uint32_t, std::uint32_t> range{static_cast<std::uint32_t>(p.frames.size()),
+                                                  static_cast<std::uint32_t>(scratch.size())};
+    for (auto& f : scratch) p.frames.push_back(std::move(f));
+    cache.emplace(lookup, range);
+    return range;
+  };
+  std::uint64_t samples = 0, truncated = 0;
+  for (const auto& e : raw.table.entries()) {
+    const std::uint64_t* pcs = raw.table.pcs(e);
+    selfprof::stack s;
+    s.count = e.count;
+    s.tid = e.tid;
+    s.truncated = (e.flags & sample_truncated) != 0;
+    // Root first: walk the captured addresses from the outermost return address to the interrupted pc.
+    for (std::size_t i = e.depth; i-- > 0;) {
+      std::uint64_t lookup = i == 0 ? pcs[0] : pcs[i] - 1;  // a return address points after its call
+      auto r = frames_for(lookup);
+      for (std::uint32_t k = 0; k < r.second; ++k) s.frames.push_back(r.first + k);
+    }
+    samples += e.count;
+    if (s.truncated) truncated += e.count;
+    p.stacks.push_back(std::move(s));
+  }
+  for (const auto& t : raw.thread_names) p.threads.push_back(thread_info{t.first, t.second});
+  std::sort(p.threads.begin(), p.threads.end(),
+            [](const thread_info& a, const thread_info& b) { return a.tid < b.tid; });
+  p.info.samples = samples;
+  p.info.truncated = truncated;
+  return p;
+}
+
+}  // namespace detail
+}  // namespace selfprof
