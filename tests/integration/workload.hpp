@@ -1,0 +1,139 @@
+// A CPU workload with a known split across three leaf functions reached at different stack depths
+// (one of them more than 40 frames deep), and the helpers the integration tests share.
+// Context: test code.
+#pragma once
+
+#include <dirent.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <selfprof.hpp>
+
+namespace wl {
+
+// Keeps the compiler from turning calls into jumps (a tail call has no frame to find).
+#define WL_NO_TAIL() __asm__ volatile("" ::: "memory")
+// No inlining, no specialised clones: the names stay the plain ones.
+#if defined(__clang__)
+#define WL_NOINLINE __attribute__((noinline))
+#else
+#define WL_NOINLINE __attribute__((noipa))
+#endif
+
+inline std::int64_t thread_cpu_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+inline std::int64_t process_cpu_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return std::int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+WL_NOINLINE inline double spin_units(long units) {
+  volatile double x = 1;
+  for (long i = 0; i < units * 20000; ++i) x = x * 1.0000001 + 0.5;
+  return x;
+}
+
+WL_NOINLINE inline double leaf_a(long u) { double r = spin_units(u); WL_NO_TAIL(); return r; }
+WL_NOINLINE inline double leaf_b(long u) { double r = spin_units(u); WL_NO_TAIL(); return r; }
+WL_NOINLINE inline double leaf_c(long u) { double r = spin_units(u); WL_NO_TAIL(); return r; }
+
+constexpr int kDeepFrames = 45;  // leaf_b sits below this many frames of `deep`
+
+WL_NOINLINE inline double deep(int n, long u) {
+  double r = n == 0 ? leaf_b(u) : deep(n - 1, u);
+  WL_NO_TAIL();
+  return r;
+}
+
+// CPU time spent in each leaf, measured around each call on the calling thread: the truth.
+struct truth {
+  std::int64_t a = 0, b = 0, c = 0;
+  std::int64_t total() const { return a + b + c; }
+};
+
+// Runs rounds of a:b:c = 6:3:1 units until `cpu_ns` of this thread's CPU time has passed.
+WL_NOINLINE inline truth run_rounds(std::int64_t cpu_ns) {
+  truth t;
+  std::int64_t start = thread_cpu_ns();
+  while (thread_cpu_ns() - start < cpu_ns) {
+    std::int64_t t0 = thread_cpu_ns();
+    leaf_a(6);
+    std::int64_t t1 = thread_cpu_ns();
+    deep(kDeepFrames, 3);
+    std::int64_t t2 = thread_cpu_ns();
+    leaf_c(1);
+    std::int64_t t3 = thread_cpu_ns();
+    t.a += t1 - t0;
+    t.b += t2 - t1;
+    t.c += t3 - t2;
+  }
+  WL_NO_TAIL();
+  return t;
+}
+
+// Samples whose leaf frame's name contains `needle`.
+inline std::uint64_t samples_with_leaf(const selfprof::profile& p, const std::string& needle) {
+  std::uint64_t n = 0;
+  for (const auto& s : p.stacks)
+    if (!s.frames.empty() && p.frames[s.frames.back()].name.find(needle) != std::string::npos) n += s.count;
+  return n;
+}
+
+inline std::uint64_t total_samples(const selfprof::profile& p) {
+  std::uint64_t n = 0;
+  for (const auto& s : p.stacks) n += s.count;
+  return n;
+}
+
+inline std::size_t count_frames(const selfprof::profile& p, const selfprof::stack& s, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto f : s.frames)
+    if (p.frames[f].name.find(needle) != std::string::npos) ++n;
+  return n;
+}
+
+inline int count_dir(const char* path) {
+  int n = 0;
+  if (DIR* d = opendir(path)) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+// Lines in /proc/self/timers that start a timer ("ID: n").
+inline int count_posix_timers() {
+  std::string s = selfprof::detail::read_small_file("/proc/self/timers");
+  int n = 0;
+  for (std::size_t at = s.find("ID:"); at != std::string::npos; at = s.find("ID:", at + 1)) ++n;
+  return n;
+}
+
+// Tests make perf_event_open fail when SELFPROF_TEST_NO_PERF=1 (CI runs the suite that way too).
+inline long failing_perf_event_open(void*, int, int, int, unsigned long) {
+  errno = EACCES;
+  return -1;
+}
+inline void apply_test_environment() {
+  const char* v = std::getenv("SELFPROF_TEST_NO_PERF");
+  if (v && std::string(v) == "1") selfprof::detail::sys().perf_event_open = failing_perf_event_open;
+}
+inline bool perf_disabled_by_environment() {
+  const char* v = std::getenv("SELFPROF_TEST_NO_PERF");
+  return v && std::string(v) == "1";
+}
+
+}  // namespace wl
