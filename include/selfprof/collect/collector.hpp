@@ -252,6 +252,7 @@ class profiler_core {
   struct thread_rec {
     std::string name;
     int armed_by = 0;  // 0 none, 1 primary source, 2 fallback timer
+    int name_checks = 0;  // threads usually name themselves right after they start: look again twice
   };
 
   profiler_core() = default;
@@ -289,7 +290,7 @@ class profiler_core {
     collector_tid_.store(static_cast<pid_t>(raw_gettid()));  // our own collector thread is not profiled
     auto last_full_scan = std::chrono::steady_clock::now();
     auto last_sym = last_full_scan;
-    long last_count = thread_count_hint();
+    long last_count = -1;  // scan at once: threads may have started since start() looked
     std::uint64_t last_total = 0;
     while (!stop_collector_.load()) {
       struct pollfd p {};
@@ -374,7 +375,16 @@ class profiler_core {
     std::unordered_map<pid_t, bool> seen;
     for (pid_t tid : live) {
       seen[tid] = true;
-      if (threads_.count(tid) || tid == collector_tid) continue;
+      auto known = threads_.find(tid);
+      if (known != threads_.end()) {
+        if (known->second.name_checks < 2) {
+          ++known->second.name_checks;
+          std::string n = thread_name(tid);
+          if (!n.empty()) known->second.name = names_[static_cast<std::uint32_t>(tid)] = n;
+        }
+        continue;
+      }
+      if (tid == collector_tid) continue;
       thread_rec rec;
       rec.name = thread_name(tid);
       if (source_->per_thread()) arm_locked(tid, rec);

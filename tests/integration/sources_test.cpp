@@ -1,0 +1,190 @@
+// Each tick source forced in turn and `auto`, at 99 Hz and 1 kHz, as root or not, with perf_event_open
+// made to fail through the syscall seam, and EMFILE falling back to CPU timers per thread.
+#include <doctest/doctest.h>
+
+#include <cerrno>
+#include <thread>
+
+#include "workload.hpp"
+
+namespace {
+
+struct run_result {
+  selfprof::status started;
+  selfprof::stats st;
+  selfprof::profile p;
+  std::int64_t cpu_ns = 0;
+};
+
+run_result run_with(selfprof::source_kind kind, double hz, std::int64_t cpu_ns, int threads = 1) {
+  run_result r;
+  selfprof::options o;
+  o.hz = hz;
+  o.source = kind;
+  r.started = selfprof::start(o);
+  if (!r.started) return r;
+  std::int64_t c0 = wl::process_cpu_ns();
+  std::vector<std::thread> ts;
+  for (int i = 1; i < threads; ++i) ts.emplace_back([&] { wl::run_rounds(cpu_ns); });
+  wl::run_rounds(cpu_ns);
+  for (auto& t : ts) t.join();
+  r.cpu_ns = wl::process_cpu_ns() - c0;
+  selfprof::stop();
+  r.st = selfprof::get_stats();
+  r.p = selfprof::snapshot();
+  return r;
+}
+
+double share_of(const selfprof::profile& p, const char* leaf) {
+  std::uint64_t in = 0, all = 0;
+  for (const auto& s : p.stacks) {
+    all += s.count;
+    if (wl::count_frames(p, s, leaf)) in += s.count;
+  }
+  return all ? double(in) / double(all) : 0;
+}
+
+bool perf_with_kernel_expected() { return geteuid() == 0 && !wl::perf_disabled_by_environment(); }
+bool perf_user_only_expected() { return !wl::perf_disabled_by_environment(); }
+
+struct seam_guard {
+  ~seam_guard() {
+    selfprof::detail::sys() = selfprof::detail::default_syscalls();
+    wl::apply_test_environment();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("forced CPU timer: samples, kernel time counted, 99 Hz") {
+  wl::apply_test_environment();
+  run_result r = run_with(selfprof::source_kind::timer, 99, 1500000000LL);
+  REQUIRE(r.started);
+  CHECK(r.st.source == "timer");
+  CHECK(r.st.kernel_time);
+  double rate = double(r.st.samples) / (double(r.cpu_ns) / 1e9);
+  MESSAGE("timer: " << rate << " samples/CPU-s");
+  CHECK(rate > 99 * 0.8);
+  CHECK(rate < 99 * 1.2);
+  CHECK(share_of(r.p, "leaf_a") == doctest::Approx(0.6).epsilon(0.25));
+}
+
+TEST_CASE("forced itimer: samples with SIGPROF, kernel time counted") {
+  wl::apply_test_environment();
+  run_result r = run_with(selfprof::source_kind::itimer, 99, 1500000000LL);
+  REQUIRE(r.started);
+  CHECK(r.st.source == "itimer");
+  CHECK(r.st.sample_signal == SIGPROF);
+  double rate = double(r.st.samples) / (double(r.cpu_ns) / 1e9);
+  MESSAGE("itimer: " << rate << " samples/CPU-s");
+  CHECK(rate > 99 * 0.8);
+  CHECK(rate < 99 * 1.2);
+  CHECK(share_of(r.p, "leaf_a") == doctest::Approx(0.6).epsilon(0.25));
+}
+
+TEST_CASE("forced perf_event: with kernel time as root, user-only otherwise, a clear refusal without perf") {
+  wl::apply_test_environment();
+  run_result r = run_with(selfprof::source_kind::perf, 99, 1500000000LL);
+  if (wl::perf_disabled_by_environment()) {
+    REQUIRE_FALSE(r.started);
+    CHECK(r.started.message().find("perf_event_open") != std::string::npos);
+    CHECK(r.started.message().find("Permission denied") != std::string::npos);
+    return;
+  }
+  REQUIRE(r.started);
+  CHECK(r.st.source == "perf");
+  CHECK(r.st.kernel_time == perf_with_kernel_expected());
+  CHECK(r.st.source_detail.find(perf_with_kernel_expected() ? "user+kernel" : "user only") != std::string::npos);
+  double rate = double(r.st.samples) / (double(r.cpu_ns) / 1e9);
+  MESSAGE("perf (" << r.st.source_detail << "): " << rate << " samples/CPU-s");
+  CHECK(rate > 99 * 0.8);
+  CHECK(rate < 99 * 1.2);
+}
+
+TEST_CASE("auto at 99 Hz takes the CPU timer and says why") {
+  wl::apply_test_environment();
+  run_result r = run_with(selfprof::source_kind::automatic, 99, 300000000LL);
+  REQUIRE(r.started);
+  CHECK(r.st.source == "timer");
+  CHECK(r.st.source_reason.find("kernel tick") != std::string::npos);
+  CHECK(r.st.samples > 0);
+}
+
+TEST_CASE("auto at 1 kHz: perf_event delivers the rate; without perf, CPU timers weighted by overruns") {
+  wl::apply_test_environment();
+  run_result r = run_with(selfprof::source_kind::automatic, 1000, 1500000000LL, 2);
+  REQUIRE(r.started);
+  double weighted = double(r.st.samples) / (double(r.cpu_ns) / 1e9);
+  double distinct = double(r.st.records) / (double(r.cpu_ns) / 1e9);
+  MESSAGE("auto 1 kHz -> " << r.st.source << " (" << r.st.source_detail << "): " << weighted << " weighted, "
+                           << distinct << " distinct samples/CPU-s; effective " << r.st.effective_hz);
+  if (perf_user_only_expected()) {
+    CHECK(r.st.source == "perf");
+    CHECK(r.st.kernel_time == perf_with_kernel_expected());
+    CHECK(distinct > 1000 * 0.9);
+  } else {
+    CHECK(r.st.source == "timer");
+    REQUIRE(r.st.refused.size() >= 1);
+    CHECK(r.st.refused[0].find("perf") != std::string::npos);
+    CHECK(r.st.effective_hz < 1000);
+    CHECK(weighted > 1000 * 0.85);  // overruns carry the ticks the signal could not
+    CHECK(weighted < 1000 * 1.15);
+  }
+  CHECK(weighted < 1000 * 1.15);
+}
+
+TEST_CASE("perf_event_open failing with EACCES through the seam: auto falls back and reports it") {
+  seam_guard restore;
+  selfprof::detail::sys().perf_event_open = wl::failing_perf_event_open;
+  run_result r = run_with(selfprof::source_kind::automatic, 1000, 300000000LL);
+  REQUIRE(r.started);
+  CHECK(r.st.source == "timer");
+  REQUIRE(r.st.refused.size() >= 2);
+  CHECK(r.st.refused[0].find("Permission denied") != std::string::npos);
+  run_result forced = run_with(selfprof::source_kind::perf, 99, 1000000LL);
+  CHECK_FALSE(forced.started);
+}
+
+namespace {
+int g_timer_fail_errno = ENOSYS;
+int failing_timer_create(clockid_t, struct sigevent*, timer_t*) {
+  errno = g_timer_fail_errno;
+  return -1;
+}
+}  // namespace
+
+TEST_CASE("no per-thread sources at all: itimer is the last resort") {
+  seam_guard restore;
+  selfprof::detail::sys().perf_event_open = wl::failing_perf_event_open;
+  selfprof::detail::sys().timer_create = failing_timer_create;
+  run_result r = run_with(selfprof::source_kind::automatic, 99, 500000000LL);
+  REQUIRE(r.started);
+  CHECK(r.st.source == "itimer");
+  CHECK(r.st.refused.size() >= 2);
+  CHECK(r.st.samples > 0);
+}
+
+namespace {
+std::atomic<int> g_perf_opens{0};
+long perf_open_then_emfile(void* attr, int pid, int cpu, int group, unsigned long flags) {
+  long fd = selfprof::detail::default_perf_event_open(attr, pid, cpu, group, flags);
+  if (fd >= 0 && g_perf_opens.fetch_add(1) >= 3) {  // the probe, then two threads get perf events
+    close(static_cast<int>(fd));
+    errno = EMFILE;
+    return -1;
+  }
+  return fd;
+}
+}  // namespace
+
+TEST_CASE("EMFILE while arming perf events: the remaining threads get CPU timers") {
+  if (!perf_user_only_expected()) return;
+  seam_guard restore;
+  g_perf_opens = 0;
+  selfprof::detail::sys().perf_event_open = perf_open_then_emfile;
+  run_result r = run_with(selfprof::source_kind::perf, 99, 400000000LL, 4);
+  REQUIRE(r.started);
+  CHECK(r.st.source == "perf");
+  CHECK(r.st.threads_fallback >= 2);
+  CHECK(r.st.samples_by_thread.size() >= 4);
+}
