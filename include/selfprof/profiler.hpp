@@ -11,7 +11,8 @@
 
 #include "collect/collector.hpp"
 #include "options.hpp"
-#include "output/folded.hpp"
+#include "output/format.hpp"
+#include "output/markers.hpp"
 #include "output/sink.hpp"
 #include "profile.hpp"
 #include "status.hpp"
@@ -88,36 +89,15 @@ inline unsigned long next_dump_number() {
   return n.fetch_add(1) + 1;
 }
 
-struct render_options {
-  bool thread_roots = false;
-};
-
-// The bytes of `p` in the format named by the extension of `path`.
-inline status render_for_path(const profile& p, const std::string& path, const render_options& ro, std::string& out) {
-  auto ends = [&](const char* ext) {
-    std::string e = ext;
-    return path.size() >= e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0;
-  };
-  if (ends(".folded") || ends(".collapsed")) {
-    folded_options fo;
-    fo.thread_roots = ro.thread_roots;
-    out = write_folded(p, fo);
-    return status::ok();
-  }
-  return status::error("selfprof: cannot write " + path + ": unknown format (use .folded)");
-}
-
 // Writes one profile to every path of a comma-separated list, each in the format of its extension.
-inline status write_profile(const profile& p, const std::string& paths, const render_options& ropts) {
+inline status write_profile(const profile& p, const std::string& paths, const output_options& oo) {
   std::vector<std::string> list = split_paths(paths);
   if (list.empty()) return status::error("selfprof: no output path given");
   unsigned long number = next_dump_number();
   std::string errors;
   for (const std::string& tmpl : list) {
     std::string path = expand_path_template(tmpl, number);
-    std::string bytes;
-    status st = render_for_path(p, path, ropts, bytes);
-    if (st) st = write_file_atomic(path, bytes);
+    status st = write_profile_file(p, path, oo);
     if (!st) errors += (errors.empty() ? "" : "\n") + st.message();
   }
   return errors.empty() ? status::ok() : status::error(errors);
@@ -130,9 +110,9 @@ inline status write_profile(const profile& p, const std::string& paths, const re
 // (temporary file + rename), mode 0600, never through a symlink. Nothing collected is lost when it fails.
 inline status dump(const std::string& paths) {
   profile p = snapshot();
-  detail::render_options ro;
-  ro.thread_roots = detail::profiler_core::instance().thread_roots();
-  return detail::write_profile(p, paths, ro);
+  detail::add_marker_frames(p, detail::profiler_core::instance().thread_roots());
+  output_options oo;
+  return detail::write_profile(p, paths, oo);
 }
 
 }  // namespace selfprof

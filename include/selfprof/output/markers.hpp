@@ -1,0 +1,42 @@
+// Marker frames made explicit: per-thread root frames and `[truncated]` become frames of the profile,
+// so every writer (folded, SVG, top, pprof) shows the same stacks.
+// Context: any thread except the signal handler.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "folded.hpp"
+#include "../profile.hpp"
+
+namespace selfprof {
+namespace detail {
+
+inline void add_marker_frames(profile& p, bool thread_roots) {
+  std::map<std::string, std::uint32_t> made;
+  auto marker = [&](const std::string& name) {
+    auto it = made.find(name);
+    if (it != made.end()) return it->second;
+    frame f;
+    f.name = name;
+    f.kind = frame_kind::marker;
+    p.frames.push_back(f);
+    auto index = static_cast<std::uint32_t>(p.frames.size() - 1);
+    made.emplace(name, index);
+    return index;
+  };
+  for (stack& s : p.stacks) {
+    std::size_t first = 0;
+    bool has_root = !s.frames.empty() && is_marker(p, s.frames[0], is_thread_root_name);
+    if (has_root) first = 1;
+    std::vector<std::uint32_t> head;
+    if (thread_roots && !has_root) head.push_back(marker(thread_root_name(s.tid, p.thread_name(s.tid))));
+    bool has_truncated = first < s.frames.size() && is_marker(p, s.frames[first], is_truncated_name);
+    if (s.truncated && !has_truncated) head.push_back(marker(std::string(truncated_marker)));
+    if (head.empty()) continue;
+    s.frames.insert(s.frames.begin() + static_cast<std::ptrdiff_t>(first), head.begin(), head.end());
+  }
+}
+
+}  // namespace detail
+}  // namespace selfprof
