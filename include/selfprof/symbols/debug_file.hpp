@@ -1,0 +1,93 @@
+// Finds the separate debug file of a stripped module: by GNU build-id under each debug root
+// (<root>/.build-id/xx/rest.debug), then by .gnu_debuglink (module dir, its .debug/, <root>/<module dir>),
+// checking the build-id or the debuglink CRC so a stale debug file is never used.
+// Context: collector thread or setup (never the signal handler).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "elf.hpp"
+#include "mapped_file.hpp"
+
+namespace selfprof {
+namespace detail {
+
+// The CRC-32 (IEEE, reflected) that .gnu_debuglink stores for its debug file.
+inline std::uint32_t debuglink_crc32(byte_view bytes, std::uint32_t crc = 0) {
+  static const std::array<std::uint32_t, 256> table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) != 0 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  crc = ~crc;
+  for (std::size_t i = 0; i < bytes.size; ++i) crc = table[(crc ^ bytes.data[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+inline std::vector<std::string> build_id_debug_paths(const std::vector<std::string>& roots,
+                                                     const std::string& build_id) {
+  std::vector<std::string> out;
+  if (build_id.size() < 3) return out;
+  for (const auto& root : roots)
+    out.push_back(root + "/.build-id/" + build_id.substr(0, 2) + "/" + build_id.substr(2) + ".debug");
+  return out;
+}
+
+inline std::vector<std::string> debuglink_paths(const std::vector<std::string>& roots,
+                                                const std::string& module_path, const std::string& link) {
+  std::vector<std::string> out;
+  if (link.empty() || link.find('/') != std::string::npos || module_path.empty() || module_path[0] != '/')
+    return out;
+  std::string::size_type slash = module_path.rfind('/');
+  std::string dir = module_path.substr(0, slash + 1);  // with its trailing slash
+  out.push_back(dir + link);
+  out.push_back(dir + ".debug/" + link);
+  for (const auto& root : roots) out.push_back(root + dir + link);
+  return out;
+}
+
+struct debug_file {
+  std::string path;
+  mapped_file file;
+  elf_image image;
+};
+
+// Opens the separate debug file for `module` (at `module_path`) with a .symtab; false when none fits.
+inline bool find_debug_file(const std::vector<std::string>& roots, const std::string& module_path,
+                            const elf_image& module, debug_file& out) {
+  auto try_open = [&](const std::string& path, const std::string& want_build_id, bool check_crc,
+                      std::uint32_t crc) {
+    if (path == module_path) return false;
+    if (!out.file.open(path)) return false;
+    bool ok = static_cast<bool>(out.image.parse(byte_view{out.file.data(), out.file.size()}, path)) &&
+              out.image.find_section_type(SHT_SYMTAB) != nullptr;
+    if (ok && !want_build_id.empty()) ok = out.image.build_id() == want_build_id;
+    if (ok && check_crc) ok = debuglink_crc32(out.image.bytes()) == crc;
+    if (!ok) {
+      out.image = elf_image();
+      out.file.reset();
+      return false;
+    }
+    out.path = path;
+    return true;
+  };
+  std::string id = module.build_id();
+  for (const auto& path : build_id_debug_paths(roots, id))
+    if (try_open(path, id, false, 0)) return true;
+  std::string link;
+  std::uint32_t crc = 0;
+  if (module.debuglink(link, crc))
+    for (const auto& path : debuglink_paths(roots, module_path, link))
+      if (try_open(path, id, true, crc)) return true;
+  return false;
+}
+
+}  // namespace detail
+}  // namespace selfprof

@@ -1,0 +1,340 @@
+// The module registry: executable mappings of this process from /proc/self/maps (files with their load
+// bias, the vdso read from memory, anonymous memory, memfd and deleted files), each file's symbols parsed
+// once when first seen, and unmapped modules kept so samples taken before a dlclose still get names.
+// Context: collector thread (refresh ~every 100 ms) or setup; not thread-safe, never the signal handler.
+#pragma once
+
+#include <dirent.h>
+#include <link.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/auxv.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "debug_file.hpp"
+#include "elf.hpp"
+#include "mapped_file.hpp"
+#include "proc_maps.hpp"
+#include "symbol_table.hpp"
+
+namespace selfprof {
+namespace detail {
+
+enum class module_kind : std::uint8_t {
+  file,       // a file-backed mapping (also memfd and deleted files)
+  vdso,       // the kernel's vdso, parsed from memory
+  anonymous,  // anonymous executable memory (JIT code); named only by perf maps
+  special,    // other kernel-provided mappings such as [vsyscall]
+};
+
+// What was parsed from one ELF file (shared by every mapping of that file).
+struct module_symbols {
+  std::string build_id;
+  std::string debug_path;                // separate debug file used, if any
+  std::vector<elf_segment> segments;     // for the load bias of each mapping
+  symbol_table table;
+  bool elf_ok = false;
+};
+
+struct module {
+  std::uint64_t start = 0;
+  std::uint64_t end = 0;
+  std::uint64_t offset = 0;  // file offset mapped at start
+  std::uint64_t bias = 0;    // run-time address minus ELF virtual address
+  std::uint64_t inode = 0;
+  std::uint32_t dev_major = 0;
+  std::uint32_t dev_minor = 0;
+  std::string path;          // as in the maps (without " (deleted)"), "[vdso]", or "//anon"
+  std::string basename;      // for "[basename+0xoffset]" names
+  module_kind kind = module_kind::file;
+  bool deleted = false;
+  bool mapped = true;        // false once unmapped; kept so earlier samples are still named
+  std::uint64_t unmapped_seq = 0;  // orders unmapped modules: a later unmap wins an overlap
+  std::shared_ptr<module_symbols> symbols;  // null for anonymous and special mappings
+};
+
+struct module_registry_options {
+  std::vector<std::string> debug_roots{"/usr/lib/debug"};  // where build-id and debuglink files live
+  std::string maps_path = "/proc/self/maps";
+};
+
+class module_registry {
+ public:
+  module_registry() = default;
+  explicit module_registry(module_registry_options options) : options_(std::move(options)) {}
+
+  // Re-reads the maps when the dynamic loader's load/unload counters (dl_iterate_phdr's dlpi_adds and
+  // dlpi_subs) moved since the last snapshot, or on the first call: a few hundred nanoseconds otherwise.
+  // Returns true when the module set changed.
+  bool refresh() {
+    std::pair<unsigned long long, unsigned long long> counters = loader_counters();
+    if (scans_ != 0 && counters == last_counters_) return false;
+    last_counters_ = counters;
+    return rescan();
+  }
+
+  // Re-reads the maps unconditionally (for mappings made without the loader: JIT code, mmap of a
+  // file); returns early when the text is unchanged. Returns true when the module set changed.
+  bool rescan() {
+    std::string text;
+    if (!read_text_file(options_.maps_path.c_str(), text)) {
+      warn("selfprof: cannot read " + options_.maps_path + "; frames will be [unknown]");
+      return false;
+    }
+    ++reads_;
+    text = executable_lines(text);  // data mappings come and go with every allocation: ignore them
+    if (scans_ != 0 && text == last_text_) return false;
+    last_text_ = std::move(text);
+    ++scans_;
+    apply(last_text_);
+    return true;
+  }
+
+  // The module holding `address`: a mapped one first, else the most recently unmapped one.
+  // The pointer is valid until the next refresh()/rescan().
+  const module* find(std::uint64_t address) const {
+    auto it = std::upper_bound(mapped_.begin(), mapped_.end(), address,
+                               [this](std::uint64_t a, std::size_t i) { return a < modules_[i].start; });
+    if (it != mapped_.begin()) {
+      const module& m = modules_[*(it - 1)];
+      if (address < m.end) return &m;
+    }
+    for (std::size_t i : unmapped_)
+      if (address >= modules_[i].start && address < modules_[i].end) return &modules_[i];
+    return nullptr;
+  }
+
+  const std::vector<module>& modules() const { return modules_; }
+  // Messages about modules whose symbols could not be read (one per file); cleared by this call.
+  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
+  std::uint64_t scans() const { return scans_; }  // times the maps text changed and was applied
+  std::uint64_t reads() const { return reads_; }  // times the maps file was read
+  std::size_t parsed_files() const { return symbols_cache_.size(); }
+
+ private:
+  using mapping_key = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t, std::string>;
+  using file_key = std::tuple<std::uint32_t, std::uint32_t, std::uint64_t, std::string>;
+
+  static std::pair<unsigned long long, unsigned long long> loader_counters() {
+    std::pair<unsigned long long, unsigned long long> out{0, 0};
+    ::dl_iterate_phdr(
+        [](struct dl_phdr_info* info, std::size_t size, void* data) -> int {
+          if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
+            auto* c = static_cast<std::pair<unsigned long long, unsigned long long>*>(data);
+            c->first = info->dlpi_adds;
+            c->second = info->dlpi_subs;
+          }
+          return 1;  // the counters are the same in every entry: stop after the first
+        },
+        &out);
+    return out;
+  }
+
+  // The lines of maps text whose permissions include 'x' ("start-end r-xp ...").
+  static std::string executable_lines(const std::string& text) {
+    std::string out;
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      std::size_t eol = text.find('\n', pos);
+      if (eol == std::string::npos) eol = text.size();
+      std::size_t space = text.find(' ', pos);
+      if (space != std::string::npos && space + 3 < eol && text[space + 3] == 'x')
+        out.append(text, pos, eol - pos + 1);
+      pos = eol + 1;
+    }
+    return out;
+  }
+
+  void warn(std::string message) { warnings_.push_back(std::move(message)); }
+
+  void apply(const std::string& text) {
+    std::vector<module> next;
+    std::vector<bool> seen(modules_.size(), false);
+    std::map<mapping_key, std::size_t> index;
+    for (std::size_t i = 0; i < modules_.size(); ++i) index.emplace(key_of(modules_[i]), i);
+
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      std::size_t eol = text.find('\n', pos);
+      if (eol == std::string::npos) eol = text.size();
+      maps_entry e;
+      if (parse_maps_line(std::string_view(text).substr(pos, eol - pos), e) && e.executable) {
+        auto found = index.find(mapping_key{e.start, e.end, e.offset, e.inode, e.path});
+        if (found != index.end()) {
+          seen[found->second] = true;
+          next.push_back(modules_[found->second]);
+          next.back().mapped = true;
+        } else {
+          next.push_back(make_module(e));
+        }
+      }
+      pos = eol + 1;
+    }
+    // Unmapped modules stay (anonymous memory excepted: it has no symbols to keep).
+    for (std::size_t i = 0; i < modules_.size(); ++i) {
+      if (seen[i] || modules_[i].kind == module_kind::anonymous) continue;
+      module m = modules_[i];
+      if (m.mapped) m.unmapped_seq = ++unmapped_seq_;
+      m.mapped = false;
+      next.push_back(std::move(m));
+    }
+    modules_ = std::move(next);
+    mapped_.clear();
+    unmapped_.clear();
+    for (std::size_t i = 0; i < modules_.size(); ++i) (modules_[i].mapped ? mapped_ : unmapped_).push_back(i);
+    std::sort(mapped_.begin(), mapped_.end(),
+              [this](std::size_t a, std::size_t b) { return modules_[a].start < modules_[b].start; });
+    std::sort(unmapped_.begin(), unmapped_.end(), [this](std::size_t a, std::size_t b) {
+      return modules_[a].unmapped_seq > modules_[b].unmapped_seq;
+    });
+  }
+
+  static mapping_key key_of(const module& m) {
+    return mapping_key{m.start, m.end, m.offset, m.inode, m.kind == module_kind::anonymous && m.path == "//anon" ? std::string() : m.path};
+  }
+
+  module make_module(const maps_entry& e) {
+    module m;
+    m.start = e.start;
+    m.end = e.end;
+    m.offset = e.offset;
+    m.inode = e.inode;
+    m.dev_major = e.dev_major;
+    m.dev_minor = e.dev_minor;
+    m.deleted = e.deleted;
+    m.path = e.path;
+    if (e.path.empty()) {
+      m.kind = module_kind::anonymous;
+      m.path = "//anon";
+    } else if (e.path == "[vdso]") {
+      m.kind = module_kind::vdso;
+    } else if (e.path[0] == '[') {
+      m.kind = e.path == "[vsyscall]" ? module_kind::special : module_kind::anonymous;
+    }
+    std::string::size_type slash = m.path.rfind('/');
+    if (m.kind == module_kind::file)
+      m.basename = slash == std::string::npos ? m.path : m.path.substr(slash + 1);
+    else if (m.path.size() > 2 && m.path.front() == '[' && m.path.back() == ']')
+      m.basename = m.path.substr(1, m.path.size() - 2);  // "[vdso]" names frames "[vdso+0x...]"
+    else
+      m.basename = m.path;
+    if (m.kind == module_kind::file) m.symbols = file_symbols(e);
+    if (m.kind == module_kind::vdso) m.symbols = vdso_symbols(e);
+    m.bias = m.symbols && m.symbols->elf_ok ? elf_load_bias(m.symbols->segments, m.start, m.offset)
+                                             : m.start - m.offset;
+    return m;
+  }
+
+  std::shared_ptr<module_symbols> file_symbols(const maps_entry& e) {
+    file_key key{e.dev_major, e.dev_minor, e.inode, e.path};
+    auto cached = symbols_cache_.find(key);
+    if (cached != symbols_cache_.end()) return cached->second;
+    auto result = std::make_shared<module_symbols>();
+    symbols_cache_.emplace(key, result);
+
+    // Deleted files and memfds are reachable through /proc/self/map_files (opening its entries needs
+    // CAP_SYS_ADMIN, or CAP_CHECKPOINT_RESTORE since Linux 5.9; see proc(5)), else through a descriptor
+    // we still hold; map_files also serves a file replaced on disk since it was mapped.
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx", static_cast<unsigned long long>(e.start),
+                  static_cast<unsigned long long>(e.end));
+    std::string via_map_files = buffer;
+    bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
+    mapped_file file;
+    status st = file.open(hidden ? via_map_files : e.path, e.inode);
+    if (!st && hidden) st = open_through_fd(e, file);
+    if (!st && !hidden) st = file.open(via_map_files, e.inode);
+    // Overlay file systems can report another inode in the maps than fstat does: last, trust the path.
+    if (!st && !hidden) st = file.open(e.path);
+    if (!st) {
+      warn("selfprof: no symbols for " + e.path + ": " + st.message() + "; its frames are named [module+0xoffset]");
+      return result;
+    }
+    load_elf(byte_view{file.data(), file.size()}, e.path, hidden, *result);
+    return result;
+  }
+
+  // Without the rights map_files needs, a memfd or deleted file is still readable through a
+  // descriptor the process holds open (a JIT usually keeps its memfd): find it in /proc/self/fd.
+  static status open_through_fd(const maps_entry& e, mapped_file& file) {
+    DIR* dir = ::opendir("/proc/self/fd");
+    if (dir == nullptr) return status::error(e.path + ": no readable descriptor");
+    status st = status::error(e.path + ": not in map_files (permission) nor held open by this process");
+    while (struct dirent* d = ::readdir(dir)) {
+      if (d->d_name[0] < '0' || d->d_name[0] > '9') continue;
+      std::string path = std::string("/proc/self/fd/") + d->d_name;
+      struct stat sb;
+      if (::stat(path.c_str(), &sb) != 0 || static_cast<std::uint64_t>(sb.st_ino) != e.inode ||
+          major(sb.st_dev) != e.dev_major || minor(sb.st_dev) != e.dev_minor || !S_ISREG(sb.st_mode))
+        continue;
+      if (file.open(path, e.inode)) {
+        st = status::ok();
+        break;
+      }
+    }
+    ::closedir(dir);
+    return st;
+  }
+
+  std::shared_ptr<module_symbols> vdso_symbols(const maps_entry& e) {
+    auto result = std::make_shared<module_symbols>();
+    // The vdso is mapped whole and laid out as its file, so its section headers are in memory too.
+    unsigned long base = ::getauxval(AT_SYSINFO_EHDR);
+    if (base == 0 || base < e.start || base >= e.end || !e.readable) return result;
+    load_elf(byte_view{reinterpret_cast<const unsigned char*>(base), static_cast<std::size_t>(e.end - base)},
+             "[vdso]", true, *result);
+    return result;
+  }
+
+  void load_elf(byte_view bytes, const std::string& path, bool no_debug_search, module_symbols& out) {
+    elf_image image;
+    status st = image.parse(bytes, path);
+    if (!st) {
+      warn("selfprof: no symbols for " + path + ": " + st.message() + "; its frames are named [module+0xoffset]");
+      return;
+    }
+    out.elf_ok = true;
+    out.segments = image.segments();
+    out.build_id = image.build_id();
+    std::size_t from_symtab = 0;
+    if (const elf_section* symtab = image.find_section_type(SHT_SYMTAB))
+      from_symtab = out.table.add_symbols(image, *symtab);
+    if (from_symtab == 0) {
+      debug_file debug;
+      // A deleted or memory file has no directory for debuglink; build-id lookups still work.
+      if (find_debug_file(options_.debug_roots, no_debug_search ? std::string() : path, image, debug)) {
+        if (const elf_section* symtab = debug.image.find_section_type(SHT_SYMTAB))
+          out.table.add_symbols(debug.image, *symtab);
+        out.debug_path = debug.path;
+      }
+    }
+    if (const elf_section* dynsym = image.find_section_type(SHT_DYNSYM)) out.table.add_symbols(image, *dynsym);
+    out.table.add_plt(image);
+    out.table.finish();
+  }
+
+  module_registry_options options_;
+  std::vector<module> modules_;
+  std::vector<std::size_t> mapped_;    // indices into modules_, by start address
+  std::vector<std::size_t> unmapped_;  // indices into modules_, latest unmapped first
+  std::map<file_key, std::shared_ptr<module_symbols>> symbols_cache_;
+  std::vector<std::string> warnings_;
+  std::string last_text_;
+  std::pair<unsigned long long, unsigned long long> last_counters_{0, 0};
+  std::uint64_t scans_ = 0;
+  std::uint64_t reads_ = 0;
+  std::uint64_t unmapped_seq_ = 0;
+};
+
+}  // namespace detail
+}  // namespace selfprof

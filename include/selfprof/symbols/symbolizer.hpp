@@ -1,0 +1,124 @@
+// selfprof::symbolizer: turns addresses of this process into frames (demangled function, module, offset),
+// from ELF symbols of every module ever mapped, separate debug files, the vdso and perf maps for JIT code.
+// Context: collector thread or any single thread (not thread-safe; never the signal handler).
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../profile.hpp"
+#include "modules.hpp"
+#include "perf_map.hpp"
+
+namespace selfprof {
+
+struct symbolizer_options {
+  // Roots searched for separate debug files: <root>/.build-id/xx/rest.debug and <root>/<module dir>/<link>.
+  std::vector<std::string> debug_roots{"/usr/lib/debug"};
+  // perf map naming JIT code; empty means /tmp/perf-<getpid()>.map. Set use_perf_map to false to skip it.
+  std::string perf_map_path;
+  bool use_perf_map = true;
+  std::string maps_path = "/proc/self/maps";
+};
+
+class symbolizer {
+ public:
+  symbolizer() : symbolizer(symbolizer_options()) {}
+  explicit symbolizer(symbolizer_options options)
+      : modules_(detail::module_registry_options{options.debug_roots, options.maps_path}),
+        perf_map_(options.perf_map_path.empty() ? detail::perf_map::default_path(::getpid())
+                                                : options.perf_map_path),
+        use_perf_map_(options.use_perf_map) {}
+
+  // Snapshots the modules mapped now (parsing the symbols of new ones); keeps unmapped ones. Cheap when
+  // no library was loaded or unloaded since the last call: meant to run every ~100 ms while profiling.
+  void refresh() {
+    modules_.refresh();
+    refreshed_ = true;
+    rescanned_on_miss_ = false;
+    perf_map_checked_ = false;
+  }
+
+  // Appends the frames for one address, outermost first (one frame today; an inline chain later).
+  // `address` is what to look up: callers pass pc-1 for return addresses.
+  void resolve(std::uint64_t address, std::vector<frame>& out) {
+    if (!refreshed_) refresh();
+    const detail::module* m = modules_.find(address);
+    if (m == nullptr && !rescanned_on_miss_) {
+      // Mapped without the loader since the last refresh (JIT code, mmap): look once per refresh.
+      rescanned_on_miss_ = true;
+      modules_.rescan();
+      m = modules_.find(address);
+    }
+    frame f;
+    f.address = address;
+    if (m == nullptr || m->kind == detail::module_kind::anonymous) {
+      if (resolve_jit(address, f)) {
+        out.push_back(std::move(f));
+        return;
+      }
+      f.name = "[unknown]";
+      if (m != nullptr) {
+        f.module = m->path;
+        f.module_offset = address - m->start;
+      }
+      out.push_back(std::move(f));
+      return;
+    }
+    f.module = m->path;
+    f.module_offset = address - m->bias;
+    detail::symbol_table::hit hit;
+    if (m->symbols && m->symbols->table.lookup(f.module_offset, hit)) {
+      f.name = m->symbols->table.name(hit.index);
+    } else {
+      char offset[32];
+      std::snprintf(offset, sizeof offset, "+0x%llx]", static_cast<unsigned long long>(f.module_offset));
+      f.name = "[" + m->basename + offset;
+    }
+    out.push_back(std::move(f));
+  }
+
+  // Convenience for one frame.
+  frame resolve_one(std::uint64_t address) {
+    std::vector<frame> frames;
+    resolve(address, frames);
+    return frames.empty() ? frame() : std::move(frames.back());
+  }
+
+  // One message per module whose symbols could not be read (truncated ELF, unreadable file, ...);
+  // the caller decides where they go (profile notes, stderr). Cleared by this call.
+  std::vector<std::string> take_warnings() { return modules_.take_warnings(); }
+
+  const detail::module_registry& modules() const { return modules_; }
+  const detail::perf_map& jit_map() const { return perf_map_; }
+
+ private:
+  bool resolve_jit(std::uint64_t address, frame& f) {
+    if (!use_perf_map_) return false;
+    if (!perf_map_checked_) {
+      perf_map_checked_ = true;
+      perf_map_.reload_if_changed();
+    }
+    detail::perf_map::hit hit;
+    if (!perf_map_.lookup(address, hit)) return false;
+    f.name = std::string(hit.name);
+    f.module = perf_map_.path();
+    f.module_offset = address - hit.start;
+    f.kind = frame_kind::jit;
+    return true;
+  }
+
+  detail::module_registry modules_;
+  detail::perf_map perf_map_;
+  bool use_perf_map_ = true;
+  bool refreshed_ = false;
+  bool rescanned_on_miss_ = false;
+  bool perf_map_checked_ = false;
+};
+
+}  // namespace selfprof
