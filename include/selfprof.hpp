@@ -7,4 +7,5 @@
 #include "selfprof/profile.hpp"
 #include "selfprof/profiler.hpp"
 #include "selfprof/status.hpp"
+#include "selfprof/symbols/symbolizer.hpp"
 #include "selfprof/version.hpp"

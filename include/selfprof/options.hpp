@@ -21,6 +21,8 @@ struct options {
   int dump_signal = SIGUSR2;                    // SELFPROF_SIGNAL: USR2 (default), USR1, a number, or none (0)
   std::string mode = "cpu";                     // SELFPROF_MODE: cpu|wall
   double interval_s = 0;                        // SELFPROF_INTERVAL: seconds between periodic dumps (0: off)
+  double window_s = 0;                          // SELFPROF_WINDOW: dumps hold only the last N seconds (0: all)
+  bool allow_shared_dir = false;                // SELFPROF_ALLOW_SHARED_DIR: write into others-writable dirs
   unsigned max_depth = 128;                     // SELFPROF_MAX_DEPTH: frames kept per sample (2..1024)
   int sample_signal = 0;                        // SELFPROF_SAMPLE_SIGNAL: 0 picks SIGPROF or a free RT signal
   bool thread_roots = false;                    // SELFPROF_THREAD_ROOTS: per-thread root frames in output
@@ -97,6 +99,12 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
   }
   if (const char* v = std::getenv("SELFPROF_INTERVAL")) {
     if (detail::parse_double(v, 0, 86400 * 365.0, d)) o.interval_s = d; else bad("SELFPROF_INTERVAL", v, "seconds between dumps (0 disables)");
+  }
+  if (const char* v = std::getenv("SELFPROF_WINDOW")) {
+    if (detail::parse_double(v, 0, 86400 * 365.0, d)) o.window_s = d; else bad("SELFPROF_WINDOW", v, "seconds of recent samples per dump (0: everything since start)");
+  }
+  if (const char* v = std::getenv("SELFPROF_ALLOW_SHARED_DIR")) {
+    if (detail::parse_bool(v, b)) o.allow_shared_dir = b; else bad("SELFPROF_ALLOW_SHARED_DIR", v, "0 or 1");
   }
   if (const char* v = std::getenv("SELFPROF_MAX_DEPTH")) {
     if (detail::parse_double(v, 2, 1024, d) && d == static_cast<unsigned>(d)) o.max_depth = static_cast<unsigned>(d);

@@ -11,6 +11,7 @@
 
 #include "collect/collector.hpp"
 #include "options.hpp"
+#include "output/dump_paths.hpp"
 #include "output/format.hpp"
 #include "output/markers.hpp"
 #include "output/sink.hpp"
@@ -48,62 +49,6 @@ inline profile snapshot() { return detail::profiler_core::instance().snapshot();
 
 inline stats get_stats() { return detail::profiler_core::instance().get_stats(); }
 
-namespace detail {
-
-// %p pid, %t unix time, %n dump number, %% a percent sign.
-inline std::string expand_path_template(const std::string& tmpl, unsigned long dump_number) {
-  std::string out;
-  for (std::size_t i = 0; i < tmpl.size(); ++i) {
-    if (tmpl[i] != '%' || i + 1 == tmpl.size()) {
-      out += tmpl[i];
-      continue;
-    }
-    char c = tmpl[++i];
-    if (c == 'p') out += std::to_string(::getpid());
-    else if (c == 't') out += std::to_string(static_cast<long long>(std::time(nullptr)));
-    else if (c == 'n') out += std::to_string(dump_number);
-    else if (c == '%') out += '%';
-    else {
-      out += '%';
-      out += c;
-    }
-  }
-  return out;
-}
-
-inline std::vector<std::string> split_paths(const std::string& list) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= list.size()) {
-    std::size_t comma = list.find(',', start);
-    std::string part = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (!part.empty()) out.push_back(part);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-inline unsigned long next_dump_number() {
-  static std::atomic<unsigned long> n{0};
-  return n.fetch_add(1) + 1;
-}
-
-// Writes one profile to every path of a comma-separated list, each in the format of its extension.
-inline status write_profile(const profile& p, const std::string& paths, const output_options& oo) {
-  std::vector<std::string> list = split_paths(paths);
-  if (list.empty()) return status::error("selfprof: no output path given");
-  unsigned long number = next_dump_number();
-  std::string errors;
-  for (const std::string& tmpl : list) {
-    std::string path = expand_path_template(tmpl, number);
-    status st = write_profile_file(p, path, oo);
-    if (!st) errors += (errors.empty() ? "" : "\n") + st.message();
-  }
-  return errors.empty() ? status::ok() : status::error(errors);
-}
-
-}  // namespace detail
 
 // Writes the profile collected so far; the format follows the extension (.folded .collapsed .svg
 // .txt .pb.gz), several paths may be given separated by commas, and %p %t %n are expanded. Atomic

@@ -22,9 +22,11 @@
 #include "../signal/handler.hpp"
 #include "../sources/select.hpp"
 #include "../sources/signal_setup.hpp"
+#include "dumps.hpp"
 #include "stack_table.hpp"
 #include "symbolize.hpp"
 #include "threads.hpp"
+#include "windows.hpp"
 
 namespace selfprof {
 
@@ -45,6 +47,8 @@ struct stats {
   std::size_t unique_stacks = 0, table_bytes = 0;
   std::size_t threads_seen = 0, threads_armed = 0, threads_fallback = 0, threads_arm_failed = 0;
   std::size_t threads_blocking_signal = 0;  // live threads blocking the sampling signal (never sampled)
+  int dump_signal = 0;                      // signal that triggers a dump (0: none taken)
+  unsigned long dumps_written = 0, dumps_failed = 0;  // signal and interval dumps
   std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread;
 };
 
@@ -76,6 +80,7 @@ class profiler_core {
       std::lock_guard<std::mutex> t(table_mu_);
       table_.clear();
       samples_by_thread_.clear();
+      windows_.configure(static_cast<std::uint64_t>(opts_.window_s * 1e9));
     }
     // Ring: about 0.2 s of samples for 16 busy threads, at least 512 slots.
     std::size_t want = opts_.ring_slots ? opts_.ring_slots : static_cast<std::size_t>(opts_.hz * 16 * 0.2);
@@ -123,6 +128,17 @@ class profiler_core {
       scan_threads_locked();
     }
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    dump_scheduler::hooks hooks;
+    hooks.take = [this](bool windowed, std::uint64_t& seq) { return snapshot_raw(windowed, &seq); };
+    hooks.symbolize = [this](const raw_snapshot& raw) { return symbolize(raw); };
+    hooks.window_written = [this](std::uint64_t seq) {
+      std::lock_guard<std::mutex> t(table_mu_);
+      windows_.mark_dumped(seq);
+    };
+    dumps_.start(opts_, hooks, stats_.notes);
+    dumps_.set_wake_fd(wake_fd_);
+    stats_.dump_signal = dumps_.signal_number();
+    if (!opts_.out.empty()) install_atexit_once();
     stop_collector_.store(false);
     collector_ = new std::thread([this] { collector_loop(); });
     running_ = true;
@@ -138,6 +154,7 @@ class profiler_core {
     collector_->join();
     delete collector_;
     collector_ = nullptr;
+    dumps_.stop();  // writes what is queued, gives the dump signal back
     {
       std::lock_guard<std::mutex> t(threads_mu_);
       if (source_) source_->close();
@@ -184,12 +201,18 @@ class profiler_core {
   }
 
   // A copy of everything collected so far (drains the ring first); the profile stays in place.
-  raw_snapshot snapshot_raw() {
+  // `windowed`: only the samples of the last window not yet written by a windowed dump.
+  raw_snapshot snapshot_raw(bool windowed = false, std::uint64_t* window_seq = nullptr) {
     raw_snapshot s;
     {
       std::lock_guard<std::mutex> t(table_mu_);
       drain_locked();
-      s.table = table_;
+      if (windowed && windows_.enabled()) {
+        std::uint64_t seq = windows_.take(monotonic_ns(), s.table);
+        if (window_seq) *window_seq = seq;
+      } else {
+        s.table = table_;
+      }
     }
     {
       std::lock_guard<std::mutex> t(threads_mu_);
@@ -211,12 +234,16 @@ class profiler_core {
     return s;
   }
 
-  profile snapshot() {
-    raw_snapshot raw = snapshot_raw();
+  profile snapshot() { return symbolize(snapshot_raw()); }
+
+  profile symbolize(const raw_snapshot& raw) {
     std::lock_guard<std::mutex> s(sym_mu_);
     symbolizer_.refresh();
     return build_profile(raw, symbolizer_);
   }
+
+  // Waits until the signal and interval dumps queued so far are written.
+  void flush_dumps() { dumps_.flush(); }
 
   stats get_stats() {
     stats s;
@@ -240,6 +267,8 @@ class profiler_core {
     s.unique_stacks = table_.unique();
     s.table_bytes = table_.memory_bytes();
     s.samples_by_thread = samples_by_thread_;
+    s.dumps_written = dumps_.written();
+    s.dumps_failed = dumps_.failed();
     return s;
   }
 
@@ -274,6 +303,13 @@ class profiler_core {
     s += "selfprof: source " + stats_.source + ": " + stats_.source_reason + "\n";
     for (auto& r : stats_.refused) s += "selfprof: refused " + r + "\n";
     for (auto& n : stats_.notes) s += "selfprof: " + n + "\n";
+    std::string out = opts_.out.empty() ? std::string(kDefaultDumpTemplate) + " (default)" : opts_.out;
+    if (dumps_.signal_number() != 0)
+      s += "selfprof: kill -" + std::to_string(dumps_.signal_number()) + " " + std::to_string(::getpid()) +
+           " writes " + out + "\n";
+    if (opts_.interval_s > 0) s += "selfprof: every " + std::to_string(opts_.interval_s) + " s writes " + out + "\n";
+    if (opts_.window_s > 0) s += "selfprof: each dump holds the last " + std::to_string(opts_.window_s) + " s\n";
+    if (!opts_.out.empty()) s += "selfprof: at exit writes " + opts_.out + "\n";
     return s;
   }
 
@@ -310,6 +346,7 @@ class profiler_core {
         total = table_.total();
       }
       auto now = std::chrono::steady_clock::now();
+      dumps_.poll(now);
       long count = thread_count_hint();
       bool full = now - last_full_scan >= std::chrono::milliseconds(kFullThreadScanMs);
       if (count != last_count || full) {
@@ -327,13 +364,21 @@ class profiler_core {
     }
   }
 
+  static std::uint64_t monotonic_ns() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+  }
+
   void drain_locked() {
+    const std::uint64_t now = windows_.enabled() ? monotonic_ns() : 0;
     while (ring_slot* s = ring_.peek()) {
       const sample_header& h = s->header;
       std::uint16_t flags = static_cast<std::uint16_t>(h.flags & (sample_truncated | sample_offcpu));
       std::size_t depth = h.depth <= ring_.max_depth() ? h.depth : ring_.max_depth();
       if (depth > 0) {
         table_.add(h.tid, flags, s->pcs(), depth, h.weight);
+        windows_.add(h.tid, flags, s->pcs(), depth, h.weight, now);
         samples_by_thread_[h.tid] += h.weight;
       }
       ring_.release(s);
@@ -384,7 +429,7 @@ class profiler_core {
         }
         continue;
       }
-      if (tid == collector_tid) continue;
+      if (tid == collector_tid || tid == dumps_.worker_tid()) continue;  // selfprof's own threads
       thread_rec rec;
       rec.name = thread_name(tid);
       if (source_->per_thread()) arm_locked(tid, rec);
@@ -424,6 +469,26 @@ class profiler_core {
     pthread_atfork([] { instance().atfork_prepare(); }, [] { instance().atfork_parent(); },
                    [] { instance().atfork_child(); });
   }
+  // SELFPROF_OUT set: a normal exit writes the profile (stop first, so every sample is in it).
+  void install_atexit_once() {
+    static bool done = false;
+    if (done) return;
+    done = true;
+    std::atexit([] { instance().exit_dump(); });
+  }
+  void exit_dump() {
+    if (!running_ || opts_.out.empty()) return;
+    std::string out = opts_.out;
+    bool roots = opts_.thread_roots;
+    sink_options so;
+    so.allow_shared_dir = opts_.allow_shared_dir;
+    stop();
+    profile p = snapshot();
+    add_marker_frames(p, roots);
+    status st = write_profile(p, out, output_options{}, so);
+    if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
+  }
+
   void atfork_prepare() {
     control_mu_.lock();
     threads_mu_.lock();
@@ -441,6 +506,7 @@ class profiler_core {
       g_handler.active.store(false, std::memory_order_release);
       if (source_) source_->abandon_after_fork();
       if (fallback_) fallback_->abandon_after_fork();
+      dumps_.abandon_after_fork();
       source_.release();    // leaked on purpose: its destructor would touch the parent's kernel objects
       fallback_.release();
       if (signal_.number != 0) sys().sigaction(signal_.number, &signal_.previous, nullptr);
@@ -475,6 +541,8 @@ class profiler_core {
   std::vector<std::uint64_t> ring_memory_;
   sample_ring ring_;
   stack_table table_;
+  window_tables windows_;
+  dump_scheduler dumps_;
   std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread_;
   symbolizer symbolizer_;
   std::thread* collector_ = nullptr;

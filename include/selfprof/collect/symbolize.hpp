@@ -69,6 +69,7 @@ inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
             [](const thread_info& a, const thread_info& b) { return a.tid < b.tid; });
   p.info.samples = samples;
   p.info.truncated = truncated;
+  for (auto& w : sym.take_warnings()) p.info.notes.push_back(w);
   return p;
 }
 
