@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Checks the header rules of include/: every header opens with a comment whose first lines carry a
+`Context:` line and has `#pragma once`; files under include/selfprof/signal/ include only what is safe
+in a signal handler. Prints each violation as file:line: message and exits 1 if there is any.
+"""
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+INCLUDE = os.path.join(ROOT, "include")
+SIGNAL_DIR = os.path.join(INCLUDE, "selfprof", "signal")
+# What signal-handler code may include: async-signal-safe system headers, our own signal/ headers, and
+# config.hpp (macros only, includes nothing). errno.h/cerrno are allowed because the handler must save
+# and restore errno (errno is per-thread and async-signal-safe to read and write).
+SIGNAL_ALLOWED_SYSTEM = {"atomic", "csignal", "cstdint", "cstddef", "ucontext.h", "unistd.h",
+                         "sys/syscall.h", "signal.h", "time.h", "errno.h", "cerrno"}
+SIGNAL_ALLOWED_OWN = {os.path.join(INCLUDE, "selfprof", "config.hpp")}
+CONTEXT_WITHIN = 8  # lines of the opening comment searched for "Context:"
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
+
+
+def check(path, problems):
+    rel = os.path.relpath(path, ROOT)
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    if not lines or not lines[0].startswith("//"):
+        problems.append(f"{rel}:1: must open with a comment: one sentence on what it holds, then Context:")
+    head = []
+    for line in lines[:CONTEXT_WITHIN]:
+        if not line.startswith("//"):
+            break
+        head.append(line)
+    if not any(re.match(r"//\s*Context:\s*\S", line) for line in head):
+        problems.append(f"{rel}:1: no `// Context: ...` line in the opening comment (signal handler, "
+                        "collector thread, any thread or setup only)")
+    if not any(re.match(r"\s*#\s*pragma\s+once\b", line) for line in lines):
+        problems.append(f"{rel}:1: missing #pragma once")
+    if os.path.commonpath([path, SIGNAL_DIR]) != SIGNAL_DIR:
+        return
+    for n, line in enumerate(lines, 1):
+        m = INCLUDE_RE.match(line)
+        if not m:
+            continue
+        kind, name = m.groups()
+        if kind == "<" and name in SIGNAL_ALLOWED_SYSTEM:
+            continue
+        own = [os.path.normpath(os.path.join(os.path.dirname(path), name)),
+               os.path.normpath(os.path.join(INCLUDE, name))]
+        if any(o in SIGNAL_ALLOWED_OWN or os.path.commonpath([o, SIGNAL_DIR]) == SIGNAL_DIR and os.path.isfile(o)
+               for o in own):
+            continue
+        shown = f"<{name}>" if kind == "<" else f'"{name}"'
+        allowed = ", ".join(f"<{a}>" for a in sorted(SIGNAL_ALLOWED_SYSTEM))
+        problems.append(f"{rel}:{n}: signal-handler header includes {shown}; allowed: {allowed}, "
+                        "signal/ headers, config.hpp")
+
+
+def main():
+    problems = []
+    headers = sorted(os.path.join(d, f) for d, _, fs in os.walk(INCLUDE) for f in fs
+                     if f.endswith((".hpp", ".h")))
+    for path in headers:
+        check(path, problems)
+    for p in problems:
+        print(p)
+    print(f"check_headers: {len(headers)} headers, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# Runs every test of selfprof, the way CI does (.ci/run): installs what is needed on Debian 12 (as
+# root), then builds and runs the whole suite in each configuration below, and ends with one line
+# "N passed, N failed" (test programs / CTest tests run). Exits non-zero on any failure.
+#
+# Stages (SELFPROF_TEST_STAGES="gcc clang ..." runs a subset, in this order):
+#   gcc           g++ -O2 -g, default options (libdw, zlib), benchmarks built; unit, integration,
+#                 packaging and lint tests
+#   clang         clang++ with the other side of every optional library (libunwind on, libdw and zlib
+#                 off); unit + integration
+#   single        g++ against single_include/ (SELFPROF_TEST_SINGLE_INCLUDE=ON); unit + integration
+#   asan          g++ -fsanitize=address,undefined; tests labelled no_asan are left out
+#   tsan          g++ -fsanitize=thread; tests labelled no_tsan are left out
+#   meson         meson setup + meson test (unit + integration)
+#   unprivileged  the gcc build's integration tests as a throwaway system user (setpriv)
+#   no_perf       the gcc build's unit + integration tests with SELFPROF_TEST_NO_PERF=1
+# Environment: SELFPROF_SKIP_APT=1 skips apt-get; SELFPROF_BUILD_ROOT (default build/test) holds the
+# build trees; SELFPROF_JOBS (default 2) parallel jobs; SELFPROF_TEST_USER (default selfprof-test).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root_dir=$(pwd)
+build_root=${SELFPROF_BUILD_ROOT:-$root_dir/build/test}
+jobs=${SELFPROF_JOBS:-2}
+stages=${SELFPROF_TEST_STAGES:-gcc clang single asan tsan meson unprivileged no_perf}
+test_user=${SELFPROF_TEST_USER:-selfprof-test}
+packages=(g++ clang clang-format cmake ninja-build meson pkg-config doctest-dev python3 libdw-dev
+  libunwind-dev zlib1g-dev linux-perf util-linux passwd binutils git)
+
+passed=0
+failed=0
+failures=()
+
+note() { printf '\n==== %s\n' "$*"; }
+count() {  # <passed> <failed> <what>
+  passed=$((passed + $1))
+  failed=$((failed + $2))
+  if [ "$2" -gt 0 ]; then failures+=("$3: $2 failed"); fi
+}
+
+install_packages() {
+  if [ "${SELFPROF_SKIP_APT:-0}" = 1 ]; then return 0; fi
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "test.sh: all packages installed (${packages[*]})"
+    return 0
+  fi
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "test.sh: missing packages ${missing[*]}; run as root or install them (SELFPROF_SKIP_APT=1 skips this)" >&2
+    exit 2
+  fi
+  note "apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update && apt-get install -y --no-install-recommends "${packages[@]}" || {
+    echo "test.sh: apt-get failed" >&2
+    exit 2
+  }
+}
+
+# build <name> <cmake args...>: configure and build build_root/<name>; a failure counts as one.
+build() {
+  local dir=$build_root/$1
+  shift
+  note "build $(basename "$dir"): $*"
+  if cmake -S "$root_dir" -B "$dir" -G Ninja "$@" && cmake --build "$dir" -j "$jobs" -- -k 0; then
+    return 0
+  fi
+  count 0 1 "build $(basename "$dir")"
+  return 1
+}
+
+# run_ctest <name> <ctest args...>: run CTest in build_root/<name> and count from its summary line.
+run_ctest() {
+  local dir=$build_root/$1 log
+  shift
+  note "ctest $(basename "$dir") $*"
+  log=$(mktemp)
+  (cd "$dir" && ctest --output-on-failure -j "$jobs" "$@") 2>&1 | tee "$log"
+  local line total bad
+  line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n1)
+  rm -f "$log"
+  if [ -z "$line" ]; then
+    echo "test.sh: no CTest summary in $(basename "$dir") (no tests found?)"
+    count 0 1 "ctest $(basename "$dir")"
+    return
+  fi
+  bad=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
+  total=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\2/' <<<"$line")
+  count $((total - bad)) "$bad" "ctest $(basename "$dir") $*"
+}
+
+common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)  # -O2 -g
+stage_gcc() {
+  build gcc "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_BUILD_BENCH=ON
+  run_ctest gcc
+}
+stage_clang() {
+  build clang "${common[@]}" -DCMAKE_CXX_COMPILER=clang++ -DSELFPROF_BUILD_BENCH=ON \
+    -DSELFPROF_WITH_LIBUNWIND=ON -DSELFPROF_WITH_LIBDW=OFF -DSELFPROF_WITH_ZLIB=OFF
+  run_ctest clang -LE 'packaging|lint'
+}
+stage_single() {
+  build single "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_TEST_SINGLE_INCLUDE=ON -DSELFPROF_BUILD_TOOLS=OFF
+  run_ctest single -LE 'packaging|lint'
+}
+stage_asan() {
+  build asan "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_SANITIZE=address,undefined \
+    -DSELFPROF_BUILD_EXAMPLES=OFF -DSELFPROF_BUILD_TOOLS=OFF
+  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+    run_ctest asan -LE 'packaging|lint|no_asan'
+}
+stage_tsan() {
+  build tsan "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_SANITIZE=thread \
+    -DSELFPROF_BUILD_EXAMPLES=OFF -DSELFPROF_BUILD_TOOLS=OFF
+  TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} run_ctest tsan -LE 'packaging|lint|no_tsan'
+}
+stage_meson() {
+  local dir=$build_root/meson log
+  note "meson $dir"
+  if [ -f "$dir/meson-private/coredata.dat" ]; then
+    meson setup --reconfigure "$dir" "$root_dir" --buildtype=debugoptimized
+  else
+    rm -rf "$dir"
+    meson setup "$dir" "$root_dir" --buildtype=debugoptimized
+  fi || { count 0 1 "meson setup"; return; }
+  meson compile -C "$dir" -j "$jobs" || count 0 1 "meson compile"
+  log=$(mktemp)
+  meson test -C "$dir" --print-errorlogs --num-processes "$jobs" 2>&1 | tee "$log"
+  local ok bad
+  ok=$(awk '/^Ok:/ {s += $2} /^Expected Fail:/ {s += $3} END {print s + 0}' "$log")
+  bad=$(awk '/^(Fail|Timeout):/ {s += $2} /^Unexpected Pass:/ {s += $3} END {print s + 0}' "$log")
+  rm -f "$log"
+  count "$ok" "$bad" "meson test"
+}
+
+# The gcc build's test binaries (with whatever they keep next to them) copied where the user can read
+# them; each integration test run as that user.
+stage_unprivileged() {
+  local src=$build_root/gcc/tests tmp uid gid as_user=()
+  if ! ls "$src"/integration_* >/dev/null 2>&1; then
+    echo "test.sh: no integration tests in $src (stage gcc not run?)"
+    count 0 1 "unprivileged: no binaries"
+    return
+  fi
+  tmp=$(mktemp -d /tmp/selfprof-unpriv.XXXXXX)
+  (cd "$src" && tar --exclude=CMakeFiles --exclude=packaging --exclude=Testing --exclude='*.cmake' -cf - .) |
+    tar -xf - -C "$tmp"
+  if [ "$(id -u)" -eq 0 ]; then
+    id -u "$test_user" >/dev/null 2>&1 ||
+      useradd --system --no-create-home --shell /usr/sbin/nologin "$test_user" || {
+      count 0 1 "useradd $test_user"
+      return
+    }
+    uid=$(id -u "$test_user")
+    gid=$(id -g "$test_user")
+    chown -R "$uid:$gid" "$tmp"
+    chmod 755 "$tmp"
+    as_user=(setpriv --reuid="$uid" --regid="$gid" --clear-groups)
+    if [ "$("${as_user[@]}" id -u)" != "$uid" ]; then
+      count 0 1 "unprivileged: setpriv did not switch to $test_user"
+      return
+    fi
+  fi
+  note "unprivileged: integration tests as ${test_user} (uid ${uid:-$(id -u)}) in $tmp"
+  local t ok=0 bad=0
+  for t in "$tmp"/integration_*; do
+    [ -x "$t" ] || continue
+    echo "-- $(basename "$t")"
+    if (cd "$tmp" && "${as_user[@]}" env HOME="$tmp" TMPDIR="$tmp" "$t"); then
+      ok=$((ok + 1))
+    else
+      bad=$((bad + 1))
+      echo "FAILED (unprivileged): $(basename "$t")"
+    fi
+  done
+  rm -rf "$tmp"
+  count "$ok" "$bad" "unprivileged"
+}
+stage_no_perf() {
+  SELFPROF_TEST_NO_PERF=1 run_ctest gcc -LE 'packaging|lint'
+}
+
+install_packages
+mkdir -p "$build_root"
+start=$SECONDS
+for s in $stages; do
+  if ! declare -F "stage_$s" >/dev/null; then
+    echo "test.sh: unknown stage '$s'" >&2
+    count 0 1 "stage $s"
+    continue
+  fi
+  t0=$SECONDS
+  "stage_$s"
+  echo "test.sh: stage $s took $((SECONDS - t0)) s"
+done
+note "summary ($((SECONDS - start)) s)"
+for f in "${failures[@]}"; do echo "FAILED: $f"; done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
