@@ -77,8 +77,9 @@ TEST_CASE("forced itimer: samples with SIGPROF, kernel time counted") {
   CHECK(r.st.sample_signal == SIGPROF);
   double rate = double(r.st.samples) / (double(r.cpu_ns) / 1e9);
   MESSAGE("itimer: " << rate << " samples/CPU-s");
-  CHECK(rate > 99 * 0.8);
-  CHECK(rate < 99 * 1.2);
+  // ITIMER_PROF counts the whole process's CPU time, selfprof's own threads included.
+  CHECK(rate > 99 * 0.75);
+  CHECK(rate < 99 * 1.25);
   CHECK(share_of(r.p, "leaf_a") == doctest::Approx(0.6).epsilon(0.25));
 }
 

@@ -63,17 +63,23 @@ struct truth {
   std::int64_t total() const { return a + b + c; }
 };
 
-// Runs rounds of a:b:c = 6:3:1 units until `cpu_ns` of this thread's CPU time has passed.
+// Runs rounds of a:b:c = 6:3:1 units (each varied by one unit at random, so no period of the work can
+// line up with the kernel tick) until `cpu_ns` of this thread's CPU time has passed.
 WL_NOINLINE inline truth run_rounds(std::int64_t cpu_ns) {
   truth t;
+  std::uint32_t rng = 12345u + static_cast<std::uint32_t>(thread_cpu_ns());
+  auto jitter = [&rng](long base) {
+    rng = rng * 1664525u + 1013904223u;
+    return base - 1 + static_cast<long>((rng >> 16) % 3);
+  };
   std::int64_t start = thread_cpu_ns();
   while (thread_cpu_ns() - start < cpu_ns) {
     std::int64_t t0 = thread_cpu_ns();
-    leaf_a(6);
+    leaf_a(jitter(6));
     std::int64_t t1 = thread_cpu_ns();
-    deep(kDeepFrames, 3);
+    deep(kDeepFrames, jitter(3));
     std::int64_t t2 = thread_cpu_ns();
-    leaf_c(1);
+    leaf_c(jitter(1));
     std::int64_t t3 = thread_cpu_ns();
     t.a += t1 - t0;
     t.b += t2 - t1;
