@@ -56,8 +56,7 @@ inline stats get_stats() { return detail::profiler_core::instance().get_stats();
 inline status dump(const std::string& paths) {
   profile p = snapshot();
   detail::add_marker_frames(p, detail::profiler_core::instance().thread_roots());
-  output_options oo;
-  return detail::write_profile(p, paths, oo);
+  return detail::write_profile(p, paths, detail::dump_output_options(p));
 }
 
 }  // namespace selfprof

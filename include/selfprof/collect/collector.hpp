@@ -485,7 +485,7 @@ class profiler_core {
     stop();
     profile p = snapshot();
     add_marker_frames(p, roots);
-    status st = write_profile(p, out, output_options{}, so);
+    status st = write_profile(p, out, dump_output_options(p), so);
     if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
   }
 

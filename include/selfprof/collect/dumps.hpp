@@ -162,7 +162,7 @@ class dump_scheduler {
   void write(job& j) {
     profile p = hooks_.symbolize(j.raw);
     add_marker_frames(p, opts_.thread_roots);
-    output_options oo;
+    output_options oo = dump_output_options(p);
     sink_options so;
     so.allow_shared_dir = opts_.allow_shared_dir;
     status st = write_profile(p, opts_.out.empty() ? kDefaultDumpTemplate : opts_.out, oo, so);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <ctime>
 #include <string>
 #include <vector>
@@ -47,6 +48,27 @@ inline std::vector<std::string> split_paths(const std::string& list) {
     start = comma + 1;
   }
   return out;
+}
+
+// What a dump of this process writes: the SVG titled with the program's name and pid, the profile's
+// remarks (a refused tick source, kernel time not sampled) as its subtitle.
+inline output_options dump_output_options(const profile& p) {
+  output_options oo;
+  std::string comm;
+  std::FILE* f = std::fopen("/proc/self/comm", "r");
+  if (f) {
+    char buf[64] = {0};
+    if (std::fgets(buf, sizeof buf, f)) comm = buf;
+    std::fclose(f);
+  }
+  while (!comm.empty() && (comm.back() == '\n' || comm.back() == ' ')) comm.pop_back();
+  oo.svg.title = (p.info.mode == "cpu" ? "CPU profile of " : p.info.mode + " profile of ") +
+                 (comm.empty() ? std::string("this process") : comm) + " (pid " + std::to_string(::getpid()) + ")";
+  for (const auto& n : p.info.notes) {
+    if (n.find("not sampled") == std::string::npos) continue;
+    oo.svg.subtitle += (oo.svg.subtitle.empty() ? "" : "; ") + n;
+  }
+  return oo;
 }
 
 inline unsigned long next_dump_number() {
