@@ -28,9 +28,9 @@ struct eh_frame_table {
   std::uintptr_t start = 0, end = 0;  // runtime pc range covered by the FDEs
   std::vector<unwind_row> rows;
   std::size_t cies = 0, fdes = 0;
-  std::size_t skipped = 0;   // records left out (malformed, unsupported encoding or augmentation)
-  std::size_t unknown = 0;   // rows the handler cannot follow (CFA expressions other than PLT, ...)
-  std::string error;         // the first problem, with its offset; empty when none
+  std::size_t skipped = 0;  // records left out (malformed, unsupported encoding or augmentation)
+  std::size_t unknown = 0;  // rows the handler cannot follow (CFA expressions other than PLT, ...)
+  std::string error;        // the first problem, with its offset; empty when none
 };
 
 // DWARF register numbers of x86-64 (System V psABI, figure 3.36).
@@ -44,7 +44,7 @@ constexpr std::uintptr_t kMaxModuleSpan = 0xFFFFFFF0u;
 struct eh_cursor {
   const std::uint8_t* base;  // start of the whole input (offsets are relative to it)
   std::size_t pos, end;
-  std::uintptr_t address;    // runtime address of base[0]
+  std::uintptr_t address;  // runtime address of base[0]
   bool ok = true;
 
   bool has(std::size_t n) const { return ok && pos <= end && end - pos >= n; }
@@ -85,23 +85,46 @@ struct eh_cursor {
     const std::uintptr_t field = address + pos;
     std::uint64_t v = 0;
     switch (enc & 0x0f) {
-      case 0x00: v = fixed(8); break;                                                      // absptr
-      case 0x01: v = uleb(); break;                                                        // uleb128
-      case 0x02: v = fixed(2); break;                                                      // udata2
-      case 0x03: v = fixed(4); break;                                                      // udata4
-      case 0x04: v = fixed(8); break;                                                      // udata8
-      case 0x09: v = static_cast<std::uint64_t>(sleb()); break;                            // sleb128
-      case 0x0a: v = static_cast<std::uint64_t>(std::int64_t(std::int16_t(fixed(2)))); break;  // sdata2
-      case 0x0b: v = static_cast<std::uint64_t>(std::int64_t(std::int32_t(fixed(4)))); break;  // sdata4
-      case 0x0c: v = fixed(8); break;                                                      // sdata8
-      default: return fail();
+      case 0x00:
+        v = fixed(8);
+        break;  // absptr
+      case 0x01:
+        v = uleb();
+        break;  // uleb128
+      case 0x02:
+        v = fixed(2);
+        break;  // udata2
+      case 0x03:
+        v = fixed(4);
+        break;  // udata4
+      case 0x04:
+        v = fixed(8);
+        break;  // udata8
+      case 0x09:
+        v = static_cast<std::uint64_t>(sleb());
+        break;  // sleb128
+      case 0x0a:
+        v = static_cast<std::uint64_t>(std::int64_t(std::int16_t(fixed(2))));
+        break;  // sdata2
+      case 0x0b:
+        v = static_cast<std::uint64_t>(std::int64_t(std::int32_t(fixed(4))));
+        break;  // sdata4
+      case 0x0c:
+        v = fixed(8);
+        break;  // sdata8
+      default:
+        return fail();
     }
     if (indirect) *indirect = (enc & 0x80) != 0;
     if (!apply) return v;
     switch (enc & 0x70) {
-      case 0x00: break;               // absolute
-      case 0x10: v += field; break;   // pcrel
-      default: return fail();         // textrel/datarel/funcrel/aligned: not used in .eh_frame FDEs
+      case 0x00:
+        break;  // absolute
+      case 0x10:
+        v += field;
+        break;  // pcrel
+      default:
+        return fail();  // textrel/datarel/funcrel/aligned: not used in .eh_frame FDEs
     }
     return v;
   }
@@ -157,7 +180,7 @@ inline bool match_plt_expression(eh_cursor c, std::size_t end, cfa_state& s) {
   c.end = end;
   if (c.u8() != 0x77) return false;  // DW_OP_breg7
   std::int64_t n = c.sleb();
-  if (c.u8() != 0x80 || c.sleb() != 0) return false;  // DW_OP_breg16 0
+  if (c.u8() != 0x80 || c.sleb() != 0) return false;   // DW_OP_breg16 0
   if (c.u8() != 0x3f || c.u8() != 0x1a) return false;  // lit15, and
   std::uint8_t lit = c.u8();
   if (lit < 0x30 || lit > 0x3f) return false;
@@ -213,26 +236,36 @@ inline bool run_cfa_program(eh_cursor c, std::size_t end, const eh_cie& cie, con
       case 3:  // DW_CFA_restore
         restore(low);
         continue;
-      default: break;
+      default:
+        break;
     }
     switch (op) {
-      case 0x00: break;  // nop
-      case 0x01: {       // set_loc
+      case 0x00:
+        break;      // nop
+      case 0x01: {  // set_loc
         std::uint64_t to = c.pointer(cie.fde_enc);
         if (!c.ok || to < loc) return false;
         if (!advance((to - loc) / (cie.code_align ? cie.code_align : 1))) return true;
         break;
       }
-      case 0x02: if (!advance(c.u8())) return true; break;
-      case 0x03: if (!advance(c.fixed(2))) return true; break;
-      case 0x04: if (!advance(c.fixed(4))) return true; break;
+      case 0x02:
+        if (!advance(c.u8())) return true;
+        break;
+      case 0x03:
+        if (!advance(c.fixed(2))) return true;
+        break;
+      case 0x04:
+        if (!advance(c.fixed(4))) return true;
+        break;
       case 0x05: {  // offset_extended
         std::uint64_t reg = c.uleb();
         set_offset(reg, static_cast<std::int64_t>(c.uleb()) * cie.data_align);
         break;
       }
-      case 0x06: restore(c.uleb()); break;  // restore_extended
-      case 0x07: {                          // undefined
+      case 0x06:
+        restore(c.uleb());
+        break;      // restore_extended
+      case 0x07: {  // undefined
         std::uint64_t reg = c.uleb();
         if (reg == cie.ra_reg) state.ra_undefined = true;
         if (reg == kDwarfRbp) other_rule(reg);
@@ -257,8 +290,10 @@ inline bool run_cfa_program(eh_cursor c, std::size_t end, const eh_cie& cie, con
       case 0x0b:  // restore_state
         if (depth == 0) return false;
         --depth;
-        if (depth < kMaxRememberDepth) state = stack[depth];
-        else state.kind = row_unknown;
+        if (depth < kMaxRememberDepth)
+          state = stack[depth];
+        else
+          state.kind = row_unknown;
         break;
       case 0x0c: {  // def_cfa
         std::uint64_t reg = c.uleb();
@@ -269,12 +304,16 @@ inline bool run_cfa_program(eh_cursor c, std::size_t end, const eh_cie& cie, con
       }
       case 0x0d: {  // def_cfa_register
         std::uint64_t reg = c.uleb();
-        if (state.kind == row_cfa_plt) state.kind = row_unknown;
-        else state.kind = reg == kDwarfRsp ? row_cfa_rsp : reg == kDwarfRbp ? row_cfa_rbp : row_unknown;
+        if (state.kind == row_cfa_plt)
+          state.kind = row_unknown;
+        else
+          state.kind = reg == kDwarfRsp ? row_cfa_rsp : reg == kDwarfRbp ? row_cfa_rbp : row_unknown;
         break;
       }
-      case 0x0e: state.cfa_off = static_cast<std::int64_t>(c.uleb()); break;  // def_cfa_offset
-      case 0x0f: {                                                            // def_cfa_expression
+      case 0x0e:
+        state.cfa_off = static_cast<std::int64_t>(c.uleb());
+        break;      // def_cfa_offset
+      case 0x0f: {  // def_cfa_expression
         std::uint64_t len = c.uleb();
         if (!c.has(len)) return false;
         if (!match_plt_expression(c, c.pos + len, state)) state.kind = row_unknown;
@@ -302,22 +341,29 @@ inline bool run_cfa_program(eh_cursor c, std::size_t end, const eh_cie& cie, con
         state.cfa_off = off;
         break;
       }
-      case 0x13: state.cfa_off = c.sleb() * cie.data_align; break;  // def_cfa_offset_sf
-      case 0x14:                                                    // val_offset
-      case 0x15: {                                                  // val_offset_sf
+      case 0x13:
+        state.cfa_off = c.sleb() * cie.data_align;
+        break;      // def_cfa_offset_sf
+      case 0x14:    // val_offset
+      case 0x15: {  // val_offset_sf
         std::uint64_t reg = c.uleb();
-        if (op == 0x14) c.uleb();
-        else c.sleb();
+        if (op == 0x14)
+          c.uleb();
+        else
+          c.sleb();
         other_rule(reg);
         break;
       }
-      case 0x2e: c.uleb(); break;  // GNU_args_size
-      case 0x2f: {                 // GNU_negative_offset_extended
+      case 0x2e:
+        c.uleb();
+        break;      // GNU_args_size
+      case 0x2f: {  // GNU_negative_offset_extended
         std::uint64_t reg = c.uleb();
         set_offset(reg, -static_cast<std::int64_t>(c.uleb()) * cie.data_align);
         break;
       }
-      default: return false;  // unknown opcode: the rest of this program cannot be decoded
+      default:
+        return false;  // unknown opcode: the rest of this program cannot be decoded
     }
   }
   return c.ok;
@@ -334,12 +380,12 @@ inline eh_frame_table parse_eh_frame(const eh_frame_input& in) {
   std::vector<fde_rows> fdes;
   std::vector<unwind_row> all;  // pcs relative to each FDE's begin for now
   std::unordered_map<std::size_t, eh_cie> cies;
-  auto note = [&](const char* what, std::size_t at) {
-    ++t.skipped;
+  auto note = [&](const char* what, std::size_t at, bool count = true) {
+    if (count) ++t.skipped;
     if (t.error.empty()) {
       char buf[160];
-      std::snprintf(buf, sizeof buf, "eh_frame at 0x%zx (offset 0x%zx): %s", static_cast<std::size_t>(in.address),
-                    at, what);
+      std::snprintf(buf, sizeof buf, "eh_frame at 0x%zx (offset 0x%zx): %s",
+                    static_cast<std::size_t>(in.address), at, what);
       t.error = buf;
     }
   };
@@ -351,37 +397,43 @@ inline eh_frame_table parse_eh_frame(const eh_frame_input& in) {
     std::uint64_t len = c.fixed(4);
     bool wide = len == 0xffffffffu;
     if (wide) len = c.fixed(8);
-    if (!c.ok || len == 0 || len > c.end - c.pos) return note("truncated CIE", at), cie;
+    if (!c.ok || len == 0 || len > c.end - c.pos) return note("truncated CIE", at, false), cie;
     c.end = c.pos + static_cast<std::size_t>(len);
-    if (c.fixed(wide ? 8 : 4) != 0) return note("CIE pointer does not point at a CIE", at), cie;
+    if (c.fixed(wide ? 8 : 4) != 0) return note("CIE pointer does not point at a CIE", at, false), cie;
     std::uint8_t version = c.u8();
-    if (version != 1 && version != 3 && version != 4) return note("unsupported CIE version", at), cie;
+    if (version != 1 && version != 3 && version != 4) return note("unsupported CIE version", at, false), cie;
     std::string aug;
     while (c.has(1) && in.data[c.pos] != 0 && aug.size() < 16) aug += static_cast<char>(in.data[c.pos++]);
-    if (c.u8() != 0) return note("unterminated CIE augmentation", at), cie;
+    if (c.u8() != 0) return note("unterminated CIE augmentation", at, false), cie;
     if (aug.find("eh") == 0) c.fixed(8);  // old GCC: an eh_ptr word
-    if (version == 4 && (c.u8() != 8 || c.u8() != 0)) return note("CIE address size is not 8", at), cie;
+    if (version == 4 && (c.u8() != 8 || c.u8() != 0))
+      return note("CIE address size is not 8", at, false), cie;
     cie.code_align = c.uleb();
     cie.data_align = c.sleb();
     cie.ra_reg = version == 1 ? c.u8() : c.uleb();
     if (!aug.empty() && aug[0] == 'z') {
       cie.has_aug_data = true;
       std::uint64_t aug_len = c.uleb();
-      if (!c.has(aug_len)) return note("truncated CIE augmentation data", at), cie;
+      if (!c.has(aug_len)) return note("truncated CIE augmentation data", at, false), cie;
       std::size_t aug_end = c.pos + static_cast<std::size_t>(aug_len);
       for (std::size_t i = 1; i < aug.size() && c.ok; ++i) {
-        if (aug[i] == 'R') cie.fde_enc = c.u8();
-        else if (aug[i] == 'L') c.u8();
-        else if (aug[i] == 'P') c.pointer(c.u8(), false);
-        else if (aug[i] == 'S' || aug[i] == 'B' || aug[i] == 'G') continue;
-        else break;  // unknown letter: 'z' says how long the data is, skip the rest
+        if (aug[i] == 'R')
+          cie.fde_enc = c.u8();
+        else if (aug[i] == 'L')
+          c.u8();
+        else if (aug[i] == 'P')
+          c.pointer(c.u8(), false);
+        else if (aug[i] == 'S' || aug[i] == 'B' || aug[i] == 'G')
+          continue;
+        else
+          break;  // unknown letter: 'z' says how long the data is, skip the rest
       }
-      if (!c.ok || c.pos > aug_end) return note("malformed CIE augmentation data", at), cie;
+      if (!c.ok || c.pos > aug_end) return note("malformed CIE augmentation data", at, false), cie;
       c.pos = aug_end;
     } else if (!aug.empty() && aug != "eh") {
-      return note("unknown CIE augmentation", at), cie;
+      return note("unknown CIE augmentation", at, false), cie;
     }
-    if (!c.ok || cie.code_align == 0) return note("malformed CIE", at), cie;
+    if (!c.ok || cie.code_align == 0) return note("malformed CIE", at, false), cie;
     cie.insns = c.pos;
     cie.insns_end = c.end;
     cie.valid = true;
@@ -394,7 +446,7 @@ inline eh_frame_table parse_eh_frame(const eh_frame_input& in) {
     const std::size_t at = pos;
     eh_cursor c{in.data, pos, in.size, in.address};
     std::uint64_t len = c.fixed(4);
-    if (!c.ok) break;  // fewer than 4 bytes left: treat as the end
+    if (!c.ok) break;     // fewer than 4 bytes left: treat as the end
     if (len == 0) break;  // the terminator
     bool wide = len == 0xffffffffu;
     if (wide) len = c.fixed(8);
@@ -450,7 +502,8 @@ inline eh_frame_table parse_eh_frame(const eh_frame_input& in) {
     std::uint64_t loc = begin;
     const std::size_t first = all.size();
     eh_cursor cie_program{in.data, cie.insns, cie.insns_end, in.address};
-    if (!run_cfa_program(cie_program, cie.insns_end, cie, defaults, initial, loc, begin + range, begin, nullptr) ||
+    if (!run_cfa_program(cie_program, cie.insns_end, cie, defaults, initial, loc, begin + range, begin,
+                         nullptr) ||
         loc != begin) {
       note("CIE initial instructions are malformed or advance", at);
       continue;
@@ -461,8 +514,10 @@ inline eh_frame_table parse_eh_frame(const eh_frame_input& in) {
     if (!good) {
       // The rows before the bad instruction hold; from it on, the function is unknown territory.
       note("malformed CFA instructions", at);
-      if (all.size() > first) all.back().kind = row_unknown;
-      else all.push_back(unwind_row{0, 0, 0, row_unknown, 0});
+      if (all.size() > first)
+        all.back().kind = row_unknown;
+      else
+        all.push_back(unwind_row{0, 0, 0, row_unknown, 0});
     }
     fdes.push_back({begin, begin + range, first, all.size() - first});
   }
@@ -488,7 +543,8 @@ inline eh_frame_table parse_eh_frame(const eh_frame_input& in) {
     if (!t.rows.empty() && t.rows.back().pc == r.pc) t.rows.pop_back();  // a later row at the same pc wins
     if (!t.rows.empty()) {
       const unwind_row& b = t.rows.back();
-      if (b.kind == r.kind && b.cfa_off == r.cfa_off && b.fp_off == r.fp_off && b.plt_threshold == r.plt_threshold)
+      if (b.kind == r.kind && b.cfa_off == r.cfa_off && b.fp_off == r.fp_off &&
+          b.plt_threshold == r.plt_threshold)
         return;  // same rule continues
     }
     t.rows.push_back(r);
@@ -510,6 +566,7 @@ inline eh_frame_table parse_eh_frame(const eh_frame_input& in) {
   }
   if (t.rows.empty() || t.rows.back().kind != row_no_info)
     t.rows.push_back(unwind_row{static_cast<std::uint32_t>(hi - lo), 0, 0, row_no_info, 0});
+  t.end = t.start + t.rows.back().pc;  // overlapping FDEs (broken input) may end before `hi`
   for (const unwind_row& r : t.rows)
     if (r.kind == row_unknown) ++t.unknown;
   return t;

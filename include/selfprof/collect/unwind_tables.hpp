@@ -1,0 +1,245 @@
+// Builds the unwind rows of every loaded module (from .eh_frame in memory, found through
+// dl_iterate_phdr and PT_GNU_EH_FRAME) and publishes them to the signal handler as one immutable set.
+// Context: setup only (start/stop) and the collector thread; the handler only reads g_unwind_tables.
+#pragma once
+
+#include <elf.h>
+#include <link.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "../signal/unwind_dwarf.hpp"
+#include "../status.hpp"
+#include "../symbols/eh_frame.hpp"
+
+namespace selfprof {
+
+// What the last build found, for stats and verbose output.
+struct unwind_tables_info {
+  bool published = false;
+  std::size_t modules = 0;         // modules with rows in the published set
+  std::size_t rows = 0;            // rows in the published set
+  std::size_t bytes = 0;           // memory held by every table and set kept (retired ones too)
+  std::size_t builds = 0;          // sets published since the last release
+  std::size_t parsed = 0;          // modules parsed (each module once per profiling session)
+  double last_build_ms = 0;        // wall time of the last build that found changed modules
+  std::vector<std::string> notes;  // modules left out or parsed with problems, one line each
+};
+
+namespace detail {
+
+// The rows of one module, parsed once and kept until release (a retired set may still point at them).
+struct module_unwind {
+  std::string name;
+  std::uintptr_t bias = 0, hdr = 0;
+  eh_frame_table table;
+};
+
+// One published set: its module list and the set header the handler reads.
+struct unwind_set_storage {
+  std::vector<unwind_module> modules;
+  unwind_table_set set{nullptr, 0};
+};
+
+class unwind_tables_state {
+ public:
+  // Re-reads the module list when dlopen/dlclose changed it (or `force`), parses new modules and
+  // publishes a new set. Cheap when nothing changed: one dl_iterate_phdr that stops at the first module.
+  status build(bool force) {
+#if !defined(__x86_64__)
+    (void)force;
+    return status::error("selfprof: DWARF unwinding is implemented for x86-64 only; using frame pointers");
+#else
+    std::lock_guard<std::mutex> lock(mu_);
+    counts now = read_counts();
+    if (!force && have_counts_ && now.adds == counts_.adds && now.subs == counts_.subs &&
+        g_unwind_tables.load(std::memory_order_relaxed) != nullptr)
+      return status::ok();
+    auto t0 = std::chrono::steady_clock::now();
+    scan_context ctx{this, {}, {}};
+    // The loader lock is held during the callback, so no module can be unmapped while it is parsed.
+    dl_iterate_phdr(&unwind_tables_state::visit, &ctx);
+    auto storage = std::unique_ptr<unwind_set_storage>(new unwind_set_storage());
+    for (module_unwind* m : ctx.present) {
+      if (m->table.rows.empty()) continue;
+      storage->modules.push_back(
+          unwind_module{m->table.start, m->table.end, m->table.rows.data(), m->table.rows.size()});
+    }
+    std::sort(storage->modules.begin(), storage->modules.end(),
+              [](const unwind_module& a, const unwind_module& b) { return a.start < b.start; });
+    // Overlapping ranges cannot happen between live modules; if they do (a stale entry), keep the first.
+    std::vector<unwind_module> clean;
+    for (const unwind_module& m : storage->modules)
+      if (clean.empty() || m.start >= clean.back().end) clean.push_back(m);
+    storage->modules.swap(clean);
+    storage->set = unwind_table_set{storage->modules.data(), storage->modules.size()};
+    info_.modules = storage->modules.size();
+    info_.rows = 0;
+    for (const unwind_module& m : storage->modules) info_.rows += m.count;
+    g_unwind_tables.store(&storage->set, std::memory_order_release);
+    sets_.push_back(std::move(storage));  // the previous set stays: a handler may be reading it
+    counts_ = now;
+    have_counts_ = true;
+    info_.published = true;
+    ++info_.builds;
+    for (auto& n : ctx.notes)
+      if (std::find(info_.notes.begin(), info_.notes.end(), n) == info_.notes.end()) info_.notes.push_back(n);
+    info_.last_build_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return status::ok();
+#endif
+  }
+
+  // Unpublishes and frees everything. Only once no handler can be running (after the profiling signal is
+  // restored and g_handler.in_flight reached zero), since a handler may hold a pointer into any set.
+  void release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    g_unwind_tables.store(nullptr, std::memory_order_release);
+    sets_.clear();
+    modules_.clear();
+    have_counts_ = false;
+    info_ = unwind_tables_info{};
+  }
+
+  unwind_tables_info info() {
+    std::lock_guard<std::mutex> lock(mu_);
+    unwind_tables_info i = info_;
+    i.parsed = modules_.size();
+    i.bytes = 0;
+    for (auto& m : modules_)
+      i.bytes += sizeof(module_unwind) + m.second->table.rows.capacity() * sizeof(unwind_row);
+    for (auto& s : sets_)
+      i.bytes += sizeof(unwind_set_storage) + s->modules.capacity() * sizeof(unwind_module);
+    return i;
+  }
+
+ private:
+  struct counts {
+    unsigned long long adds = 0, subs = 0;
+  };
+  struct scan_context {
+    unwind_tables_state* self;
+    std::vector<module_unwind*> present;
+    std::vector<std::string> notes;
+  };
+  using key = std::tuple<std::string, std::uintptr_t, std::uintptr_t>;  // name, load bias, eh_frame_hdr
+
+  static counts read_counts() {
+    counts c;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, std::size_t size, void* data) -> int {
+          counts* out = static_cast<counts*>(data);
+          if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
+            out->adds = info->dlpi_adds;
+            out->subs = info->dlpi_subs;
+          }
+          return 1;  // the counters are the same in every entry: one is enough
+        },
+        &c);
+    return c;
+  }
+
+  static int visit(dl_phdr_info* info, std::size_t, void* data) {
+    scan_context& ctx = *static_cast<scan_context*>(data);
+    const ElfW(Phdr)* eh = nullptr;
+    for (int i = 0; i < info->dlpi_phnum; ++i)
+      if (info->dlpi_phdr[i].p_type == PT_GNU_EH_FRAME) eh = &info->dlpi_phdr[i];
+    std::string name = info->dlpi_name && info->dlpi_name[0] ? info->dlpi_name : "[main]";
+    if (eh == nullptr) {
+      bool has_code = false;
+      for (int i = 0; i < info->dlpi_phnum; ++i)
+        if (info->dlpi_phdr[i].p_type == PT_LOAD && (info->dlpi_phdr[i].p_flags & PF_X)) has_code = true;
+      if (has_code) ctx.notes.push_back("unwind: " + name + " has no .eh_frame_hdr: frame pointers only");
+      return 0;
+    }
+    const std::uintptr_t hdr = info->dlpi_addr + eh->p_vaddr;
+    key k{name, info->dlpi_addr, hdr};
+    auto found = ctx.self->modules_.find(k);
+    if (found != ctx.self->modules_.end()) {
+      ctx.present.push_back(found->second.get());
+      return 0;
+    }
+    std::unique_ptr<module_unwind> m(new module_unwind());
+    m->name = name;
+    m->bias = info->dlpi_addr;
+    m->hdr = hdr;
+    parse_module(info, eh, *m, ctx.notes);
+    ctx.present.push_back(m.get());
+    ctx.self->modules_.emplace(k, std::move(m));
+    return 0;
+  }
+
+  // The bytes of the loaded segment holding `address`: [address, segment end), or size 0.
+  static eh_frame_input segment_from(const dl_phdr_info* info, std::uintptr_t address) {
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+      const ElfW(Phdr)& p = info->dlpi_phdr[i];
+      if (p.p_type != PT_LOAD) continue;
+      std::uintptr_t lo = info->dlpi_addr + p.p_vaddr, hi = lo + p.p_filesz;
+      if (address >= lo && address < hi)
+        return eh_frame_input{reinterpret_cast<const std::uint8_t*>(address), hi - address, address};
+    }
+    return eh_frame_input{};
+  }
+
+  static void parse_module(const dl_phdr_info* info, const ElfW(Phdr) * eh, module_unwind& m,
+                           std::vector<std::string>& notes) {
+    eh_frame_input hdr = segment_from(info, m.hdr);
+    if (hdr.size > eh->p_memsz) hdr.size = eh->p_memsz;
+    eh_frame_hdr_info hi;
+    if (hdr.size == 0 || !parse_eh_frame_hdr(hdr, hi)) {
+      notes.push_back("unwind: " + m.name + ": unreadable .eh_frame_hdr");
+      return;
+    }
+    eh_frame_input frames = segment_from(info, hi.eh_frame);
+    if (frames.size == 0) {
+      notes.push_back("unwind: " + m.name + ": .eh_frame is outside the loaded segments");
+      return;
+    }
+    // The search table lists every FDE: stop after the last one instead of trusting a terminator.
+    if (hi.fde_limit > hi.eh_frame && hi.fde_limit - hi.eh_frame < frames.size) {
+      eh_cursor c{frames.data, hi.fde_limit - hi.eh_frame, frames.size, frames.address};
+      std::uint64_t len = c.fixed(4);
+      if (len == 0xffffffffu) len = c.fixed(8);
+      if (c.ok && len <= c.end - c.pos) frames.size = c.pos + static_cast<std::size_t>(len);
+    }
+    m.table = parse_eh_frame(frames);
+    if (!m.table.error.empty())
+      notes.push_back("unwind: " + m.name + ": " + std::to_string(m.table.skipped) +
+                      " records skipped; first: " + m.table.error);
+    m.table.rows.shrink_to_fit();
+  }
+
+  std::mutex mu_;
+  std::map<key, std::unique_ptr<module_unwind>> modules_;
+  std::vector<std::unique_ptr<unwind_set_storage>> sets_;
+  counts counts_;
+  bool have_counts_ = false;
+  unwind_tables_info info_;
+};
+
+inline unwind_tables_state& unwind_tables() {
+  static unwind_tables_state* state = new unwind_tables_state();  // never destroyed: usable from atexit
+  return *state;
+}
+
+}  // namespace detail
+
+// Builds and publishes the unwind tables of every loaded module; rebuilds only when modules were loaded
+// or unloaded since the last call (call it at start and from the collector's periodic check).
+inline status build_unwind_tables() { return detail::unwind_tables().build(false); }
+
+// Unpublishes and frees the tables. Call only when no sampling handler can run any more (after stop).
+inline void release_unwind_tables() { detail::unwind_tables().release(); }
+
+inline unwind_tables_info get_unwind_tables_info() { return detail::unwind_tables().info(); }
+
+}  // namespace selfprof
