@@ -25,10 +25,15 @@ struct options {
   bool allow_shared_dir = false;                // SELFPROF_ALLOW_SHARED_DIR: write into others-writable dirs
   unsigned max_depth = 128;                     // SELFPROF_MAX_DEPTH: frames kept per sample (2..1024)
   int sample_signal = 0;                        // SELFPROF_SAMPLE_SIGNAL: 0 picks SIGPROF or a free RT signal
+  std::string unwind = "auto";                  // SELFPROF_UNWIND: fp|dwarf|auto (dwarf when the tables build)
   bool thread_roots = false;                    // SELFPROF_THREAD_ROOTS: per-thread root frames in output
   bool verbose = false;                         // SELFPROF_VERBOSE: echo the configuration once on start
   unsigned thread_scan_ms = 20;                 // how often new threads are looked for
   std::size_t ring_slots = 0;                   // sample ring capacity (0: sized from hz)
+  // [frames] game/engine frames (frames.hpp)
+  double frame_budget_ms = 16.7;                // SELFPROF_FRAME_BUDGET_MS: a frame longer than this is slow
+  double frame_hz = 0;                          // SELFPROF_FRAME_HZ: rate on threads that mark frames (0: hz)
+  // [/frames]
 };
 
 namespace detail {
@@ -113,12 +118,26 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
   if (const char* v = std::getenv("SELFPROF_SAMPLE_SIGNAL")) {
     if (detail::parse_signal(v, false, sig)) o.sample_signal = sig; else bad("SELFPROF_SAMPLE_SIGNAL", v, "PROF, a signal number");
   }
+  if (const char* v = std::getenv("SELFPROF_UNWIND")) {
+    std::string s = v;
+    if (s == "fp" || s == "dwarf" || s == "auto") o.unwind = s; else bad("SELFPROF_UNWIND", v, "fp, dwarf or auto");
+  }
   if (const char* v = std::getenv("SELFPROF_THREAD_ROOTS")) {
     if (detail::parse_bool(v, b)) o.thread_roots = b; else bad("SELFPROF_THREAD_ROOTS", v, "0 or 1");
   }
   if (const char* v = std::getenv("SELFPROF_VERBOSE")) {
     if (detail::parse_bool(v, b)) o.verbose = b; else bad("SELFPROF_VERBOSE", v, "0 or 1");
   }
+  // [frames]
+  if (const char* v = std::getenv("SELFPROF_FRAME_BUDGET_MS")) {
+    if (detail::parse_double(v, 0.01, 3600000, d)) o.frame_budget_ms = d;
+    else bad("SELFPROF_FRAME_BUDGET_MS", v, "a frame budget in milliseconds from 0.01 to 3600000");
+  }
+  if (const char* v = std::getenv("SELFPROF_FRAME_HZ")) {
+    if (detail::parse_double(v, 0, 100000, d)) o.frame_hz = d;
+    else bad("SELFPROF_FRAME_HZ", v, "a rate in Hz from 0 (same as SELFPROF_HZ) to 100000");
+  }
+  // [/frames]
   return o;
 }
 

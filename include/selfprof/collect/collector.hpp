@@ -22,7 +22,9 @@
 #include "../signal/handler.hpp"
 #include "../sources/select.hpp"
 #include "../sources/signal_setup.hpp"
+#include "unwind_tables.hpp"
 #include "dumps.hpp"
+#include "frame_tracker.hpp"
 #include "stack_table.hpp"
 #include "symbolize.hpp"
 #include "threads.hpp"
@@ -41,6 +43,7 @@ struct stats {
   double hz = 0, effective_hz = 0;
   int sample_signal = 0;
   bool kernel_time = true;            // samples include time spent in the kernel
+  std::string unwind;                 // "dwarf" (CFI rows, frame pointers where none) or "fp"
   std::uint64_t samples = 0;          // sample weight folded into the table
   std::uint64_t records = 0;          // records written by the handler
   std::uint64_t dropped_full = 0, dropped_inactive = 0, foreign_signals = 0, truncated = 0;
@@ -81,6 +84,10 @@ class profiler_core {
       table_.clear();
       samples_by_thread_.clear();
       windows_.configure(static_cast<std::uint64_t>(opts_.window_s * 1e9));
+      frames_.clear();  // [frames]
+      frames_.configure(opts_.frame_budget_ms, monotonic_ns());
+      boosted_.clear();
+      boost_credit_.clear();
     }
     // Ring: about 0.2 s of samples for 16 busy threads, at least 512 slots.
     std::size_t want = opts_.ring_slots ? opts_.ring_slots : static_cast<std::size_t>(opts_.hz * 16 * 0.2);
@@ -118,6 +125,17 @@ class profiler_core {
     stats_.kernel_time = source_->counts_kernel_time();
     stats_.sample_signal = signal_.number;
 
+    stats_.unwind = "fp";
+    if (opts_.unwind != "fp") {
+      status u = build_unwind_tables();
+      if (u) {
+        stats_.unwind = "dwarf";
+      } else {
+        if (opts_.unwind == "dwarf") return fail_start(u);
+        stats_.notes.push_back(u.message() + "; unwinding with frame pointers only");
+      }
+    }
+    unwind_dwarf_ = stats_.unwind == "dwarf";
     start_unix_ns_ = static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
     start_steady_ = std::chrono::steady_clock::now();
@@ -162,7 +180,8 @@ class profiler_core {
       stats_.threads_armed = 0;
     }
     g_handler.active.store(false, std::memory_order_release);
-    restore_sample_handler(signal_);
+    restore_sample_handler(signal_);  // waits until no handler runs: the tables can go
+    release_unwind_tables();
     {
       std::lock_guard<std::mutex> t(table_mu_);
       drain_locked();
@@ -229,12 +248,43 @@ class profiler_core {
     s.info.start_unix_ns = start_unix_ns_;
     auto end = running_ ? std::chrono::steady_clock::now() : stop_steady_;
     s.info.duration_s = std::chrono::duration<double>(end - start_steady_).count();
+    {
+      std::lock_guard<std::mutex> t(table_mu_);  // [frames]
+      s.info.frame_loops = frames_.stats();
+      if (frames_.held_dropped())
+        s.info.notes.push_back(std::to_string(frames_.held_dropped()) +
+                               " samples of open frames dropped (held-sample memory bound)");
+    }
     if (!st.kernel_time) s.info.notes.push_back("time spent in the kernel is not sampled (user-only perf_event)");
     for (auto& r : st.refused) s.info.notes.push_back("refused " + r);
     return s;
   }
 
   profile snapshot() { return symbolize(snapshot_raw()); }
+
+  // [frames] The samples of frames over budget, with the frame statistics; empty when no frame was marked.
+  raw_snapshot slow_frames_raw(bool* marked = nullptr) {
+    raw_snapshot s = snapshot_raw();  // drains, fills info and names
+    std::lock_guard<std::mutex> t(table_mu_);
+    s.table = frames_.slow_table();
+    s.info.view = "slow frames";
+    if (boost_hz() > 0) {
+      s.info.hz = boost_hz();
+      s.info.period_ns = static_cast<std::uint64_t>(period_ns_for(boost_hz()));
+    }
+    if (marked) *marked = frames_.any_marked();
+    return s;
+  }
+
+  // [frames] Up to `n` of the longest frames seen, longest first, each with its samples in time order.
+  std::vector<kept_frame> worst_frames(std::size_t n) {
+    std::lock_guard<std::mutex> t(table_mu_);
+    drain_locked();
+    std::vector<kept_frame> out = frames_.worst();
+    if (out.size() > n) out.resize(n);
+    return out;
+  }
+  double frame_sample_hz() const { return boost_hz() > 0 ? boost_hz() : opts_.hz; }
 
   profile symbolize(const raw_snapshot& raw) {
     std::lock_guard<std::mutex> s(sym_mu_);
@@ -289,6 +339,7 @@ class profiler_core {
   status fail_start(status st) {
     g_handler.active.store(false, std::memory_order_release);
     restore_sample_handler(signal_);
+    release_unwind_tables();
     g_handler.ring.store(nullptr, std::memory_order_release);
     source_.reset();
     return st;
@@ -349,11 +400,16 @@ class profiler_core {
       dumps_.poll(now);
       long count = thread_count_hint();
       bool full = now - last_full_scan >= std::chrono::milliseconds(kFullThreadScanMs);
+      boost_marked_threads();  // [frames]
       if (count != last_count || full) {
         std::lock_guard<std::mutex> t(threads_mu_);
         scan_threads_locked();
         last_count = count;
         last_full_scan = now;
+      }
+      if (unwind_dwarf_) {
+        std::lock_guard<std::mutex> s(sym_mu_);  // atfork_prepare takes it: no fork mid-build
+        build_unwind_tables();                   // 28 ns when no module came or went
       }
       if (total != last_total && now - last_sym >= std::chrono::milliseconds(kSymbolRefreshMs)) {
         std::lock_guard<std::mutex> s(sym_mu_);
@@ -372,17 +428,65 @@ class profiler_core {
 
   void drain_locked() {
     const std::uint64_t now = windows_.enabled() ? monotonic_ns() : 0;
+    frames_.collect_closed();  // [frames] before the ring: the samples of these frames are in it
     while (ring_slot* s = ring_.peek()) {
       const sample_header& h = s->header;
       std::uint16_t flags = static_cast<std::uint16_t>(h.flags & (sample_truncated | sample_offcpu));
       std::size_t depth = h.depth <= ring_.max_depth() ? h.depth : ring_.max_depth();
       if (depth > 0) {
-        table_.add(h.tid, flags, s->pcs(), depth, h.weight);
-        windows_.add(h.tid, flags, s->pcs(), depth, h.weight, now);
-        samples_by_thread_[h.tid] += h.weight;
+        frames_.add_sample(h, s->pcs(), depth, flags);  // [frames]
+        std::uint64_t w = all_frames_weight(h.tid, h.weight);
+        if (w > 0) {
+          table_.add(h.tid, flags, s->pcs(), depth, w);
+          windows_.add(h.tid, flags, s->pcs(), depth, w, now);
+          samples_by_thread_[h.tid] += w;
+        }
       }
       ring_.release(s);
     }
+    frames_.process_closed();  // [frames]
+  }
+
+  // [frames] SELFPROF_FRAME_HZ: the rate of marked threads, or 0 when they run at the common rate.
+  double boost_hz() const { return opts_.frame_hz > opts_.hz ? opts_.frame_hz : 0; }
+
+  // [frames] A boosted thread's samples enter the all-frames table at the common rate (hz / frame_hz of
+  // their weight, carried over as a fraction), so that table stays proportional to CPU time.
+  std::uint64_t all_frames_weight(std::uint32_t tid, std::uint32_t weight) {
+    auto b = boosted_.find(tid);
+    if (boost_hz() <= 0 || b == boosted_.end() || !b->second) return weight;
+    double& credit = boost_credit_[tid];
+    credit += static_cast<double>(weight) * opts_.hz / boost_hz();
+    auto whole = static_cast<std::uint64_t>(credit);
+    credit -= static_cast<double>(whole);
+    return whole;
+  }
+
+  // [frames] Arms threads that started marking frames at SELFPROF_FRAME_HZ.
+  void boost_marked_threads() {
+    if (boost_hz() <= 0) return;
+    std::vector<std::uint32_t> tids;
+    {
+      std::lock_guard<std::mutex> t(table_mu_);
+      for (std::uint32_t tid : frames_.live_tids())
+        if (!boosted_.count(tid)) tids.push_back(tid);
+    }
+    if (tids.empty()) return;
+    std::vector<std::pair<std::uint32_t, bool>> done;
+    {
+      std::lock_guard<std::mutex> t(threads_mu_);
+      for (std::uint32_t tid : tids) {
+        auto rec = threads_.find(static_cast<pid_t>(tid));
+        if (rec == threads_.end() || rec->second.armed_by == 0) continue;  // armed at the next scan
+        tick_source* src = rec->second.armed_by == 1 ? source_.get() : fallback_.get();
+        status st = src ? src->set_thread_rate(static_cast<pid_t>(tid), boost_hz()) : status::error("no source");
+        if (!st) stats_.notes.push_back("SELFPROF_FRAME_HZ not applied to thread " + std::to_string(tid) + ": " +
+                                        st.message());
+        done.emplace_back(tid, static_cast<bool>(st));  // tried once either way
+      }
+    }
+    std::lock_guard<std::mutex> t(table_mu_);
+    for (auto& d : done) boosted_[d.first] = d.second;
   }
 
   void arm_locked(pid_t tid, thread_rec& rec) {
@@ -487,6 +591,15 @@ class profiler_core {
     add_marker_frames(p, roots);
     status st = write_profile(p, out, dump_output_options(p), so);
     if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
+    bool marked = false;  // [frames] the slow-frame profile next to it, "-slow" before the extension
+    raw_snapshot slow = slow_frames_raw(&marked);
+    if (!marked) return;
+    profile sp = symbolize(slow);
+    add_marker_frames(sp, roots);
+    output_options oo = dump_output_options(sp);
+    oo.svg.title = "Slow frames (over " + format_compact(opts_.frame_budget_ms) + " ms): " + oo.svg.title;
+    st = write_profile(sp, insert_before_extension(out, "-slow"), oo, so);
+    if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
   }
 
   void atfork_prepare() {
@@ -531,6 +644,7 @@ class profiler_core {
   std::mutex table_mu_;    // ring consumer side, table_, samples_by_thread_
   std::mutex sym_mu_;      // symbolizer_
   bool running_ = false;
+  bool unwind_dwarf_ = false;
   options opts_;
   stats stats_;
   installed_signal signal_;
@@ -542,6 +656,9 @@ class profiler_core {
   sample_ring ring_;
   stack_table table_;
   window_tables windows_;
+  frame_tracker frames_;                                   // [frames] guarded by table_mu_
+  std::unordered_map<std::uint32_t, bool> boosted_;        // [frames] tried at frame_hz -> applied (table_mu_)
+  std::unordered_map<std::uint32_t, double> boost_credit_;  // [frames] (table_mu_)
   dump_scheduler dumps_;
   std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread_;
   symbolizer symbolizer_;

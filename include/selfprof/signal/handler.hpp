@@ -11,8 +11,10 @@
 #include <cstdint>
 #include <time.h>
 
+#include "frame_tags.hpp"
 #include "raw_syscall.hpp"
 #include "ring.hpp"
+#include "unwind_dwarf.hpp"
 #include "unwind_fp.hpp"
 
 namespace selfprof {
@@ -106,7 +108,7 @@ inline void sample_signal_handler(int, siginfo_t* info, void* context) {
     const std::uintptr_t end =
         current_thread_stack_end(sp, g.main_stack_end.load(std::memory_order_relaxed), is_main);
     const std::size_t max_depth = ring->max_depth();
-    unwind_result u = unwind_fp(pc, sp, fp, end, slot->pcs(), max_depth);
+    unwind_result u = unwind_mixed(pc, sp, fp, end, slot->pcs(), max_depth);  // CFI rows when published, else frame pointers
 
     sample_header& h = slot->header;
     h.tid = tid;
@@ -120,7 +122,7 @@ inline void sample_signal_handler(int, siginfo_t* info, void* context) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe (POSIX.1-2008 list)
     h.time_ns = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-    h.tag = 0;
+    h.tag = frame_tag_for(tid);  // [frames] the frame this thread is in (0: no frame marks)
     if (u.truncated) g.truncated.fetch_add(1, std::memory_order_relaxed);
     sample_ring::publish(slot, pos);
     g.taken.fetch_add(1, std::memory_order_relaxed);
