@@ -24,7 +24,7 @@ jobs=${SELFPROF_JOBS:-2}
 stages=${SELFPROF_TEST_STAGES:-gcc clang single asan tsan meson unprivileged no_perf}
 test_user=${SELFPROF_TEST_USER:-selfprof-test}
 packages=(g++ clang clang-format cmake ninja-build meson pkg-config doctest-dev python3 libdw-dev
-  libunwind-dev zlib1g-dev linux-perf util-linux passwd binutils git)
+  libunwind-dev zlib1g-dev linux-perf util-linux passwd binutils git golang-go chromium)
 
 passed=0
 failed=0
@@ -99,22 +99,22 @@ stage_gcc() {
 stage_clang() {
   build clang "${common[@]}" -DCMAKE_CXX_COMPILER=clang++ -DSELFPROF_BUILD_BENCH=ON \
     -DSELFPROF_WITH_LIBUNWIND=ON -DSELFPROF_WITH_LIBDW=OFF -DSELFPROF_WITH_ZLIB=OFF
-  run_ctest clang -LE 'packaging|lint'
+  run_ctest clang -LE 'packaging|lint|external'
 }
 stage_single() {
   build single "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_TEST_SINGLE_INCLUDE=ON -DSELFPROF_BUILD_TOOLS=OFF
-  run_ctest single -LE 'packaging|lint'
+  run_ctest single -LE 'packaging|lint|external'
 }
 stage_asan() {
   build asan "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_SANITIZE=address,undefined \
     -DSELFPROF_BUILD_EXAMPLES=OFF -DSELFPROF_BUILD_TOOLS=OFF
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-    run_ctest asan -LE 'packaging|lint|no_asan'
+    run_ctest asan -LE 'packaging|lint|external|no_asan'
 }
 stage_tsan() {
   build tsan "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_SANITIZE=thread \
     -DSELFPROF_BUILD_EXAMPLES=OFF -DSELFPROF_BUILD_TOOLS=OFF
-  TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} run_ctest tsan -LE 'packaging|lint|no_tsan'
+  TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} run_ctest tsan -LE 'packaging|lint|external|no_tsan'
 }
 stage_meson() {
   local dir=$build_root/meson log
@@ -179,7 +179,7 @@ stage_unprivileged() {
   count "$ok" "$bad" "unprivileged"
 }
 stage_no_perf() {
-  SELFPROF_TEST_NO_PERF=1 run_ctest gcc -LE 'packaging|lint'
+  SELFPROF_TEST_NO_PERF=1 run_ctest gcc -LE 'packaging|lint|external'
 }
 
 install_packages
