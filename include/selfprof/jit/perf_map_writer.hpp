@@ -1,0 +1,92 @@
+// Writer of perf's JIT symbol map /tmp/perf-<pid>.map: "START SIZE name" lines (lower-case hex without
+// 0x, one space each, newline-terminated), appended in registration order so perf's last-line-wins
+// reading matches the latest code at each address; the file is created safely (see safe_file.hpp).
+// Context: any thread (the JIT runtime serialises calls).
+#pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "../detail/sys.hpp"
+#include "../status.hpp"
+#include "safe_file.hpp"
+
+namespace selfprof {
+namespace detail {
+
+// Appends one perf map line. `name` must be sanitised already (append_jit_name).
+inline void append_perf_map_line(std::string& out, std::uint64_t start, std::uint64_t size,
+                                 std::string_view name) {
+  static const char digits[] = "0123456789abcdef";
+  auto hex = [&out](std::uint64_t v) {
+    char buf[16];
+    int n = 0;
+    do {
+      buf[n++] = digits[v & 15];
+      v >>= 4;
+    } while (v != 0);
+    while (n > 0) out += buf[--n];
+  };
+  hex(start);
+  out += ' ';
+  hex(size);
+  out += ' ';
+  out.append(name.data(), name.size());
+  out += '\n';
+}
+
+class perf_map_writer {
+ public:
+  // `dir` is "/tmp" for perf; `pid` is the process id perf knows the process by.
+  perf_map_writer(std::string dir, long pid) : path_(path_for(dir, pid)) {}
+  perf_map_writer(const perf_map_writer&) = delete;
+  perf_map_writer& operator=(const perf_map_writer&) = delete;
+  ~perf_map_writer() { close(); }
+
+  static std::string path_for(const std::string& dir, long pid) {
+    return dir + (dir.empty() || dir.back() != '/' ? "/" : "") + "perf-" + std::to_string(pid) + ".map";
+  }
+  const std::string& path() const { return path_; }
+  bool is_open() const { return fd_ >= 0; }
+  bool replaced_stale() const { return replaced_stale_; }
+
+  // Creates the file (replacing a stale one of ours, refusing anything else). Idempotent once open.
+  status open() {
+    if (fd_ >= 0) return status::ok();
+    safe_file f;
+    status st = create_safe_file(path_, O_WRONLY | O_APPEND, "perf map", f);
+    if (!st) return st;
+    fd_ = f.fd;
+    replaced_stale_ = f.replaced_stale;
+    return status::ok();
+  }
+
+  // Appends whole lines (O_APPEND: another writer in this process cannot split them).
+  status write(std::string_view lines) {
+    if (fd_ < 0) return status::error("selfprof: perf map " + path_ + " is not open");
+    return write_all(fd_, lines.data(), lines.size(), path_);
+  }
+
+  void close() {
+    if (fd_ >= 0) sys().close(fd_);
+    fd_ = -1;
+  }
+
+  // After fork(): the descriptor belongs to the parent's file; forget it without writing.
+  void abandon_after_fork(const std::string& dir, long pid) {
+    close();
+    path_ = path_for(dir, pid);
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  bool replaced_stale_ = false;
+};
+
+}  // namespace detail
+}  // namespace selfprof

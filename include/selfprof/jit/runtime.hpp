@@ -1,0 +1,277 @@
+// The JIT runtime: the registry plus the batched perf map and jitdump writers behind selfprof::jit::add,
+// remove and flush — one lock for registration, pending bytes written by a background thread (or on
+// size/age thresholds), at flush() and at exit; follows fork() to the child's own files.
+// Context: any thread (never the signal handler).
+#pragma once
+
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "../status.hpp"
+#include "jitdump_writer.hpp"
+#include "name.hpp"
+#include "options.hpp"
+#include "perf_map_writer.hpp"
+#include "registry.hpp"
+
+namespace selfprof {
+namespace detail {
+
+inline std::uint64_t jit_now_ns() {  // the clock the signal handler stamps samples with
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// Pending bytes above which add() writes itself instead of waiting for the background thread.
+constexpr std::size_t jit_pending_hard_limit = std::size_t{8} << 20;
+
+class jit_runtime {
+ public:
+  explicit jit_runtime(jit::options opts)
+      : opts_(std::move(opts)),
+        pid_(opts_.pid != 0 ? opts_.pid : static_cast<long>(::getpid())),
+        map_(opts_.perf_map_dir, pid_),
+        dump_(opts_.jitdump_dir, pid_),
+        map_on_(opts_.perf_map),
+        dump_on_(opts_.jitdump) {}
+  jit_runtime(const jit_runtime&) = delete;
+  jit_runtime& operator=(const jit_runtime&) = delete;
+  ~jit_runtime() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (flusher_ != nullptr) {
+      flusher_->join();
+      delete flusher_;
+    }
+    flush();
+  }
+
+  bool add(const void* code, std::size_t size, std::string_view name) {
+    if (code == nullptr || size == 0 || size > 0xffffffffu) return false;
+    std::uint64_t now = jit_now_ns();
+    std::uint32_t tid = opts_.jitdump ? static_cast<std::uint32_t>(::syscall(SYS_gettid)) : 0;
+    auto start = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(code));
+    bool notify = false, write_now = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      scratch_.clear();
+      append_jit_name(scratch_, name);
+      std::uint32_t gen = registry_.add(start, static_cast<std::uint32_t>(size), scratch_, now);
+      std::size_t before = pending_map_.size() + pending_dump_.size();
+      if (map_on_) append_perf_map_line(pending_map_, start, size, scratch_);
+      if (dump_on_)
+        append_jitdump_code_load(pending_dump_, static_cast<std::uint32_t>(pid_), tid, start, size, gen,
+                                 scratch_, size <= jitdump_max_code_bytes ? code : nullptr, now);
+      std::size_t after = pending_map_.size() + pending_dump_.size();
+      if (after == 0) return true;
+      if (before == 0) oldest_pending_ns_ = now;
+      if (opts_.background_flush && flusher_ == nullptr && !no_flusher_) start_flusher_locked();
+      if (flusher_ != nullptr) {
+        notify = before == 0 || (before < opts_.flush_bytes && after >= opts_.flush_bytes);
+        write_now = after >= jit_pending_hard_limit;  // the thread is behind: push back on the JIT
+      } else {
+        write_now =
+            after >= opts_.flush_bytes || now - oldest_pending_ns_ >= opts_.flush_delay_ms * 1000000ull;
+      }
+    }
+    if (notify) cv_.notify_one();
+    if (write_now) flush();
+    return true;
+  }
+
+  bool remove(const void* code) {
+    std::uint64_t now = jit_now_ns();
+    std::lock_guard<std::mutex> lock(mu_);
+    return registry_.remove(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(code)), now);
+  }
+
+  // Writes everything registered so far. An error (a refused or unwritable file) is returned on every
+  // call and printed once on stderr; the registry keeps working for selfprof's own symbolizer.
+  status flush() {
+    std::lock_guard<std::mutex> w(write_mu_);
+    bool map_on, dump_on;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reemit_after_fork_) {
+        reemit_after_fork_ = false;
+        std::string lines;
+        if (map_on_)
+          registry_.for_each_live(
+              [&](const jit_region& r) { append_perf_map_line(lines, r.start, r.size(), r.name()); });
+        pending_map_.insert(0, lines);
+      }
+      pending_map_.swap(write_map_);
+      pending_dump_.swap(write_dump_);
+      map_on = map_on_;
+      dump_on = dump_on_;
+    }
+    if (!write_map_.empty() && map_on) write_file(false);
+    if (!write_dump_.empty() && dump_on) write_file(true);
+    write_map_.clear();
+    write_dump_.clear();
+    if (!map_error_) return map_error_;
+    return dump_error_;
+  }
+
+  jit_registry& registry() { return registry_; }
+  std::string perf_map_path() {
+    std::lock_guard<std::mutex> w(write_mu_);
+    return map_.path();
+  }
+  std::string jitdump_path() {
+    std::lock_guard<std::mutex> w(write_mu_);
+    return dump_.path();
+  }
+
+  // fork(2) support for the process-wide runtime: take the locks before, release them after; the
+  // child forgets the parent's files, pending bytes and thread, and writes its live regions to its own map.
+  void atfork_prepare() {
+    write_mu_.lock();
+    mu_.lock();
+  }
+  void atfork_parent() {
+    mu_.unlock();
+    write_mu_.unlock();
+  }
+  void atfork_child() {
+    registry_.reset_lookup_after_fork();
+    flusher_ = nullptr;  // that thread does not exist here; its std::thread is leaked on purpose
+    no_flusher_ = true;  // no thread behind the child's back: thresholds, flush() and exit write
+    stop_ = false;
+    pending_map_.clear();
+    pending_dump_.clear();
+    write_map_.clear();
+    write_dump_.clear();
+    if (opts_.pid == 0) pid_ = static_cast<long>(::getpid());
+    map_.abandon_after_fork(opts_.perf_map_dir, pid_);
+    dump_.abandon_after_fork(opts_.jitdump_dir, pid_);
+    map_error_ = status::ok();
+    dump_error_ = status::ok();
+    reemit_after_fork_ = registry_.count() != 0;
+    atfork_parent();
+  }
+
+ private:
+  // Opens (once) and writes one of the two files; on failure reports once and turns that file off.
+  void write_file(bool is_dump) {
+    status& error = is_dump ? dump_error_ : map_error_;
+    if (!error) return;  // refused earlier: stays off
+    const std::string& bytes = is_dump ? write_dump_ : write_map_;
+    status st = is_dump ? dump_.open(jit_now_ns()) : map_.open();
+    if (st) st = is_dump ? dump_.write(bytes) : map_.write(bytes);
+    if (st) return;
+    error = st;
+    std::fprintf(stderr, "%s\n", st.message().c_str());
+    std::lock_guard<std::mutex> lock(mu_);  // stop collecting bytes nobody will write
+    (is_dump ? dump_on_ : map_on_) = false;
+    (is_dump ? pending_dump_ : pending_map_).clear();
+  }
+
+  void start_flusher_locked() {
+    try {
+      flusher_ = new std::thread([this] { flusher_loop(); });
+    } catch (...) {  // no thread (EAGAIN, a sandbox): thresholds, flush() and exit still write
+      flusher_ = nullptr;
+      no_flusher_ = true;
+    }
+  }
+
+  void flusher_loop() {
+    pthread_setname_np(pthread_self(), "selfprof-jit");
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !pending_map_.empty() || !pending_dump_.empty(); });
+      if (stop_) return;
+      // Let a burst of registrations gather into one write.
+      cv_.wait_for(lock, std::chrono::milliseconds(opts_.flush_delay_ms),
+                   [&] { return stop_ || pending_map_.size() + pending_dump_.size() >= opts_.flush_bytes; });
+      if (stop_) return;
+      lock.unlock();
+      flush();
+      lock.lock();
+    }
+  }
+
+  jit::options opts_;
+  long pid_;
+
+  std::mutex write_mu_;  // taken before mu_; serialises writes so lines keep registration order
+  perf_map_writer map_;
+  jitdump_writer dump_;
+  std::string write_map_, write_dump_;  // bytes being written
+  status map_error_, dump_error_;
+
+  std::mutex mu_;  // registry writers, pending bytes, flags
+  std::condition_variable cv_;
+  jit_registry registry_;
+  std::string scratch_;
+  std::string pending_map_, pending_dump_;
+  std::uint64_t oldest_pending_ns_ = 0;
+  bool map_on_, dump_on_;
+  bool reemit_after_fork_ = false;
+  bool stop_ = false;
+  bool no_flusher_ = false;
+  std::thread* flusher_ = nullptr;
+};
+
+// The process-wide runtime, or null before the first registration (lookups then return at once).
+inline std::atomic<jit_runtime*>& jit_runtime_slot() {
+  static std::atomic<jit_runtime*> slot{nullptr};
+  return slot;
+}
+
+inline std::mutex& jit_runtime_init_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+inline jit::options& jit_pending_options() {  // set by jit::configure() before the runtime exists
+  static jit::options o;
+  static bool init = false;
+  if (!init) {
+    init = true;
+    std::vector<std::string> warnings;
+    o = jit::options_from_env(&warnings);
+    for (auto& w : warnings) std::fprintf(stderr, "%s\n", w.c_str());
+  }
+  return o;
+}
+
+// Creates the process-wide runtime on first use (never destroyed: usable from atexit and other threads
+// to the end), flushing it at exit and following fork().
+inline jit_runtime& jit_global() {
+  jit_runtime* rt = jit_runtime_slot().load(std::memory_order_acquire);
+  if (rt != nullptr) return *rt;
+  std::lock_guard<std::mutex> lock(jit_runtime_init_mutex());
+  rt = jit_runtime_slot().load(std::memory_order_relaxed);
+  if (rt != nullptr) return *rt;
+  rt = new jit_runtime(jit_pending_options());
+  jit_runtime_slot().store(rt, std::memory_order_release);
+  std::atexit([] { jit_runtime_slot().load()->flush(); });
+  pthread_atfork([] { jit_runtime_slot().load()->atfork_prepare(); },
+                 [] { jit_runtime_slot().load()->atfork_parent(); },
+                 [] { jit_runtime_slot().load()->atfork_child(); });
+  return *rt;
+}
+
+}  // namespace detail
+}  // namespace selfprof
