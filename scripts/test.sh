@@ -14,6 +14,7 @@
 #   meson         meson setup + meson test (unit + integration)
 #   unprivileged  the gcc build's integration tests as a throwaway system user (setpriv)
 #   no_perf       the gcc build's unit + integration tests with SELFPROF_TEST_NO_PERF=1
+#   fuzz          libFuzzer targets (ELF reader, perf-script and folded parsers), 20 s each
 # Environment: SELFPROF_SKIP_APT=1 skips apt-get; SELFPROF_BUILD_ROOT (default build/test) holds the
 # build trees; SELFPROF_JOBS (default 2) parallel jobs; SELFPROF_TEST_USER (default selfprof-test).
 set -uo pipefail
@@ -21,10 +22,10 @@ cd "$(dirname "$0")/.."
 root_dir=$(pwd)
 build_root=${SELFPROF_BUILD_ROOT:-$root_dir/build/test}
 jobs=${SELFPROF_JOBS:-2}
-stages=${SELFPROF_TEST_STAGES:-gcc clang single asan tsan meson unprivileged no_perf}
+stages=${SELFPROF_TEST_STAGES:-gcc clang single asan tsan meson unprivileged no_perf fuzz}
 test_user=${SELFPROF_TEST_USER:-selfprof-test}
 packages=(g++ clang clang-format cmake ninja-build meson pkg-config doctest-dev python3 libdw-dev
-  libunwind-dev zlib1g-dev linux-perf util-linux passwd binutils git golang-go chromium)
+  libunwind-dev zlib1g-dev linux-perf util-linux passwd binutils git golang-go chromium libclang-rt-14-dev)
 
 passed=0
 failed=0
@@ -177,6 +178,30 @@ stage_unprivileged() {
   done
   rm -rf "$tmp"
   count "$ok" "$bad" "unprivileged"
+}
+# libFuzzer targets (clang), each for a bounded time on a seed corpus: the ELF reader, the perf-script
+# and folded parsers. A crash or a sanitizer report fails the stage.
+stage_fuzz() {
+  local dir=$build_root/fuzz seconds=${SELFPROF_FUZZ_SECONDS:-20} t ok=0 bad=0
+  note "fuzz: each target for ${seconds} s"
+  rm -rf "$dir" && mkdir -p "$dir/corpus-elf" "$dir/corpus-text"
+  cp /usr/lib/x86_64-linux-gnu/libm.so.6 /bin/true "$dir/corpus-elf/" 2>/dev/null || true
+  cp "$root_dir"/tests/cli/fixtures/perf-*.txt "$root_dir"/tests/golden/*.folded "$dir/corpus-text/" 2>/dev/null || true
+  for t in elf_fuzz cli_perf_script_fuzz cli_folded_fuzz; do
+    local corpus=$dir/corpus-text
+    [ "$t" = elf_fuzz ] && corpus=$dir/corpus-elf
+    if ! clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -I"$root_dir/include" \
+      "$root_dir/tests/fuzz/$t.cpp" -o "$dir/$t"; then
+      bad=$((bad + 1)); echo "FAILED: building $t"; continue
+    fi
+    mkdir -p "$dir/work-$t" && cp "$corpus"/* "$dir/work-$t/" 2>/dev/null || true
+    if (cd "$dir" && "./$t" -max_total_time="$seconds" -rss_limit_mb=2048 "work-$t" >"$t.log" 2>&1); then
+      ok=$((ok + 1)); echo "$t: $(grep -Eo 'Done [0-9]+ runs' "$dir/$t.log" | tail -1)"
+    else
+      bad=$((bad + 1)); echo "FAILED: $t"; tail -30 "$dir/$t.log"
+    fi
+  done
+  count "$ok" "$bad" "fuzz"
 }
 stage_no_perf() {
   SELFPROF_TEST_NO_PERF=1 run_ctest gcc -LE 'packaging|lint|external'

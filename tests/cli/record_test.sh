@@ -1,0 +1,101 @@
+#!/bin/bash
+# `selfprof record` end to end: a C program, a multi-threaded C++ program and /bin/sh running a busy
+# loop are profiled through the preload library; the hot function must show up, the exit status and
+# stdout must be unchanged; exec'd children are profiled only with --follow-exec; errors are clear;
+# and it works for an unprivileged user.
+# Usage: record_test.sh [SELFPROF_BINARY]  (or SELFPROF_BIN=...; the preload library must be next to
+# it, in ../lib/selfprof/, or given by SELFPROF_PRELOAD). Exit 0 pass, 77 skip, else fail.
+set -u
+bin=${1:-${SELFPROF_BIN:-}}
+[ -n "$bin" ] && [ -x "$bin" ] || { echo "SKIP: selfprof binary not given"; exit 77; }
+bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+here=$(cd "$(dirname "$0")" && pwd)
+cc=${CC:-cc}; cxx=${CXX:-c++}
+command -v "$cc" > /dev/null && command -v "$cxx" > /dev/null || { echo "SKIP: no C/C++ compiler"; exit 77; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+fails=0
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fails=$((fails + 1)); }
+"$cc" -O2 -fno-omit-frame-pointer -o hot_c "$here/src/hot.c" || { echo "SKIP: cannot compile hot.c"; exit 77; }
+"$cxx" -O2 -fno-omit-frame-pointer -pthread -o hot_cpp "$here/src/hot.cpp" || { echo "SKIP: cannot compile hot.cpp"; exit 77; }
+if ! "$bin" record -q -o probe.folded -- true 2> err; then
+  grep -q "cannot find libselfprof-preload.so" err && { echo "SKIP: $(cat err)"; exit 77; }
+fi
+
+# The sum of counts of the folded lines containing $2 in file $1.
+count_of() { awk -v pat="$2" 'index($0, pat) { n += $NF } END { print n + 0 }' "$1"; }
+
+# C: exit status and stdout pass through; the hot function dominates.
+./hot_c 3 > plain.out
+"$bin" record -q -F 199 -o c-%p.folded -- ./hot_c 3 > rec.out; rc=$?
+[ $rc -eq 3 ] && ok "C: exit status 3 passed through" || bad "C: exit status $rc, want 3"
+cmp -s plain.out rec.out && ok "C: stdout unchanged" || bad "C: stdout changed"
+f=$(ls c-*.folded 2> /dev/null | head -1)
+if [ -n "$f" ]; then
+  hot=$(count_of "$f" hot_c_function); all=$(count_of "$f" "")
+  [ "$hot" -gt 0 ] && [ $((hot * 2)) -gt "$all" ] && ok "C: hot_c_function has $hot of $all samples" ||
+    bad "C: hot_c_function has $hot of $all samples"
+else
+  bad "C: no profile written"
+fi
+
+# C++ with four threads: every thread armed (pthread_create interposed), the worker dominates.
+./hot_cpp 5 > plain.out
+"$bin" record -q -F 199 -o cpp.folded -- ./hot_cpp 5 > rec.out; rc=$?
+[ $rc -eq 5 ] && ok "C++: exit status 5 passed through" || bad "C++: exit status $rc, want 5"
+cmp -s plain.out rec.out && ok "C++: stdout unchanged" || bad "C++: stdout changed"
+if [ -f cpp.folded ]; then
+  hot=$(count_of cpp.folded hot_cpp_worker); all=$(count_of cpp.folded "")
+  [ "$hot" -gt 0 ] && [ $((hot * 2)) -gt "$all" ] && ok "C++: hot_cpp_worker has $hot of $all samples" ||
+    bad "C++: hot_cpp_worker has $hot of $all samples"
+else
+  bad "C++: no profile written"
+fi
+
+# SVG output (the default format) of the C program.
+"$bin" record -q -o c.svg -- ./hot_c 0 > /dev/null
+grep -q "hot_c_function" c.svg 2> /dev/null && ok "SVG output names the hot function" || bad "SVG output"
+
+# /bin/sh running a busy loop; dash leaves with _exit(), which the library interposes.
+script='i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; echo loop done; exit 4'
+/bin/sh -c "$script" > plain.out
+"$bin" record -q -o sh.folded -- /bin/sh -c "$script" > rec.out; rc=$?
+[ $rc -eq 4 ] && ok "sh: exit status 4 passed through" || bad "sh: exit status $rc, want 4"
+cmp -s plain.out rec.out && ok "sh: stdout unchanged" || bad "sh: stdout changed"
+[ -f sh.folded ] && [ "$(count_of sh.folded "")" -gt 0 ] && ok "sh: busy loop sampled ($(count_of sh.folded "") samples)" ||
+  bad "sh: no samples"
+
+# exec'd children: not profiled by default, profiled with --follow-exec.
+mkdir def fol
+"$bin" record -q -o def/p-%p.folded -- /bin/sh -c './hot_c 0 100000000 > /dev/null; true'
+"$bin" record -q --follow-exec -o fol/p-%p.folded -- /bin/sh -c './hot_c 0 100000000 > /dev/null; true'
+nd=$(ls def | wc -l); nf=$(ls fol | wc -l)
+[ "$nd" -eq 1 ] && ok "default: the exec'd child is not profiled" || bad "default: $nd profiles, want 1"
+[ "$nf" -eq 2 ] && grep -q hot_c_function fol/*.folded && ok "--follow-exec: the exec'd child is profiled" ||
+  bad "--follow-exec: $nf profiles, want 2 with hot_c_function"
+
+# Errors: missing command (127, like a shell), missing library, bad option.
+"$bin" record -q -- ./does-not-exist 2> err; rc=$?
+[ $rc -eq 127 ] && grep -q "does-not-exist" err && ok "missing command: 127 and named" || bad "missing command: rc $rc"
+SELFPROF_PRELOAD=/nonexistent/lib.so "$bin" record -- true 2> err; rc=$?
+[ $rc -ne 0 ] && grep -q "/nonexistent/lib.so" err && ok "missing library named" || bad "missing library: rc $rc"
+"$bin" record -F abc -- true 2> /dev/null; [ $? -eq 2 ] && ok "bad -F: exit 2" || bad "bad -F"
+
+# Unprivileged user (when running as root and setpriv is available).
+if [ "$(id -u)" -eq 0 ] && command -v setpriv > /dev/null && id nobody > /dev/null 2>&1; then
+  mkdir -p user && chown nobody user && chmod 755 "$tmp"
+  lib=$(dirname "$bin")/libselfprof-preload.so
+  [ -f "$lib" ] || lib=$(dirname "$bin")/../lib/selfprof/libselfprof-preload.so
+  (cd user && setpriv --reuid=nobody --regid="$(id -g nobody)" --clear-groups \
+     env SELFPROF_PRELOAD="${SELFPROF_PRELOAD:-$lib}" "$bin" record -q -o u.folded -- ../hot_c 6 > /dev/null)
+  rc=$?
+  [ $rc -eq 6 ] && grep -q hot_c_function user/u.folded 2> /dev/null && ok "unprivileged user" ||
+    bad "unprivileged user: rc $rc"
+else
+  echo "skip unprivileged user (not root or no setpriv)"
+fi
+
+[ $fails -eq 0 ] && echo "PASS" || echo "$fails failure(s)"
+[ $fails -eq 0 ]

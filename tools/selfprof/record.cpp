@@ -1,0 +1,181 @@
+// selfprof record: runs a command under the selfprof preload library (no root, no perf needed).
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "selfprof/cli/args.hpp"
+
+namespace selfprof_cli {
+namespace {
+
+const char* const record_help =
+    "usage: selfprof record [options] [--] CMD [ARGS...]\n"
+    "\n"
+    "Runs CMD with the selfprof preload library (LD_PRELOAD) so that an unmodified program profiles\n"
+    "itself: sampling starts when the library loads, every thread is armed before its start routine\n"
+    "runs (pthread_create is interposed), and the profile is written when the program exits normally\n"
+    "(exit() or return from main). SIGUSR2 writes a profile at any time; SELFPROF_* variables already in\n"
+    "the environment (SELFPROF_INTERVAL, SELFPROF_SIGNAL, SELFPROF_SOURCE, ...) are passed on.\n"
+    "No root and no perf are needed. The exit status, stdout and stdin of CMD are left alone; selfprof\n"
+    "record exits with CMD's status (128+N when CMD was killed by signal N).\n"
+    "\n"
+    "options:\n"
+    "  -F, --freq=HZ         samples per CPU-second per thread (default 99; SELFPROF_HZ)\n"
+    "  -o, --output=PATH     where the profile goes (default selfprof-%p.svg). %p is the profiled\n"
+    "                        process id, %t the unix time, %n the dump number; the extension picks the\n"
+    "                        format (.svg .folded .txt .pb.gz); several paths may be comma-separated\n"
+    "  --follow-exec         also profile the programs CMD executes (children that exec keep\n"
+    "                        LD_PRELOAD, each writes its own profile: use %p in the path). Default: the\n"
+    "                        library removes itself from LD_PRELOAD once loaded, so only CMD (and its\n"
+    "                        forks that do not exec) are profiled, not the programs it starts\n"
+    "  --interval=SECONDS    also write the profile every SECONDS (a SIGKILL loses at most one interval)\n"
+    "  --mode=cpu|wall       CPU time (default) or wall-clock time, blocked threads included\n"
+    "  -v, --verbose         the library prints its configuration when it starts\n"
+    "  -q, --quiet           do not name the profile written at the end\n"
+    "  -h, --help            this text\n"
+    "\n"
+    "The library is found next to the selfprof executable, or in ../lib/selfprof/ relative to it;\n"
+    "SELFPROF_PRELOAD=/path/to/libselfprof-preload.so overrides. Statically linked programs and\n"
+    "set-user-ID programs ignore LD_PRELOAD and cannot be recorded this way; a program that ends with\n"
+    "_exit() or a fatal signal writes no exit profile (use --interval or kill -USR2 before).\n"
+    "\n"
+    "example:\n"
+    "  selfprof record -F 199 -o app-%p.svg -- ./app --serve\n";
+
+bool readable(const std::string& p) { return !p.empty() && ::access(p.c_str(), R_OK) == 0; }
+
+// The preload library: $SELFPROF_PRELOAD, else next to this executable, else ../lib/selfprof/.
+bool find_preload(std::string& out, std::string& tried) {
+  if (const char* env = std::getenv("SELFPROF_PRELOAD")) {
+    out = env;
+    tried = out + " (SELFPROF_PRELOAD)";
+    return readable(out);
+  }
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) {
+    tried = "/proc/self/exe (unreadable)";
+    return false;
+  }
+  std::string exe(buf, static_cast<std::size_t>(n));
+  std::string dir = exe.substr(0, exe.find_last_of('/'));
+  const char* const name = "libselfprof-preload.so";
+  for (const std::string& c : {dir + "/" + name, dir + "/../lib/selfprof/" + name}) {
+    tried += (tried.empty() ? "" : ", ") + c;
+    if (readable(c)) {
+      char real[PATH_MAX];
+      out = ::realpath(c.c_str(), real) ? std::string(real) : c;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string expand_pid(const std::string& tmpl, pid_t pid) {
+  std::string out;
+  for (std::size_t i = 0; i < tmpl.size(); ++i) {
+    if (tmpl[i] == '%' && i + 1 < tmpl.size() && tmpl[i + 1] == 'p') {
+      out += std::to_string(pid);
+      ++i;
+    } else {
+      out += tmpl[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int run_record(int argc, char** argv) {
+  using namespace selfprof::detail;
+  static const std::vector<option_spec> specs = {
+      {"freq", 'F', true}, {"output", 'o', true},   {"follow-exec", 0, false}, {"interval", 0, true},
+      {"mode", 0, true},   {"verbose", 'v', false}, {"quiet", 'q', false},     {"help", 'h', false},
+  };
+  parsed_args a;
+  selfprof::status st = parse_args(argc, argv, 2, specs, a, true);
+  if (!st) return fail("record", st.message(), 2);
+  if (a.has("help")) {
+    std::fputs(record_help, stdout);
+    return 0;
+  }
+  std::vector<std::string> cmd = a.positional;
+  for (auto& r : a.rest) cmd.push_back(r);
+  if (cmd.empty())
+    return fail("record", "no command given (usage: selfprof record [options] -- CMD [ARGS...])", 2);
+  double d = 0;
+  if (a.has("freq") && !parse_double_arg(a.get("freq"), 1, 100000, d))
+    return fail("record", "-F/--freq: expected a rate in Hz from 1 to 100000, not '" + a.get("freq") + "'",
+                2);
+  if (a.has("interval") && !parse_double_arg(a.get("interval"), 0.001, 1e9, d))
+    return fail("record", "--interval: expected a positive number of seconds", 2);
+  const std::string mode = a.get("mode", "cpu");
+  if (mode != "cpu" && mode != "wall") return fail("record", "--mode: expected cpu or wall", 2);
+  const std::string out = a.get("output", "selfprof-%p.svg");
+  if (out.empty()) return fail("record", "-o/--output: empty path", 2);
+
+  std::string preload, tried;
+  if (!find_preload(preload, tried))
+    return fail("record", "cannot find libselfprof-preload.so (tried: " + tried +
+                              "); build the selfprof-preload target or set SELFPROF_PRELOAD");
+
+  std::string ld = preload;
+  if (const char* old = std::getenv("LD_PRELOAD"); old && *old) ld += std::string(":") + old;
+
+  pid_t child = ::fork();
+  if (child < 0) return fail("record", std::string("fork: ") + std::strerror(errno));
+  if (child == 0) {
+    ::setenv("LD_PRELOAD", ld.c_str(), 1);
+    ::setenv("SELFPROF_OUT", out.c_str(), 1);
+    if (a.has("freq")) ::setenv("SELFPROF_HZ", a.get("freq").c_str(), 1);
+    if (a.has("interval")) ::setenv("SELFPROF_INTERVAL", a.get("interval").c_str(), 1);
+    if (a.has("mode")) ::setenv("SELFPROF_MODE", mode.c_str(), 1);
+    if (a.has("verbose")) ::setenv("SELFPROF_VERBOSE", "1", 1);
+    ::setenv("SELFPROF_FOLLOW_EXEC", a.has("follow-exec") ? "1" : "0", 1);
+    std::vector<char*> args;
+    for (auto& s : cmd) args.push_back(&s[0]);
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    const int err = errno;
+    std::fprintf(stderr, "selfprof record: cannot run %s: %s\n", cmd[0].c_str(), std::strerror(err));
+    ::_exit(err == ENOENT ? 127 : 126);
+  }
+  // Like system(): the terminal's SIGINT/SIGQUIT go to the child; we wait for it and report.
+  struct sigaction ign {
+  }, old_int{}, old_quit{};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  ::sigaction(SIGINT, &ign, &old_int);
+  ::sigaction(SIGQUIT, &ign, &old_quit);
+  int wstatus = 0;
+  pid_t w;
+  do w = ::waitpid(child, &wstatus, 0);
+  while (w < 0 && errno == EINTR);
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGQUIT, &old_quit, nullptr);
+  if (w < 0) return fail("record", std::string("waitpid: ") + std::strerror(errno));
+  int rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : WIFSIGNALED(wstatus) ? 128 + WTERMSIG(wstatus) : 1;
+  if (!a.has("quiet")) {
+    const std::string path = expand_pid(out, child);
+    if (path.find('%') == std::string::npos && path.find(',') == std::string::npos) {
+      if (::access(path.c_str(), F_OK) == 0)
+        std::fprintf(stderr, "selfprof record: profile written to %s\n", path.c_str());
+      else if (rc != 126 && rc != 127)
+        std::fprintf(
+            stderr, "selfprof record: no profile at %s (did the program end with _exit, a signal or exec?)\n",
+            path.c_str());
+    }
+  }
+  return rc;
+}
+
+}  // namespace selfprof_cli
