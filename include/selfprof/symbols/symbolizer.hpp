@@ -1,5 +1,6 @@
 // selfprof::symbolizer: turns addresses of this process into frames (demangled function, module, offset),
-// from ELF symbols of every module ever mapped, separate debug files, the vdso and perf maps for JIT code.
+// from ELF symbols of every module ever mapped, separate debug files, the vdso and perf maps for JIT code;
+// with SELFPROF_HAS_LIBDW=1 also file:line and inlined calls as their own frames (dwarf_lines.hpp).
 // Context: collector thread or any single thread (not thread-safe; never the signal handler).
 #pragma once
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "../profile.hpp"
+#include "dwarf_lines.hpp"
 #include "modules.hpp"
 #include "perf_map.hpp"
 
@@ -33,7 +35,8 @@ class symbolizer {
       : modules_(detail::module_registry_options{options.debug_roots, options.maps_path}),
         perf_map_(options.perf_map_path.empty() ? detail::perf_map::default_path(::getpid())
                                                 : options.perf_map_path),
-        use_perf_map_(options.use_perf_map) {}
+        use_perf_map_(options.use_perf_map),
+        dwarf_(options.debug_roots) {}
 
   // Snapshots the modules mapped now (parsing the symbols of new ones); keeps unmapped ones. Cheap when
   // no library was loaded or unloaded since the last call: meant to run every ~100 ms while profiling.
@@ -44,7 +47,9 @@ class symbolizer {
     perf_map_checked_ = false;
   }
 
-  // Appends the frames for one address, outermost first (one frame today; an inline chain later).
+  // Appends the frames for one address, outermost first: one frame, or with libdw the real function
+  // (kind native, file:line of its call into the first inlined callee) then each inlined callee (kind
+  // inlined) down to the innermost, as `addr2line -f -C -i` lists them bottom up.
   // `address` is what to look up: callers pass pc-1 for return addresses.
   void resolve(std::uint64_t address, std::vector<frame>& out) {
     if (!refreshed_) refresh();
@@ -73,21 +78,27 @@ class symbolizer {
     f.module = m->path;
     f.module_offset = address - m->bias;
     detail::symbol_table::hit hit;
-    if (m->symbols && m->symbols->table.lookup(f.module_offset, hit)) {
+    const bool named = m->symbols && m->symbols->table.lookup(f.module_offset, hit);
+    if (named) {
       f.name = m->symbols->table.name(hit.index);
     } else {
       char offset[32];
       std::snprintf(offset, sizeof offset, "+0x%llx]", static_cast<unsigned long long>(f.module_offset));
       f.name = "[" + m->basename + offset;
     }
+    if (const detail::source_chain* chain = dwarf_.lookup(*m, f.module_offset)) {
+      append_source_chain(*chain, named, std::move(f), out);
+      return;
+    }
     out.push_back(std::move(f));
   }
 
-  // Convenience for one frame.
+  // Convenience for one frame: the real function holding the address (the outermost frame; with libdw
+  // it carries the file:line of its call into the inline chain, which is dropped).
   frame resolve_one(std::uint64_t address) {
     std::vector<frame> frames;
     resolve(address, frames);
-    return frames.empty() ? frame() : std::move(frames.back());
+    return frames.empty() ? frame() : std::move(frames.front());
   }
 
   // One message per module whose symbols could not be read (truncated ELF, unreadable file, ...);
@@ -96,8 +107,31 @@ class symbolizer {
 
   const detail::module_registry& modules() const { return modules_; }
   const detail::perf_map& jit_map() const { return perf_map_; }
+  const detail::dwarf_lines& source_lines() const { return dwarf_; }
 
  private:
+  // `f` as named by the symbol table (`named` false for the "[module+0xoffset]" fallback); `chain` from
+  // DWARF, outermost first. The outermost frame keeps the symbol table's name (DWARF's fills in a miss)
+  // and takes the chain's first file:line; each further level becomes an inlined frame.
+  static void append_source_chain(const detail::source_chain& chain, bool named, frame f,
+                                  std::vector<frame>& out) {
+    f.file = chain.front().file;
+    f.line = chain.front().line;
+    if (!named && !chain.front().function.empty()) f.name = chain.front().function;
+    out.push_back(f);
+    for (std::size_t i = 1; i < chain.size(); ++i) {
+      frame callee;
+      callee.name = chain[i].function.empty() ? std::string("[inlined]") : chain[i].function;
+      callee.module = f.module;
+      callee.address = f.address;
+      callee.module_offset = f.module_offset;
+      callee.file = chain[i].file;
+      callee.line = chain[i].line;
+      callee.kind = frame_kind::inlined;
+      out.push_back(std::move(callee));
+    }
+  }
+
   bool resolve_jit(std::uint64_t address, frame& f) {
     if (!use_perf_map_) return false;
     if (!perf_map_checked_) {
@@ -119,6 +153,7 @@ class symbolizer {
   bool refreshed_ = false;
   bool rescanned_on_miss_ = false;
   bool perf_map_checked_ = false;
+  detail::dwarf_lines dwarf_;  // file:line and inline frames (a stub finding nothing without libdw)
 };
 
 }  // namespace selfprof

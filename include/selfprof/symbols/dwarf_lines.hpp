@@ -1,0 +1,418 @@
+// Source lines and inline chains from DWARF through elfutils libdw (SELFPROF_HAS_LIBDW=1): for an address
+// of a mapped file, the real function and each inlined callee down to the innermost, each with file:line.
+// Context: collector thread or any single thread (not thread-safe; never the signal handler).
+//
+// One Dwfl session per module file, opened on the first lookup in that file and kept for the lifetime of
+// the symbolizer; each address's answer is cached. DWARF comes from the module file itself, else from
+// the separate debug file the module registry found (build-id or .gnu_debuglink), else from a search of
+// the same debug roots. No debuginfod and no other network access: only local files are read.
+// With SELFPROF_HAS_LIBDW=0 this header holds a stub whose lookups find nothing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../config.hpp"
+#include "modules.hpp"
+
+#if SELFPROF_HAS_LIBDW
+#include <dwarf.h>  // DW_TAG_* and DW_AT_* (elfutils' copy, installed with libdw-dev)
+#include <elfutils/libdw.h>
+#include <elfutils/libdwfl.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <queue>
+#include <unordered_map>
+#include <utility>
+
+#include "../detail/sys.hpp"
+#include "debug_file.hpp"
+#include "demangle.hpp"
+#include "elf.hpp"
+#include "mapped_file.hpp"
+#endif
+
+namespace selfprof {
+namespace detail {
+
+// One level of the source chain of an address.
+struct source_frame {
+  std::string function;    // demangled DWARF name (linkage name when present); empty when unnamed
+  std::string file;        // source file as DWARF records it (absolute when the compile dir is known)
+  std::uint32_t line = 0;  // 0 when unknown
+  bool inlined = false;    // true for an inlined callee; false for the real (outermost) function
+};
+
+// The source chain of an address, outermost first: the real function, whose file:line is the call
+// site of the first inlined callee (or the address's own line when nothing is inlined there), then each
+// inlined callee with the file:line of the call into the next, the innermost with the address's line.
+using source_chain = std::vector<source_frame>;
+
+#if SELFPROF_HAS_LIBDW
+
+// Largest number of inlined levels reported for one address; deeper nesting loses its outermost levels.
+// Real code stays far below (GCC's inline depth limit is in the tens); the bound only stops a corrupt
+// parent chain.
+constexpr std::size_t dwarf_max_inline_depth = 1024;
+// Most function DIEs indexed per compile unit; past it a unit's remaining functions get no inline frames.
+constexpr std::size_t dwarf_max_cu_functions = std::size_t{1} << 24;
+
+// DIE tags of code that has a name and source position: real functions and inlined instances.
+inline bool dwarf_is_function(int tag) {
+  return tag == DW_TAG_subprogram || tag == DW_TAG_inlined_subroutine || tag == DW_TAG_entry_point;
+}
+
+// The functions of one compile unit laid out by address, built once per unit on its first lookup:
+// libdw's dwarf_getscopes re-walks the whole unit on every call (measured: 14 ms a lookup in a unit
+// that includes all of selfprof), this answers in O(log n).
+struct dwarf_cu_index {
+  struct function {
+    Dwarf_Die die;        // DW_TAG_subprogram, DW_TAG_inlined_subroutine or DW_TAG_entry_point
+    std::int32_t parent;  // enclosing function in the DIE tree (what addr2line -i follows), -1 at the top
+  };
+  struct segment {
+    Dwarf_Addr start;    // the segment runs to the next one's start
+    std::int32_t owner;  // the deepest function whose ranges hold it, -1 for none
+  };
+  std::vector<function> functions;
+  std::vector<segment> segments;  // sorted by start
+
+  // The deepest function holding `pc`, or -1.
+  std::int32_t find(Dwarf_Addr pc) const {
+    auto it = std::upper_bound(segments.begin(), segments.end(), pc,
+                               [](Dwarf_Addr a, const segment& s) { return a < s.start; });
+    return it == segments.begin() ? -1 : (it - 1)->owner;
+  }
+
+  void build(Dwarf_Die* cu) {
+    struct interval {
+      Dwarf_Addr low, high;
+      int depth;
+      std::int32_t function;
+    };
+    struct pending {
+      Dwarf_Die die;
+      int depth;
+      std::int32_t parent;
+    };
+    std::vector<interval> intervals;
+    std::vector<pending> stack;
+    Dwarf_Die first;
+    if (::dwarf_child(cu, &first) == 0) stack.push_back(pending{first, 1, -1});
+    while (!stack.empty() && functions.size() < dwarf_max_cu_functions) {
+      pending at = stack.back();
+      stack.pop_back();
+      Dwarf_Die next;
+      if (::dwarf_siblingof(&at.die, &next) == 0) stack.push_back(pending{next, at.depth, at.parent});
+      int tag = ::dwarf_tag(&at.die);
+      std::int32_t parent = at.parent;
+      if (dwarf_is_function(tag)) {
+        parent = static_cast<std::int32_t>(functions.size());
+        functions.push_back(function{at.die, at.parent});
+        Dwarf_Addr base = 0, low = 0, high = 0;
+        for (std::ptrdiff_t off = 0; (off = ::dwarf_ranges(&at.die, off, &base, &low, &high)) > 0;)
+          if (high > low) intervals.push_back(interval{low, high, at.depth, parent});
+      }
+      // Code lives in functions, blocks, and functions nested in namespaces and classes; types,
+      // variables and parameters hold none, so their subtrees are skipped.
+      bool may_hold_code = dwarf_is_function(tag) || tag == DW_TAG_lexical_block || tag == DW_TAG_namespace ||
+                           tag == DW_TAG_class_type || tag == DW_TAG_structure_type ||
+                           tag == DW_TAG_union_type || tag == DW_TAG_module;
+      Dwarf_Die child;
+      if (may_hold_code && ::dwarf_haschildren(&at.die) > 0 && ::dwarf_child(&at.die, &child) == 0)
+        stack.push_back(pending{child, at.depth + 1, parent});
+    }
+    // Sweep the range boundaries; the deepest interval active over each elementary piece owns it.
+    std::vector<Dwarf_Addr> bounds;
+    for (const auto& i : intervals) {
+      bounds.push_back(i.low);
+      bounds.push_back(i.high);
+    }
+    std::sort(bounds.begin(), bounds.end());
+    bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
+    std::sort(intervals.begin(), intervals.end(),
+              [](const interval& a, const interval& b) { return a.low < b.low; });
+    auto shallower = [](const interval& a, const interval& b) {
+      return a.depth != b.depth ? a.depth < b.depth
+                                : a.low < b.low;  // ties: the later start is the inner one
+    };
+    std::priority_queue<interval, std::vector<interval>, decltype(shallower)> active(shallower);
+    std::size_t next = 0;
+    for (Dwarf_Addr b : bounds) {
+      while (next < intervals.size() && intervals[next].low <= b) active.push(intervals[next++]);
+      while (!active.empty() && active.top().high <= b) active.pop();  // lazily drops ended intervals
+      // An ended interval under a deeper active one is dropped when it surfaces: check the top only.
+      std::int32_t owner = active.empty() ? -1 : active.top().function;
+      if (segments.empty() || segments.back().owner != owner) segments.push_back(segment{b, owner});
+    }
+  }
+};
+
+class dwarf_lines {
+ public:
+  static constexpr bool enabled = true;
+
+  dwarf_lines() = default;
+  explicit dwarf_lines(std::vector<std::string> debug_roots)
+      : debug_roots_(std::make_shared<const std::vector<std::string>>(std::move(debug_roots))) {}
+
+  // The source chain of `vaddr` (an ELF virtual address of module `m`'s file, i.e. the run-time
+  // address minus the module's bias), or nullptr when no DWARF covers it. The pointer stays valid for
+  // the lifetime of this object.
+  const source_chain* lookup(const module& m, std::uint64_t vaddr) {
+    if (m.kind != module_kind::file || !m.symbols || !m.symbols->elf_ok) return nullptr;
+    dwarf_file* file = file_for(m);  // heap-allocated: Dwfl keeps pointers to its callbacks and userdata
+    if (file == nullptr) return nullptr;
+    auto cached = file->chains.find(vaddr);
+    if (cached != file->chains.end()) return cached->second.empty() ? nullptr : &cached->second;
+    ++queries_;
+    source_chain& chain = file->chains[vaddr];
+    query(*file, vaddr, chain);
+    return chain.empty() ? nullptr : &chain;
+  }
+
+  std::size_t files_opened() const { return files_opened_; }  // module files given a Dwfl session
+  std::size_t files_with_dwarf() const { return files_with_dwarf_; }
+  std::size_t queries() const { return queries_; }  // lookups that reached libdw (cache misses)
+
+ private:
+  struct dwarf_file {
+    std::shared_ptr<const std::vector<std::string>> debug_roots;
+    std::shared_ptr<module_symbols> symbols;  // keeps the cache key alive; holds debug_path
+    std::string path;                         // module file as opened (maybe via /proc/self/map_files)
+    std::string search_path;                  // for .gnu_debuglink search; empty for deleted/memfd files
+    Dwfl_Callbacks callbacks{};
+    Dwfl* dwfl = nullptr;
+    Dwfl_Module* mod = nullptr;
+    bool has_dwarf = false;
+    std::unordered_map<std::uint64_t, source_chain> chains;
+    std::unordered_map<Dwarf_Off, dwarf_cu_index> units;  // by the compile unit DIE's offset
+
+    dwarf_file() = default;
+    dwarf_file(const dwarf_file&) = delete;
+    dwarf_file& operator=(const dwarf_file&) = delete;
+    ~dwarf_file() {
+      if (dwfl != nullptr) ::dwfl_end(dwfl);
+    }
+  };
+
+  // The Dwfl session of m's file, opened on first use; nullptr when the file cannot be read or has no
+  // DWARF anywhere (remembered, so a module without debug info costs one attempt).
+  dwarf_file* file_for(const module& m) {
+    auto it = files_.find(m.symbols.get());
+    if (it == files_.end()) it = files_.emplace(m.symbols.get(), open_file(m)).first;
+    return it->second && it->second->has_dwarf ? it->second.get() : nullptr;
+  }
+
+  std::unique_ptr<dwarf_file> open_file(const module& m) {
+    auto file = std::make_unique<dwarf_file>();
+    file->debug_roots = debug_roots_;
+    file->symbols = m.symbols;
+    // A deleted file or memfd is reachable only through map_files while mapped (see modules.hpp).
+    bool hidden = m.deleted || m.path.compare(0, 7, "/memfd:") == 0;
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
+                  static_cast<unsigned long long>(m.start), static_cast<unsigned long long>(m.end));
+    file->path = hidden ? std::string(buffer) : m.path;
+    file->search_path = hidden ? std::string() : m.path;
+    int fd = open_checked(file->path, m.inode);
+    if (fd < 0 && !hidden) {
+      file->path = buffer;
+      fd = open_checked(file->path, m.inode);
+    }
+    if (fd < 0) return file;
+    ++files_opened_;
+    file->callbacks.find_elf = nullptr;  // not consulted: the file is reported with dwfl_report_elf
+    file->callbacks.find_debuginfo = &dwarf_lines::find_debuginfo;
+    file->callbacks.section_address = nullptr;
+    file->callbacks.debuginfo_path = nullptr;
+    file->dwfl = ::dwfl_begin(&file->callbacks);
+    if (file->dwfl == nullptr) {
+      sys().close(fd);
+      return file;
+    }
+    ::dwfl_report_begin(file->dwfl);
+    // base 0 with add_p_vaddr: Dwfl addresses are the file's own virtual addresses (ET_DYN and ET_EXEC).
+    file->mod = ::dwfl_report_elf(file->dwfl, m.basename.c_str(), file->path.c_str(), fd, 0, true);
+    ::dwfl_report_end(file->dwfl, nullptr, nullptr);
+    if (file->mod == nullptr) {
+      sys().close(fd);  // consumed only on success
+      return file;
+    }
+    void** userdata = nullptr;
+    ::dwfl_module_info(file->mod, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    if (userdata != nullptr) *userdata = file.get();
+    Dwarf_Addr bias = 0;
+    file->has_dwarf = ::dwfl_module_getdwarf(file->mod, &bias) != nullptr;
+    if (file->has_dwarf) ++files_with_dwarf_;
+    return file;
+  }
+
+  // Opens `path` read-only through the syscall seam; -1 unless it is a regular file with inode
+  // `inode` (a library replaced on disk since it was mapped must not describe the mapped code).
+  static int open_checked(const std::string& path, std::uint64_t inode) {
+    int fd = sys().open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        (inode != 0 && static_cast<std::uint64_t>(st.st_ino) != inode)) {
+      sys().close(fd);
+      return -1;
+    }
+    return fd;
+  }
+
+  // Dwfl's find_debuginfo callback, called when the module file itself has no DWARF: the debug file the
+  // module registry found, else one found here by build-id/debuglink under the same roots. Returns an
+  // open descriptor (Dwfl takes it) and the file's name in malloc'd memory, or -1.
+  static int find_debuginfo(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, const char*, const char*,
+                            GElf_Word, char** debuginfo_file_name) {
+    if (userdata == nullptr || *userdata == nullptr) return -1;
+    const dwarf_file& file = *static_cast<const dwarf_file*>(*userdata);
+    std::string path = file.symbols->debug_path;
+    if (path.empty()) path = search_debug_file(file);
+    if (path.empty()) return -1;
+    int fd = open_checked(path, 0);
+    if (fd < 0) return -1;
+    if (debuginfo_file_name != nullptr) *debuginfo_file_name = ::strdup(path.c_str());
+    return fd;
+  }
+
+  // The module registry looks for a debug file only when a module lacks .symtab; a module stripped of
+  // DWARF alone (strip -g) gets its debug file found here.
+  static std::string search_debug_file(const dwarf_file& file) {
+    mapped_file bytes;
+    if (!bytes.open(file.path)) return {};
+    elf_image image;
+    if (!image.parse(byte_view{bytes.data(), bytes.size()}, file.path)) return {};
+    debug_file debug;
+    if (!find_debug_file(*file.debug_roots, file.search_path, image, debug)) return {};
+    return debug.path;
+  }
+
+  // Fills `chain` (outermost first) for `vaddr`; leaves it empty when no DWARF covers the address.
+  static void query(dwarf_file& file, std::uint64_t vaddr, source_chain& chain) {
+    Dwarf_Addr bias = 0;
+    Dwarf_Die* cu = ::dwfl_module_addrdie(file.mod, vaddr, &bias);
+    if (cu == nullptr) return;
+    const Dwarf_Addr pc = vaddr - bias;
+    Dwarf_Attribute comp_attr;
+    const char* comp_dir = ::dwarf_formstring(::dwarf_attr(cu, DW_AT_comp_dir, &comp_attr));
+
+    // The innermost location: the line table row of the address.
+    source_frame innermost;
+    if (Dwarf_Line* row = ::dwarf_getsrc_die(cu, pc)) {
+      if (const char* name = ::dwarf_linesrc(row, nullptr, nullptr))
+        innermost.file = source_path(name, comp_dir);
+      int line = 0;
+      if (::dwarf_lineno(row, &line) == 0 && line > 0) innermost.line = static_cast<std::uint32_t>(line);
+    }
+
+    // The deepest function holding pc, then its parents in the DIE tree, as addr2line -i walks them
+    // (a nested inlined call can hold pc where its parent's ranges do not, seen with GCC -O2).
+    auto unit = file.units.find(::dwarf_dieoffset(cu));
+    if (unit == file.units.end()) {
+      unit = file.units.emplace(::dwarf_dieoffset(cu), dwarf_cu_index()).first;
+      unit->second.build(cu);
+    }
+    const dwarf_cu_index& index = unit->second;
+    std::vector<source_frame> inner_first;  // the chain, innermost first
+    Dwarf_Files* files = nullptr;
+    std::size_t nfiles = 0;
+    bool have_files = false, files_tried = false;
+    source_frame current = innermost;  // the location inside the scope being visited
+    std::int32_t at = index.find(pc);
+    for (std::size_t level = 0; at >= 0 && level < dwarf_max_inline_depth; ++level) {
+      Dwarf_Die die = index.functions[static_cast<std::size_t>(at)].die;
+      at = index.functions[static_cast<std::size_t>(at)].parent;
+      Dwarf_Die* scope = &die;
+      int tag = ::dwarf_tag(scope);
+      current.function = function_name(scope);
+      current.inlined = tag == DW_TAG_inlined_subroutine;
+      if (!current.inlined) {
+        inner_first.push_back(std::move(current));
+        break;
+      }
+      // The caller's location is where this inlined instance was called from.
+      source_frame caller;
+      Dwarf_Attribute attr;
+      Dwarf_Word value = 0;
+      if (::dwarf_formudata(::dwarf_attr(scope, DW_AT_call_file, &attr), &value) == 0) {
+        if (!files_tried) {
+          files_tried = true;
+          have_files = ::dwarf_getsrcfiles(cu, &files, &nfiles) == 0;
+        }
+        if (have_files && value < nfiles)
+          if (const char* name = ::dwarf_filesrc(files, static_cast<std::size_t>(value), nullptr, nullptr))
+            caller.file = source_path(name, comp_dir);
+      }
+      if (::dwarf_formudata(::dwarf_attr(scope, DW_AT_call_line, &attr), &value) == 0 && value <= UINT32_MAX)
+        caller.line = static_cast<std::uint32_t>(value);
+      inner_first.push_back(std::move(current));
+      current = std::move(caller);
+    }
+    if (inner_first.empty() || inner_first.back().inlined) {
+      // No enclosing real function in the DWARF (assembly with line info only, or a cut walk): the
+      // outermost level is the location reached so far, unnamed.
+      current.inlined = false;
+      if (!current.file.empty() || current.line != 0 || !inner_first.empty())
+        inner_first.push_back(std::move(current));
+    }
+    chain.assign(std::make_move_iterator(inner_first.rbegin()), std::make_move_iterator(inner_first.rend()));
+  }
+
+  // libdw joins a file name with its line-table directory but leaves a relative directory (a file
+  // compiled as `cc ../src/x.c`) relative; addr2line then prefixes the compile directory: so do we.
+  static std::string source_path(const char* name, const char* comp_dir) {
+    if (name[0] == '/' || comp_dir == nullptr || comp_dir[0] == '\0') return name;
+    std::string out = comp_dir;
+    if (out.back() != '/') out += '/';
+    return out + name;
+  }
+
+  // Demangled linkage name (following abstract origin and specification), else the plain DWARF name.
+  static std::string function_name(Dwarf_Die* die) {
+    Dwarf_Attribute attr;
+    const char* linkage = ::dwarf_formstring(::dwarf_attr_integrate(die, DW_AT_linkage_name, &attr));
+    if (linkage == nullptr)
+      linkage = ::dwarf_formstring(::dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr));
+    if (linkage != nullptr) return demangle(linkage);
+    const char* name = ::dwarf_diename(die);
+    return name != nullptr ? std::string(name) : std::string();
+  }
+
+  std::shared_ptr<const std::vector<std::string>> debug_roots_ =
+      std::make_shared<const std::vector<std::string>>(std::vector<std::string>{"/usr/lib/debug"});
+  std::map<const module_symbols*, std::unique_ptr<dwarf_file>> files_;
+  std::size_t files_opened_ = 0;
+  std::size_t files_with_dwarf_ = 0;
+  std::size_t queries_ = 0;
+};
+
+#else  // !SELFPROF_HAS_LIBDW
+
+// Without libdw: no source lines, no inline frames; the symbolizer names functions from ELF symbols.
+class dwarf_lines {
+ public:
+  static constexpr bool enabled = false;
+  dwarf_lines() = default;
+  explicit dwarf_lines(const std::vector<std::string>&) {}
+  const source_chain* lookup(const module&, std::uint64_t) { return nullptr; }
+  std::size_t files_opened() const { return 0; }
+  std::size_t files_with_dwarf() const { return 0; }
+  std::size_t queries() const { return 0; }
+};
+
+#endif  // SELFPROF_HAS_LIBDW
+
+}  // namespace detail
+}  // namespace selfprof
