@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,30 @@ struct thread_info {
   std::string name;
 };
 
+// Frame statistics of one game/engine loop on one thread (selfprof::frame_mark), from the marks' own
+// CLOCK_MONOTONIC times: exact counts; percentiles from a log histogram (within 1%); max exact.
+struct frame_loop_stats {
+  std::string name;                // loop name given to frame_mark
+  std::uint32_t tid = 0;           // marking thread
+  std::uint64_t count = 0;         // frames that ended while profiling
+  std::uint64_t over_budget = 0;   // of those, longer than budget_ms
+  std::uint64_t lost = 0;          // frames the collector could not read in time (not in count)
+  double budget_ms = 0;
+  double p50_ms = 0, p95_ms = 0, p99_ms = 0, max_ms = 0;
+};
+
+// One line for headers and footers: "render (tid 12): 600 frames, p50 16.2 ms, ... 9 over 16.7 ms".
+inline std::string frame_stats_line(const frame_loop_stats& s) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "%s (tid %u): %llu frames, p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms, %llu over %.1f ms",
+                s.name.c_str(), static_cast<unsigned>(s.tid), static_cast<unsigned long long>(s.count), s.p50_ms,
+                s.p95_ms, s.p99_ms, s.max_ms, static_cast<unsigned long long>(s.over_budget), s.budget_ms);
+  std::string line = buf;
+  if (s.lost) line += " (" + std::to_string(s.lost) + " lost)";
+  return line;
+}
+
 struct profile_info {
   std::string mode = "cpu";        // cpu | wall | offcpu
   std::string unit = "samples";    // what stack::count counts
@@ -52,6 +77,8 @@ struct profile_info {
   std::uint64_t truncated = 0;     // samples whose stack hit the depth limit
   std::uint64_t start_unix_ns = 0; // when the profile started
   std::vector<std::string> notes;  // human-readable remarks (why a source was refused, ...)
+  std::string view;                // what the stacks hold: "" all samples, "slow frames", "frame ..." one frame
+  std::vector<frame_loop_stats> frame_loops;  // game/engine loops marked with frame_mark (empty: none)
 };
 
 struct profile {

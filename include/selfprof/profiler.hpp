@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "collect/collector.hpp"
+#include "jit.hpp"
 #include "frames.hpp"
 #include "options.hpp"
 #include "output/diff.hpp"
@@ -56,6 +57,7 @@ inline stats get_stats() { return detail::profiler_core::instance().get_stats();
 // .txt .pb.gz), several paths may be given separated by commas, and %p %t %n are expanded. Atomic
 // (temporary file + rename), mode 0600, never through a symlink. Nothing collected is lost when it fails.
 inline status dump(const std::string& paths) {
+  jit::flush();  // the perf map is complete whenever a profile is
   profile p = snapshot();
   detail::add_marker_frames(p, detail::profiler_core::instance().thread_roots());
   return detail::write_profile(p, paths, detail::dump_output_options(p));
@@ -71,8 +73,8 @@ inline std::vector<frame_loop_stats> frame_stats() {
 // The "slow frames" profile: only samples taken during frames longer than SELFPROF_FRAME_BUDGET_MS.
 // Its unit is samples at SELFPROF_FRAME_HZ when that is set (info.hz says which rate).
 inline profile snapshot_slow_frames() {
-  profile p = detail::profiler_core::instance().symbolize(detail::profiler_core::instance().slow_frames_raw());
-  return p;
+  auto& core = detail::profiler_core::instance();
+  return core.symbolize(core.slow_frames_raw());
 }
 
 // Writes the slow-frames profile like dump() writes the all-frames one (same formats and templates).

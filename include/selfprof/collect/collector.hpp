@@ -21,6 +21,7 @@
 #include "../options.hpp"
 #include "../signal/handler.hpp"
 #include "../sources/select.hpp"
+#include "../jit.hpp"
 #include "../sources/signal_setup.hpp"
 #include "unwind_tables.hpp"
 #include "dumps.hpp"
@@ -149,6 +150,7 @@ class profiler_core {
     dump_scheduler::hooks hooks;
     hooks.take = [this](bool windowed, std::uint64_t& seq) { return snapshot_raw(windowed, &seq); };
     hooks.symbolize = [this](const raw_snapshot& raw) { return symbolize(raw); };
+    hooks.take_slow = [this](bool& marked) { return slow_frames_raw(&marked); };
     hooks.window_written = [this](std::uint64_t seq) {
       std::lock_guard<std::mutex> t(table_mu_);
       windows_.mark_dumped(seq);
@@ -434,6 +436,10 @@ class profiler_core {
       std::uint16_t flags = static_cast<std::uint16_t>(h.flags & (sample_truncated | sample_offcpu));
       std::size_t depth = h.depth <= ring_.max_depth() ? h.depth : ring_.max_depth();
       if (depth > 0) {
+        // JIT code is named by what was at each address when the sample was taken (the slot is ours
+        // until release, so the pcs are rewritten in place).
+        std::uint64_t* pcs = s->pcs();
+        for (std::size_t i = 0; i < depth; ++i) jit::detail::translate_pc(pcs[i], h.time_ns);
         frames_.add_sample(h, s->pcs(), depth, flags);  // [frames]
         std::uint64_t w = all_frames_weight(h.tid, h.weight);
         if (w > 0) {
@@ -634,6 +640,9 @@ class profiler_core {
     names_.clear();
     table_.clear();
     samples_by_thread_.clear();
+    frames_.clear();
+    boosted_.clear();
+    boost_credit_.clear();
     stats_ = stats{};
     collector_tid_.store(0);
     atfork_parent();

@@ -24,6 +24,7 @@
 #include "../output/markers.hpp"
 #include "../signal/dump_request.hpp"
 #include "../signal/raw_syscall.hpp"
+#include "frame_tracker.hpp"
 #include "symbolize.hpp"
 
 namespace selfprof {
@@ -38,6 +39,8 @@ class dump_scheduler {
     std::function<raw_snapshot(bool windowed, std::uint64_t& window_seq)> take;
     std::function<profile(const raw_snapshot&)> symbolize;
     std::function<void(std::uint64_t window_seq)> window_written;
+    // The slow-frame profile (frames over budget); `marked` says whether any frame was marked at all.
+    std::function<raw_snapshot(bool& marked)> take_slow;
   };
 
   status start(const options& o, hooks h, std::vector<std::string>& notes) {
@@ -121,6 +124,8 @@ class dump_scheduler {
  private:
   struct job {
     raw_snapshot raw;
+    raw_snapshot slow;
+    bool slow_marked = false;
     std::uint64_t window_seq = 0;
     bool windowed = false;
   };
@@ -134,6 +139,7 @@ class dump_scheduler {
     job j;
     j.windowed = opts_.window_s > 0;
     j.raw = hooks_.take(j.windowed, j.window_seq);
+    if (hooks_.take_slow) j.slow = hooks_.take_slow(j.slow_marked);
     {
       std::lock_guard<std::mutex> l(mu_);
       jobs_.push_back(std::move(j));
@@ -165,7 +171,15 @@ class dump_scheduler {
     output_options oo = dump_output_options(p);
     sink_options so;
     so.allow_shared_dir = opts_.allow_shared_dir;
-    status st = write_profile(p, opts_.out.empty() ? kDefaultDumpTemplate : opts_.out, oo, so);
+    const std::string out = opts_.out.empty() ? kDefaultDumpTemplate : opts_.out;
+    status st = write_profile(p, out, oo, so);
+    if (st && j.slow_marked) {  // frames were marked: the slow-frame profile too, "-slow" before the extension
+      profile sp = hooks_.symbolize(j.slow);
+      add_marker_frames(sp, opts_.thread_roots);
+      output_options so_oo = dump_output_options(sp);
+      so_oo.svg.title = "Slow frames: " + so_oo.svg.title;
+      st = write_profile(sp, insert_before_extension(out, "-slow"), so_oo, so);
+    }
     if (st) {
       ++written_;
       if (j.windowed) hooks_.window_written(j.window_seq);

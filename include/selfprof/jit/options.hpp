@@ -1,5 +1,6 @@
 // Settings of selfprof's JIT support (perf map, jitdump, flushing) and their SELFPROF_* environment
-// variables. Context: setup only.
+// variables.
+// Context: setup only.
 #pragma once
 
 #include <cstddef>

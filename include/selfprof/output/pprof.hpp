@@ -197,6 +197,8 @@ class pprof_builder {
     line += " hz=" + format_compact(p_.info.hz) + " samples=" + std::to_string(p_.info.samples) +
             " dropped=" + std::to_string(p_.info.dropped) + " truncated=" + std::to_string(p_.info.truncated);
     c.push_back(line);
+    if (!p_.info.view.empty()) c.push_back("view=" + p_.info.view);  // [frames]
+    for (const auto& l : p_.info.frame_loops) c.push_back("frames: " + frame_stats_line(l));
     for (const auto& n : p_.info.notes) c.push_back(n);
     return c;
   }

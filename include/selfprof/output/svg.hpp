@@ -124,6 +124,7 @@ inline std::string footer_text(const profile_info& info, std::uint64_t total, co
   s += " | " + with_commas(info.dropped) + " dropped";
   if (info.truncated) s += " | " + with_commas(info.truncated) + " truncated";
   if (!info.source.empty()) s += " | source: " + info.source;
+  if (!info.view.empty()) s += " | view: " + info.view;  // [frames]
   if (info.start_unix_ns) {
     std::time_t t = static_cast<std::time_t>(info.start_unix_ns / 1000000000ULL);
     std::tm tm{};
@@ -445,7 +446,11 @@ inline std::string write_svg(const profile& p, const svg_options& o) {
   in.default_title = o.flamechart ? "Flame Chart" : (o.inverted ? "Icicle Graph" : "Flame Graph");
   in.frames = tree.layout(min_width_samples(o, in.total));
   in.frames[0].width = in.total;  // the root spans the whole width, also with a larger `total`
-  return render_svg(in, o);
+  if (p.info.frame_loops.empty()) return render_svg(in, o);
+  svg_options with_frames = o;  // [frames] frame statistics under the title
+  for (const auto& l : p.info.frame_loops)
+    with_frames.subtitle += (with_frames.subtitle.empty() ? "" : "; ") + frame_stats_line(l);
+  return render_svg(in, with_frames);
 }
 
 }  // namespace detail

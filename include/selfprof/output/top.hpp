@@ -142,6 +142,12 @@ inline std::string write_top(const profile& p, const top_options& opts = {}) {
          "  duration: " + detail::format_fixed(info.duration_s, 3) + " s\n";
   out += "# samples: " + std::to_string(total) + "  dropped: " + std::to_string(info.dropped) +
          "  truncated: " + std::to_string(info.truncated) + "\n";
+  if (!info.view.empty()) out += "# view: " + info.view + "\n";  // [frames]
+  for (const auto& loop : info.frame_loops) {
+    out += "# frames: ";
+    detail::append_printable(out, frame_stats_line(loop));
+    out += "\n";
+  }
   for (const auto& note : info.notes) {
     out += "# note: ";
     detail::append_printable(out, note);

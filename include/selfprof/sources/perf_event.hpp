@@ -104,6 +104,18 @@ class perf_event_source final : public tick_source {
     return status::ok();
   }
 
+  // [frames] A new period (task-clock ns) or frequency (cycles) for one thread's event.
+  status set_thread_rate(pid_t tid, double hz) override {
+    auto it = fds_.find(tid);
+    if (it == fds_.end()) return status::error("perf: thread " + std::to_string(tid) + " is not armed");
+    std::uint64_t value = hardware_ ? static_cast<std::uint64_t>(hz > 1 ? hz : 1)
+                                    : static_cast<std::uint64_t>(period_ns_for(hz));
+    if (::ioctl(it->second, PERF_EVENT_IOC_PERIOD, &value) != 0)
+      return status::error(std::string("PERF_EVENT_IOC_PERIOD: ") + std::strerror(errno));
+    return status::ok();
+  }
+  // [/frames]
+
   void disarm(pid_t tid) override {
     auto it = fds_.find(tid);
     if (it == fds_.end()) return;

@@ -53,6 +53,13 @@ class tick_source {
   // Sampling rate really delivered per CPU-second (may be lower than requested: timer above the tick).
   virtual double effective_hz() const = 0;
   virtual bool counts_kernel_time() const = 0;
+  // [frames] Samples one armed thread at `hz` instead (SELFPROF_FRAME_HZ on threads that mark frames).
+  virtual status set_thread_rate(pid_t tid, double hz) {
+    (void)tid;
+    (void)hz;
+    return status::error(std::string(source_name(kind())) + ": no per-thread rate");
+  }
+  // [/frames]
 };
 
 // Kernel tick rate (CONFIG_HZ), read from the resolution of the coarse clock, which advances by one tick.

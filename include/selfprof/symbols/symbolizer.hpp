@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../profile.hpp"
+#include "../jit.hpp"
 #include "dwarf_lines.hpp"
 #include "modules.hpp"
 #include "perf_map.hpp"
@@ -52,6 +53,13 @@ class symbolizer {
   // inlined) down to the innermost, as `addr2line -f -C -i` lists them bottom up.
   // `address` is what to look up: callers pass pc-1 for return addresses.
   void resolve(std::uint64_t address, std::vector<frame>& out) {
+    {
+      frame jit;  // code registered with selfprof::jit, named by what was there when the sample was taken
+      if (jit::detail::name_tagged(address, jit)) {
+        out.push_back(std::move(jit));
+        return;
+      }
+    }
     if (!refreshed_) refresh();
     const detail::module* m = modules_.find(address);
     if (m == nullptr && !rescanned_on_miss_) {
