@@ -28,8 +28,8 @@ std::vector<std::string> make_names() {
   static const char* const ns[] = {"engine", "physics", "render", "net", "db", "std", "ai", "io"};
   std::vector<std::string> v;
   for (int i = 0; i < 4000; ++i)
-    v.push_back(std::string(ns[i % 8]) + "::Class" + std::to_string(i / 8 % 97) + "::method_" + std::to_string(i) +
-                "(int, std::string const&)");
+    v.push_back(std::string(ns[i % 8]) + "::Class" + std::to_string(i / 8 % 97) + "::method_" +
+                std::to_string(i) + "(int, std::string const&)");
   return v;
 }
 

@@ -3,7 +3,11 @@
 #pragma once
 
 #include "selfprof/config.hpp"
+#include "selfprof/frames.hpp"
+#include "selfprof/jit.hpp"
 #include "selfprof/options.hpp"
+#include "selfprof/output/diff.hpp"
+#include "selfprof/output/folded_parse.hpp"
 #include "selfprof/profile.hpp"
 #include "selfprof/profiler.hpp"
 #include "selfprof/status.hpp"

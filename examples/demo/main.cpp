@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
   st = selfprof::get_stats();
   std::printf("collected %llu samples from %zu threads (%llu dropped, %llu truncated)\n",
               static_cast<unsigned long long>(st.samples), st.threads_seen,
-              static_cast<unsigned long long>(st.dropped_full), static_cast<unsigned long long>(st.truncated));
+              static_cast<unsigned long long>(st.dropped_full),
+              static_cast<unsigned long long>(st.truncated));
 
   selfprof::profile p = selfprof::snapshot();
   selfprof::top_options top;
@@ -97,6 +98,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", written.message().c_str());
     return 1;
   }
-  std::printf("folded profile: %s\nflame graph:    %s  (open it in a browser)\n", folded.c_str(), svg.c_str());
+  std::printf("folded profile: %s\nflame graph:    %s  (open it in a browser)\n", folded.c_str(),
+              svg.c_str());
   return (check + mine) == 42 ? 2 : 0;  // keep the work observable
 }

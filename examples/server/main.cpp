@@ -92,10 +92,14 @@ int main(int argc, char** argv) {
   double load = 0, seconds = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--port") port = std::atoi(argv[i + 1]);
-    else if (a == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (a == "--load") load = std::atof(argv[i + 1]);
-    else if (a == "--seconds") seconds = std::atof(argv[i + 1]);
+    if (a == "--port")
+      port = std::atoi(argv[i + 1]);
+    else if (a == "--threads")
+      threads = std::atoi(argv[i + 1]);
+    else if (a == "--load")
+      load = std::atof(argv[i + 1]);
+    else if (a == "--seconds")
+      seconds = std::atof(argv[i + 1]);
   }
   if (!SELFPROF_START()) return 1;
 
@@ -113,7 +117,8 @@ int main(int argc, char** argv) {
   socklen_t len = sizeof addr;
   ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
   port = ntohs(addr.sin_port);
-  std::printf("serving on 127.0.0.1:%d, pid %d; kill -USR2 %d writes a flame graph\n", port, getpid(), getpid());
+  std::printf("serving on 127.0.0.1:%d, pid %d; kill -USR2 %d writes a flame graph\n", port, getpid(),
+              getpid());
   std::fflush(stdout);
 
   std::vector<std::thread> pool;
@@ -124,7 +129,8 @@ int main(int argc, char** argv) {
 
   auto start = std::chrono::steady_clock::now();
   double limit = seconds > 0 ? seconds : (load > 0 ? load : 0);
-  while (limit == 0 || std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < limit)
+  while (limit == 0 ||
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < limit)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
 
   server::stopping = true;

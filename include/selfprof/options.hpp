@@ -18,21 +18,21 @@ struct options {
   double hz = 99;                               // SELFPROF_HZ: samples per CPU-second per thread
   source_kind source = source_kind::automatic;  // SELFPROF_SOURCE: auto|perf|timer|itimer
   std::string out;                              // SELFPROF_OUT: dump path template(s), comma-separated
-  int dump_signal = SIGUSR2;                    // SELFPROF_SIGNAL: USR2 (default), USR1, a number, or none (0)
-  std::string mode = "cpu";                     // SELFPROF_MODE: cpu|wall
-  double interval_s = 0;                        // SELFPROF_INTERVAL: seconds between periodic dumps (0: off)
-  double window_s = 0;                          // SELFPROF_WINDOW: dumps hold only the last N seconds (0: all)
-  bool allow_shared_dir = false;                // SELFPROF_ALLOW_SHARED_DIR: write into others-writable dirs
-  unsigned max_depth = 128;                     // SELFPROF_MAX_DEPTH: frames kept per sample (2..1024)
-  int sample_signal = 0;                        // SELFPROF_SAMPLE_SIGNAL: 0 picks SIGPROF or a free RT signal
-  std::string unwind = "auto";                  // SELFPROF_UNWIND: fp|dwarf|auto (dwarf when the tables build)
-  bool thread_roots = false;                    // SELFPROF_THREAD_ROOTS: per-thread root frames in output
-  bool verbose = false;                         // SELFPROF_VERBOSE: echo the configuration once on start
-  unsigned thread_scan_ms = 20;                 // how often new threads are looked for
-  std::size_t ring_slots = 0;                   // sample ring capacity (0: sized from hz)
+  int dump_signal = SIGUSR2;      // SELFPROF_SIGNAL: USR2 (default), USR1, a number, or none (0)
+  std::string mode = "cpu";       // SELFPROF_MODE: cpu|wall
+  double interval_s = 0;          // SELFPROF_INTERVAL: seconds between periodic dumps (0: off)
+  double window_s = 0;            // SELFPROF_WINDOW: dumps hold only the last N seconds (0: all)
+  bool allow_shared_dir = false;  // SELFPROF_ALLOW_SHARED_DIR: write into others-writable dirs
+  unsigned max_depth = 128;       // SELFPROF_MAX_DEPTH: frames kept per sample (2..1024)
+  int sample_signal = 0;          // SELFPROF_SAMPLE_SIGNAL: 0 picks SIGPROF or a free RT signal
+  std::string unwind = "auto";    // SELFPROF_UNWIND: fp|dwarf|auto (dwarf when the tables build)
+  bool thread_roots = false;      // SELFPROF_THREAD_ROOTS: per-thread root frames in output
+  bool verbose = false;           // SELFPROF_VERBOSE: echo the configuration once on start
+  unsigned thread_scan_ms = 20;   // how often new threads are looked for
+  std::size_t ring_slots = 0;     // sample ring capacity (0: sized from hz)
   // [frames] game/engine frames (frames.hpp)
-  double frame_budget_ms = 16.7;                // SELFPROF_FRAME_BUDGET_MS: a frame longer than this is slow
-  double frame_hz = 0;                          // SELFPROF_FRAME_HZ: rate on threads that mark frames (0: hz)
+  double frame_budget_ms = 16.7;  // SELFPROF_FRAME_BUDGET_MS: a frame longer than this is slow
+  double frame_hz = 0;            // SELFPROF_FRAME_HZ: rate on threads that mark frames (0: hz)
   // [/frames]
 };
 
@@ -77,65 +77,106 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
   options o;
   auto bad = [&](const char* name, const char* value, const char* expected) {
     if (warnings)
-      warnings->push_back(std::string("selfprof: ignoring ") + name + "=\"" + value + "\": expected " + expected +
-                          "; using the default");
+      warnings->push_back(std::string("selfprof: ignoring ") + name + "=\"" + value + "\": expected " +
+                          expected + "; using the default");
   };
   double d = 0;
   bool b = false;
   int sig = 0;
   if (const char* v = std::getenv("SELFPROF_HZ")) {
-    if (detail::parse_double(v, 1, 100000, d)) o.hz = d; else bad("SELFPROF_HZ", v, "a rate in Hz from 1 to 100000");
+    if (detail::parse_double(v, 1, 100000, d))
+      o.hz = d;
+    else
+      bad("SELFPROF_HZ", v, "a rate in Hz from 1 to 100000");
   }
   if (const char* v = std::getenv("SELFPROF_SOURCE")) {
     std::string s = v;
-    if (s == "auto") o.source = source_kind::automatic;
-    else if (s == "perf") o.source = source_kind::perf;
-    else if (s == "timer") o.source = source_kind::timer;
-    else if (s == "itimer") o.source = source_kind::itimer;
-    else bad("SELFPROF_SOURCE", v, "auto, perf, timer or itimer");
+    if (s == "auto")
+      o.source = source_kind::automatic;
+    else if (s == "perf")
+      o.source = source_kind::perf;
+    else if (s == "timer")
+      o.source = source_kind::timer;
+    else if (s == "itimer")
+      o.source = source_kind::itimer;
+    else
+      bad("SELFPROF_SOURCE", v, "auto, perf, timer or itimer");
   }
   if (const char* v = std::getenv("SELFPROF_OUT")) o.out = v;
   if (const char* v = std::getenv("SELFPROF_SIGNAL")) {
-    if (detail::parse_signal(v, true, sig)) o.dump_signal = sig; else bad("SELFPROF_SIGNAL", v, "USR1, USR2, a signal number or none");
+    if (detail::parse_signal(v, true, sig))
+      o.dump_signal = sig;
+    else
+      bad("SELFPROF_SIGNAL", v, "USR1, USR2, a signal number or none");
   }
   if (const char* v = std::getenv("SELFPROF_MODE")) {
     std::string s = v;
-    if (s == "cpu" || s == "wall") o.mode = s; else bad("SELFPROF_MODE", v, "cpu or wall");
+    if (s == "cpu" || s == "wall")
+      o.mode = s;
+    else
+      bad("SELFPROF_MODE", v, "cpu or wall");
   }
   if (const char* v = std::getenv("SELFPROF_INTERVAL")) {
-    if (detail::parse_double(v, 0, 86400 * 365.0, d)) o.interval_s = d; else bad("SELFPROF_INTERVAL", v, "seconds between dumps (0 disables)");
+    if (detail::parse_double(v, 0, 86400 * 365.0, d))
+      o.interval_s = d;
+    else
+      bad("SELFPROF_INTERVAL", v, "seconds between dumps (0 disables)");
   }
   if (const char* v = std::getenv("SELFPROF_WINDOW")) {
-    if (detail::parse_double(v, 0, 86400 * 365.0, d)) o.window_s = d; else bad("SELFPROF_WINDOW", v, "seconds of recent samples per dump (0: everything since start)");
+    if (detail::parse_double(v, 0, 86400 * 365.0, d))
+      o.window_s = d;
+    else
+      bad("SELFPROF_WINDOW", v, "seconds of recent samples per dump (0: everything since start)");
   }
   if (const char* v = std::getenv("SELFPROF_ALLOW_SHARED_DIR")) {
-    if (detail::parse_bool(v, b)) o.allow_shared_dir = b; else bad("SELFPROF_ALLOW_SHARED_DIR", v, "0 or 1");
+    if (detail::parse_bool(v, b))
+      o.allow_shared_dir = b;
+    else
+      bad("SELFPROF_ALLOW_SHARED_DIR", v, "0 or 1");
   }
   if (const char* v = std::getenv("SELFPROF_MAX_DEPTH")) {
-    if (detail::parse_double(v, 2, 1024, d) && d == static_cast<unsigned>(d)) o.max_depth = static_cast<unsigned>(d);
-    else bad("SELFPROF_MAX_DEPTH", v, "a whole number of frames from 2 to 1024");
+    if (detail::parse_double(v, 2, 1024, d) && d == static_cast<unsigned>(d))
+      o.max_depth = static_cast<unsigned>(d);
+    else
+      bad("SELFPROF_MAX_DEPTH", v, "a whole number of frames from 2 to 1024");
   }
   if (const char* v = std::getenv("SELFPROF_SAMPLE_SIGNAL")) {
-    if (detail::parse_signal(v, false, sig)) o.sample_signal = sig; else bad("SELFPROF_SAMPLE_SIGNAL", v, "PROF, a signal number");
+    if (detail::parse_signal(v, false, sig))
+      o.sample_signal = sig;
+    else
+      bad("SELFPROF_SAMPLE_SIGNAL", v, "PROF, a signal number");
   }
   if (const char* v = std::getenv("SELFPROF_UNWIND")) {
     std::string s = v;
-    if (s == "fp" || s == "dwarf" || s == "auto") o.unwind = s; else bad("SELFPROF_UNWIND", v, "fp, dwarf or auto");
+    if (s == "fp" || s == "dwarf" || s == "auto")
+      o.unwind = s;
+    else
+      bad("SELFPROF_UNWIND", v, "fp, dwarf or auto");
   }
   if (const char* v = std::getenv("SELFPROF_THREAD_ROOTS")) {
-    if (detail::parse_bool(v, b)) o.thread_roots = b; else bad("SELFPROF_THREAD_ROOTS", v, "0 or 1");
+    if (detail::parse_bool(v, b))
+      o.thread_roots = b;
+    else
+      bad("SELFPROF_THREAD_ROOTS", v, "0 or 1");
   }
   if (const char* v = std::getenv("SELFPROF_VERBOSE")) {
-    if (detail::parse_bool(v, b)) o.verbose = b; else bad("SELFPROF_VERBOSE", v, "0 or 1");
+    if (detail::parse_bool(v, b))
+      o.verbose = b;
+    else
+      bad("SELFPROF_VERBOSE", v, "0 or 1");
   }
   // [frames]
   if (const char* v = std::getenv("SELFPROF_FRAME_BUDGET_MS")) {
-    if (detail::parse_double(v, 0.01, 3600000, d)) o.frame_budget_ms = d;
-    else bad("SELFPROF_FRAME_BUDGET_MS", v, "a frame budget in milliseconds from 0.01 to 3600000");
+    if (detail::parse_double(v, 0.01, 3600000, d))
+      o.frame_budget_ms = d;
+    else
+      bad("SELFPROF_FRAME_BUDGET_MS", v, "a frame budget in milliseconds from 0.01 to 3600000");
   }
   if (const char* v = std::getenv("SELFPROF_FRAME_HZ")) {
-    if (detail::parse_double(v, 0, 100000, d)) o.frame_hz = d;
-    else bad("SELFPROF_FRAME_HZ", v, "a rate in Hz from 0 (same as SELFPROF_HZ) to 100000");
+    if (detail::parse_double(v, 0, 100000, d))
+      o.frame_hz = d;
+    else
+      bad("SELFPROF_FRAME_HZ", v, "a rate in Hz from 0 (same as SELFPROF_HZ) to 100000");
   }
   // [/frames]
   return o;

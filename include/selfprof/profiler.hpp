@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "collect/collector.hpp"
-#include "jit.hpp"
 #include "frames.hpp"
+#include "jit.hpp"
 #include "options.hpp"
 #include "output/diff.hpp"
 #include "output/dump_paths.hpp"
@@ -51,7 +51,6 @@ inline status register_thread() { return detail::profiler_core::instance().regis
 inline profile snapshot() { return detail::profiler_core::instance().snapshot(); }
 
 inline stats get_stats() { return detail::profiler_core::instance().get_stats(); }
-
 
 // Writes the profile collected so far; the format follows the extension (.folded .collapsed .svg
 // .txt .pb.gz), several paths may be given separated by commas, and %p %t %n are expanded. Atomic

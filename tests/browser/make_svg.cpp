@@ -42,10 +42,12 @@ int main(int argc, char** argv) {
   const auto main_ = d.frame("main"), run = d.frame("engine::Engine::run()");
   const auto frame_ = d.frame("engine::Engine::frame(double)");
   const auto update = d.frame("engine::World::update(float)");
-  const auto step = d.frame("physics::Solver::step(float)"), broad = d.frame("physics::BroadPhase::collide()");
+  const auto step = d.frame("physics::Solver::step(float)"),
+             broad = d.frame("physics::BroadPhase::collide()");
   const auto narrow = d.frame("physics::Solver::solve_contacts(std::vector<Contact>&)");
   const auto integ = d.frame("physics::integrate(Body&, float)", K::inlined);
-  const auto ai = d.frame("ai::Planner::think(Agent const&)"), path = d.frame("ai::astar<Grid, \"manhattan\">(Node*, Node*)");
+  const auto ai = d.frame("ai::Planner::think(Agent const&)"),
+             path = d.frame("ai::astar<Grid, \"manhattan\">(Node*, Node*)");
   const auto heap = d.frame("std::priority_queue<Node*>::push"), malloc_ = d.frame("malloc");
   const auto anim = d.frame("anim::Skeleton::pose()"), lerp = d.frame("glm::mix<vec4>", K::inlined);
   const auto audio = d.frame("audio::Mixer::mix(float*, int)");
@@ -76,7 +78,8 @@ int main(int argc, char** argv) {
   d.add({rroot, draw, swap, ioctl, sys, drm}, 500);
   d.add({rroot, draw, step}, 60);  // the same function on another thread: same colour, own frame
   // A long tail of tiny stacks: merged into "[N elided frames]" aggregates.
-  for (int i = 0; i < 40; ++i) d.add({root, main_, run, frame_, update, d.frame("script::callback_" + std::to_string(i))}, 1);
+  for (int i = 0; i < 40; ++i)
+    d.add({root, main_, run, frame_, update, d.frame("script::callback_" + std::to_string(i))}, 1);
   std::uint64_t total = 0;
   for (const auto& s : d.p.stacks) total += s.count;
   d.p.info.mode = "cpu";

@@ -1,7 +1,7 @@
 // libFuzzer target for the ELF reader and symbol table: any input must parse to a value or an error,
 // never crash or read out of bounds.
-// Build: clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude tests/fuzz/elf_fuzz.cpp -o elf_fuzz
-// Run:   ./elf_fuzz -max_total_time=60 [corpus_dir]  (seed the corpus with a few .so files)
+// Build: clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude tests/fuzz/elf_fuzz.cpp -o
+// elf_fuzz Run:   ./elf_fuzz -max_total_time=60 [corpus_dir]  (seed the corpus with a few .so files)
 #include <cstddef>
 #include <cstdint>
 #include <string>

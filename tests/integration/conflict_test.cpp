@@ -48,7 +48,8 @@ TEST_CASE("an application SIGPROF handler installed first is left alone; selfpro
   CHECK(reinterpret_cast<void*>(now.sa_handler) == reinterpret_cast<void*>(&app_handler));
   struct sigaction rt {};
   sigaction(st.sample_signal, nullptr, &rt);
-  CHECK(reinterpret_cast<void*>(rt.sa_handler) == reinterpret_cast<void*>(SIG_DFL));  // the signal selfprof borrowed is given back
+  CHECK(reinterpret_cast<void*>(rt.sa_handler) ==
+        reinterpret_cast<void*>(SIG_DFL));  // the signal selfprof borrowed is given back
 }
 
 TEST_CASE("asking for a signal the application owns is refused with a clear message") {

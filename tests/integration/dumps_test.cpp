@@ -74,7 +74,8 @@ struct workers {
 };
 
 void wait_written(unsigned long n) {
-  for (int i = 0; i < 2000 && selfprof::get_stats().dumps_written + selfprof::get_stats().dumps_failed < n; ++i)
+  for (int i = 0; i < 2000 && selfprof::get_stats().dumps_written + selfprof::get_stats().dumps_failed < n;
+       ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   selfprof::detail::profiler_core::instance().flush_dumps();
 }

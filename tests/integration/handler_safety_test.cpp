@@ -39,7 +39,8 @@ void note_allocation() {
   g_mallocs_total.fetch_add(1, std::memory_order_relaxed);
   sigset_t cur;
   // raw syscall: no allocation, no recursion
-  if (syscall(SYS_rt_sigprocmask, SIG_BLOCK, nullptr, &cur, sizeof(long)) == 0 && sigismember(&cur, SIGRTMAX) == 1)
+  if (syscall(SYS_rt_sigprocmask, SIG_BLOCK, nullptr, &cur, sizeof(long)) == 0 &&
+      sigismember(&cur, SIGRTMAX) == 1)
     g_mallocs_in_handler.fetch_add(1, std::memory_order_relaxed);
 }
 }  // namespace
@@ -109,7 +110,8 @@ TEST_CASE("the handler never calls malloc") {
   CHECK(g_mallocs_in_handler.load() == 0);
 
   // The counter does see an allocation made inside a handler that looks like selfprof's.
-  struct sigaction act {}, old {};
+  struct sigaction act {
+  }, old{};
   act.sa_handler = [](int) { __libc_free(malloc(16)); };
   sigemptyset(&act.sa_mask);
   sigaddset(&act.sa_mask, SIGRTMAX);
@@ -161,8 +163,8 @@ TEST_CASE("a frame chain that leads into an unreadable page stops there") {
   std::memset(buf, 0, sizeof buf);
   unsigned char* middle = buf + 4096;
   std::uintptr_t* record = reinterpret_cast<std::uintptr_t*>(buf + 64);
-  record[0] = reinterpret_cast<std::uintptr_t>(middle + 128);                    // next frame: unreadable
-  record[1] = reinterpret_cast<std::uintptr_t>(&wl::spin_units) + 4;             // a plausible return address
+  record[0] = reinterpret_cast<std::uintptr_t>(middle + 128);         // next frame: unreadable
+  record[1] = reinterpret_cast<std::uintptr_t>(&wl::spin_units) + 4;  // a plausible return address
   REQUIRE(mprotect(middle, 4096, PROT_NONE) == 0);
   REQUIRE(selfprof::start(opts(1000)));
   spin_with_rbp(reinterpret_cast<std::uintptr_t>(record), 300000000);

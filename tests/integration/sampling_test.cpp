@@ -20,17 +20,27 @@ void check_split(const selfprof::profile& p, const wl::truth& t, double toleranc
   for (const auto& s : p.stacks) {
     for (std::size_t i = s.frames.size(); i-- > 0;) {
       const std::string& n = p.frames[s.frames[i]].name;
-      if (n.find("leaf_a") != std::string::npos) { in_a += s.count; break; }
-      if (n.find("leaf_b") != std::string::npos) { in_b += s.count; break; }
-      if (n.find("leaf_c") != std::string::npos) { in_c += s.count; break; }
+      if (n.find("leaf_a") != std::string::npos) {
+        in_a += s.count;
+        break;
+      }
+      if (n.find("leaf_b") != std::string::npos) {
+        in_b += s.count;
+        break;
+      }
+      if (n.find("leaf_c") != std::string::npos) {
+        in_c += s.count;
+        break;
+      }
     }
     all += s.count;
   }
   double in_leaves = double(in_a + in_b + in_c);
   REQUIRE(in_leaves > 0.9 * double(all));  // nearly every sample is inside a leaf
   measured = {in_a / in_leaves, in_b / in_leaves, in_c / in_leaves};
-  MESSAGE("samples " << all << " in leaves " << in_leaves << "  a " << measured.a << " (truth " << truth.a << ")  b "
-                     << measured.b << " (" << truth.b << ")  c " << measured.c << " (" << truth.c << ")");
+  MESSAGE("samples " << all << " in leaves " << in_leaves << "  a " << measured.a << " (truth " << truth.a
+                     << ")  b " << measured.b << " (" << truth.b << ")  c " << measured.c << " (" << truth.c
+                     << ")");
   CHECK(std::abs(measured.a - truth.a) * 100 < tolerance_points);
   CHECK(std::abs(measured.b - truth.b) * 100 < tolerance_points);
   CHECK(std::abs(measured.c - truth.c) * 100 < tolerance_points);
@@ -103,7 +113,8 @@ TEST_CASE("four threads: the split holds on every thread, samples follow each th
   for (int i = 0; i < 4; ++i) {
     double expected = double(cpu[i]) / 1e9 * 250;
     double got = double(st.samples_by_thread[static_cast<std::uint32_t>(tids[i])]);
-    MESSAGE("thread " << i << ": " << got << " samples for " << cpu[i] / 1e6 << " ms CPU (expected " << expected << ")");
+    MESSAGE("thread " << i << ": " << got << " samples for " << cpu[i] / 1e6 << " ms CPU (expected "
+                      << expected << ")");
     CHECK(got > expected * 0.8);
     CHECK(got < expected * 1.2);
   }

@@ -95,7 +95,8 @@ TEST_CASE("forced perf_event: with kernel time as root, user-only otherwise, a c
   REQUIRE(r.started);
   CHECK(r.st.source == "perf");
   CHECK(r.st.kernel_time == perf_with_kernel_expected());
-  CHECK(r.st.source_detail.find(perf_with_kernel_expected() ? "user+kernel" : "user only") != std::string::npos);
+  CHECK(r.st.source_detail.find(perf_with_kernel_expected() ? "user+kernel" : "user only") !=
+        std::string::npos);
   double rate = double(r.st.samples) / (double(r.cpu_ns) / 1e9);
   MESSAGE("perf (" << r.st.source_detail << "): " << rate << " samples/CPU-s");
   CHECK(rate > 99 * 0.8);

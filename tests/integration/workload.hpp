@@ -45,9 +45,21 @@ WL_NOINLINE inline double spin_units(long units) {
   return x;
 }
 
-WL_NOINLINE inline double leaf_a(long u) { double r = spin_units(u); WL_NO_TAIL(); return r; }
-WL_NOINLINE inline double leaf_b(long u) { double r = spin_units(u); WL_NO_TAIL(); return r; }
-WL_NOINLINE inline double leaf_c(long u) { double r = spin_units(u); WL_NO_TAIL(); return r; }
+WL_NOINLINE inline double leaf_a(long u) {
+  double r = spin_units(u);
+  WL_NO_TAIL();
+  return r;
+}
+WL_NOINLINE inline double leaf_b(long u) {
+  double r = spin_units(u);
+  WL_NO_TAIL();
+  return r;
+}
+WL_NOINLINE inline double leaf_c(long u) {
+  double r = spin_units(u);
+  WL_NO_TAIL();
+  return r;
+}
 
 constexpr int kDeepFrames = 45;  // leaf_b sits below this many frames of `deep`
 
@@ -103,7 +115,8 @@ inline std::uint64_t total_samples(const selfprof::profile& p) {
   return n;
 }
 
-inline std::size_t count_frames(const selfprof::profile& p, const selfprof::stack& s, const std::string& needle) {
+inline std::size_t count_frames(const selfprof::profile& p, const selfprof::stack& s,
+                                const std::string& needle) {
   std::size_t n = 0;
   for (auto f : s.frames)
     if (p.frames[f].name.find(needle) != std::string::npos) ++n;

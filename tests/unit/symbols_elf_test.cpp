@@ -144,7 +144,8 @@ TEST_CASE("elf: debuglink CRC-32 and debug-file candidate paths") {
   auto by_id = selfprof::detail::build_id_debug_paths({"/r1", "/r2"}, "abcdef01");
   REQUIRE(by_id.size() == 2);
   CHECK(by_id[0] == "/r1/.build-id/ab/cdef01.debug");
-  auto by_link = selfprof::detail::debuglink_paths({"/usr/lib/debug"}, "/usr/lib/x/libz.so.1", "libz.so.1.debug");
+  auto by_link =
+      selfprof::detail::debuglink_paths({"/usr/lib/debug"}, "/usr/lib/x/libz.so.1", "libz.so.1.debug");
   REQUIRE(by_link.size() == 3);
   CHECK(by_link[0] == "/usr/lib/x/libz.so.1.debug");
   CHECK(by_link[1] == "/usr/lib/x/.debug/libz.so.1.debug");
@@ -168,7 +169,8 @@ TEST_CASE("elf: debug files are found by build-id and by debuglink, and the CRC 
     return debug.path;
   };
   CHECK(check_found(v.buildid_lib, {v.buildid_root}, true).find("/.build-id/") != std::string::npos);
-  CHECK(check_found(v.debuglink_lib, {dir / "nothing"}, true).find("/.debug/libfx_dl.debug") != std::string::npos);
+  CHECK(check_found(v.debuglink_lib, {dir / "nothing"}, true).find("/.debug/libfx_dl.debug") !=
+        std::string::npos);
   CHECK(check_found(v.rootlink_lib, {v.rootlink_root}, true).find("/dlroot/") != std::string::npos);
   check_found(v.rootlink_lib, {dir / "nothing"}, false);
   check_found(v.stripped, {dir / "nothing"}, false);
@@ -225,10 +227,18 @@ TEST_CASE("elf: thousands of random mutations of a real ELF file parse without c
     for (int m = 0; m < mutations; ++m) {
       std::size_t where;
       switch (rng() % 4) {
-        case 0: where = rng() % sizeof(Elf64_Ehdr); break;                                    // ELF header
-        case 1: where = (eh.e_shoff + rng() % (std::uint64_t{eh.e_shnum} * eh.e_shentsize)); break;  // sections
-        case 2: where = (eh.e_phoff + rng() % (std::uint64_t{eh.e_phnum} * eh.e_phentsize)); break;  // segments
-        default: where = rng() % bytes.size(); break;
+        case 0:
+          where = rng() % sizeof(Elf64_Ehdr);
+          break;  // ELF header
+        case 1:
+          where = (eh.e_shoff + rng() % (std::uint64_t{eh.e_shnum} * eh.e_shentsize));
+          break;  // sections
+        case 2:
+          where = (eh.e_phoff + rng() % (std::uint64_t{eh.e_phnum} * eh.e_phentsize));
+          break;  // segments
+        default:
+          where = rng() % bytes.size();
+          break;
       }
       if (where >= bytes.size()) continue;
       unsigned char value = static_cast<unsigned char>(rng());

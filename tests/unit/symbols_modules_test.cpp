@@ -8,11 +8,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <climits>
-#include <cerrno>
-#include <cstring>
 #include <fcntl.h>
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -75,7 +75,8 @@ TEST_CASE("modules: load bias of every loaded object equals dl_iterate_phdr's dl
   ::dl_iterate_phdr(
       [](struct dl_phdr_info* info, std::size_t, void* data) -> int {
         auto* out = static_cast<std::map<std::string, std::uint64_t>*>(data);
-        std::string name = info->dlpi_name != nullptr && info->dlpi_name[0] != 0 ? info->dlpi_name : "/proc/self/exe";
+        std::string name =
+            info->dlpi_name != nullptr && info->dlpi_name[0] != 0 ? info->dlpi_name : "/proc/self/exe";
         std::string rp = real_path(name.c_str());
         if (!rp.empty()) (*out)[rp] = info->dlpi_addr;
         return 0;
@@ -228,11 +229,11 @@ TEST_CASE("modules: memfd and deleted libraries are read through map_files") {
   CHECK(m1->path.find("libfx_deleted.so") != std::string::npos);
   CHECK(m2->path == "/memfd:selfprof-fixture");
   CHECK(symbol_name(*m2, a2) == "selfprof_fixture_add");  // via map_files, or the open memfd descriptor
-  // map_files needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE (proc(5)): an unprivileged process cannot read a deleted file
-  // nobody holds open, and gets one warning instead (the frames become [module+0xoffset]).
+  // map_files needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE (proc(5)): an unprivileged process cannot read a
+  // deleted file nobody holds open, and gets one warning instead (the frames become [module+0xoffset]).
   char range[80];
-  std::snprintf(range, sizeof range, "/proc/self/map_files/%llx-%llx", static_cast<unsigned long long>(m1->start),
-                static_cast<unsigned long long>(m1->end));
+  std::snprintf(range, sizeof range, "/proc/self/map_files/%llx-%llx",
+                static_cast<unsigned long long>(m1->start), static_cast<unsigned long long>(m1->end));
   int probe = ::open(range, O_RDONLY | O_CLOEXEC);
   std::string why = probe >= 0 ? std::string() : std::string(std::strerror(errno));
   auto warnings = reg.take_warnings();

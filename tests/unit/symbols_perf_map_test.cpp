@@ -21,8 +21,9 @@ std::string name_at(const perf_map& map, std::uint64_t address) {
 
 TEST_CASE("perf map: START SIZE name lines, hex without 0x, names with spaces") {
   perf_map map("/nonexistent/perf-1.map");
-  map.parse("1000 10 jit_one\n2000 20 LazyCompile:*fn file.js:3\n3000 0 zero_size\nGARBAGE LINE\n4000 10\n"
-            "5000 10 crlf_name\r\n");
+  map.parse(
+      "1000 10 jit_one\n2000 20 LazyCompile:*fn file.js:3\n3000 0 zero_size\nGARBAGE LINE\n4000 10\n"
+      "5000 10 crlf_name\r\n");
   CHECK(name_at(map, 0x0fff) == "<none>");
   CHECK(name_at(map, 0x1000) == "jit_one");
   CHECK(name_at(map, 0x100f) == "jit_one");

@@ -193,7 +193,7 @@ TEST_CASE("symbolizer: a dlopen'ed library is named after dlclose and refresh") 
   REQUIRE(*handle);
   std::uint64_t add = addr(handle->symbol("selfprof_fixture_add"));
   std::uint64_t stat = static_fn_address(handle->symbol("selfprof_fixture_static_addr"));
-  sym.refresh();  // the collector's periodic snapshot sees the library
+  sym.refresh();   // the collector's periodic snapshot sees the library
   handle.reset();  // dlclose: unmapped now
   sym.refresh();
   CHECK(sym.resolve_one(add + 2).name == "selfprof_fixture_add");
@@ -272,7 +272,9 @@ TEST_CASE("symbolizer: a malformed ELF module gives [module+0xoffset] frames and
   std::string path = dir / "garbage.bin";
   std::string junk(8192, '\0');
   for (std::size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<char>((i * 131) ^ 0x7f);
-  junk.replace(0, 4, "\x7f" "ELF");  // looks like ELF, is not a valid one
+  junk.replace(0, 4,
+               "\x7f"
+               "ELF");  // looks like ELF, is not a valid one
   REQUIRE(selfprof_test::write_file(path, junk));
   selfprof::symbolizer sym(options_with_roots({}));
   sym.refresh();
@@ -340,9 +342,10 @@ TEST_CASE("symbolizer: 10,000 unique addresses over 50 modules, each module pars
   }
   CHECK(named > 1000);
   std::size_t fixture_tables = 0;
-  for (const auto& m : sym.modules().modules()) fixture_tables += m.path.find("libfx_copy") != std::string::npos;
+  for (const auto& m : sym.modules().modules())
+    fixture_tables += m.path.find("libfx_copy") != std::string::npos;
   CHECK(fixture_tables == 50);
   MESSAGE("parse 50+ modules: " << std::chrono::duration<double, std::milli>(t1 - t0).count()
-                                << " ms; 10,000 lookups: " << std::chrono::duration<double, std::milli>(t2 - t1).count()
-                                << " ms");
+                                << " ms; 10,000 lookups: "
+                                << std::chrono::duration<double, std::milli>(t2 - t1).count() << " ms");
 }

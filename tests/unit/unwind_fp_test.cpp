@@ -47,7 +47,7 @@ TEST_CASE("bounds: below sp, misaligned, non-monotone, oversized frames and the 
   s.record(10, s.at(5), kCode + 1);  // goes down
   CHECK(unwind_fp(kCode, s.at(0), s.at(10), 0, out, 16).depth == 2);
   CHECK(unwind_fp(kCode, s.at(12), s.at(10), 0, out, 16).depth == 1);  // fp below sp
-  s.record(10, s.at(10) + kMaxFrameSize + 64, kCode + 1);           // oversized frame
+  s.record(10, s.at(10) + kMaxFrameSize + 64, kCode + 1);              // oversized frame
   CHECK(unwind_fp(kCode, s.at(0), s.at(10), 0, out, 16).depth == 2);
   s.record(10, s.at(20), kCode + 1);
   s.record(20, s.at(30), kCode + 2);
@@ -88,8 +88,8 @@ TEST_CASE("an unreadable page in the chain is probed, not read") {
 TEST_CASE("x86-64: at a function's first instruction or on ret, the caller comes from [sp]") {
 #if defined(__x86_64__)
   fake_stack s;
-  unsigned char push_rbp[] = {0x55, 0x48, 0x89, 0xE5}, ret[] = {0xC3, 0, 0, 0}, mov[] = {0x48, 0x89, 0xE5, 0x90},
-                body[] = {0x90, 0x90, 0x90, 0x90};
+  unsigned char push_rbp[] = {0x55, 0x48, 0x89, 0xE5}, ret[] = {0xC3, 0, 0, 0},
+                mov[] = {0x48, 0x89, 0xE5, 0x90}, body[] = {0x90, 0x90, 0x90, 0x90};
   s.words[0] = kCode + 7;  // [sp]: the caller's return address
   s.words[1] = kCode + 8;  // [sp+8]
   s.record(10, 0, kCode + 9);

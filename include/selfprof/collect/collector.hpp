@@ -18,17 +18,17 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../jit.hpp"
 #include "../options.hpp"
 #include "../signal/handler.hpp"
 #include "../sources/select.hpp"
-#include "../jit.hpp"
 #include "../sources/signal_setup.hpp"
-#include "unwind_tables.hpp"
 #include "dumps.hpp"
 #include "frame_tracker.hpp"
 #include "stack_table.hpp"
 #include "symbolize.hpp"
 #include "threads.hpp"
+#include "unwind_tables.hpp"
 #include "windows.hpp"
 
 namespace selfprof {
@@ -36,17 +36,17 @@ namespace selfprof {
 // Counters and choices of the running (or last) profiling session.
 struct stats {
   bool running = false;
-  std::string source;                 // perf | timer | itimer
-  std::string source_detail;          // what was opened
-  std::string source_reason;          // why it was chosen
-  std::vector<std::string> refused;   // why earlier sources were not
-  std::vector<std::string> notes;     // other remarks (signals left alone, ...)
+  std::string source;                // perf | timer | itimer
+  std::string source_detail;         // what was opened
+  std::string source_reason;         // why it was chosen
+  std::vector<std::string> refused;  // why earlier sources were not
+  std::vector<std::string> notes;    // other remarks (signals left alone, ...)
   double hz = 0, effective_hz = 0;
   int sample_signal = 0;
-  bool kernel_time = true;            // samples include time spent in the kernel
-  std::string unwind;                 // "dwarf" (CFI rows, frame pointers where none) or "fp"
-  std::uint64_t samples = 0;          // sample weight folded into the table
-  std::uint64_t records = 0;          // records written by the handler
+  bool kernel_time = true;    // samples include time spent in the kernel
+  std::string unwind;         // "dwarf" (CFI rows, frame pointers where none) or "fp"
+  std::uint64_t samples = 0;  // sample weight folded into the table
+  std::uint64_t records = 0;  // records written by the handler
   std::uint64_t dropped_full = 0, dropped_inactive = 0, foreign_signals = 0, truncated = 0;
   std::size_t unique_stacks = 0, table_bytes = 0;
   std::size_t threads_seen = 0, threads_armed = 0, threads_fallback = 0, threads_arm_failed = 0;
@@ -58,9 +58,9 @@ struct stats {
 
 namespace detail {
 
-constexpr unsigned kCollectorWakeMs = 20;     // drain + cheap thread-count check
-constexpr unsigned kFullThreadScanMs = 250;   // full /proc/self/task scan even when the count is stable
-constexpr unsigned kSymbolRefreshMs = 200;    // module snapshot while samples arrive (dlclose'd libraries)
+constexpr unsigned kCollectorWakeMs = 20;    // drain + cheap thread-count check
+constexpr unsigned kFullThreadScanMs = 250;  // full /proc/self/task scan even when the count is stable
+constexpr unsigned kSymbolRefreshMs = 200;   // module snapshot while samples arrive (dlclose'd libraries)
 
 class profiler_core {
  public:
@@ -73,8 +73,10 @@ class profiler_core {
     std::lock_guard<std::mutex> control(control_mu_);
     if (running_) return status::ok();
     install_atfork_once();
-    if (opts.mode != "cpu" && opts.mode != "wall") return status::error("selfprof: unknown mode '" + opts.mode + "'");
-    if (opts.mode == "wall") return status::error("selfprof: SELFPROF_MODE=wall is not available in this build yet");
+    if (opts.mode != "cpu" && opts.mode != "wall")
+      return status::error("selfprof: unknown mode '" + opts.mode + "'");
+    if (opts.mode == "wall")
+      return status::error("selfprof: SELFPROF_MODE=wall is not available in this build yet");
     opts_ = opts;
     if (opts_.max_depth < 2) opts_.max_depth = 2;
     if (opts_.max_depth > 1024) opts_.max_depth = 1024;
@@ -137,8 +139,9 @@ class profiler_core {
       }
     }
     unwind_dwarf_ = stats_.unwind == "dwarf";
-    start_unix_ns_ = static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+    start_unix_ns_ = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                    std::chrono::system_clock::now().time_since_epoch())
+                                                    .count());
     start_steady_ = std::chrono::steady_clock::now();
     g_handler.active.store(true, std::memory_order_release);
     {
@@ -257,7 +260,8 @@ class profiler_core {
         s.info.notes.push_back(std::to_string(frames_.held_dropped()) +
                                " samples of open frames dropped (held-sample memory bound)");
     }
-    if (!st.kernel_time) s.info.notes.push_back("time spent in the kernel is not sampled (user-only perf_event)");
+    if (!st.kernel_time)
+      s.info.notes.push_back("time spent in the kernel is not sampled (user-only perf_event)");
     for (auto& r : st.refused) s.info.notes.push_back("refused " + r);
     return s;
   }
@@ -332,7 +336,7 @@ class profiler_core {
  private:
   struct thread_rec {
     std::string name;
-    int armed_by = 0;  // 0 none, 1 primary source, 2 fallback timer
+    int armed_by = 0;     // 0 none, 1 primary source, 2 fallback timer
     int name_checks = 0;  // threads usually name themselves right after they start: look again twice
   };
 
@@ -350,8 +354,8 @@ class profiler_core {
   std::string describe_locked() {
     char buf[256];
     std::string s;
-    std::snprintf(buf, sizeof buf, "selfprof: sampling at %g Hz (effective %g Hz) with %s on signal %d\n", opts_.hz,
-                  stats_.effective_hz, stats_.source_detail.c_str(), signal_.number);
+    std::snprintf(buf, sizeof buf, "selfprof: sampling at %g Hz (effective %g Hz) with %s on signal %d\n",
+                  opts_.hz, stats_.effective_hz, stats_.source_detail.c_str(), signal_.number);
     s += buf;
     s += "selfprof: source " + stats_.source + ": " + stats_.source_reason + "\n";
     for (auto& r : stats_.refused) s += "selfprof: refused " + r + "\n";
@@ -360,8 +364,10 @@ class profiler_core {
     if (dumps_.signal_number() != 0)
       s += "selfprof: kill -" + std::to_string(dumps_.signal_number()) + " " + std::to_string(::getpid()) +
            " writes " + out + "\n";
-    if (opts_.interval_s > 0) s += "selfprof: every " + std::to_string(opts_.interval_s) + " s writes " + out + "\n";
-    if (opts_.window_s > 0) s += "selfprof: each dump holds the last " + std::to_string(opts_.window_s) + " s\n";
+    if (opts_.interval_s > 0)
+      s += "selfprof: every " + std::to_string(opts_.interval_s) + " s writes " + out + "\n";
+    if (opts_.window_s > 0)
+      s += "selfprof: each dump holds the last " + std::to_string(opts_.window_s) + " s\n";
     if (!opts_.out.empty()) s += "selfprof: at exit writes " + opts_.out + "\n";
     return s;
   }
@@ -485,9 +491,11 @@ class profiler_core {
         auto rec = threads_.find(static_cast<pid_t>(tid));
         if (rec == threads_.end() || rec->second.armed_by == 0) continue;  // armed at the next scan
         tick_source* src = rec->second.armed_by == 1 ? source_.get() : fallback_.get();
-        status st = src ? src->set_thread_rate(static_cast<pid_t>(tid), boost_hz()) : status::error("no source");
-        if (!st) stats_.notes.push_back("SELFPROF_FRAME_HZ not applied to thread " + std::to_string(tid) + ": " +
-                                        st.message());
+        status st =
+            src ? src->set_thread_rate(static_cast<pid_t>(tid), boost_hz()) : status::error("no source");
+        if (!st)
+          stats_.notes.push_back("SELFPROF_FRAME_HZ not applied to thread " + std::to_string(tid) + ": " +
+                                 st.message());
         done.emplace_back(tid, static_cast<bool>(st));  // tried once either way
       }
     }
@@ -509,8 +517,11 @@ class profiler_core {
       if (e == EMFILE || e == ENFILE || e == ENOMEM) {
         if (!fallback_) {
           fallback_.reset(new cpu_timer_source());
-          if (!fallback_->open(source_config_)) fallback_.reset();
-          else stats_.notes.push_back("ran out of file descriptors for perf_event: CPU timers for the remaining threads");
+          if (!fallback_->open(source_config_))
+            fallback_.reset();
+          else
+            stats_.notes.push_back(
+                "ran out of file descriptors for perf_event: CPU timers for the remaining threads");
         }
         if (fallback_ && fallback_->arm(tid)) {
           rec.armed_by = 2;
@@ -626,7 +637,7 @@ class profiler_core {
       if (source_) source_->abandon_after_fork();
       if (fallback_) fallback_->abandon_after_fork();
       dumps_.abandon_after_fork();
-      source_.release();    // leaked on purpose: its destructor would touch the parent's kernel objects
+      source_.release();  // leaked on purpose: its destructor would touch the parent's kernel objects
       fallback_.release();
       if (signal_.number != 0) sys().sigaction(signal_.number, &signal_.previous, nullptr);
       signal_.number = 0;
@@ -665,8 +676,8 @@ class profiler_core {
   sample_ring ring_;
   stack_table table_;
   window_tables windows_;
-  frame_tracker frames_;                                   // [frames] guarded by table_mu_
-  std::unordered_map<std::uint32_t, bool> boosted_;        // [frames] tried at frame_hz -> applied (table_mu_)
+  frame_tracker frames_;                             // [frames] guarded by table_mu_
+  std::unordered_map<std::uint32_t, bool> boosted_;  // [frames] tried at frame_hz -> applied (table_mu_)
   std::unordered_map<std::uint32_t, double> boost_credit_;  // [frames] (table_mu_)
   dump_scheduler dumps_;
   std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread_;

@@ -58,7 +58,8 @@ class dump_scheduler {
       sys().sigaction(o.dump_signal, nullptr, &cur);
       bool free = !(cur.sa_flags & SA_SIGINFO) && (cur.sa_handler == SIG_DFL || cur.sa_handler == SIG_IGN);
       if (!free) {
-        std::string n = "signal " + std::to_string(o.dump_signal) + " already has a handler installed by the "
+        std::string n = "signal " + std::to_string(o.dump_signal) +
+                        " already has a handler installed by the "
                         "application: dumps on that signal are off (set SELFPROF_SIGNAL to another one)";
         notes.push_back(n);
         std::fprintf(stderr, "selfprof: %s\n", n.c_str());
@@ -92,7 +93,7 @@ class dump_scheduler {
   // fork child: the worker thread does not exist there; forget it without joining.
   void abandon_after_fork() {
     if (worker_.joinable()) new (&worker_) std::thread();  // the old object is leaked on purpose
-    new (&jobs_) std::deque<job>();                          // as are queued jobs and the locks' state
+    new (&jobs_) std::deque<job>();                        // as are queued jobs and the locks' state
     new (&mu_) std::mutex();
     g_dump_requests.wake_fd.store(-1, std::memory_order_release);
     if (signal_ != 0) sys().sigaction(signal_, &previous_, nullptr);
@@ -173,7 +174,8 @@ class dump_scheduler {
     so.allow_shared_dir = opts_.allow_shared_dir;
     const std::string out = opts_.out.empty() ? kDefaultDumpTemplate : opts_.out;
     status st = write_profile(p, out, oo, so);
-    if (st && j.slow_marked) {  // frames were marked: the slow-frame profile too, "-slow" before the extension
+    if (st &&
+        j.slow_marked) {  // frames were marked: the slow-frame profile too, "-slow" before the extension
       profile sp = hooks_.symbolize(j.slow);
       add_marker_frames(sp, opts_.thread_roots);
       output_options so_oo = dump_output_options(sp);

@@ -66,8 +66,10 @@ class stack_table {
   }
 
  private:
-  static std::uint64_t hash(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth) {
-    std::uint64_t h = 0x9E3779B97F4A7C15ull ^ (std::uint64_t(tid) << 16) ^ flags ^ (std::uint64_t(depth) << 48);
+  static std::uint64_t hash(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
+                            std::size_t depth) {
+    std::uint64_t h =
+        0x9E3779B97F4A7C15ull ^ (std::uint64_t(tid) << 16) ^ flags ^ (std::uint64_t(depth) << 48);
     for (std::size_t i = 0; i < depth; ++i) {
       h ^= pcs[i] + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
       h *= 0xff51afd7ed558ccdull;

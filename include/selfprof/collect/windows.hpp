@@ -23,8 +23,8 @@ class window_tables {
   }
   bool enabled() const { return window_ns_ != 0; }
 
-  void add(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth, std::uint64_t weight,
-           std::uint64_t now_ns) {
+  void add(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth,
+           std::uint64_t weight, std::uint64_t now_ns) {
     if (!enabled()) return;
     if (buckets_.empty() || now_ns - buckets_.back().start_ns >= kWindowBucketNs) open_bucket(now_ns);
     buckets_.back().table.add(tid, flags, pcs, depth, weight);

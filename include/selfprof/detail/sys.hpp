@@ -62,10 +62,10 @@ inline int default_setrlimit(int r, const struct rlimit* v) {
 }
 
 inline syscall_table default_syscalls() {
-  return syscall_table{default_perf_event_open, default_timer_create, default_timer_settime,
-                       default_timer_delete,    default_setitimer,    default_sigaction,
-                       default_open,            default_openat,       default_close,
-                       default_fcntl_int,       default_getrlimit,    default_setrlimit};
+  return syscall_table{
+      default_perf_event_open, default_timer_create, default_timer_settime, default_timer_delete,
+      default_setitimer,       default_sigaction,    default_open,          default_openat,
+      default_close,           default_fcntl_int,    default_getrlimit,     default_setrlimit};
 }
 
 // The table in use. Tests replace entries (and restore them with default_syscalls()).

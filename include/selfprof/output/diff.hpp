@@ -40,9 +40,12 @@ inline std::string folded_frame_text(const frame& f) {
   std::string out;
   out.reserve(n.size());
   for (char c : n) {
-    if (c == ';') out += ':';
-    else if (c == '\n' || c == '\r' || c == '\0') continue;
-    else out += c;
+    if (c == ';')
+      out += ':';
+    else if (c == '\n' || c == '\r' || c == '\0')
+      continue;
+    else
+      out += c;
   }
   return out.empty() ? std::string("[unknown]") : out;
 }
@@ -94,7 +97,7 @@ inline std::uint64_t fold_into(std::map<std::string, std::pair<std::uint64_t, st
 
 struct diff_table {
   std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> counts;  // stack -> (before, after), sorted
-  std::uint64_t total_before = 0, total_after = 0;  // after normalisation
+  std::uint64_t total_before = 0, total_after = 0;                        // after normalisation
 };
 
 inline diff_table diff_counts(const profile& before, const profile& after, const diff_options& o) {
@@ -106,7 +109,8 @@ inline diff_table diff_counts(const profile& before, const profile& after, const
     const std::uint64_t original = t1;
     t1 = 0;
     for (auto& kv : t.counts) {  // as difffolded: int(c1 * total2 / total1), in double arithmetic
-      double scaled = static_cast<double>(kv.second.first) * static_cast<double>(t2) / static_cast<double>(original);
+      double scaled =
+          static_cast<double>(kv.second.first) * static_cast<double>(t2) / static_cast<double>(original);
       kv.second.first = static_cast<std::uint64_t>(scaled);
       t1 += kv.second.first;
     }
@@ -150,7 +154,9 @@ inline std::string write_diff_svg(const profile& before, const profile& after, c
     }
     if (so.reverse) std::reverse(path.begin(), path.end());
     std::uint64_t c1 = kv.second.first, c2 = kv.second.second;
-    std::uint64_t w = o.widths == diff_width::after ? c2 : o.widths == diff_width::before ? c1 : std::max(c1, c2);
+    std::uint64_t w = o.widths == diff_width::after    ? c2
+                      : o.widths == diff_width::before ? c1
+                                                       : std::max(c1, c2);
     tree.add(path.data(), path.size(), c1, c2, w);
   }
   tree.build(true);
@@ -159,8 +165,9 @@ inline std::string write_diff_svg(const profile& before, const profile& after, c
   if (opt.subtitle.empty())
     opt.subtitle = std::string(o.negate ? "blue: grew, red: shrank" : "red: grew, blue: shrank") +
                    (o.inclusive ? " (inclusive change)" : " (self change)") + "; widths: " +
-                   (o.widths == diff_width::after ? "after" : o.widths == diff_width::before ? "before"
-                                                                                               : "larger of before and after");
+                   (o.widths == diff_width::after    ? "after"
+                    : o.widths == diff_width::before ? "before"
+                                                     : "larger of before and after");
   if (tree.total_width() == 0) return render_error_svg(opt, "ERROR: No stack counts found");
   svg_input in;
   in.tree = &tree;
@@ -175,8 +182,9 @@ inline std::string write_diff_svg(const profile& before, const profile& after, c
   in.frames[0].width = in.total;
   std::int64_t max_delta = 1;
   for (const auto& n : tree.nodes()) {
-    std::int64_t d = o.inclusive ? static_cast<std::int64_t>(n.after) - static_cast<std::int64_t>(n.before)
-                                 : static_cast<std::int64_t>(n.self_after) - static_cast<std::int64_t>(n.self_before);
+    std::int64_t d = o.inclusive
+                         ? static_cast<std::int64_t>(n.after) - static_cast<std::int64_t>(n.before)
+                         : static_cast<std::int64_t>(n.self_after) - static_cast<std::int64_t>(n.self_before);
     if (d < 0) d = -d;
     if (d > max_delta) max_delta = d;
   }

@@ -25,10 +25,14 @@ inline std::string expand_path_template(const std::string& tmpl, unsigned long d
       continue;
     }
     char c = tmpl[++i];
-    if (c == 'p') out += std::to_string(::getpid());
-    else if (c == 't') out += std::to_string(static_cast<long long>(std::time(nullptr)));
-    else if (c == 'n') out += std::to_string(dump_number);
-    else if (c == '%') out += '%';
+    if (c == 'p')
+      out += std::to_string(::getpid());
+    else if (c == 't')
+      out += std::to_string(static_cast<long long>(std::time(nullptr)));
+    else if (c == 'n')
+      out += std::to_string(dump_number);
+    else if (c == '%')
+      out += '%';
     else {
       out += '%';
       out += c;
@@ -63,7 +67,8 @@ inline output_options dump_output_options(const profile& p) {
   }
   while (!comm.empty() && (comm.back() == '\n' || comm.back() == ' ')) comm.pop_back();
   oo.svg.title = (p.info.mode == "cpu" ? "CPU profile of " : p.info.mode + " profile of ") +
-                 (comm.empty() ? std::string("this process") : comm) + " (pid " + std::to_string(::getpid()) + ")";
+                 (comm.empty() ? std::string("this process") : comm) + " (pid " + std::to_string(::getpid()) +
+                 ")";
   for (const auto& n : p.info.notes) {
     if (n.find("not sampled") == std::string::npos) continue;
     oo.svg.subtitle += (oo.svg.subtitle.empty() ? "" : "; ") + n;

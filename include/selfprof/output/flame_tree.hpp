@@ -1,5 +1,5 @@
-// The merged call tree behind a flame graph: stacks merged by frame name, laid out in sample space, pruned to a minimum width.
-// Context: any thread (pure data structure; built on the dump path).
+// The merged call tree behind a flame graph: stacks merged by frame name, laid out in sample space, pruned to
+// a minimum width. Context: any thread (pure data structure; built on the dump path).
 #pragma once
 
 #include <algorithm>
@@ -23,14 +23,22 @@ inline std::string annotated_frame_name(const frame& f) {
   std::string n = f.name.empty() ? std::string("[unknown]") : f.name;
   auto has_suffix = [&n] {
     return n.size() >= 4 && n[n.size() - 4] == '_' && n[n.size() - 3] == '[' && n.back() == ']' &&
-           (n[n.size() - 2] == 'k' || n[n.size() - 2] == 'w' || n[n.size() - 2] == 'i' || n[n.size() - 2] == 'j');
+           (n[n.size() - 2] == 'k' || n[n.size() - 2] == 'w' || n[n.size() - 2] == 'i' ||
+            n[n.size() - 2] == 'j');
   };
   if (has_suffix()) return n;
   switch (f.kind) {
-    case frame_kind::kernel: n += "_[k]"; break;
-    case frame_kind::jit: n += "_[j]"; break;
-    case frame_kind::inlined: n += "_[i]"; break;
-    default: break;
+    case frame_kind::kernel:
+      n += "_[k]";
+      break;
+    case frame_kind::jit:
+      n += "_[j]";
+      break;
+    case frame_kind::inlined:
+      n += "_[i]";
+      break;
+    default:
+      break;
   }
   return n;
 }
@@ -55,8 +63,8 @@ struct flame_node {
   std::uint32_t first_child = no_node;
   std::uint32_t last_child = no_node;
   std::uint32_t next_sibling = no_node;
-  std::uint64_t width = 0;  // inclusive value of the layout channel
-  std::uint64_t before = 0, after = 0;            // inclusive values (diff: baseline and new; else both equal)
+  std::uint64_t width = 0;              // inclusive value of the layout channel
+  std::uint64_t before = 0, after = 0;  // inclusive values (diff: baseline and new; else both equal)
   std::uint64_t self_before = 0, self_after = 0;  // exclusive values
 };
 
@@ -67,7 +75,7 @@ struct laid_frame {
   std::uint32_t depth = 0;         // 0 = root
   std::uint64_t x = 0, width = 0;  // sample space
   std::uint64_t before = 0, after = 0, self_before = 0, self_after = 0;
-  std::uint32_t elided = 0;        // for aggregates: how many frames (with their subtrees) it stands for
+  std::uint32_t elided = 0;  // for aggregates: how many frames (with their subtrees) it stands for
 };
 
 // Stacks are collected first, then merged in one pass: sorted by name (or kept in order for a flame
@@ -91,7 +99,8 @@ class flame_tree {
   }
 
   // Queues one stack (root first) with its values; build() merges the queue into the tree.
-  void add(const std::uint32_t* ids, std::size_t n, std::uint64_t before, std::uint64_t after, std::uint64_t width) {
+  void add(const std::uint32_t* ids, std::size_t n, std::uint64_t before, std::uint64_t after,
+           std::uint64_t width) {
     pending p;
     p.offset = path_ids_.size();
     p.length = n;
@@ -109,7 +118,8 @@ class flame_tree {
     if (sorted) {
       std::vector<std::uint32_t> by_name(names_.size());
       for (std::uint32_t i = 0; i < by_name.size(); ++i) by_name[i] = i;
-      std::sort(by_name.begin(), by_name.end(), [this](std::uint32_t a, std::uint32_t b) { return names_[a] < names_[b]; });
+      std::sort(by_name.begin(), by_name.end(),
+                [this](std::uint32_t a, std::uint32_t b) { return names_[a] < names_[b]; });
       for (std::uint32_t r = 0; r < by_name.size(); ++r) key[by_name[r]] = r;
     } else {
       for (std::uint32_t i = 0; i < key.size(); ++i) key[i] = i;
@@ -121,10 +131,11 @@ class flame_tree {
       std::stable_sort(order.begin(), order.end(), [this](std::uint32_t a, std::uint32_t b) {
         const pending& x = pending_[a];
         const pending& y = pending_[b];
-        return std::lexicographical_compare(path_ids_.begin() + static_cast<std::ptrdiff_t>(x.offset),
-                                            path_ids_.begin() + static_cast<std::ptrdiff_t>(x.offset + x.length),
-                                            path_ids_.begin() + static_cast<std::ptrdiff_t>(y.offset),
-                                            path_ids_.begin() + static_cast<std::ptrdiff_t>(y.offset + y.length));
+        return std::lexicographical_compare(
+            path_ids_.begin() + static_cast<std::ptrdiff_t>(x.offset),
+            path_ids_.begin() + static_cast<std::ptrdiff_t>(x.offset + x.length),
+            path_ids_.begin() + static_cast<std::ptrdiff_t>(y.offset),
+            path_ids_.begin() + static_cast<std::ptrdiff_t>(y.offset + y.length));
       });
       std::vector<std::uint32_t> unrank(key.size());
       for (std::uint32_t i = 0; i < key.size(); ++i) unrank[key[i]] = i;
@@ -230,8 +241,10 @@ class flame_tree {
     n.parent = parent;
     nodes_.push_back(n);
     flame_node& p = nodes_[parent];
-    if (p.last_child == no_node) p.first_child = id;
-    else nodes_[p.last_child].next_sibling = id;
+    if (p.last_child == no_node)
+      p.first_child = id;
+    else
+      nodes_[p.last_child].next_sibling = id;
     p.last_child = id;
     return id;
   }
@@ -245,15 +258,16 @@ class flame_tree {
 
 // Options that shape the tree (not its drawing).
 struct flame_build_options {
-  bool reverse = false;     // leaf becomes the root: merge from the leaf end
-  bool flamechart = false;  // keep the profile's stack order; only adjacent identical prefixes merge
-  bool mark_wakers = false; // chain palette: frames after a `--` frame get `_[w]`
+  bool reverse = false;      // leaf becomes the root: merge from the leaf end
+  bool flamechart = false;   // keep the profile's stack order; only adjacent identical prefixes merge
+  bool mark_wakers = false;  // chain palette: frames after a `--` frame get `_[w]`
 };
 
 // Adds every stack of `p` to `tree` with the given channel (0: before, 1: after, 2: both).
 // `width_of` maps (before, after) of one stack to its layout width.
 template <class WidthOf>
-void add_profile(flame_tree& tree, const profile& p, int channel, const flame_build_options& o, WidthOf width_of) {
+void add_profile(flame_tree& tree, const profile& p, int channel, const flame_build_options& o,
+                 WidthOf width_of) {
   std::vector<std::uint32_t> frame_ids(p.frames.size(), no_node);
   std::vector<std::uint32_t> path;
   for (const stack& s : p.stacks) {

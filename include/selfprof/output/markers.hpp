@@ -6,8 +6,8 @@
 #include <map>
 #include <string>
 
-#include "folded.hpp"
 #include "../profile.hpp"
+#include "folded.hpp"
 
 namespace selfprof {
 namespace detail {

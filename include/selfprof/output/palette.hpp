@@ -1,5 +1,5 @@
-// Flame-graph colours: flamegraph.pl's hue formulas and multi palettes, stable name hashes, palette.map files.
-// Context: any thread (pure functions; used by the SVG writers on the dump path).
+// Flame-graph colours: flamegraph.pl's hue formulas and multi palettes, stable name hashes, palette.map
+// files. Context: any thread (pure functions; used by the SVG writers on the dump path).
 #pragma once
 
 #include <cstdint>
@@ -12,8 +12,23 @@ namespace selfprof {
 
 // Palettes of flamegraph.pl (`--colors`) plus inferno's python and rust.
 enum class palette : std::uint8_t {
-  hot, mem, io, red, green, blue, aqua, yellow, purple, orange,  // single hues
-  java, js, perl, python, rust, wakeup, chain,                   // pick a hue per frame
+  hot,
+  mem,
+  io,
+  red,
+  green,
+  blue,
+  aqua,
+  yellow,
+  purple,
+  orange,  // single hues
+  java,
+  js,
+  perl,
+  python,
+  rust,
+  wakeup,
+  chain,  // pick a hue per frame
 };
 
 // How the per-name values v1..v3 in [0,1) are derived.
@@ -39,7 +54,10 @@ inline std::string rgb_string(rgb c) {
 
 // Parses a palette name; false (and `out` untouched) when unknown.
 inline bool parse_palette(std::string_view name, palette& out) {
-  static const struct { const char* name; palette p; } table[] = {
+  static const struct {
+    const char* name;
+    palette p;
+  } table[] = {
       {"hot", palette::hot},       {"mem", palette::mem},       {"io", palette::io},
       {"red", palette::red},       {"green", palette::green},   {"blue", palette::blue},
       {"aqua", palette::aqua},     {"yellow", palette::yellow}, {"purple", palette::purple},
@@ -106,7 +124,9 @@ inline hash_values name_values(std::string_view name, color_hash how) {
 inline bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
-inline bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+inline bool contains(std::string_view s, std::string_view part) {
+  return s.find(part) != std::string_view::npos;
+}
 
 // java palette rule `^L?(java|javax|jdk|net|org|com|io|sun)/`.
 inline bool java_package_prefix(std::string_view n) {
@@ -150,7 +170,8 @@ inline palette resolve_hue(palette p, std::string_view n) {
     case palette::python: {
       if (ends_with(n, "_[k]")) return palette::orange;
       if (contains(n, "site-packages")) return palette::aqua;
-      if (contains(n, "<built-in") || contains(n, "<method") || contains(n, "<frozen")) return palette::yellow;
+      if (contains(n, "<built-in") || contains(n, "<method") || contains(n, "<frozen"))
+        return palette::yellow;
       auto py = n.find("python");
       if (py != std::string_view::npos && py + 6 < n.size() && n[py + 6] >= '0' && n[py + 6] <= '9')
         return palette::yellow;
@@ -165,9 +186,12 @@ inline palette resolve_hue(palette p, std::string_view n) {
       if (contains(n, "::")) return palette::aqua;
       return palette::yellow;
     }
-    case palette::wakeup: return palette::aqua;
-    case palette::chain: return contains(n, "_[w]") ? palette::aqua : palette::blue;
-    default: return p;
+    case palette::wakeup:
+      return palette::aqua;
+    case palette::chain:
+      return contains(n, "_[w]") ? palette::aqua : palette::blue;
+    default:
+      return p;
   }
 }
 
@@ -175,8 +199,10 @@ inline palette resolve_hue(palette p, std::string_view n) {
 inline rgb hue_color(palette hue, const hash_values& v) {
   auto t = [](double k, double x) { return static_cast<int>(k * x); };
   switch (hue) {
-    case palette::hot: return {205 + t(50, v.v3), t(230, v.v1), t(55, v.v2)};
-    case palette::mem: return {0, 190 + t(50, v.v2), t(210, v.v1)};
+    case palette::hot:
+      return {205 + t(50, v.v3), t(230, v.v1), t(55, v.v2)};
+    case palette::mem:
+      return {0, 190 + t(50, v.v2), t(210, v.v1)};
     case palette::io: {
       int r = 80 + t(60, v.v1);
       return {r, r, 190 + t(55, v.v2)};
@@ -201,9 +227,12 @@ inline rgb hue_color(palette hue, const hash_values& v) {
       int x = 190 + t(65, v.v1);
       return {x, 80 + t(60, v.v1), x};
     }
-    case palette::aqua: return {50 + t(60, v.v1), 165 + t(55, v.v1), 165 + t(55, v.v1)};
-    case palette::orange: return {190 + t(65, v.v1), 90 + t(65, v.v1), 0};
-    default: return {0, 0, 0};
+    case palette::aqua:
+      return {50 + t(60, v.v1), 165 + t(55, v.v1), 165 + t(55, v.v1)};
+    case palette::orange:
+      return {190 + t(65, v.v1), 90 + t(65, v.v1), 0};
+    default:
+      return {0, 0, 0};
   }
 }
 
@@ -239,17 +268,24 @@ struct background {
 // Returns false for anything else (the default is then used).
 inline bool resolve_background(std::string_view name, palette p, background& out) {
   if (name.empty()) {
-    if (p == palette::mem) name = "green";
-    else if (p == palette::io || p == palette::wakeup || p == palette::chain) name = "blue";
+    if (p == palette::mem)
+      name = "green";
+    else if (p == palette::io || p == palette::wakeup || p == palette::chain)
+      name = "blue";
     else if (p == palette::red || p == palette::green || p == palette::blue || p == palette::aqua ||
              p == palette::yellow || p == palette::purple || p == palette::orange)
       name = "grey";
-    else name = "yellow";
+    else
+      name = "yellow";
   }
-  if (name == "yellow") out = {"#eeeeee", "#eeeeb0"};
-  else if (name == "blue") out = {"#eeeeee", "#e0e0ff"};
-  else if (name == "green") out = {"#eef2ee", "#e0ffe0"};
-  else if (name == "grey") out = {"#f8f8f8", "#e8e8e8"};
+  if (name == "yellow")
+    out = {"#eeeeee", "#eeeeb0"};
+  else if (name == "blue")
+    out = {"#eeeeee", "#e0e0ff"};
+  else if (name == "green")
+    out = {"#eef2ee", "#e0ffe0"};
+  else if (name == "grey")
+    out = {"#f8f8f8", "#e8e8e8"};
   else if (name.size() == 7 && name[0] == '#' &&
            name.find_first_not_of("0123456789abcdefABCDEF", 1) == std::string_view::npos)
     out = {std::string(name), std::string(name)};
@@ -261,7 +297,8 @@ inline bool resolve_background(std::string_view name, palette p, background& out
 }
 
 inline bool is_hex_color(std::string_view s) {
-  return s.size() == 7 && s[0] == '#' && s.find_first_not_of("0123456789abcdefABCDEF", 1) == std::string_view::npos;
+  return s.size() == 7 && s[0] == '#' &&
+         s.find_first_not_of("0123456789abcdefABCDEF", 1) == std::string_view::npos;
 }
 
 // Parses palette.map text (`name->rgb(r,g,b)` per line). Lines without `->` are skipped.

@@ -1,5 +1,6 @@
-// The interactive SVG flame graph writer: flamegraph.pl's DOM and tooltips, inferno's fg:x/fg:w, one self-contained file.
-// Context: any thread (pure function of the profile; runs on the dump path, never in the signal handler).
+// The interactive SVG flame graph writer: flamegraph.pl's DOM and tooltips, inferno's fg:x/fg:w, one
+// self-contained file. Context: any thread (pure function of the profile; runs on the dump path, never in the
+// signal handler).
 #pragma once
 
 #include <cstdint>
@@ -21,33 +22,33 @@ namespace selfprof {
 // How the flame graph is drawn. Defaults follow flamegraph.pl, except the width (fluid) and the
 // colours (stable per name without flags).
 struct svg_options {
-  std::string title;         // empty: "Flame Graph", "Icicle Graph" or "Flame Chart"
+  std::string title;  // empty: "Flame Graph", "Icicle Graph" or "Flame Chart"
   std::string subtitle;
-  int width = 1200;          // px; the initial width when fluid
-  bool fluid = true;         // the picture follows the window width (fixed at `width` when false)
-  int frame_height = 16;     // row pitch in px (the rect is one less)
+  int width = 1200;       // px; the initial width when fluid
+  bool fluid = true;      // the picture follows the window width (fixed at `width` when false)
+  int frame_height = 16;  // row pitch in px (the rect is one less)
   double font_size = 12;
   double font_width = 0.59;  // average glyph width as a fraction of font_size (label truncation)
   std::string font = "Verdana,DejaVu Sans,sans-serif";
-  double min_width = 0.1;    // frames narrower are merged into one aggregate frame per parent
+  double min_width = 0.1;          // frames narrower are merged into one aggregate frame per parent
   bool min_width_percent = false;  // min_width is a % of the total instead of px
   std::string count_name = "samples";
   std::string name_type = "Function:";
-  bool inverted = false;     // icicle: root at the top
-  bool reverse = false;      // merge from the leaf end (leaf becomes the root)
-  bool flamechart = false;   // x is time: keep the profile's stack order, merge only adjacent stacks
+  bool inverted = false;    // icicle: root at the top
+  bool reverse = false;     // merge from the leaf end (leaf becomes the root)
+  bool flamechart = false;  // x is time: keep the profile's stack order, merge only adjacent stacks
   palette colors = palette::hot;
   color_hash hash = color_hash::stable;
-  std::string bg_colors;     // yellow|blue|green|grey|#rrggbb; empty: by palette
+  std::string bg_colors;                      // yellow|blue|green|grey|#rrggbb; empty: by palette
   palette_map* consistent_palette = nullptr;  // --cp: names found here keep their colour, new names are added
   std::string search_color = "#e600e6";
   std::string stroke_color;  // #rrggbb outline on every frame; empty: none
   std::string ui_color = "#000000";
   bool truncate_text_left = false;  // labels keep the end of long names ("..tail")
-  std::uint64_t total = 0;   // 100% width when larger than the real total (same scale across graphs)
-  std::string notes;         // goes into a <!-- NOTES: --> comment
-  bool footer = true;        // sampling metadata line at the bottom
-  bool javascript = true;    // false: static picture (smaller; for golden files)
+  std::uint64_t total = 0;          // 100% width when larger than the real total (same scale across graphs)
+  std::string notes;                // goes into a <!-- NOTES: --> comment
+  bool footer = true;               // sampling metadata line at the bottom
+  bool javascript = true;           // false: static picture (smaller; for golden files)
 };
 
 // Parses flamegraph.pl's --minwidth value: "N" (px) or "N%".
@@ -56,7 +57,8 @@ inline status parse_min_width(std::string_view text, svg_options& o) {
   std::string_view num = pct ? text.substr(0, text.size() - 1) : text;
   if (num.empty() || num.find_first_not_of("0123456789.") != std::string_view::npos ||
       num.find('.') != num.rfind('.'))
-    return status::error("minwidth: '" + std::string(text) + "' is not a number of px or a percentage like 0.5%");
+    return status::error("minwidth: '" + std::string(text) +
+                         "' is not a number of px or a percentage like 0.5%");
   o.min_width = std::stod(std::string(num));
   o.min_width_percent = pct;
   return status::ok();
@@ -142,12 +144,12 @@ inline std::string footer_text(const profile_info& info, std::uint64_t total, co
 struct svg_input {
   const flame_tree* tree = nullptr;
   std::vector<laid_frame> frames;
-  std::uint64_t total = 0;  // 100% of the layout width (sample space)
+  std::uint64_t total = 0;        // 100% of the layout width (sample space)
   std::uint64_t value_total = 0;  // 100% for the tooltip percentages (the "after" total in a diff)
   std::uint64_t before_total = 0;
   bool diff = false;
   bool negate = false;
-  bool inclusive_delta = false;   // colour by the inclusive change instead of the self change
+  bool inclusive_delta = false;  // colour by the inclusive change instead of the self change
   std::int64_t max_delta = 1;
   const profile_info* info = nullptr;
   std::string default_title = "Flame Graph";
@@ -174,8 +176,10 @@ inline void append_tooltip(std::string& out, const svg_input& in, const laid_fra
   out += ' ';
   out += o.count_name;
   out += ", ";
-  if (!parent) out += "100%";
-  else append_pct(out, f.after, in.value_total);
+  if (!parent)
+    out += "100%";
+  else
+    append_pct(out, f.after, in.value_total);
   if (in.diff) {
     std::int64_t d = frame_delta(f, in.inclusive_delta);
     if (in.negate) d = -d;
@@ -241,9 +245,11 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
 
   std::string out;
   out.reserve(4096 + in.frames.size() * 200);
-  out += "<?xml version=\"1.0\" standalone=\"no\"?>\n"
-         "<!DOCTYPE svg PUBLIC \"-//W3C//DTD SVG 1.1//EN\" \"http://www.w3.org/Graphics/SVG/1.1/DTD/svg11.dtd\">\n"
-         "<svg version=\"1.1\" width=\"";
+  out +=
+      "<?xml version=\"1.0\" standalone=\"no\"?>\n"
+      "<!DOCTYPE svg PUBLIC \"-//W3C//DTD SVG 1.1//EN\" "
+      "\"http://www.w3.org/Graphics/SVG/1.1/DTD/svg11.dtd\">\n"
+      "<svg version=\"1.1\" width=\"";
   append_num(out, W, 0);
   out += "\" height=\"";
   append_num(out, H, 0);
@@ -253,21 +259,24 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
   append_num(out, W, 0);
   out += ' ';
   append_num(out, H, 0);
-  out += "\" xmlns=\"http://www.w3.org/2000/svg\" xmlns:xlink=\"http://www.w3.org/1999/xlink\""
-         " xmlns:fg=\"http://github.com/jonhoo/inferno\">\n"
-         "<!-- Flame graph by selfprof " SELFPROF_VERSION_STRING
-         " (conventions of Brendan Gregg's flamegraph.pl and inferno). -->\n<!-- NOTES: ";
+  out +=
+      "\" xmlns=\"http://www.w3.org/2000/svg\" xmlns:xlink=\"http://www.w3.org/1999/xlink\""
+      " xmlns:fg=\"http://github.com/jonhoo/inferno\">\n"
+      "<!-- Flame graph by selfprof " SELFPROF_VERSION_STRING
+      " (conventions of Brendan Gregg's flamegraph.pl and inferno). -->\n<!-- NOTES: ";
   {
     std::string notes = xml_escape(o.notes);
-    for (std::size_t p; (p = notes.find("--")) != std::string::npos;) notes.replace(p, 2, "- ");  // no "--" in comments
+    for (std::size_t p; (p = notes.find("--")) != std::string::npos;)
+      notes.replace(p, 2, "- ");  // no "--" in comments
     out += notes;
   }
   out += " -->\n";
 
   background bg;
   resolve_background(o.bg_colors, o.colors, bg);
-  out += "<defs><linearGradient id=\"background\" y1=\"0\" y2=\"1\" x1=\"0\" x2=\"0\"><stop stop-color=\"" + bg.top +
-         "\" offset=\"5%\"/><stop stop-color=\"" + bg.bottom + "\" offset=\"95%\"/></linearGradient></defs>\n";
+  out += "<defs><linearGradient id=\"background\" y1=\"0\" y2=\"1\" x1=\"0\" x2=\"0\"><stop stop-color=\"" +
+         bg.top + "\" offset=\"5%\"/><stop stop-color=\"" + bg.bottom +
+         "\" offset=\"95%\"/></linearGradient></defs>\n";
 
   out += "<style type=\"text/css\">\ntext{font-family:";
   out += xml_escape(css_font_family(o.font));
@@ -275,7 +284,8 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
   append_num(out, f, 2);
   out += "px;fill:rgb(0,0,0)}\n#title{font-size:";
   append_num(out, f + 5, 2);
-  out += "px}\n#title,#subtitle,#details,#unzoom,#search,#ignorecase,#matched{fill:" + ui + "}\n#footer{font-size:";
+  out += "px}\n#title,#subtitle,#details,#unzoom,#search,#ignorecase,#matched{fill:" + ui +
+         "}\n#footer{font-size:";
   append_num(out, f > 3 ? f - 2 : f, 2);
   out += "px}\n";
   if (is_hex_color(o.stroke_color)) out += "#frames rect{stroke:" + o.stroke_color + ";stroke-width:0.5}\n";
@@ -283,7 +293,8 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
   out += "</style>\n";
 
   if (o.javascript) {
-    out += "<script type=\"text/ecmascript\"><![CDATA[\nvar nametype = " + js_string(o.name_type) + ";\nvar fontsize = ";
+    out += "<script type=\"text/ecmascript\"><![CDATA[\nvar nametype = " + js_string(o.name_type) +
+           ";\nvar fontsize = ";
     append_num(out, f, 2);
     out += ";\nvar fontwidth = ";
     append_num(out, o.font_width > 0 ? o.font_width : 0.59, 4);
@@ -386,7 +397,8 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
     out += std::to_string(fr.width);
     out += "\"/>";
     const double width_px = wp / 100.0 * frames_w;
-    std::string label = truncate_label(display, static_cast<std::size_t>(width_px / char_w), o.truncate_text_left);
+    std::string label =
+        truncate_label(display, static_cast<std::size_t>(width_px / char_w), o.truncate_text_left);
     if (label.empty()) {
       out += "<text></text></g>\n";
       continue;
@@ -408,13 +420,15 @@ inline std::string render_error_svg(const svg_options& o, std::string_view messa
   const double W = o.width < 100 ? 100 : o.width;
   std::string out =
       "<?xml version=\"1.0\" standalone=\"no\"?>\n"
-      "<!DOCTYPE svg PUBLIC \"-//W3C//DTD SVG 1.1//EN\" \"http://www.w3.org/Graphics/SVG/1.1/DTD/svg11.dtd\">\n"
+      "<!DOCTYPE svg PUBLIC \"-//W3C//DTD SVG 1.1//EN\" "
+      "\"http://www.w3.org/Graphics/SVG/1.1/DTD/svg11.dtd\">\n"
       "<svg version=\"1.1\" width=\"";
   append_num(out, W, 0);
   out += "\" height=\"60\" viewBox=\"0 0 ";
   append_num(out, W, 0);
-  out += " 60\" xmlns=\"http://www.w3.org/2000/svg\">\n<text id=\"title\" x=\"50%\" y=\"36\" "
-         "text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"17\">";
+  out +=
+      " 60\" xmlns=\"http://www.w3.org/2000/svg\">\n<text id=\"title\" x=\"50%\" y=\"36\" "
+      "text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"17\">";
   out += xml_escape(message);
   out += "</text>\n</svg>\n";
   return out;

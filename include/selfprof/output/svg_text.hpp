@@ -1,5 +1,5 @@
-// Text helpers for the SVG writers: UTF-8 sanitizing, XML and JS escaping, number formatting, label truncation.
-// Context: any thread (pure functions).
+// Text helpers for the SVG writers: UTF-8 sanitizing, XML and JS escaping, number formatting, label
+// truncation. Context: any thread (pure functions).
 #pragma once
 
 #include <cstddef>
@@ -23,26 +23,40 @@ inline std::string sanitize_utf8(std::string_view in) {
   while (i < n) {
     unsigned char c = static_cast<unsigned char>(in[i]);
     if (c < 0x80) {
-      if (c < 0x20 || c == 0x7f) append_replacement_char(out);
-      else out += static_cast<char>(c);
+      if (c < 0x20 || c == 0x7f)
+        append_replacement_char(out);
+      else
+        out += static_cast<char>(c);
       ++i;
       continue;
     }
     std::size_t len = 0;
     std::uint32_t cp = 0;
-    if (c >= 0xC2 && c <= 0xDF) { len = 2; cp = c & 0x1Fu; }
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; cp = c & 0x0Fu; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; cp = c & 0x07u; }
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+      cp = c & 0x1Fu;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      cp = c & 0x0Fu;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      cp = c & 0x07u;
+    }
     bool ok = len != 0 && i + len <= n;
     for (std::size_t k = 1; ok && k < len; ++k) {
       unsigned char cc = static_cast<unsigned char>(in[i + k]);
-      if ((cc & 0xC0) != 0x80) ok = false;
-      else cp = (cp << 6) | (cc & 0x3Fu);
+      if ((cc & 0xC0) != 0x80)
+        ok = false;
+      else
+        cp = (cp << 6) | (cc & 0x3Fu);
     }
     if (ok) {
-      if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))) ok = false;  // overlong
-      else if (cp >= 0xD800 && cp <= 0xDFFF) ok = false;                                          // surrogate
-      else if (cp == 0xFFFE || cp == 0xFFFF || (cp >= 0x80 && cp <= 0x9F)) ok = false;           // not XML
+      if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+        ok = false;  // overlong
+      else if (cp >= 0xD800 && cp <= 0xDFFF)
+        ok = false;  // surrogate
+      else if (cp == 0xFFFE || cp == 0xFFFF || (cp >= 0x80 && cp <= 0x9F))
+        ok = false;  // not XML
     }
     if (!ok) {
       append_replacement_char(out);
@@ -59,11 +73,20 @@ inline std::string sanitize_utf8(std::string_view in) {
 inline void append_xml_escaped(std::string& out, std::string_view s) {
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
 }

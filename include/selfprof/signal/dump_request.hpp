@@ -6,9 +6,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <errno.h>
 #include <atomic>
 #include <cstdint>
-#include <errno.h>
 
 namespace selfprof {
 namespace detail {

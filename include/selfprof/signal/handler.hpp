@@ -5,11 +5,11 @@
 #include <signal.h>
 #include <ucontext.h>
 
-#include <atomic>
 #include <errno.h>
+#include <time.h>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <time.h>
 
 #include "frame_tags.hpp"
 #include "raw_syscall.hpp"
@@ -23,20 +23,20 @@ namespace detail {
 // Everything the handler reads or counts. Constant-initialized: no constructor runs, so it is valid in
 // any thread at any time, before main and after exit.
 struct handler_globals {
-  std::atomic<bool> active{false};              // samples are taken only while set
-  std::atomic<int> in_flight{0};                // handlers running now (stop waits for zero)
+  std::atomic<bool> active{false};  // samples are taken only while set
+  std::atomic<int> in_flight{0};    // handlers running now (stop waits for zero)
   std::atomic<sample_ring*> ring{nullptr};
   std::atomic<int> signal_number{0};
   std::atomic<std::uint32_t> max_depth{0};
   std::atomic<std::uint32_t> main_tid{0};
   std::atomic<std::uintptr_t> main_stack_end{0};
-  std::atomic<bool> weight_overruns{true};      // CPU timers: weight a sample by 1 + si_overrun
+  std::atomic<bool> weight_overruns{true};  // CPU timers: weight a sample by 1 + si_overrun
   // Counters, read by the collector.
-  std::atomic<std::uint64_t> taken{0};          // records written to the ring
-  std::atomic<std::uint64_t> dropped_full{0};   // samples lost because the ring was full
+  std::atomic<std::uint64_t> taken{0};             // records written to the ring
+  std::atomic<std::uint64_t> dropped_full{0};      // samples lost because the ring was full
   std::atomic<std::uint64_t> dropped_inactive{0};  // ticks that arrived while stopping
-  std::atomic<std::uint64_t> foreign{0};        // signals sent by kill/tgkill/sigqueue, ignored
-  std::atomic<std::uint64_t> truncated{0};      // samples cut at max_depth
+  std::atomic<std::uint64_t> foreign{0};           // signals sent by kill/tgkill/sigqueue, ignored
+  std::atomic<std::uint64_t> truncated{0};         // samples cut at max_depth
   // perf_event fds opened by selfprof (one bit per fd below kPerfFdBits): their overflow disables the
   // event (PERF_EVENT_IOC_REFRESH 1) and the handler re-arms it after sampling.
   static constexpr int kPerfFdBits = 65536;
@@ -108,20 +108,24 @@ inline void sample_signal_handler(int, siginfo_t* info, void* context) {
     const std::uintptr_t end =
         current_thread_stack_end(sp, g.main_stack_end.load(std::memory_order_relaxed), is_main);
     const std::size_t max_depth = ring->max_depth();
-    unwind_result u = unwind_mixed(pc, sp, fp, end, slot->pcs(), max_depth);  // CFI rows when published, else frame pointers
+    unwind_result u = unwind_mixed(pc, sp, fp, end, slot->pcs(),
+                                   max_depth);  // CFI rows when published, else frame pointers
 
     sample_header& h = slot->header;
     h.tid = tid;
     h.depth = static_cast<std::uint16_t>(u.depth);
-    h.flags = static_cast<std::uint16_t>((u.truncated ? sample_truncated : 0) | (u.leaf_fixed ? sample_leaf_fixed : 0));
+    h.flags = static_cast<std::uint16_t>((u.truncated ? sample_truncated : 0) |
+                                         (u.leaf_fixed ? sample_leaf_fixed : 0));
     std::uint32_t weight = 1;
-    if (info->si_code == SI_TIMER && info->si_overrun > 0 && g.weight_overruns.load(std::memory_order_relaxed))
+    if (info->si_code == SI_TIMER && info->si_overrun > 0 &&
+        g.weight_overruns.load(std::memory_order_relaxed))
       weight += static_cast<std::uint32_t>(info->si_overrun);
     h.weight = weight;
     h.aux = 0;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe (POSIX.1-2008 list)
-    h.time_ns = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+    h.time_ns =
+        static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
     h.tag = frame_tag_for(tid);  // [frames] the frame this thread is in (0: no frame marks)
     if (u.truncated) g.truncated.fetch_add(1, std::memory_order_relaxed);
     sample_ring::publish(slot, pos);

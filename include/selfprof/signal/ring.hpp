@@ -22,10 +22,10 @@ struct sample_header {
   std::uint32_t tid;
   std::uint16_t depth;
   std::uint16_t flags;
-  std::uint32_t weight;  // ticks this sample stands for (1 + timer overruns)
-  std::uint32_t aux;     // reserved for the sampling mode (wall: blocking syscall number + 1)
-  std::uint64_t time_ns; // CLOCK_MONOTONIC when taken
-  std::uint64_t tag;     // frame marker of the thread (game frames), 0 if none
+  std::uint32_t weight;   // ticks this sample stands for (1 + timer overruns)
+  std::uint32_t aux;      // reserved for the sampling mode (wall: blocking syscall number + 1)
+  std::uint64_t time_ns;  // CLOCK_MONOTONIC when taken
+  std::uint64_t tag;      // frame marker of the thread (game frames), 0 if none
 };
 
 struct ring_slot {

@@ -48,7 +48,9 @@ struct read_guard {
   }
 };
 
-inline std::uint64_t load_word(std::uintptr_t addr) { return *reinterpret_cast<const volatile std::uint64_t*>(addr); }
+inline std::uint64_t load_word(std::uintptr_t addr) {
+  return *reinterpret_cast<const volatile std::uint64_t*>(addr);
+}
 
 // The highest address the current thread's frames may occupy, or 0 when unknown.
 // glibc places a thread's descriptor (what %fs:0x10 points to) at the top of its stack block.
@@ -69,8 +71,8 @@ struct unwind_result {
 };
 
 // Walks from an interrupted context. out[0] = pc, then return addresses, leaf first.
-inline unwind_result unwind_fp(std::uintptr_t pc, std::uintptr_t sp, std::uintptr_t fp, std::uintptr_t stack_end,
-                               std::uint64_t* out, std::size_t max_depth) {
+inline unwind_result unwind_fp(std::uintptr_t pc, std::uintptr_t sp, std::uintptr_t fp,
+                               std::uintptr_t stack_end, std::uint64_t* out, std::size_t max_depth) {
   unwind_result r;
   if (max_depth == 0) return r;
   out[r.depth++] = pc;

@@ -70,8 +70,9 @@ class perf_event_source final : public tick_source {
     last_errno_ = first_errno;
     std::string why = std::string("perf_event_open(task-clock) failed: ") + std::strerror(first_errno);
     if (first_errno == EACCES || first_errno == EPERM)
-      why += config.allow_user_only ? " (kernel.perf_event_paranoid or seccomp forbids it)"
-                                     : " (an event including kernel time needs root or kernel.perf_event_paranoid <= 1)";
+      why += config.allow_user_only
+                 ? " (kernel.perf_event_paranoid or seccomp forbids it)"
+                 : " (an event including kernel time needs root or kernel.perf_event_paranoid <= 1)";
     return status::error(why);
   }
 
@@ -86,8 +87,7 @@ class perf_event_source final : public tick_source {
     owner.type = F_OWNER_TID;
     owner.pid = tid;
     if (fd >= handler_globals::kPerfFdBits || sys().fcntl_int(fd, F_SETFL, O_ASYNC) != 0 ||
-        sys().fcntl_int(fd, F_SETSIG, config_.signal_number) != 0 ||
-        ::fcntl(fd, F_SETOWN_EX, &owner) != 0) {
+        sys().fcntl_int(fd, F_SETSIG, config_.signal_number) != 0 || ::fcntl(fd, F_SETOWN_EX, &owner) != 0) {
       last_errno_ = fd >= handler_globals::kPerfFdBits ? EMFILE : errno;
       sys().close(fd);
       return status::error(std::string("perf_event fd setup: ") + std::strerror(last_errno_));

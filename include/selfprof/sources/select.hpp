@@ -18,16 +18,20 @@ namespace detail {
 
 struct source_choice {
   std::unique_ptr<tick_source> source;
-  std::string reason;                 // why this one was taken
-  std::vector<std::string> refused;   // why earlier ones were not
+  std::string reason;                // why this one was taken
+  std::vector<std::string> refused;  // why earlier ones were not
 };
 
 inline std::unique_ptr<tick_source> make_source(source_kind k) {
   switch (k) {
-    case source_kind::perf: return std::unique_ptr<tick_source>(new perf_event_source());
-    case source_kind::timer: return std::unique_ptr<tick_source>(new cpu_timer_source());
-    case source_kind::itimer: return std::unique_ptr<tick_source>(new itimer_source());
-    default: return nullptr;
+    case source_kind::perf:
+      return std::unique_ptr<tick_source>(new perf_event_source());
+    case source_kind::timer:
+      return std::unique_ptr<tick_source>(new cpu_timer_source());
+    case source_kind::itimer:
+      return std::unique_ptr<tick_source>(new itimer_source());
+    default:
+      return nullptr;
   }
 }
 
@@ -47,7 +51,10 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
     if (cfg.hz <= tick)
       order = {{source_kind::timer, false}, {source_kind::perf, false}, {source_kind::itimer, false}};
     else
-      order = {{source_kind::perf, false}, {source_kind::perf, true}, {source_kind::timer, false}, {source_kind::itimer, false}};
+      order = {{source_kind::perf, false},
+               {source_kind::perf, true},
+               {source_kind::timer, false},
+               {source_kind::itimer, false}};
   } else {
     order = {{requested, requested == source_kind::perf}};
   }
@@ -64,14 +71,20 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
     if (requested != source_kind::automatic) {
       out.reason = std::string("forced by SELFPROF_SOURCE/options");
     } else if (o.first == source_kind::timer && cfg.hz <= tick) {
-      std::snprintf(buf, sizeof buf, "cheapest source that honours %g Hz (<= kernel tick %g Hz) and counts kernel time", cfg.hz, tick);
+      std::snprintf(buf, sizeof buf,
+                    "cheapest source that honours %g Hz (<= kernel tick %g Hz) and counts kernel time",
+                    cfg.hz, tick);
       out.reason = buf;
     } else if (o.first == source_kind::perf) {
-      std::snprintf(buf, sizeof buf, "%g Hz is above the kernel tick (%g Hz) that limits CPU timers", cfg.hz, tick);
+      std::snprintf(buf, sizeof buf, "%g Hz is above the kernel tick (%g Hz) that limits CPU timers", cfg.hz,
+                    tick);
       out.reason = buf;
-      if (src->counts_kernel_time() == false) out.reason += "; user-only event: time in the kernel is not sampled";
+      if (src->counts_kernel_time() == false)
+        out.reason += "; user-only event: time in the kernel is not sampled";
     } else if (o.first == source_kind::timer) {
-      std::snprintf(buf, sizeof buf, "perf_event unavailable; timer ticks are limited to %g Hz and weighted by overruns", tick);
+      std::snprintf(buf, sizeof buf,
+                    "perf_event unavailable; timer ticks are limited to %g Hz and weighted by overruns",
+                    tick);
       out.reason = buf;
     } else {
       out.reason = "last resort: per-thread sources unavailable (samples are uneven across threads)";

@@ -51,8 +51,9 @@ inline status check_no_other_copy() {
     struct sigaction cur {};
     if (sys().sigaction(s, nullptr, &cur) != 0) continue;
     if (is_selfprof_action(cur) && cur.sa_sigaction != &sample_signal_handler)
-      return status::error("another copy of selfprof (another build in this process) already profiles it on signal " +
-                           std::to_string(s) + "; this copy defers to it");
+      return status::error(
+          "another copy of selfprof (another build in this process) already profiles it on signal " +
+          std::to_string(s) + "; this copy defers to it");
   }
   return status::ok();
 }
@@ -82,8 +83,9 @@ inline status install_sample_handler(int requested, installed_signal& out, std::
     g_handler.signal_number.store(s, std::memory_order_release);
     return status::ok();
   }
-  std::string why = requested > 0 ? "the requested sampling signal " + std::to_string(requested) + " is in use"
-                                   : "every candidate sampling signal is in use";
+  std::string why = requested > 0
+                        ? "the requested sampling signal " + std::to_string(requested) + " is in use"
+                        : "every candidate sampling signal is in use";
   return status::error("selfprof: " + why + " (set SELFPROF_SAMPLE_SIGNAL to a free signal)");
 }
 

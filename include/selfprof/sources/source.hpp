@@ -16,10 +16,14 @@ enum class source_kind { automatic, perf, timer, itimer };
 
 inline const char* source_name(source_kind k) {
   switch (k) {
-    case source_kind::automatic: return "auto";
-    case source_kind::perf: return "perf";
-    case source_kind::timer: return "timer";
-    case source_kind::itimer: return "itimer";
+    case source_kind::automatic:
+      return "auto";
+    case source_kind::perf:
+      return "perf";
+    case source_kind::timer:
+      return "timer";
+    case source_kind::itimer:
+      return "itimer";
   }
   return "?";
 }

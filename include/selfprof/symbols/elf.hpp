@@ -142,8 +142,8 @@ class elf_image {
       for (std::uint32_t i = 0; i < eh.e_phnum; ++i) {
         Elf64_Phdr ph;
         read_at(bytes, eh.e_phoff + std::uint64_t{i} * eh.e_phentsize, ph);
-        segments_.push_back(elf_segment{ph.p_type, ph.p_flags, ph.p_offset, ph.p_vaddr, ph.p_filesz,
-                                        ph.p_memsz, ph.p_align});
+        segments_.push_back(
+            elf_segment{ph.p_type, ph.p_flags, ph.p_offset, ph.p_vaddr, ph.p_filesz, ph.p_memsz, ph.p_align});
       }
     }
     return status::ok();
@@ -185,7 +185,8 @@ class elf_image {
     for (const auto& s : sections_)
       if (s.type == SHT_NOTE && find_build_id(section_bytes(s), s.addralign == 8 ? 8 : 4, out)) return out;
     for (const auto& seg : segments_)
-      if (seg.type == PT_NOTE && find_build_id(bytes_.sub(seg.offset, seg.filesz), seg.align == 8 ? 8 : 4, out))
+      if (seg.type == PT_NOTE &&
+          find_build_id(bytes_.sub(seg.offset, seg.filesz), seg.align == 8 ? 8 : 4, out))
         return out;
     return {};
   }
@@ -220,8 +221,8 @@ class elf_image {
       std::uint64_t desc_pos = name_pos + ((std::uint64_t{nh.n_namesz} + align - 1) & ~(align - 1));
       std::uint64_t next = desc_pos + ((std::uint64_t{nh.n_descsz} + align - 1) & ~(align - 1));
       if (!notes.contains(name_pos, nh.n_namesz) || !notes.contains(desc_pos, nh.n_descsz)) return false;
-      if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 && std::memcmp(notes.data + name_pos, "GNU", 4) == 0 &&
-          nh.n_descsz > 0) {
+      if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
+          std::memcmp(notes.data + name_pos, "GNU", 4) == 0 && nh.n_descsz > 0) {
         static const char hex[] = "0123456789abcdef";
         out.clear();
         for (std::uint32_t i = 0; i < nh.n_descsz; ++i) {
@@ -253,11 +254,13 @@ inline std::uint64_t elf_load_bias(const std::vector<elf_segment>& segments, std
   for (const auto& seg : segments) {
     if (seg.type != PT_LOAD) continue;
     std::uint64_t page_start = seg.offset & ~(elf_page_size - 1);
-    if (file_offset < page_start || file_offset - page_start >= seg.filesz + (seg.offset - page_start)) continue;
+    if (file_offset < page_start || file_offset - page_start >= seg.filesz + (seg.offset - page_start))
+      continue;
     if (best == nullptr || ((seg.flags & PF_X) != 0 && (best->flags & PF_X) == 0)) best = &seg;
   }
   if (best == nullptr) return map_start - file_offset;
-  // The segment puts file offset p_offset at p_vaddr, so file_offset lives at p_vaddr + (file_offset - p_offset).
+  // The segment puts file offset p_offset at p_vaddr, so file_offset lives at p_vaddr + (file_offset -
+  // p_offset).
   return map_start - (best->vaddr + file_offset - best->offset);
 }
 

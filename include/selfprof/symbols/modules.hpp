@@ -6,14 +6,14 @@
 
 #include <dirent.h>
 #include <link.h>
+#include <sys/auxv.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
-#include <sys/auxv.h>
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -40,8 +40,8 @@ enum class module_kind : std::uint8_t {
 // What was parsed from one ELF file (shared by every mapping of that file).
 struct module_symbols {
   std::string build_id;
-  std::string debug_path;                // separate debug file used, if any
-  std::vector<elf_segment> segments;     // for the load bias of each mapping
+  std::string debug_path;             // separate debug file used, if any
+  std::vector<elf_segment> segments;  // for the load bias of each mapping
   symbol_table table;
   bool elf_ok = false;
 };
@@ -54,12 +54,12 @@ struct module {
   std::uint64_t inode = 0;
   std::uint32_t dev_major = 0;
   std::uint32_t dev_minor = 0;
-  std::string path;          // as in the maps (without " (deleted)"), "[vdso]", or "//anon"
-  std::string basename;      // for "[basename+0xoffset]" names
+  std::string path;      // as in the maps (without " (deleted)"), "[vdso]", or "//anon"
+  std::string basename;  // for "[basename+0xoffset]" names
   module_kind kind = module_kind::file;
   bool deleted = false;
-  bool mapped = true;        // false once unmapped; kept so earlier samples are still named
-  std::uint64_t unmapped_seq = 0;  // orders unmapped modules: a later unmap wins an overlap
+  bool mapped = true;                       // false once unmapped; kept so earlier samples are still named
+  std::uint64_t unmapped_seq = 0;           // orders unmapped modules: a later unmap wins an overlap
   std::shared_ptr<module_symbols> symbols;  // null for anonymous and special mappings
 };
 
@@ -200,7 +200,8 @@ class module_registry {
   }
 
   static mapping_key key_of(const module& m) {
-    return mapping_key{m.start, m.end, m.offset, m.inode, m.kind == module_kind::anonymous && m.path == "//anon" ? std::string() : m.path};
+    return mapping_key{m.start, m.end, m.offset, m.inode,
+                       m.kind == module_kind::anonymous && m.path == "//anon" ? std::string() : m.path};
   }
 
   module make_module(const maps_entry& e) {
@@ -231,7 +232,7 @@ class module_registry {
     if (m.kind == module_kind::file) m.symbols = file_symbols(e);
     if (m.kind == module_kind::vdso) m.symbols = vdso_symbols(e);
     m.bias = m.symbols && m.symbols->elf_ok ? elf_load_bias(m.symbols->segments, m.start, m.offset)
-                                             : m.start - m.offset;
+                                            : m.start - m.offset;
     return m;
   }
 
@@ -246,8 +247,8 @@ class module_registry {
     // CAP_SYS_ADMIN, or CAP_CHECKPOINT_RESTORE since Linux 5.9; see proc(5)), else through a descriptor
     // we still hold; map_files also serves a file replaced on disk since it was mapped.
     char buffer[64];
-    std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx", static_cast<unsigned long long>(e.start),
-                  static_cast<unsigned long long>(e.end));
+    std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
+                  static_cast<unsigned long long>(e.start), static_cast<unsigned long long>(e.end));
     std::string via_map_files = buffer;
     bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
     mapped_file file;
@@ -257,7 +258,8 @@ class module_registry {
     // Overlay file systems can report another inode in the maps than fstat does: last, trust the path.
     if (!st && !hidden) st = file.open(e.path);
     if (!st) {
-      warn("selfprof: no symbols for " + e.path + ": " + st.message() + "; its frames are named [module+0xoffset]");
+      warn("selfprof: no symbols for " + e.path + ": " + st.message() +
+           "; its frames are named [module+0xoffset]");
       return result;
     }
     load_elf(byte_view{file.data(), file.size()}, e.path, hidden, *result);
@@ -300,7 +302,8 @@ class module_registry {
     elf_image image;
     status st = image.parse(bytes, path);
     if (!st) {
-      warn("selfprof: no symbols for " + path + ": " + st.message() + "; its frames are named [module+0xoffset]");
+      warn("selfprof: no symbols for " + path + ": " + st.message() +
+           "; its frames are named [module+0xoffset]");
       return;
     }
     out.elf_ok = true;
@@ -318,7 +321,8 @@ class module_registry {
         out.debug_path = debug.path;
       }
     }
-    if (const elf_section* dynsym = image.find_section_type(SHT_DYNSYM)) out.table.add_symbols(image, *dynsym);
+    if (const elf_section* dynsym = image.find_section_type(SHT_DYNSYM))
+      out.table.add_symbols(image, *dynsym);
     out.table.add_plt(image);
     out.table.finish();
   }

@@ -23,8 +23,8 @@ struct maps_entry {
   std::uint32_t dev_minor = 0;
   bool readable = false;
   bool executable = false;
-  bool deleted = false;   // the path ended in " (deleted)" (removed file, or a memfd)
-  std::string path;       // without the " (deleted)" suffix; empty for anonymous memory
+  bool deleted = false;  // the path ended in " (deleted)" (removed file, or a memfd)
+  std::string path;      // without the " (deleted)" suffix; empty for anonymous memory
 };
 
 // Parses one hexadecimal field ending at `stop` (or the end); advances `pos`. False when empty or bad.
@@ -34,10 +34,14 @@ inline bool parse_hex_field(std::string_view line, std::size_t& pos, char stop, 
   while (pos < line.size() && line[pos] != stop) {
     char c = line[pos];
     unsigned digit;
-    if (c >= '0' && c <= '9') digit = static_cast<unsigned>(c - '0');
-    else if (c >= 'a' && c <= 'f') digit = static_cast<unsigned>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F') digit = static_cast<unsigned>(c - 'A' + 10);
-    else return false;
+    if (c >= '0' && c <= '9')
+      digit = static_cast<unsigned>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      digit = static_cast<unsigned>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      digit = static_cast<unsigned>(c - 'A' + 10);
+    else
+      return false;
     if (pos - begin >= 16) return false;
     out = (out << 4) | digit;
     ++pos;
@@ -63,7 +67,8 @@ inline bool parse_maps_line(std::string_view line, maps_entry& out) {
   out.dev_major = static_cast<std::uint32_t>(major);
   out.dev_minor = static_cast<std::uint32_t>(minor);
   std::size_t begin = pos;
-  while (pos < line.size() && line[pos] >= '0' && line[pos] <= '9') out.inode = out.inode * 10 + (line[pos++] - '0');
+  while (pos < line.size() && line[pos] >= '0' && line[pos] <= '9')
+    out.inode = out.inode * 10 + (line[pos++] - '0');
   if (pos == begin || out.end < out.start) return false;
   while (pos < line.size() && line[pos] == ' ') ++pos;
   std::string_view path = line.substr(pos);

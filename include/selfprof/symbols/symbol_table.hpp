@@ -181,8 +181,12 @@ class symbol_table {
 
   void add(std::uint64_t start, std::uint64_t size, std::uint64_t section_end, std::string_view name,
            unsigned rank) {
-    entry e{start, size, section_end, static_cast<std::uint32_t>(names_.size()),
-            static_cast<std::uint32_t>(name.size()), rank};
+    entry e{start,
+            size,
+            section_end,
+            static_cast<std::uint32_t>(names_.size()),
+            static_cast<std::uint32_t>(name.size()),
+            rank};
     names_.append(name.data(), name.size());
     entries_.push_back(e);
   }

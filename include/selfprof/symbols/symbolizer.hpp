@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "../profile.hpp"
 #include "../jit.hpp"
+#include "../profile.hpp"
 #include "dwarf_lines.hpp"
 #include "modules.hpp"
 #include "perf_map.hpp"
