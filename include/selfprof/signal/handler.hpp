@@ -30,6 +30,7 @@ struct handler_globals {
   std::atomic<std::uint32_t> max_depth{0};
   std::atomic<std::uint32_t> main_tid{0};
   std::atomic<std::uintptr_t> main_stack_end{0};
+  std::atomic<int> wake_fd{-1};             // the collector's eventfd: written when the ring is half full
   std::atomic<bool> weight_overruns{true};  // CPU timers: weight a sample by 1 + si_overrun
   // Counters, read by the collector.
   std::atomic<std::uint64_t> taken{0};             // records written to the ring
@@ -129,6 +130,15 @@ inline void sample_signal_handler(int, siginfo_t* info, void* context) {
     h.tag = frame_tag_for(tid);  // [frames] the frame this thread is in (0: no frame marks)
     if (u.truncated) g.truncated.fetch_add(1, std::memory_order_relaxed);
     sample_ring::publish(slot, pos);
+    // Every half ring of samples, wake the collector (it normally drains every 50 ms).
+    const std::uint64_t half = ring->capacity() / 2;
+    if (half != 0 && pos % half == half - 1) {
+      const int fd = g.wake_fd.load(std::memory_order_acquire);
+      if (fd >= 0) {
+        const std::uint64_t one = 1;
+        raw_syscall3(SYS_write, fd, reinterpret_cast<long>(&one), sizeof one);
+      }
+    }
     g.taken.fetch_add(1, std::memory_order_relaxed);
   } while (false);
   g.in_flight.fetch_sub(1, std::memory_order_release);
