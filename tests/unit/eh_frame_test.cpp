@@ -212,8 +212,9 @@ TEST_CASE("eh_frame: PLT expressions, outermost frames, unknown rules and the ad
   REQUIRE(m.at(kFn + 0x160));
   CHECK(m.at(kFn + 0x160)->kind == row_cfa_rsp);
   REQUIRE(m.at(kFn + 0x260));
-  CHECK(m.at(kFn + 0x260)->kind == row_cfa_rsp);  // val_offset on rbp: rbp rule unknown, CFA still fine
-  CHECK(m.at(kFn + 0x260)->fp_off == 0);
+  // val_offset on rbp: the caller's rbp cannot be recovered, so the row is not used (one FP step); taking
+  // the current rbp for the caller's would send the rest of the walk through a wrong frame.
+  CHECK(m.at(kFn + 0x260)->kind == row_unknown);
   REQUIRE(m.at(kFn + 0x500));
   CHECK(m.at(kFn + 0x500)->fp_off == 16);  // offset_extended_sf: -2 * -8
   REQUIRE(m.at(kFn + 0x501));
@@ -386,13 +387,15 @@ TEST_CASE("eh_frame: the tables of this binary and libc agree with readelf -wF r
       std::string cfa = col["CFA"], ra = col["ra"], rbp = col.count("rbp") ? col["rbp"] : "u";
       if (ra == "u") {
         bool ok = r && r->kind == row_outermost;
-        if (!ok) ++mismatches;
+        if (!ok && ++mismatches <= 5)
+          MESSAGE(mod.name << ": readelf " << line << " / ours kind " << (r ? int(r->kind) : -1));
         continue;
       }
       if (cfa == "exp" || ra != "c-8" || (rbp != "u" && rbp.rfind("c-", 0) != 0)) {
         ++exp_rows;  // expressions: PLT rows or row_unknown
         bool ok = r && (r->kind == row_cfa_plt || r->kind == row_unknown);
-        if (!ok) ++mismatches;
+        if (!ok && ++mismatches <= 5)
+          MESSAGE(mod.name << ": readelf " << line << " / ours kind " << (r ? int(r->kind) : -1));
         continue;
       }
       bool ok = r != nullptr;

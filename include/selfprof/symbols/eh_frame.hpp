@@ -161,12 +161,14 @@ struct cfa_state {
       r.kind = row_outermost;
       return r;
     }
-    if (kind == row_unknown || ra_unusual || cfa_off < -0x7fffffff || cfa_off > 0x7fffffff ||
+    // rbp saved where this walker cannot follow (an expression, as in stack-realigning DRAP frames):
+    // the caller's rbp is unknown, so the row cannot be used; one frame-pointer step instead.
+    if (kind == row_unknown || ra_unusual || fp_unknown || cfa_off < -0x7fffffff || cfa_off > 0x7fffffff ||
         fp_off < -0x8000 || fp_off > 0x7fff)
       return r;
     r.kind = kind;
     r.cfa_off = static_cast<std::int32_t>(cfa_off);
-    r.fp_off = static_cast<std::int16_t>(fp_unknown ? 0 : fp_off);
+    r.fp_off = static_cast<std::int16_t>(fp_off);
     r.plt_threshold = plt_threshold;
     return r;
   }
