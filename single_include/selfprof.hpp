@@ -1938,8 +1938,9 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
 #include <vector>
 
 // ---- begin selfprof/output/flame_tree.hpp ----
-// The merged call tree behind a flame graph: stacks merged by frame name, laid out in sample space, pruned to
-// a minimum width. Context: any thread (pure data structure; built on the dump path).
+// The merged call tree behind a flame graph: stacks merged by frame name, laid out in sample space, pruned
+// to a minimum width.
+// Context: any thread (pure data structure; built on the dump path).
 
 #include <algorithm>
 #include <cstdint>
@@ -2239,8 +2240,8 @@ void add_profile(flame_tree& tree, const profile& p, int channel, const flame_bu
 // ---- end selfprof/output/flame_tree.hpp ----
 // ---- begin selfprof/output/svg.hpp ----
 // The interactive SVG flame graph writer: flamegraph.pl's DOM and tooltips, inferno's fg:x/fg:w, one
-// self-contained file. Context: any thread (pure function of the profile; runs on the dump path, never in the
-// signal handler).
+// self-contained file.
+// Context: any thread (pure function of the profile; runs on the dump path, never in the signal handler).
 
 #include <cstdint>
 #include <ctime>
@@ -2261,7 +2262,8 @@ void add_profile(flame_tree& tree, const profile& p, int channel, const flame_bu
 // ---- end selfprof/version.hpp ----
 // ---- begin selfprof/output/palette.hpp ----
 // Flame-graph colours: flamegraph.pl's hue formulas and multi palettes, stable name hashes, palette.map
-// files. Context: any thread (pure functions; used by the SVG writers on the dump path).
+// files.
+// Context: any thread (pure functions; used by the SVG writers on the dump path).
 
 #include <cstdint>
 #include <cstdio>
@@ -2921,7 +2923,8 @@ function step(dir) {
 // ---- end selfprof/output/svg_script.hpp ----
 // ---- begin selfprof/output/svg_text.hpp ----
 // Text helpers for the SVG writers: UTF-8 sanitizing, XML and JS escaping, number formatting, label
-// truncation. Context: any thread (pure functions).
+// truncation.
+// Context: any thread (pure functions).
 
 #include <cstddef>
 #include <cstdint>

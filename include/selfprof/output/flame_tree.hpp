@@ -1,5 +1,6 @@
-// The merged call tree behind a flame graph: stacks merged by frame name, laid out in sample space, pruned to
-// a minimum width. Context: any thread (pure data structure; built on the dump path).
+// The merged call tree behind a flame graph: stacks merged by frame name, laid out in sample space, pruned
+// to a minimum width.
+// Context: any thread (pure data structure; built on the dump path).
 #pragma once
 
 #include <algorithm>

@@ -1,5 +1,6 @@
 // Flame-graph colours: flamegraph.pl's hue formulas and multi palettes, stable name hashes, palette.map
-// files. Context: any thread (pure functions; used by the SVG writers on the dump path).
+// files.
+// Context: any thread (pure functions; used by the SVG writers on the dump path).
 #pragma once
 
 #include <cstdint>

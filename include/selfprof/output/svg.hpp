@@ -1,6 +1,6 @@
 // The interactive SVG flame graph writer: flamegraph.pl's DOM and tooltips, inferno's fg:x/fg:w, one
-// self-contained file. Context: any thread (pure function of the profile; runs on the dump path, never in the
-// signal handler).
+// self-contained file.
+// Context: any thread (pure function of the profile; runs on the dump path, never in the signal handler).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
 // Text helpers for the SVG writers: UTF-8 sanitizing, XML and JS escaping, number formatting, label
-// truncation. Context: any thread (pure functions).
+// truncation.
+// Context: any thread (pure functions).
 #pragma once
 
 #include <cstddef>
