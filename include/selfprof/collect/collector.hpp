@@ -3,12 +3,14 @@
 // Context: setup only (start/stop), the collector thread, and any thread calling the public API.
 #pragma once
 
+#include <link.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -392,6 +394,7 @@ class profiler_core {
     auto last_full_scan = std::chrono::steady_clock::now();
     auto last_sym = last_full_scan;
     long last_count = -1;  // scan at once: threads may have started since start() looked
+    std::uint64_t last_generation = loader_generation();
     std::uint64_t last_total = 0;
     while (!stop_collector_.load()) {
       struct pollfd p {};
@@ -425,11 +428,16 @@ class profiler_core {
         std::lock_guard<std::mutex> s(sym_mu_);  // atfork_prepare takes it: no fork mid-build
         build_unwind_tables();                   // 28 ns when no module came or went
       }
-      if (total != last_total && now - last_sym >= std::chrono::milliseconds(kSymbolRefreshMs)) {
+      // A library loaded while profiling is parsed while it is still mapped, so its samples keep their
+      // names after a dlclose. Nothing to do (and no parsing cost) while no library comes or goes.
+      std::uint64_t generation = loader_generation();
+      if (generation != last_generation && total != last_total &&
+          now - last_sym >= std::chrono::milliseconds(kSymbolRefreshMs)) {
         std::lock_guard<std::mutex> s(sym_mu_);
-        symbolizer_.refresh();  // keeps modules that get unloaded before the dump
+        symbolizer_.refresh();
         last_sym = now;
         last_total = total;
+        last_generation = generation;
       }
     }
   }
@@ -438,6 +446,19 @@ class profiler_core {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+  }
+
+  // Libraries loaded plus unloaded so far (dl_iterate_phdr's counters): changes on dlopen/dlclose.
+  static std::uint64_t loader_generation() {
+    std::uint64_t gen = 0;
+    dl_iterate_phdr(
+        [](struct dl_phdr_info* info, std::size_t size, void* out) {
+          if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
+            *static_cast<std::uint64_t*>(out) = info->dlpi_adds + info->dlpi_subs;
+          return 1;
+        },
+        &gen);
+    return gen;
   }
 
   void drain_locked() {
