@@ -4375,12 +4375,14 @@ using selfprof::parse_folded;
 // stack table, and runs the collector thread that drains the ring, finds new threads and answers dumps.
 // Context: setup only (start/stop), the collector thread, and any thread calling the public API.
 
+#include <link.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -4571,8 +4573,19 @@ struct read_guard {
   }
 };
 
-inline std::uint64_t load_word(std::uintptr_t addr) {
+// Reads of the interrupted thread's stack and code: bounds-checked and probed by the walkers, and not
+// instrumented, since a sanitizer would take a read of another frame's saved registers for a bug.
+#if defined(__clang__) || defined(__GNUC__)
+#define SELFPROF_DETAIL_NO_SANITIZE __attribute__((no_sanitize("address", "thread", "undefined")))
+#else
+#define SELFPROF_DETAIL_NO_SANITIZE
+#endif
+
+SELFPROF_DETAIL_NO_SANITIZE inline std::uint64_t load_word(std::uintptr_t addr) {
   return *reinterpret_cast<const volatile std::uint64_t*>(addr);
+}
+SELFPROF_DETAIL_NO_SANITIZE inline unsigned char load_byte(std::uintptr_t addr) {
+  return *reinterpret_cast<const volatile unsigned char*>(addr);
 }
 
 // The highest address the current thread's frames may occupy, or 0 when unknown.
@@ -4609,7 +4622,7 @@ inline unwind_result unwind_fp(std::uintptr_t pc, std::uintptr_t sp, std::uintpt
   // `push %rbp`, %rbp still holds the caller's frame and the return address sits at [sp] or [sp+8].
   // (The byte heuristics async-profiler uses for x86-64; anything else trusts %rbp.)
   if (max_depth > 1 && pc >= kMinCodeAddress && guard.readable(pc, 4)) {
-    const volatile unsigned char* code = reinterpret_cast<const volatile unsigned char*>(pc);
+    const unsigned char code[4] = {load_byte(pc), load_byte(pc + 1), load_byte(pc + 2), load_byte(pc + 3)};
     unsigned char b0 = code[0];
     std::uintptr_t ra_slot = 0;
     if (b0 == 0x55 || b0 == 0xC3 || (b0 == 0xF3 && code[1] == 0x0F && code[2] == 0x1E && code[3] == 0xFA)) {
@@ -4729,7 +4742,7 @@ inline std::uintptr_t leaf_return_slot(std::uintptr_t pc, std::uintptr_t sp) {
 #if defined(__x86_64__)
   read_guard code_guard;
   if (pc < kMinCodeAddress || !code_guard.readable(pc, 4)) return 0;
-  const volatile unsigned char* code = reinterpret_cast<const volatile unsigned char*>(pc);
+  const unsigned char code[4] = {load_byte(pc), load_byte(pc + 1), load_byte(pc + 2), load_byte(pc + 3)};
   const unsigned char b0 = code[0];
   if (b0 == 0x55 || b0 == 0xC3 || (b0 == 0xF3 && code[1] == 0x0F && code[2] == 0x1E && code[3] == 0xFA))
     return sp;
@@ -10713,6 +10726,7 @@ class profiler_core {
     auto last_full_scan = std::chrono::steady_clock::now();
     auto last_sym = last_full_scan;
     long last_count = -1;  // scan at once: threads may have started since start() looked
+    std::uint64_t last_generation = loader_generation();
     std::uint64_t last_total = 0;
     while (!stop_collector_.load()) {
       struct pollfd p {};
@@ -10746,11 +10760,16 @@ class profiler_core {
         std::lock_guard<std::mutex> s(sym_mu_);  // atfork_prepare takes it: no fork mid-build
         build_unwind_tables();                   // 28 ns when no module came or went
       }
-      if (total != last_total && now - last_sym >= std::chrono::milliseconds(kSymbolRefreshMs)) {
+      // A library loaded while profiling is parsed while it is still mapped, so its samples keep their
+      // names after a dlclose. Nothing to do (and no parsing cost) while no library comes or goes.
+      std::uint64_t generation = loader_generation();
+      if (generation != last_generation && total != last_total &&
+          now - last_sym >= std::chrono::milliseconds(kSymbolRefreshMs)) {
         std::lock_guard<std::mutex> s(sym_mu_);
-        symbolizer_.refresh();  // keeps modules that get unloaded before the dump
+        symbolizer_.refresh();
         last_sym = now;
         last_total = total;
+        last_generation = generation;
       }
     }
   }
@@ -10759,6 +10778,19 @@ class profiler_core {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+  }
+
+  // Libraries loaded plus unloaded so far (dl_iterate_phdr's counters): changes on dlopen/dlclose.
+  static std::uint64_t loader_generation() {
+    std::uint64_t gen = 0;
+    dl_iterate_phdr(
+        [](struct dl_phdr_info* info, std::size_t size, void* out) {
+          if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
+            *static_cast<std::uint64_t*>(out) = info->dlpi_adds + info->dlpi_subs;
+          return 1;
+        },
+        &gen);
+    return gen;
   }
 
   void drain_locked() {

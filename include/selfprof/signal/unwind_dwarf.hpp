@@ -86,7 +86,7 @@ inline std::uintptr_t leaf_return_slot(std::uintptr_t pc, std::uintptr_t sp) {
 #if defined(__x86_64__)
   read_guard code_guard;
   if (pc < kMinCodeAddress || !code_guard.readable(pc, 4)) return 0;
-  const volatile unsigned char* code = reinterpret_cast<const volatile unsigned char*>(pc);
+  const unsigned char code[4] = {load_byte(pc), load_byte(pc + 1), load_byte(pc + 2), load_byte(pc + 3)};
   const unsigned char b0 = code[0];
   if (b0 == 0x55 || b0 == 0xC3 || (b0 == 0xF3 && code[1] == 0x0F && code[2] == 0x1E && code[3] == 0xFA))
     return sp;

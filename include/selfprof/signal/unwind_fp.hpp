@@ -48,8 +48,19 @@ struct read_guard {
   }
 };
 
-inline std::uint64_t load_word(std::uintptr_t addr) {
+// Reads of the interrupted thread's stack and code: bounds-checked and probed by the walkers, and not
+// instrumented, since a sanitizer would take a read of another frame's saved registers for a bug.
+#if defined(__clang__) || defined(__GNUC__)
+#define SELFPROF_DETAIL_NO_SANITIZE __attribute__((no_sanitize("address", "thread", "undefined")))
+#else
+#define SELFPROF_DETAIL_NO_SANITIZE
+#endif
+
+SELFPROF_DETAIL_NO_SANITIZE inline std::uint64_t load_word(std::uintptr_t addr) {
   return *reinterpret_cast<const volatile std::uint64_t*>(addr);
+}
+SELFPROF_DETAIL_NO_SANITIZE inline unsigned char load_byte(std::uintptr_t addr) {
+  return *reinterpret_cast<const volatile unsigned char*>(addr);
 }
 
 // The highest address the current thread's frames may occupy, or 0 when unknown.
@@ -86,7 +97,7 @@ inline unwind_result unwind_fp(std::uintptr_t pc, std::uintptr_t sp, std::uintpt
   // `push %rbp`, %rbp still holds the caller's frame and the return address sits at [sp] or [sp+8].
   // (The byte heuristics async-profiler uses for x86-64; anything else trusts %rbp.)
   if (max_depth > 1 && pc >= kMinCodeAddress && guard.readable(pc, 4)) {
-    const volatile unsigned char* code = reinterpret_cast<const volatile unsigned char*>(pc);
+    const unsigned char code[4] = {load_byte(pc), load_byte(pc + 1), load_byte(pc + 2), load_byte(pc + 3)};
     unsigned char b0 = code[0];
     std::uintptr_t ra_slot = 0;
     if (b0 == 0x55 || b0 == 0xC3 || (b0 == 0xF3 && code[1] == 0x0F && code[2] == 0x1E && code[3] == 0xFA)) {
