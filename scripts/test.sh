@@ -98,12 +98,13 @@ stage_gcc() {
   run_ctest gcc
 }
 stage_clang() {
-  build clang "${common[@]}" -DCMAKE_CXX_COMPILER=clang++ -DSELFPROF_BUILD_BENCH=ON \
+  build clang "${common[@]}" -DCMAKE_CXX_COMPILER=clang++ -DSELFPROF_BUILD_EXAMPLES=OFF \
     -DSELFPROF_WITH_LIBUNWIND=ON -DSELFPROF_WITH_LIBDW=OFF -DSELFPROF_WITH_ZLIB=OFF
   run_ctest clang -LE 'packaging|lint|external'
 }
 stage_single() {
-  build single "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_TEST_SINGLE_INCLUDE=ON -DSELFPROF_BUILD_TOOLS=OFF
+  build single "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_TEST_SINGLE_INCLUDE=ON -DSELFPROF_BUILD_TOOLS=OFF \
+    -DSELFPROF_BUILD_EXAMPLES=OFF
   run_ctest single -LE 'packaging|lint|external'
 }
 stage_asan() {

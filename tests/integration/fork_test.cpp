@@ -1,5 +1,8 @@
 // fork() while profiling: the child starts clean and stopped (no inherited ticks that would kill it,
 // no deadlock on the collector's locks), may start again; the parent keeps sampling.
+// ctest-labels: no_tsan
+// Not under TSan: it defers asynchronous signals to its next safe point, so a deferred handler walks
+// a stack that is no longer the interrupted one; and it kills children that start threads after fork.
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>

@@ -2,6 +2,9 @@
 // physics::rebuild_broadphase every 50th frame. The slow-frames profile is dominated by the spike, the
 // all-frames profile is not; frame statistics agree with the loop's own CLOCK_MONOTONIC timing; two
 // threads mark frames of their own loops; the worst frames come out one by one, in time order.
+// ctest-labels: no_tsan
+// Not under TSan: it defers asynchronous signals to its next safe point, so a deferred handler walks
+// a stack that is no longer the interrupted one; and it kills children that start threads after fork.
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 
@@ -123,8 +126,10 @@ void check_spike_scenario(const selfprof::profile& all, const selfprof::profile&
   REQUIRE(slow_total > 10);
   CHECK(double(slow_spike) > 0.5 * double(slow_total));  // the spike dominates the slow frames
   CHECK(double(all_spike) < 0.25 * double(all_total));   // and is a minority of everything (~13% of CPU)
-  // The slow profile holds only game-loop code: render/update of slow frames, never other threads.
-  CHECK(samples_in(slow, "render_scene") > 0);
+  // The slow profile holds only game-loop code of slow frames, never other threads. (Which phases of a
+  // slow frame get samples besides the spike depends on where the kernel's ticks fall: a CPU timer ticks
+  // with CONFIG_HZ, and these 8 ms frames are exactly two ticks long.)
+  CHECK(samples_in(slow, "run_game_loop") == slow_total);
 }
 
 }  // namespace

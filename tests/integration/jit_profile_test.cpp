@@ -2,6 +2,9 @@
 // in folded output), registration from 8 threads while sampling, the example's flame graph, and — as
 // root with perf installed — `perf report` naming the code from /tmp/perf-<pid>.map and from a jitdump
 // after `perf inject --jit`. x86-64 only (the test emits x86-64 machine code).
+// ctest-labels: no_tsan
+// Not under TSan: it defers asynchronous signals to its next safe point, so a deferred handler walks
+// a stack that is no longer the interrupted one; and it kills children that start threads after fork.
 #include <doctest/doctest.h>
 
 #include <limits.h>

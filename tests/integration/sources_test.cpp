@@ -1,5 +1,8 @@
 // Each tick source forced in turn and `auto`, at 99 Hz and 1 kHz, as root or not, with perf_event_open
 // made to fail through the syscall seam, and EMFILE falling back to CPU timers per thread.
+// ctest-labels: no_tsan
+// Not under TSan: it defers asynchronous signals to its next safe point, so a deferred handler walks
+// a stack that is no longer the interrupted one; and it kills children that start threads after fork.
 #include <doctest/doctest.h>
 
 #include <cerrno>

@@ -3,6 +3,9 @@
 // Covers: a caller's share of CPU under glibc's malloc/free (no frame pointers) against the truth measured
 // with the thread CPU clock; a frameless assembly leaf; C code built with -fomit-frame-pointer; samples
 // landing in the dynamic loader and in malloc while the tables are rebuilt (no deadlock).
+// ctest-labels: no_tsan
+// Not under TSan: it defers asynchronous signals to its next safe point, so a deferred handler walks
+// a stack that is no longer the interrupted one; and it kills children that start threads after fork.
 #include <doctest/doctest.h>
 
 #include <dlfcn.h>
