@@ -4606,6 +4606,26 @@ struct unwind_result {
   bool leaf_fixed = false;
 };
 
+// x86-64 prologue/epilogue bytes at the interrupted pc (async-profiler's heuristics): at a function's first
+// byte (push %rbp, endbr64) or on `ret` the return address is at [sp], right after `push %rbp` at [sp+8];
+// %rbp still holds the caller's frame. Used by both walkers for a leaf without a frame record. The slot of
+// the return address, or 0 when the bytes say nothing.
+inline std::uintptr_t leaf_return_slot(std::uintptr_t pc, std::uintptr_t sp) {
+#if defined(__x86_64__)
+  read_guard code_guard;
+  if (pc < kMinCodeAddress || !code_guard.readable(pc, 4)) return 0;
+  const unsigned char code[4] = {load_byte(pc), load_byte(pc + 1), load_byte(pc + 2), load_byte(pc + 3)};
+  const unsigned char b0 = code[0];
+  if (b0 == 0x55 || b0 == 0xC3 || (b0 == 0xF3 && code[1] == 0x0F && code[2] == 0x1E && code[3] == 0xFA))
+    return sp;
+  if (b0 == 0x48 && code[1] == 0x89 && code[2] == 0xE5) return sp + 8;
+#else
+  (void)pc;
+  (void)sp;
+#endif
+  return 0;
+}
+
 // Walks from an interrupted context. out[0] = pc, then return addresses, leaf first.
 inline unwind_result unwind_fp(std::uintptr_t pc, std::uintptr_t sp, std::uintptr_t fp,
                                std::uintptr_t stack_end, std::uint64_t* out, std::size_t max_depth) {
@@ -4617,20 +4637,9 @@ inline unwind_result unwind_fp(std::uintptr_t pc, std::uintptr_t sp, std::uintpt
   if (stack_end != 0 && stack_end < hi) hi = stack_end;
   read_guard guard;
 
-#if defined(__x86_64__)
-  // Prologue/epilogue: at a function's first byte (push %rbp, or endbr64), on `ret`, or right after
-  // `push %rbp`, %rbp still holds the caller's frame and the return address sits at [sp] or [sp+8].
-  // (The byte heuristics async-profiler uses for x86-64; anything else trusts %rbp.)
-  if (max_depth > 1 && pc >= kMinCodeAddress && guard.readable(pc, 4)) {
-    const unsigned char code[4] = {load_byte(pc), load_byte(pc + 1), load_byte(pc + 2), load_byte(pc + 3)};
-    unsigned char b0 = code[0];
-    std::uintptr_t ra_slot = 0;
-    if (b0 == 0x55 || b0 == 0xC3 || (b0 == 0xF3 && code[1] == 0x0F && code[2] == 0x1E && code[3] == 0xFA)) {
-      ra_slot = sp;
-    } else if (b0 == 0x48 && code[1] == 0x89 && code[2] == 0xE5) {
-      ra_slot = sp + 8;
-    }
-    guard = read_guard{};  // code pages and stack pages are unrelated ranges
+  // Prologue/epilogue: the caller's return address may not be in a frame record yet (or any more).
+  if (max_depth > 1) {
+    const std::uintptr_t ra_slot = leaf_return_slot(pc, sp);
     if (ra_slot != 0 && ra_slot % 8 == 0 && ra_slot + 8 <= hi && guard.readable(ra_slot, 8)) {
       std::uintptr_t ra = load_word(ra_slot);
       if (ra >= kMinCodeAddress) {
@@ -4639,7 +4648,6 @@ inline unwind_result unwind_fp(std::uintptr_t pc, std::uintptr_t sp, std::uintpt
       }
     }
   }
-#endif
 
   std::uintptr_t prev = sp;
   while (true) {
@@ -4734,24 +4742,6 @@ inline const unwind_row* find_unwind_row(const unwind_table_set* set, std::uintp
   if (lo == 0) return nullptr;
   const unwind_row* row = &m.rows[lo - 1];
   return row->kind == row_no_info ? nullptr : row;
-}
-
-// x86-64 prologue/epilogue bytes at a leaf without CFI (the heuristics unwind_fp applies): the slot of
-// the return address, or 0 when the bytes say nothing.
-inline std::uintptr_t leaf_return_slot(std::uintptr_t pc, std::uintptr_t sp) {
-#if defined(__x86_64__)
-  read_guard code_guard;
-  if (pc < kMinCodeAddress || !code_guard.readable(pc, 4)) return 0;
-  const unsigned char code[4] = {load_byte(pc), load_byte(pc + 1), load_byte(pc + 2), load_byte(pc + 3)};
-  const unsigned char b0 = code[0];
-  if (b0 == 0x55 || b0 == 0xC3 || (b0 == 0xF3 && code[1] == 0x0F && code[2] == 0x1E && code[3] == 0xFA))
-    return sp;
-  if (b0 == 0x48 && code[1] == 0x89 && code[2] == 0xE5) return sp + 8;
-#else
-  (void)pc;
-  (void)sp;
-#endif
-  return 0;
 }
 
 // Walks from an interrupted context with `set` (nullptr: frame pointers only). Same contract and bounds

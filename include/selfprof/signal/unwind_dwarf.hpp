@@ -80,24 +80,6 @@ inline const unwind_row* find_unwind_row(const unwind_table_set* set, std::uintp
   return row->kind == row_no_info ? nullptr : row;
 }
 
-// x86-64 prologue/epilogue bytes at a leaf without CFI (the heuristics unwind_fp applies): the slot of
-// the return address, or 0 when the bytes say nothing.
-inline std::uintptr_t leaf_return_slot(std::uintptr_t pc, std::uintptr_t sp) {
-#if defined(__x86_64__)
-  read_guard code_guard;
-  if (pc < kMinCodeAddress || !code_guard.readable(pc, 4)) return 0;
-  const unsigned char code[4] = {load_byte(pc), load_byte(pc + 1), load_byte(pc + 2), load_byte(pc + 3)};
-  const unsigned char b0 = code[0];
-  if (b0 == 0x55 || b0 == 0xC3 || (b0 == 0xF3 && code[1] == 0x0F && code[2] == 0x1E && code[3] == 0xFA))
-    return sp;
-  if (b0 == 0x48 && code[1] == 0x89 && code[2] == 0xE5) return sp + 8;
-#else
-  (void)pc;
-  (void)sp;
-#endif
-  return 0;
-}
-
 // Walks from an interrupted context with `set` (nullptr: frame pointers only). Same contract and bounds
 // as unwind_fp: out[0] = pc, then return addresses, leaf first; every stack read lies in
 // [sp, min(stack_end, sp + kMaxStackSpan)), is 8-aligned, probed, and each frame moves sp up by at most
