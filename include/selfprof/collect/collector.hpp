@@ -659,6 +659,9 @@ class profiler_core {
     control_mu_.unlock();
   }
   void atfork_child() {
+    // Another thread of the parent may have been inside the handler at the fork: its in-flight count
+    // was copied, but that thread does not exist here, and stop() would wait for it forever.
+    g_handler.in_flight.store(0, std::memory_order_release);
     if (running_) {
       g_handler.active.store(false, std::memory_order_release);
       if (source_) source_->abandon_after_fork();
