@@ -100,18 +100,18 @@ stage_gcc() {
 stage_clang() {
   build clang "${common[@]}" -DCMAKE_CXX_COMPILER=clang++ -DSELFPROF_BUILD_EXAMPLES=OFF \
     -DSELFPROF_WITH_LIBUNWIND=ON -DSELFPROF_WITH_LIBDW=OFF -DSELFPROF_WITH_ZLIB=OFF
-  run_ctest clang -LE 'packaging|lint|external'
+  run_ctest clang -LE 'packaging|lint|external|accuracy'
 }
 stage_single() {
   build single "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_TEST_SINGLE_INCLUDE=ON -DSELFPROF_BUILD_TOOLS=OFF \
     -DSELFPROF_BUILD_EXAMPLES=OFF
-  run_ctest single -LE 'packaging|lint|external'
+  run_ctest single -LE 'packaging|lint|external|accuracy'
 }
 stage_asan() {
   build asan "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_SANITIZE=address,undefined \
     -DSELFPROF_BUILD_EXAMPLES=OFF -DSELFPROF_BUILD_TOOLS=OFF
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-    run_ctest asan -LE 'packaging|lint|external|no_asan'
+    run_ctest asan -LE 'packaging|lint|external|accuracy|no_asan'
 }
 stage_tsan() {
   build tsan "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_SANITIZE=thread \
@@ -205,7 +205,7 @@ stage_fuzz() {
   count "$ok" "$bad" "fuzz"
 }
 stage_no_perf() {
-  SELFPROF_TEST_NO_PERF=1 run_ctest gcc -LE 'packaging|lint|external'
+  SELFPROF_TEST_NO_PERF=1 run_ctest gcc -LE 'packaging|lint|external|accuracy'
 }
 
 install_packages

@@ -108,7 +108,9 @@ TEST_CASE("the handler never calls malloc") {
   selfprof::stats st = selfprof::get_stats();
   MESSAGE(st.records << " samples taken, " << g_mallocs_total.load() << " allocations in the process, "
                      << g_mallocs_in_handler.load() << " inside the handler");
-  CHECK(st.records > 200);
+  // Half of what the source really delivers over 0.6 s of CPU (1 kHz with perf_event; without it, CPU
+  // timers deliver at most the kernel tick rate and carry the rest as overruns).
+  CHECK(double(st.records) > 0.5 * 0.6 * st.effective_hz);
   CHECK(g_mallocs_total.load() > 0);  // the counter works
   CHECK(g_mallocs_in_handler.load() == 0);
 
@@ -137,7 +139,7 @@ TEST_CASE("errno survives samples") {
     if (errno != 4242) ++bad;
   }
   REQUIRE(selfprof::stop());
-  CHECK(selfprof::get_stats().records - before > 100);
+  CHECK(double(selfprof::get_stats().records - before) > 0.5 * 0.3 * selfprof::get_stats().effective_hz);
   CHECK(bad == 0);
 }
 
@@ -151,7 +153,7 @@ TEST_CASE("garbage in %rbp does not crash the unwinder") {
                                   0xffff800000000000ull,
                                   ~std::uintptr_t(0) - 7,
                                   reinterpret_cast<std::uintptr_t>(&fakes) + 8};
-  for (std::uintptr_t f : fakes) spin_with_rbp(f, 30000000);
+  for (std::uintptr_t f : fakes) spin_with_rbp(f, 100000000);  // ~35 ms of CPU each
   REQUIRE(selfprof::stop());
   CHECK(selfprof::get_stats().records > 20);
 }
@@ -170,7 +172,7 @@ TEST_CASE("a frame chain that leads into an unreadable page stops there") {
   record[1] = reinterpret_cast<std::uintptr_t>(&wl::spin_units) + 4;  // a plausible return address
   REQUIRE(mprotect(middle, 4096, PROT_NONE) == 0);
   REQUIRE(selfprof::start(opts(1000)));
-  spin_with_rbp(reinterpret_cast<std::uintptr_t>(record), 300000000);
+  spin_with_rbp(reinterpret_cast<std::uintptr_t>(record), 900000000);  // ~0.3 s of CPU
   REQUIRE(selfprof::stop());
   REQUIRE(mprotect(middle, 4096, PROT_READ | PROT_WRITE) == 0);
   CHECK(selfprof::get_stats().records > 20);
