@@ -1,6 +1,8 @@
 // fork() while profiling: the child starts clean and stopped (no inherited ticks that would kill it,
 // no deadlock on the collector's locks), may start again; the parent keeps sampling.
-// ctest-labels: no_tsan
+// ctest-labels: no_tsan no_asan
+// Not under ASan: its own consistency CHECK (asan_thread.cpp, stack frame magic) fails in a child that
+// samples itself after a fork of a busy multi-threaded parent; open, see the issue note.
 // Not under TSan: it defers asynchronous signals to its next safe point, so a deferred handler walks
 // a stack that is no longer the interrupted one; and it kills children that start threads after fork.
 #include <doctest/doctest.h>
