@@ -2932,6 +2932,109 @@ function step(dir) {
 #include <string>
 #include <string_view>
 
+// ---- begin selfprof/output/text.hpp ----
+// Locale-independent number formatting and UTF-8 checks for the text writers (printf's %f follows LC_NUMERIC,
+// which a host program may have set to a locale with a decimal comma; our bytes must not depend on it).
+// Context: any thread except the signal handler.
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace selfprof {
+namespace detail {
+
+// `v` rounded to `decimals` places (0..9), with '.' as the decimal point: 2.5 → "2.500".
+// NaN and infinities print as "nan", "inf", "-inf"; magnitudes past 2^63 lose precision.
+inline std::string format_fixed(double v, int decimals) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+  if (decimals < 0) decimals = 0;
+  if (decimals > 9) decimals = 9;
+  std::uint64_t scale = 1;
+  for (int i = 0; i < decimals; ++i) scale *= 10;
+  const bool negative = v < 0;
+  const long double scaled = std::fabs(static_cast<long double>(v)) * scale + 0.5L;
+  const std::uint64_t n = scaled >= 18446744073709551615.0L ? UINT64_MAX : static_cast<std::uint64_t>(scaled);
+  std::string out = std::to_string(n / scale);
+  if (decimals > 0) {
+    std::string frac = std::to_string(n % scale);
+    out += '.';
+    out.append(static_cast<std::size_t>(decimals) - frac.size(), '0');
+    out += frac;
+  }
+  return negative && n != 0 ? "-" + out : out;
+}
+
+// Integral values without decimals ("99"), others with up to `decimals` places, trailing zeros cut.
+inline std::string format_compact(double v, int decimals = 3) {
+  std::string s = format_fixed(v, decimals);
+  if (s.find('.') == std::string::npos) return s;
+  while (s.back() == '0') s.pop_back();
+  if (s.back() == '.') s.pop_back();
+  return s;
+}
+
+// Length of the valid UTF-8 sequence starting at s[i], or 0 when it is not valid (overlong forms,
+// surrogates and code points above U+10FFFF are invalid); `cp` receives the code point.
+inline std::size_t utf8_decode(std::string_view s, std::size_t i, std::uint32_t& cp) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  cp = b0;
+  if (b0 < 0x80) return 1;
+  std::size_t len;
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    len = 2;
+    cp = b0 & 0x1Fu;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    len = 3;
+    cp = b0 & 0x0Fu;
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    len = 4;
+    cp = b0 & 0x07u;
+  } else {
+    return 0;
+  }
+  if (i + len > s.size()) return 0;
+  for (std::size_t k = 1; k < len; ++k) {
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    if ((b & 0xC0u) != 0x80u) return 0;
+    cp = (cp << 6) | (b & 0x3Fu);
+  }
+  if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))) return 0;
+  if (cp >= 0xD800 && cp <= 0xDFFF) return 0;
+  return len;
+}
+
+inline std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
+  std::uint32_t cp = 0;
+  return utf8_decode(s, i, cp);
+}
+
+// Appends `s` with control characters as spaces and invalid UTF-8 bytes as U+FFFD (for header lines).
+inline void append_printable(std::string& out, std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto u = static_cast<unsigned char>(s[i]);
+    if (u >= 0x80) {
+      const std::size_t len = utf8_sequence_length(s, i);
+      if (len == 0) {
+        out += "\xEF\xBF\xBD";
+        ++i;
+      } else {
+        out.append(s.data() + i, len);
+        i += len;
+      }
+      continue;
+    }
+    out += (u < 0x20 || u == 0x7F) ? ' ' : s[i];
+    ++i;
+  }
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/output/text.hpp ----
+
 namespace selfprof {
 namespace detail {
 
@@ -2954,34 +3057,10 @@ inline std::string sanitize_utf8(std::string_view in) {
       ++i;
       continue;
     }
-    std::size_t len = 0;
     std::uint32_t cp = 0;
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-      cp = c & 0x1Fu;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      cp = c & 0x0Fu;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      cp = c & 0x07u;
-    }
-    bool ok = len != 0 && i + len <= n;
-    for (std::size_t k = 1; ok && k < len; ++k) {
-      unsigned char cc = static_cast<unsigned char>(in[i + k]);
-      if ((cc & 0xC0) != 0x80)
-        ok = false;
-      else
-        cp = (cp << 6) | (cc & 0x3Fu);
-    }
-    if (ok) {
-      if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-        ok = false;  // overlong
-      else if (cp >= 0xD800 && cp <= 0xDFFF)
-        ok = false;  // surrogate
-      else if (cp == 0xFFFE || cp == 0xFFFF || (cp >= 0x80 && cp <= 0x9F))
-        ok = false;  // not XML
-    }
+    const std::size_t len = utf8_decode(in, i, cp);
+    // Valid UTF-8 that XML still refuses: U+FFFE, U+FFFF and the C1 controls.
+    const bool ok = len != 0 && !(cp == 0xFFFE || cp == 0xFFFF || (cp >= 0x80 && cp <= 0x9F));
     if (!ok) {
       append_replacement_char(out);
       ++i;  // resynchronise on the next byte
@@ -3796,103 +3875,6 @@ inline std::string write_diff_svg(const profile& before, const profile& after, c
 #include <utility>
 #include <vector>
 
-// ---- begin selfprof/output/text.hpp ----
-// Locale-independent number formatting and UTF-8 checks for the text writers (printf's %f follows LC_NUMERIC,
-// which a host program may have set to a locale with a decimal comma; our bytes must not depend on it).
-// Context: any thread except the signal handler.
-
-#include <cmath>
-#include <cstdint>
-#include <string>
-#include <string_view>
-
-namespace selfprof {
-namespace detail {
-
-// `v` rounded to `decimals` places (0..9), with '.' as the decimal point: 2.5 → "2.500".
-// NaN and infinities print as "nan", "inf", "-inf"; magnitudes past 2^63 lose precision.
-inline std::string format_fixed(double v, int decimals) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
-  if (decimals < 0) decimals = 0;
-  if (decimals > 9) decimals = 9;
-  std::uint64_t scale = 1;
-  for (int i = 0; i < decimals; ++i) scale *= 10;
-  const bool negative = v < 0;
-  const long double scaled = std::fabs(static_cast<long double>(v)) * scale + 0.5L;
-  const std::uint64_t n = scaled >= 18446744073709551615.0L ? UINT64_MAX : static_cast<std::uint64_t>(scaled);
-  std::string out = std::to_string(n / scale);
-  if (decimals > 0) {
-    std::string frac = std::to_string(n % scale);
-    out += '.';
-    out.append(static_cast<std::size_t>(decimals) - frac.size(), '0');
-    out += frac;
-  }
-  return negative && n != 0 ? "-" + out : out;
-}
-
-// Integral values without decimals ("99"), others with up to `decimals` places, trailing zeros cut.
-inline std::string format_compact(double v, int decimals = 3) {
-  std::string s = format_fixed(v, decimals);
-  if (s.find('.') == std::string::npos) return s;
-  while (s.back() == '0') s.pop_back();
-  if (s.back() == '.') s.pop_back();
-  return s;
-}
-
-// Length of the valid UTF-8 sequence starting at s[i], or 0 when it is not valid (overlong forms,
-// surrogates and code points above U+10FFFF are invalid).
-inline std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  if (b0 < 0x80) return 1;
-  std::size_t len;
-  std::uint32_t cp;
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    len = 2;
-    cp = b0 & 0x1Fu;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    len = 3;
-    cp = b0 & 0x0Fu;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    len = 4;
-    cp = b0 & 0x07u;
-  } else {
-    return 0;
-  }
-  if (i + len > s.size()) return 0;
-  for (std::size_t k = 1; k < len; ++k) {
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    if ((b & 0xC0u) != 0x80u) return 0;
-    cp = (cp << 6) | (b & 0x3Fu);
-  }
-  if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))) return 0;
-  if (cp >= 0xD800 && cp <= 0xDFFF) return 0;
-  return len;
-}
-
-// Appends `s` with control characters as spaces and invalid UTF-8 bytes as U+FFFD (for header lines).
-inline void append_printable(std::string& out, std::string_view s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const auto u = static_cast<unsigned char>(s[i]);
-    if (u >= 0x80) {
-      const std::size_t len = utf8_sequence_length(s, i);
-      if (len == 0) {
-        out += "\xEF\xBF\xBD";
-        ++i;
-      } else {
-        out.append(s.data() + i, len);
-        i += len;
-      }
-      continue;
-    }
-    out += (u < 0x20 || u == 0x7F) ? ' ' : s[i];
-    ++i;
-  }
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/output/text.hpp ----
 
 namespace selfprof {
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "selfprof/output/text.hpp"
+
 namespace selfprof {
 namespace detail {
 
@@ -31,34 +33,10 @@ inline std::string sanitize_utf8(std::string_view in) {
       ++i;
       continue;
     }
-    std::size_t len = 0;
     std::uint32_t cp = 0;
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-      cp = c & 0x1Fu;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      cp = c & 0x0Fu;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      cp = c & 0x07u;
-    }
-    bool ok = len != 0 && i + len <= n;
-    for (std::size_t k = 1; ok && k < len; ++k) {
-      unsigned char cc = static_cast<unsigned char>(in[i + k]);
-      if ((cc & 0xC0) != 0x80)
-        ok = false;
-      else
-        cp = (cp << 6) | (cc & 0x3Fu);
-    }
-    if (ok) {
-      if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-        ok = false;  // overlong
-      else if (cp >= 0xD800 && cp <= 0xDFFF)
-        ok = false;  // surrogate
-      else if (cp == 0xFFFE || cp == 0xFFFF || (cp >= 0x80 && cp <= 0x9F))
-        ok = false;  // not XML
-    }
+    const std::size_t len = utf8_decode(in, i, cp);
+    // Valid UTF-8 that XML still refuses: U+FFFE, U+FFFF and the C1 controls.
+    const bool ok = len != 0 && !(cp == 0xFFFE || cp == 0xFFFF || (cp >= 0x80 && cp <= 0x9F));
     if (!ok) {
       append_replacement_char(out);
       ++i;  // resynchronise on the next byte

@@ -43,12 +43,12 @@ inline std::string format_compact(double v, int decimals = 3) {
 }
 
 // Length of the valid UTF-8 sequence starting at s[i], or 0 when it is not valid (overlong forms,
-// surrogates and code points above U+10FFFF are invalid).
-inline std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
+// surrogates and code points above U+10FFFF are invalid); `cp` receives the code point.
+inline std::size_t utf8_decode(std::string_view s, std::size_t i, std::uint32_t& cp) {
   const auto b0 = static_cast<unsigned char>(s[i]);
+  cp = b0;
   if (b0 < 0x80) return 1;
   std::size_t len;
-  std::uint32_t cp;
   if (b0 >= 0xC2 && b0 <= 0xDF) {
     len = 2;
     cp = b0 & 0x1Fu;
@@ -70,6 +70,11 @@ inline std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
   if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))) return 0;
   if (cp >= 0xD800 && cp <= 0xDFFF) return 0;
   return len;
+}
+
+inline std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
+  std::uint32_t cp = 0;
+  return utf8_decode(s, i, cp);
 }
 
 // Appends `s` with control characters as spaces and invalid UTF-8 bytes as U+FFFD (for header lines).
