@@ -963,6 +963,7 @@ struct stack {
   std::uint64_t count = 0;            // samples (or the profile's unit, see profile_info::unit)
   std::uint32_t tid = 0;              // thread the samples came from (0 when merged/unknown)
   bool truncated = false;             // the unwinder hit the depth limit: root-side frames are missing
+  bool offcpu = false;                // wall mode: time the thread spent off the CPU (leaf: [blocked: call])
 };
 
 struct thread_info {
@@ -996,7 +997,7 @@ inline std::string frame_stats_line(const frame_loop_stats& s) {
 }
 
 struct profile_info {
-  std::string mode = "cpu";         // cpu | wall | offcpu
+  std::string mode = "cpu";         // cpu | wall | offcpu (the off-CPU part of a wall profile)
   std::string unit = "samples";     // what stack::count counts
   std::string source;               // tick source that produced the samples (perf, timer, itimer, file)
   double hz = 0;                    // requested sampling rate
@@ -1702,6 +1703,9 @@ struct source_config {
   double hz = 99;
   int signal_number = 0;
   bool allow_user_only = false;  // perf: accept an event that excludes kernel time
+  // perf, wall mode: only a software task clock that excludes the kernel, whose ticks land in user code
+  // only (wall/sampler.hpp explains why that keeps EINTR away from blocking calls).
+  bool user_clock_only = false;
 };
 
 class tick_source {
@@ -1740,6 +1744,12 @@ inline double kernel_tick_hz() {
   if (clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0 && (res.tv_sec > 0 || res.tv_nsec > 0))
     return 1e9 / (static_cast<double>(res.tv_sec) * 1e9 + static_cast<double>(res.tv_nsec));
   return 250;  // the most common CONFIG_HZ
+}
+
+// The CPU clock of one thread by tid: the kernel's CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD encoding
+// (what pthread_getcpuclockid returns, without needing the pthread_t; see clock_getcpuclockid(3)).
+inline clockid_t thread_cpu_clock(pid_t tid) {
+  return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
 }
 
 inline std::int64_t period_ns_for(double hz) {
@@ -2405,6 +2415,8 @@ inline bool java_package_prefix(std::string_view n) {
 
 // The hue a multi palette gives a (still annotated) name, as flamegraph.pl and inferno decide it.
 inline palette resolve_hue(palette p, std::string_view n) {
+  // Wall profiles: where a thread waited is drawn in the io palette's blue amid the hot on-CPU frames.
+  if (p == palette::hot && (n.rfind("[blocked", 0) == 0 || n == "[off-cpu]")) return palette::io;
   switch (p) {
     case palette::java:
       if (ends_with(n, "_[j]")) return palette::green;
@@ -4403,7 +4415,14 @@ enum sample_flags : std::uint16_t {
   sample_truncated = 1u << 0,   // the depth limit cut the stack: root-side frames are missing
   sample_offcpu = 1u << 1,      // wall mode: the thread was not running
   sample_leaf_fixed = 1u << 2,  // the caller of the interrupted frame was recovered by a leaf heuristic
+  sample_running = 1u << 3,     // wall mode without on-CPU signals: CPU time of a thread, no stack
 };
+// Wall mode: off-CPU samples carry the blocking system call in the flags' upper bits (number + 1; 0 when
+// the thread was blocked outside a system call), so stacks that wait in different calls stay apart.
+constexpr unsigned kSampleCallShift = 4;
+constexpr std::uint16_t kSampleCallMask = 0xFFF0;
+constexpr std::uint16_t kSampleKeptFlags =
+    sample_truncated | sample_offcpu | sample_running | kSampleCallMask;
 
 // One sample, as the handler writes it. `pcs` follows the header in the slot: pcs[0] is the interrupted
 // pc, pcs[1..depth) are return addresses, leaf first.
@@ -4412,7 +4431,7 @@ struct sample_header {
   std::uint16_t depth;
   std::uint16_t flags;
   std::uint32_t weight;   // ticks this sample stands for (1 + timer overruns)
-  std::uint32_t aux;      // reserved for the sampling mode (wall: blocking syscall number + 1)
+  std::uint32_t aux;      // wall mode: blocking system call number + 1 (0: none)
   std::uint64_t time_ns;  // CLOCK_MONOTONIC when taken
   std::uint64_t tag;      // frame marker of the thread (game frames), 0 if none
 };
@@ -4964,12 +4983,6 @@ inline void sample_signal_handler(int, siginfo_t* info, void* context) {
 namespace selfprof {
 namespace detail {
 
-// The CPU clock of one thread by tid: the kernel's CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD encoding
-// (what pthread_getcpuclockid returns, without needing the pthread_t; see clock_getcpuclockid(3)).
-inline clockid_t thread_cpu_clock(pid_t tid) {
-  return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
-}
-
 class cpu_timer_source final : public tick_source {
  public:
   ~cpu_timer_source() override { close(); }
@@ -5171,8 +5184,9 @@ class perf_event_source final : public tick_source {
     // included unless the caller accepts user-only events.
     pid_t self = static_cast<pid_t>(raw_gettid());
     int first_errno = 0;
-    for (int user = 0; user <= (config.allow_user_only ? 1 : 0); ++user) {
-      for (int hw = 1; hw >= 0; --hw) {
+    const bool user_clock = config.user_clock_only;
+    for (int user = user_clock ? 1 : 0; user <= (config.allow_user_only || user_clock ? 1 : 0); ++user) {
+      for (int hw = user_clock ? 0 : 1; hw >= 0; --hw) {
         hardware_ = hw == 1;
         user_only_ = user == 1;
         int fd = open_event(self);
@@ -5180,13 +5194,13 @@ class perf_event_source final : public tick_source {
           sys().close(fd);
           return status::ok();
         }
-        if (hw == 0 && user == 0) first_errno = errno;  // the software event with kernel time says most
+        if (hw == 0 && (user == 0 || user_clock)) first_errno = errno;  // the software event says most
       }
     }
     last_errno_ = first_errno;
     std::string why = std::string("perf_event_open(task-clock) failed: ") + std::strerror(first_errno);
     if (first_errno == EACCES || first_errno == EPERM)
-      why += config.allow_user_only
+      why += config.allow_user_only || user_clock
                  ? " (kernel.perf_event_paranoid or seccomp forbids it)"
                  : " (an event including kernel time needs root or kernel.perf_event_paranoid <= 1)";
     return status::error(why);
@@ -5389,6 +5403,30 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
   return out;
 }
 
+// Wall mode (wall/sampler.hpp): on-CPU stacks come only from a user-only software task clock, whose
+// ticks never land in the kernel, so they cannot turn a blocking call into EINTR. CPU timers and the
+// itimer can, and are refused even when asked for. No usable event: no signals at all (CPU time is then
+// counted without stacks), which the reason says.
+inline source_choice choose_wall_source(source_kind requested, source_config cfg) {
+  source_choice out;
+  if (requested == source_kind::timer || requested == source_kind::itimer) {
+    out.refused.push_back(std::string(source_name(requested)) +
+                          ": refused in wall mode (it can fire while a thread is in the kernel on its way to "
+                          "sleep, and the blocking call then fails with EINTR)");
+    return out;
+  }
+  cfg.user_clock_only = true;
+  auto src = make_source(source_kind::perf);
+  status st = src->open(cfg);
+  if (!st) {
+    out.refused.push_back("perf (user-only task clock): " + st.message());
+    return out;
+  }
+  out.reason = "wall mode: a user-only task clock never interrupts a blocking call";
+  out.source = std::move(src);
+  return out;
+}
+
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/sources/select.hpp ----
@@ -5496,6 +5534,724 @@ inline void restore_sample_handler(installed_signal& s) {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/sources/signal_setup.hpp ----
+// ---- begin selfprof/wall/sampler.hpp ----
+// The wall-clock sampler (SELFPROF_MODE=wall): every thread's time, running or not, without ever
+// interrupting a blocking call.
+// Context: its own thread ("selfprof-wall"); start/stop from setup only (the profiler core).
+//
+// Why no EINTR. A signal that arrives while a thread sleeps in poll, epoll_wait, select, nanosleep, a
+// timed futex or a socket read with a timeout makes the call fail with EINTR even under SA_RESTART
+// (signal(7)); a write may return short. So this mode never sends a signal to a thread that could be in
+// the kernel:
+//  - On-CPU stacks come from a per-thread perf_event task clock that counts *user* time only
+//    (exclude_kernel). Its overflow is raised from the timer interrupt only when that interrupt landed in
+//    user mode, and the signal is delivered on the way back to that same user code: the thread is never
+//    inside a system call when it arrives. (A kernel-inclusive event, a CPU-time timer or an itimer can
+//    all fire while the thread is in the kernel on its way to sleep; the sleep then sees the pending
+//    signal and returns EINTR. Wall mode refuses them.)
+//  - Off-CPU stacks are read from outside. This thread looks at up to kWallThreadsPerTick threads per
+//    tick (round robin), each with one clock_gettime of its CPU clock. A thread whose CPU time has not
+//    moved since the last look is still blocked where it was: the stack found then is counted again
+//    (no other work). Otherwise /proc/self/task/<tid>/syscall says "running" or gives the system call,
+//    sp and pc of a blocked thread (the kernel fills it only once the thread is off the CPU); the stack
+//    above sp is copied with process_vm_readv (a short read, never a fault, if it goes away) and unwound
+//    from the copy with the CFI rows the handler uses (unwind_stack_copy). The CPU clock is read again
+//    after the copy: if it moved, the thread ran meanwhile and the copy is not used.
+//  Without a user-only perf_event (perf_event_paranoid 3, seccomp, no fds) no signal is sent at all:
+//  CPU time is still counted, from the CPU clocks, as `[running]` without a stack.
+//
+// Weights are microseconds of wall time. At each look the time since the previous look splits into the
+// thread's CPU time (on-CPU samples, from the signals, stand for it) and the rest, which is off-CPU: it
+// goes to where the thread is blocked now, to where it was blocked before when it has woken since, half
+// to each when it was blocked at both looks and ran in between, and to `[off-cpu]` when it was running at
+// both looks (it blocked and woke unseen, or waited for a CPU). Counted this way, a thread's samples add up
+// to its wall time whatever the number of threads, only more coarsely placed when there are many.
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <new>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+// ---- begin selfprof/wall/copy_unwind.hpp ----
+// Unwinding a thread that is blocked in the kernel, from a copy of its stack: the pc and sp come from
+// /proc/self/task/<tid>/syscall, the frames from the same CFI rows the signal handler uses. The kernel
+// does not tell rbp, so the first frame that needs it is found by scanning the copy for a frame record.
+// Context: the wall sampler thread (never the signal handler).
+
+#include <link.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+// A copy of part of a thread's stack: `size` bytes that were at [base, base + size).
+struct stack_copy {
+  std::uintptr_t base = 0;
+  const unsigned char* data = nullptr;
+  std::size_t size = 0;
+
+  bool read(std::uintptr_t addr, std::uint64_t& out) const {
+    if (addr < base || addr - base > size || size - (addr - base) < 8) return false;
+    std::memcpy(&out, data + (addr - base), 8);
+    return true;
+  }
+  std::uintptr_t end() const { return base + size; }
+};
+
+// The executable segments of every loaded module (dl_iterate_phdr), to tell a return address from data.
+class code_ranges {
+ public:
+  void refresh() {
+    ranges_.clear();
+    dl_iterate_phdr(
+        [](struct dl_phdr_info* info, std::size_t, void* self) {
+          auto* r = static_cast<std::vector<std::pair<std::uintptr_t, std::uintptr_t>>*>(self);
+          for (int i = 0; i < info->dlpi_phnum; ++i) {
+            const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+            if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X) || ph.p_memsz == 0) continue;
+            std::uintptr_t start = info->dlpi_addr + ph.p_vaddr;
+            r->emplace_back(start, start + ph.p_memsz);
+          }
+          return 0;
+        },
+        &ranges_);
+    std::sort(ranges_.begin(), ranges_.end());
+  }
+  bool contains(std::uintptr_t addr) const {
+    auto it = std::upper_bound(ranges_.begin(), ranges_.end(), std::make_pair(addr, ~std::uintptr_t(0)));
+    return it != ranges_.begin() && addr < std::prev(it)->second;
+  }
+  bool empty() const { return ranges_.empty(); }
+
+ private:
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges_;
+};
+
+// Frame records are 16-byte aligned in ABI-conforming x86-64 code (rsp is 16-aligned after `push %rbp`);
+// scanning only those halves the chance of taking data for a record.
+constexpr std::uintptr_t kFrameRecordAlign = 16;
+
+// The lowest frame record at or above `sp` in the copy: a saved rbp that points further up the stack
+// (or is 0, the outermost frame) next to a return address into code, whose own record, when it lies in
+// the copy, holds a return address into code as well. False when none lies within kMaxFrameSize.
+inline bool find_frame_record(const stack_copy& mem, std::uintptr_t sp, const code_ranges& code,
+                              std::uintptr_t& fp) {
+  std::uintptr_t a = (sp + kFrameRecordAlign - 1) & ~(kFrameRecordAlign - 1);
+  for (; a >= sp && a - sp <= kMaxFrameSize; a += kFrameRecordAlign) {
+    std::uint64_t saved = 0, ra = 0;
+    if (!mem.read(a, saved) || !mem.read(a + 8, ra)) return false;
+    if (!code.contains(static_cast<std::uintptr_t>(ra))) continue;
+    if (saved == 0) {
+      fp = a;
+      return true;
+    }
+    if (saved <= a + 8 || saved % 8 != 0 || saved - a > kMaxStackSpan) continue;
+    std::uint64_t next_ra = 0;
+    if (mem.read(saved + 8, next_ra) && !code.contains(static_cast<std::uintptr_t>(next_ra))) continue;
+    fp = a;
+    return true;
+  }
+  return false;
+}
+
+struct copy_unwind_result {
+  std::size_t depth = 0;
+  bool truncated = false;
+  bool scanned = false;  // a frame record was found by scanning (rbp was not known)
+};
+
+// Walks a blocked thread's frames from `pc` (its user pc: out[0], looked up as is) and the copy's base
+// (its sp), with `set`'s CFI rows where they cover a pc and frame records elsewhere; every read lies in
+// the copy. out[1..depth) are return addresses, leaf first, as the signal handler records them.
+inline copy_unwind_result unwind_stack_copy(const unwind_table_set* set, std::uintptr_t pc,
+                                            const stack_copy& mem, const code_ranges& code,
+                                            std::uint64_t* out, std::size_t max_depth) {
+  copy_unwind_result r;
+  if (max_depth == 0) return r;
+  out[r.depth++] = pc;
+  std::uintptr_t sp = mem.base, fp = 0;
+  bool fp_known = false, leaf = true;
+  for (;;) {
+    const unwind_row* row = find_unwind_row(set, leaf ? pc : pc - 1);
+    if (row != nullptr && row->kind == row_outermost) break;
+    std::uint64_t ra = 0, next_fp = fp;
+    std::uintptr_t next_sp = 0;
+    bool next_fp_known = fp_known;
+    if (row != nullptr && row->kind != row_unknown) {
+      if (row->kind == row_cfa_rbp && !fp_known) {
+        if (!find_frame_record(mem, sp, code, fp)) break;
+        fp_known = r.scanned = true;
+        next_fp = fp;
+        next_fp_known = true;
+      }
+      std::uintptr_t base = row->kind == row_cfa_rbp ? fp : sp;
+      std::intptr_t off = row->cfa_off;
+      if (row->kind == row_cfa_plt && (pc & 15) >= row->plt_threshold) off += 8;
+      std::uintptr_t cfa = base + static_cast<std::uintptr_t>(off);
+      if ((off >= 0) != (cfa >= base)) break;
+      if (cfa < sp + 8 || cfa % 8 != 0 || cfa - sp > kMaxFrameSize) break;
+      if (!mem.read(cfa - 8, ra)) break;
+      if (row->fp_off != 0) {
+        if (!mem.read(cfa + static_cast<std::uintptr_t>(static_cast<std::intptr_t>(row->fp_off)), next_fp))
+          break;
+        next_fp_known = true;
+      }
+      next_sp = cfa;
+    } else {  // no CFI here: one frame-pointer step, from a scanned record when rbp is not known
+      if (!fp_known) {
+        if (!find_frame_record(mem, sp, code, fp)) break;
+        fp_known = r.scanned = true;
+      }
+      if (fp < sp || fp % 8 != 0 || fp - sp > kMaxFrameSize) break;
+      if (!mem.read(fp, next_fp) || !mem.read(fp + 8, ra)) break;
+      next_fp_known = true;
+      next_sp = fp + 16;
+    }
+    if (ra < kMinCodeAddress) break;
+    if (r.depth == max_depth) {
+      r.truncated = true;
+      break;
+    }
+    out[r.depth++] = ra;
+    if (next_sp <= sp) break;  // the walk must move towards the stack end
+    sp = next_sp;
+    fp = static_cast<std::uintptr_t>(next_fp);
+    fp_known = next_fp_known;
+    pc = static_cast<std::uintptr_t>(ra);
+    leaf = false;
+  }
+  return r;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/wall/copy_unwind.hpp ----
+// ---- begin selfprof/wall/task_state.hpp ----
+// What the wall-clock sampler learns about another thread of this process without touching it: its
+// CPU time, whether and where it is blocked (/proc/self/task/<tid>/syscall), and a copy of its stack.
+// Context: the wall sampler thread (never the signal handler).
+
+#include <fcntl.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+
+namespace selfprof {
+namespace detail {
+
+// CPU time used so far by thread `tid`, in ns; false when the thread is gone.
+inline bool thread_cpu_ns(pid_t tid, std::uint64_t& out) {
+  struct timespec ts;
+  if (clock_gettime(thread_cpu_clock(tid), &ts) != 0) return false;
+  out = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+  return true;
+}
+
+// A thread's state as /proc/self/task/<tid>/syscall gives it. The kernel fills the file only once the
+// thread is off the CPU (it waits for that, briefly), so "blocked" is exact at the time of the read.
+struct task_syscall {
+  enum kind_t { gone, running, in_syscall, blocked_other } kind = gone;
+  long nr = -1;           // system call number (in_syscall)
+  std::uintptr_t sp = 0;  // user stack pointer at the call
+  std::uintptr_t pc = 0;  // user pc: the instruction after the system call
+};
+
+// Parses the file's text: "running", "-1 <sp> <pc>", or "<nr> <6 args> <sp> <pc>" (numbers in hex
+// after the first). Anything else is `gone` (the thread exited, or the kernel said something new).
+inline task_syscall parse_task_syscall(const char* text) {
+  task_syscall t;
+  if (std::strncmp(text, "running", 7) == 0) {
+    t.kind = task_syscall::running;
+    return t;
+  }
+  char* end = nullptr;
+  errno = 0;
+  long nr = std::strtol(text, &end, 10);
+  if (end == text || errno != 0) return t;
+  unsigned long long v[8];
+  int n = 0;
+  const char* p = end;
+  while (n < 8) {
+    while (*p == ' ') ++p;
+    if (*p == '\0' || *p == '\n') break;
+    char* e = nullptr;
+    v[n] = std::strtoull(p, &e, 16);
+    if (e == p) return t;
+    ++n;
+    p = e;
+  }
+  if (nr == -1 && n == 2) {
+    t.kind = task_syscall::blocked_other;
+  } else if (nr >= 0 && n == 8) {
+    t.kind = task_syscall::in_syscall;
+  } else {
+    return t;
+  }
+  t.nr = nr;
+  t.sp = static_cast<std::uintptr_t>(v[n - 2]);
+  t.pc = static_cast<std::uintptr_t>(v[n - 1]);
+  return t;
+}
+
+// Opens /proc/self/task/<tid>/syscall through `task_dir` (an open fd of /proc/self/task); -1 if gone.
+inline int open_task_syscall(int task_dir, pid_t tid) {
+  char path[32];
+  std::snprintf(path, sizeof path, "%d/syscall", static_cast<int>(tid));
+  return ::openat(task_dir, path, O_RDONLY | O_CLOEXEC);
+}
+
+// Reads the file afresh from an fd open_task_syscall gave (procfs regenerates it at offset 0, so one
+// fd serves every look: half the cost of open + read + close).
+inline task_syscall read_task_syscall(int fd) {
+  char buf[256];
+  ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return task_syscall{};
+  buf[n] = '\0';
+  return parse_task_syscall(buf);
+}
+
+// Copies up to `len` bytes of this process's memory from `addr` into `out`; returns the bytes copied
+// (fewer where an unmapped page begins). Never faults: the kernel does the reading (process_vm_readv,
+// else /proc/self/mem), so a thread that exits and unmaps its stack meanwhile costs a short read only.
+inline std::size_t copy_own_memory(std::uintptr_t addr, void* out, std::size_t len) {
+  struct iovec local {
+    out, len
+  };
+  struct iovec remote {
+    reinterpret_cast<void*>(addr), len
+  };
+  ssize_t n = ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0);
+  if (n >= 0) return static_cast<std::size_t>(n);
+  if (errno != ENOSYS && errno != EPERM) return 0;
+  int fd = ::open("/proc/self/mem", O_RDONLY | O_CLOEXEC);  // seccomp may forbid process_vm_readv alone
+  if (fd < 0) return 0;
+  std::size_t done = 0;
+  while (done < len) {
+    ssize_t r = ::pread(fd, static_cast<char*>(out) + done, len - done, static_cast<off_t>(addr + done));
+    if (r <= 0) break;
+    done += static_cast<std::size_t>(r);
+  }
+  ::close(fd);
+  return done;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/wall/task_state.hpp ----
+
+namespace selfprof {
+
+// What the wall sampler did (stats::wall).
+struct wall_stats {
+  std::uint64_t ticks = 0;       // sampler wake-ups
+  std::uint64_t looks = 0;       // thread looks (at most kWallThreadsPerTick per tick)
+  std::uint64_t unchanged = 0;   // looks that found the CPU clock unmoved and reused the stack
+  std::uint64_t proc_reads = 0;  // /proc/self/task/<tid>/syscall reads
+  std::uint64_t copies = 0;      // blocked stacks copied and unwound
+  std::uint64_t raced = 0;       // copies dropped because the thread ran while they were taken
+  std::uint64_t scanned = 0;     // unwinds that had to find a frame record by scanning
+  std::uint64_t deferred = 0;    // thread looks left to a later tick by the per-tick bound
+  std::uint64_t dropped = 0;     // records lost: the ring was full
+  std::uint64_t offcpu_us = 0;   // off-CPU time recorded
+  std::uint64_t cpu_ns = 0;      // CPU time of the sampler thread itself
+};
+
+namespace detail {
+
+// Threads looked at per tick: bounds the sampler's cost whatever the number of threads (async-profiler
+// signals 8 per tick; a look here costs ~1 us for an unchanged thread, ~20 us for a changed one).
+constexpr std::size_t kWallThreadsPerTick = 16;
+// Bytes of a blocked thread's stack copied per look: deep enough for 128 typical frames.
+constexpr std::size_t kWallStackCopy = 64 * 1024;
+// /proc/self/task/<tid>/syscall fds kept open between looks (beyond this, opened per look).
+constexpr std::size_t kWallCachedFds = 1024;
+// A thread that was running at the last look and was off the CPU for less than 1/this of the time
+// since is taken to be running still, without reading /proc (a busy thread costs one clock read).
+constexpr std::uint64_t kWallBusyRatio = 20;
+
+struct wall_config {
+  double hz = 99;
+  bool oncpu_signals = true;  // on-CPU time comes as signal samples (else counted here as [running])
+  sample_ring* ring = nullptr;
+  std::size_t threads_per_tick = kWallThreadsPerTick;
+  // The threads to sample (not selfprof's own): fills `out` and returns true when the set changed since
+  // `generation` (which it updates), else returns false; so an unchanged set costs nothing per tick.
+  std::function<bool(std::uint64_t& generation, std::vector<pid_t>& out)> list_threads;
+  std::function<void()> wake_collector;  // the ring is half full
+};
+
+class wall_sampler {
+ public:
+  wall_sampler() = default;
+  wall_sampler(const wall_sampler&) = delete;
+  wall_sampler& operator=(const wall_sampler&) = delete;
+  ~wall_sampler() { stop(); }
+
+  status start(const wall_config& cfg) {
+    stop();
+    cfg_ = cfg;
+    if (cfg_.threads_per_tick == 0) cfg_.threads_per_tick = 1;
+    task_dir_ = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (task_dir_ < 0) return status::error("selfprof: wall mode needs /proc/self/task: " + errno_text());
+    stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (stop_fd_ < 0) {
+      ::close(task_dir_);
+      task_dir_ = -1;
+      return status::error("selfprof: eventfd: " + errno_text());
+    }
+    code_.refresh();
+    states_.clear();
+    cached_fds_ = 0;
+    order_.clear();
+    list_generation_ = ~std::uint64_t(0);
+    cursor_ = 0;
+    pcs_.assign(cfg_.ring ? cfg_.ring->max_depth() : 128, 0);
+    copy_.assign(kWallStackCopy, 0);
+    reset_counters();
+    tid_.store(0);
+    thread_ = std::thread([this] { loop(); });
+    return status::ok();
+  }
+
+  void stop() {
+    if (!thread_.joinable()) return;
+    std::uint64_t one = 1;
+    ssize_t n = ::write(stop_fd_, &one, sizeof one);
+    (void)n;
+    thread_.join();
+    ::close(stop_fd_);
+    ::close(task_dir_);
+    stop_fd_ = task_dir_ = -1;
+    for (auto& st : states_) close_fd(st.second);
+    states_.clear();
+  }
+
+  // In a forked child: the thread does not exist there; forget it without joining.
+  void abandon_after_fork() {
+    if (thread_.joinable()) {
+      new (&thread_) std::thread();  // the old object names a thread of the parent: leaked on purpose
+      if (stop_fd_ >= 0) ::close(stop_fd_);
+      if (task_dir_ >= 0) ::close(task_dir_);
+      stop_fd_ = task_dir_ = -1;
+      for (auto& st : states_) close_fd(st.second);  // this process's copies of the fds
+      states_.clear();
+    }
+    tid_.store(0);
+  }
+
+  pid_t tid() const { return tid_.load(); }
+
+  wall_stats counters() const {
+    wall_stats c;
+    c.ticks = n_ticks_.load(std::memory_order_relaxed);
+    c.looks = n_looks_.load(std::memory_order_relaxed);
+    c.unchanged = n_unchanged_.load(std::memory_order_relaxed);
+    c.proc_reads = n_proc_reads_.load(std::memory_order_relaxed);
+    c.copies = n_copies_.load(std::memory_order_relaxed);
+    c.raced = n_raced_.load(std::memory_order_relaxed);
+    c.scanned = n_scanned_.load(std::memory_order_relaxed);
+    c.deferred = n_deferred_.load(std::memory_order_relaxed);
+    c.dropped = n_dropped_.load(std::memory_order_relaxed);
+    c.offcpu_us = n_offcpu_us_.load(std::memory_order_relaxed);
+    c.cpu_ns = n_cpu_ns_.load(std::memory_order_relaxed);
+    return c;
+  }
+
+ private:
+  struct thread_state {
+    std::uint64_t last_ns = 0;   // CLOCK_MONOTONIC of the last look (0: never looked at)
+    std::uint64_t last_cpu = 0;  // its CPU clock then
+    std::uint64_t carry_ns = 0;  // off-CPU time below one microsecond, kept for the next record
+    bool blocked = false;        // blocked at the last look; stack/flags say where
+    std::uint16_t flags = 0;
+    std::uint32_t aux = 0;
+    std::vector<std::uint64_t> stack;
+    bool listed = true;
+    int fd = -1;  // its /proc/self/task/<tid>/syscall, kept open
+  };
+
+  static std::string errno_text() { return std::strerror(errno); }
+
+  static std::uint64_t now_ns() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+  }
+
+  void reset_counters() {
+    for (auto* c : {&n_ticks_, &n_looks_, &n_unchanged_, &n_proc_reads_, &n_copies_, &n_raced_, &n_scanned_,
+                    &n_deferred_, &n_dropped_, &n_offcpu_us_, &n_cpu_ns_})
+      c->store(0, std::memory_order_relaxed);
+  }
+  static void bump(std::atomic<std::uint64_t>& c, std::uint64_t by = 1) {
+    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);  // one writer
+  }
+
+  void loop() {
+    pthread_setname_np(pthread_self(), "selfprof-wall");
+    tid_.store(static_cast<pid_t>(raw_gettid()));
+    const std::uint64_t period = static_cast<std::uint64_t>(1e9 / (cfg_.hz > 0 ? cfg_.hz : 99));
+    std::uint64_t next = now_ns() + period;
+    std::uint64_t generation = loader_generation();
+    for (;;) {
+      std::uint64_t now = now_ns();
+      if (now < next) {
+        struct timespec wait {
+          static_cast<time_t>((next - now) / 1000000000ull), static_cast<long>((next - now) % 1000000000ull)
+        };
+        struct pollfd p {};
+        p.fd = stop_fd_;
+        p.events = POLLIN;
+        int r = ::ppoll(&p, 1, &wait, nullptr);
+        if (r > 0) break;  // stop
+        continue;
+      }
+      next += period;
+      if (next < now) next = now + period;  // fell behind (suspended, overloaded): do not catch up
+      bump(n_ticks_);
+      std::uint64_t g = loader_generation();
+      if (g != generation) {
+        generation = g;
+        code_.refresh();
+      }
+      tick(now);
+      struct timespec cpu;
+      if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
+        n_cpu_ns_.store(
+            static_cast<std::uint64_t>(cpu.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(cpu.tv_nsec),
+            std::memory_order_relaxed);
+    }
+  }
+
+  // Libraries loaded plus unloaded (dl_iterate_phdr's counters): the code ranges change with them.
+  static std::uint64_t loader_generation() {
+    std::uint64_t gen = 0;
+    dl_iterate_phdr(
+        [](struct dl_phdr_info* info, std::size_t size, void* out) {
+          if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
+            *static_cast<std::uint64_t*>(out) = info->dlpi_adds + info->dlpi_subs;
+          return 1;
+        },
+        &gen);
+    return gen;
+  }
+
+  void refresh_order() {
+    fresh_.clear();
+    if (!cfg_.list_threads || !cfg_.list_threads(list_generation_, fresh_)) return;
+    order_.swap(fresh_);
+    pid_t self = tid_.load();
+    order_.erase(std::remove(order_.begin(), order_.end(), self), order_.end());
+    std::sort(order_.begin(), order_.end());
+    for (auto& s : states_) s.second.listed = false;
+    for (pid_t t : order_) states_[t].listed = true;
+    for (auto it = states_.begin(); it != states_.end();) {
+      if (it->second.listed) {
+        ++it;
+        continue;
+      }
+      close_fd(it->second);
+      it = states_.erase(it);
+    }
+  }
+
+  void tick(std::uint64_t now) {
+    refresh_order();
+    if (order_.empty()) return;
+    std::size_t n = std::min(cfg_.threads_per_tick, order_.size());
+    if (order_.size() > n) bump(n_deferred_, order_.size() - n);
+    if (cursor_ >= order_.size()) cursor_ = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      pid_t tid = order_[(cursor_ + i) % order_.size()];
+      look(tid, states_[tid], now);
+    }
+    cursor_ = (cursor_ + n) % order_.size();
+  }
+
+  void look(pid_t tid, thread_state& st, std::uint64_t now) {
+    bump(n_looks_);
+    std::uint64_t cpu = 0;
+    if (!thread_cpu_ns(tid, cpu)) return;  // gone; dropped at the next list refresh
+    const bool first = st.last_ns == 0;
+    const std::uint64_t wall = first || now < st.last_ns ? 0 : now - st.last_ns;
+    const std::uint64_t ran = cpu >= st.last_cpu ? cpu - st.last_cpu : 0;
+    const std::uint64_t off = first ? 0 : wall > ran ? wall - ran : 0;
+    st.last_ns = now;
+    st.last_cpu = cpu;
+    if (!first && ran == 0 && st.blocked) {  // still where it was: count it again, nothing else to do
+      bump(n_unchanged_);
+      emit_offcpu(tid, st, st, off, now);
+      return;
+    }
+    if (!first && ran > 0 && !cfg_.oncpu_signals) emit_running(tid, ran, now);
+    if (!first && !st.blocked && off * kWallBusyRatio < wall) {  // busy: still running
+      thread_state unseen;
+      unseen.flags = sample_offcpu;
+      emit_offcpu(tid, st, unseen, off, now);
+      return;
+    }
+    bump(n_proc_reads_);
+    task_syscall ts = read_syscall_file(tid, st);
+    thread_state before_flags;  // where it was blocked at the last look, if it was
+    const bool was_blocked = st.blocked;
+    if (was_blocked) {
+      before_flags.flags = st.flags;
+      before_flags.aux = st.aux;
+      before_flags.stack.swap(st.stack);
+    }
+    st.blocked = false;
+    if (ts.kind == task_syscall::in_syscall || ts.kind == task_syscall::blocked_other)
+      st.blocked = capture_blocked(tid, ts, cpu, st);
+    if (first) return;
+    if (st.blocked && was_blocked) {  // woke from one wait, ran, and waits again: half to each
+      emit_offcpu(tid, st, before_flags, off / 2, now);
+      emit_offcpu(tid, st, st, off - off / 2, now);
+    } else if (st.blocked) {
+      emit_offcpu(tid, st, st, off, now);
+    } else if (was_blocked) {
+      emit_offcpu(tid, st, before_flags, off, now);
+    } else {
+      thread_state unseen;  // depth 0, no call: rendered as [off-cpu]
+      unseen.flags = sample_offcpu;
+      emit_offcpu(tid, st, unseen, off, now);
+    }
+  }
+
+  void close_fd(thread_state& st) {
+    if (st.fd >= 0) {
+      ::close(st.fd);
+      --cached_fds_;
+    }
+    st.fd = -1;
+  }
+
+  task_syscall read_syscall_file(pid_t tid, thread_state& st) {
+    if (st.fd >= 0) return read_task_syscall(st.fd);
+    int fd = open_task_syscall(task_dir_, tid);
+    if (fd < 0) return task_syscall{};
+    task_syscall ts = read_task_syscall(fd);
+    if (cached_fds_ < kWallCachedFds) {
+      st.fd = fd;
+      ++cached_fds_;
+    } else {
+      ::close(fd);
+    }
+    return ts;
+  }
+
+  // Copies and unwinds the stack of a thread blocked at `ts`; false when it ran meanwhile.
+  bool capture_blocked(pid_t tid, const task_syscall& ts, std::uint64_t cpu, thread_state& st) {
+    std::size_t got = ts.sp ? copy_own_memory(ts.sp, copy_.data(), copy_.size()) : 0;
+    std::uint64_t cpu_after = 0;
+    if (!thread_cpu_ns(tid, cpu_after) || cpu_after != cpu) {
+      bump(n_raced_);
+      return false;
+    }
+    bump(n_copies_);
+    stack_copy mem;
+    mem.base = ts.sp;
+    mem.data = copy_.data();
+    mem.size = got;
+    copy_unwind_result u = unwind_stack_copy(g_unwind_tables.load(std::memory_order_acquire), ts.pc, mem,
+                                             code_, pcs_.data(), pcs_.size());
+    if (u.scanned) bump(n_scanned_);
+    st.stack.assign(pcs_.begin(), pcs_.begin() + static_cast<std::ptrdiff_t>(u.depth));
+    std::uint32_t call = ts.kind == task_syscall::in_syscall && ts.nr >= 0 && ts.nr < 0xFFE
+                             ? static_cast<std::uint32_t>(ts.nr + 1)
+                             : 0;
+    st.aux = call;
+    st.flags = static_cast<std::uint16_t>(sample_offcpu | (u.truncated ? sample_truncated : 0) |
+                                          (call << kSampleCallShift));
+    return true;
+  }
+
+  void emit_offcpu(pid_t tid, thread_state& st, const thread_state& where, std::uint64_t off_ns,
+                   std::uint64_t now) {
+    st.carry_ns += off_ns;
+    std::uint64_t us = st.carry_ns / 1000;
+    if (us == 0) return;
+    st.carry_ns -= us * 1000;
+    if (us > 0xFFFFFFFFu) us = 0xFFFFFFFFu;
+    bump(n_offcpu_us_, us);
+    push(tid, where.stack.data(), where.stack.size(), where.flags, static_cast<std::uint32_t>(us), where.aux,
+         now);
+  }
+
+  void emit_running(pid_t tid, std::uint64_t ran_ns, std::uint64_t now) {
+    std::uint64_t us = ran_ns / 1000;
+    if (us == 0) return;
+    if (us > 0xFFFFFFFFu) us = 0xFFFFFFFFu;
+    push(tid, nullptr, 0, sample_running, static_cast<std::uint32_t>(us), 0, now);
+  }
+
+  void push(pid_t tid, const std::uint64_t* pcs, std::size_t depth, std::uint16_t flags, std::uint32_t weight,
+            std::uint32_t aux, std::uint64_t now) {
+    sample_ring* ring = cfg_.ring;
+    if (ring == nullptr) return;
+    std::uint64_t pos = 0;
+    ring_slot* slot = ring->claim(pos);
+    if (slot == nullptr) {
+      bump(n_dropped_);
+      return;
+    }
+    if (depth > ring->max_depth()) depth = ring->max_depth();
+    if (depth) std::memcpy(slot->pcs(), pcs, depth * sizeof(std::uint64_t));
+    sample_header& h = slot->header;
+    h.tid = static_cast<std::uint32_t>(tid);
+    h.depth = static_cast<std::uint16_t>(depth);
+    h.flags = flags;
+    h.weight = weight;
+    h.aux = aux;
+    h.time_ns = now;
+    h.tag = 0;
+    sample_ring::publish(slot, pos);
+    const std::uint64_t half = ring->capacity() / 2;
+    if (half != 0 && pos % half == half - 1 && cfg_.wake_collector) cfg_.wake_collector();
+  }
+
+  wall_config cfg_;
+  std::thread thread_;
+  std::atomic<pid_t> tid_{0};
+  int task_dir_ = -1, stop_fd_ = -1;
+  std::size_t cached_fds_ = 0;
+  code_ranges code_;
+  std::unordered_map<pid_t, thread_state> states_;
+  std::vector<pid_t> order_, fresh_;
+  std::uint64_t list_generation_ = 0;
+  std::size_t cursor_ = 0;
+  std::vector<std::uint64_t> pcs_;
+  std::vector<unsigned char> copy_;
+  std::atomic<std::uint64_t> n_ticks_{0}, n_looks_{0}, n_unchanged_{0}, n_proc_reads_{0}, n_copies_{0},
+      n_raced_{0}, n_scanned_{0}, n_deferred_{0}, n_dropped_{0}, n_offcpu_us_{0}, n_cpu_ns_{0};
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/wall/sampler.hpp ----
 // ---- begin selfprof/collect/dumps.hpp ----
 // Dumps the program does not ask for itself: on the dump signal (SIGUSR2 by default), every
 // SELFPROF_INTERVAL seconds, each written by a dumper thread so the collector keeps draining.
@@ -6570,9 +7326,15 @@ inline output_options dump_output_options(const profile& p) {
     std::fclose(f);
   }
   while (!comm.empty() && (comm.back() == '\n' || comm.back() == ' ')) comm.pop_back();
-  oo.svg.title = (p.info.mode == "cpu" ? "CPU profile of " : p.info.mode + " profile of ") +
+  const std::string& mode = p.info.mode;
+  oo.svg.title = (mode == "cpu"      ? std::string("CPU profile of ")
+                  : mode == "wall"   ? std::string("Wall-clock profile of ")
+                  : mode == "offcpu" ? std::string("Off-CPU time of ")
+                                     : mode + " profile of ") +
                  (comm.empty() ? std::string("this process") : comm) + " (pid " + std::to_string(::getpid()) +
                  ")";
+  if (mode == "offcpu") oo.svg.colors = palette::io;  // Gregg's off-CPU convention: blue frames
+  if (!p.info.unit.empty() && p.info.unit != "samples") oo.svg.count_name = p.info.unit;
   for (const auto& n : p.info.notes) {
     if (n.find("not sampled") == std::string::npos) continue;
     oo.svg.subtitle += (oo.svg.subtitle.empty() ? "" : "; ") + n;
@@ -6639,6 +7401,25 @@ inline void add_marker_frames(profile& p, bool thread_roots) {
     if (head.empty()) continue;
     s.frames.insert(s.frames.begin() + static_cast<std::ptrdiff_t>(first), head.begin(), head.end());
   }
+}
+
+// The off-CPU part of a wall profile: only the stacks of time spent off the CPU, same frames and threads.
+inline profile offcpu_view(const profile& wall) {
+  profile p;
+  p.frames = wall.frames;
+  p.threads = wall.threads;
+  p.info = wall.info;
+  p.info.mode = "offcpu";
+  std::uint64_t total = 0, truncated = 0;
+  for (const stack& s : wall.stacks) {
+    if (!s.offcpu) continue;
+    p.stacks.push_back(s);
+    total += s.count;
+    if (s.truncated) truncated += s.count;
+  }
+  p.info.samples = total;
+  p.info.truncated = truncated;
+  return p;
 }
 
 }  // namespace detail
@@ -9084,6 +9865,270 @@ class symbolizer {
 
 }  // namespace selfprof
 // ---- end selfprof/symbols/symbolizer.hpp ----
+// ---- begin selfprof/wall/syscalls.hpp ----
+// Names of the system calls a thread can block in, for the `[blocked: name]` frames of wall-clock
+// profiles (the number comes from /proc/self/task/<tid>/syscall).
+// Context: any thread (never the signal handler).
+
+#include <sys/syscall.h>
+
+#include <string>
+
+namespace selfprof {
+namespace detail {
+
+// The name of system call `nr` on this architecture, or "syscall <nr>" for one not in the list (the
+// list holds the calls that wait: I/O, locks, sleeps, process and signal waits, and their neighbours).
+inline std::string syscall_name(long nr) {
+  struct entry {
+    long nr;
+    const char* name;
+  };
+  static const entry
+      table
+          [] =
+              {
+#define SELFPROF_DETAIL_SYSCALL(n) {SYS_##n, #n},
+#ifdef SYS_read
+                  SELFPROF_DETAIL_SYSCALL(read)
+#endif
+#ifdef SYS_write
+                      SELFPROF_DETAIL_SYSCALL(write)
+#endif
+#ifdef SYS_readv
+                          SELFPROF_DETAIL_SYSCALL(readv)
+#endif
+#ifdef SYS_writev
+                              SELFPROF_DETAIL_SYSCALL(writev)
+#endif
+#ifdef SYS_pread64
+                                  SELFPROF_DETAIL_SYSCALL(pread64)
+#endif
+#ifdef SYS_pwrite64
+                                      SELFPROF_DETAIL_SYSCALL(pwrite64)
+#endif
+#ifdef SYS_preadv2
+                                          SELFPROF_DETAIL_SYSCALL(preadv2)
+#endif
+#ifdef SYS_pwritev2
+                                              SELFPROF_DETAIL_SYSCALL(pwritev2)
+#endif
+#ifdef SYS_open
+                                                  SELFPROF_DETAIL_SYSCALL(open)
+#endif
+#ifdef SYS_openat
+                                                      SELFPROF_DETAIL_SYSCALL(openat)
+#endif
+#ifdef SYS_close
+                                                          SELFPROF_DETAIL_SYSCALL(close)
+#endif
+#ifdef SYS_fsync
+                                                              SELFPROF_DETAIL_SYSCALL(fsync)
+#endif
+#ifdef SYS_fdatasync
+                                                                  SELFPROF_DETAIL_SYSCALL(fdatasync)
+#endif
+#ifdef SYS_sync_file_range
+                                                                      SELFPROF_DETAIL_SYSCALL(sync_file_range)
+#endif
+#ifdef SYS_flock
+                                                                          SELFPROF_DETAIL_SYSCALL(flock)
+#endif
+#ifdef SYS_fcntl
+                                                                              SELFPROF_DETAIL_SYSCALL(fcntl)
+#endif
+#ifdef SYS_ioctl
+                                                                                  SELFPROF_DETAIL_SYSCALL(
+                                                                                      ioctl)
+#endif
+#ifdef SYS_futex
+                                                                                      SELFPROF_DETAIL_SYSCALL(
+                                                                                          futex)
+#endif
+#ifdef SYS_futex_waitv
+                                                                                          SELFPROF_DETAIL_SYSCALL(
+                                                                                              futex_waitv)
+#endif
+#ifdef SYS_poll
+                                                                                              SELFPROF_DETAIL_SYSCALL(
+                                                                                                  poll)
+#endif
+#ifdef SYS_ppoll
+                                                                                                  SELFPROF_DETAIL_SYSCALL(
+                                                                                                      ppoll)
+#endif
+#ifdef SYS_select
+                                                                                                      SELFPROF_DETAIL_SYSCALL(
+                                                                                                          select)
+#endif
+#ifdef SYS_pselect6
+                                                                                                          SELFPROF_DETAIL_SYSCALL(
+                                                                                                              pselect6)
+#endif
+#ifdef SYS_epoll_wait
+                                                                                                              SELFPROF_DETAIL_SYSCALL(
+                                                                                                                  epoll_wait)
+#endif
+#ifdef SYS_epoll_pwait
+                                                                                                                  SELFPROF_DETAIL_SYSCALL(
+                                                                                                                      epoll_pwait)
+#endif
+#ifdef SYS_epoll_pwait2
+                                                                                                                      SELFPROF_DETAIL_SYSCALL(
+                                                                                                                          epoll_pwait2)
+#endif
+#ifdef SYS_nanosleep
+                                                                                                                          SELFPROF_DETAIL_SYSCALL(
+                                                                                                                              nanosleep)
+#endif
+#ifdef SYS_clock_nanosleep
+                                                                                                                              SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                  clock_nanosleep)
+#endif
+#ifdef SYS_pause
+                                                                                                                                  SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                      pause)
+#endif
+#ifdef SYS_sched_yield
+                                                                                                                                      SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                          sched_yield)
+#endif
+#ifdef SYS_accept
+                                                                                                                                          SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                              accept)
+#endif
+#ifdef SYS_accept4
+                                                                                                                                              SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                  accept4)
+#endif
+#ifdef SYS_connect
+                                                                                                                                                  SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                      connect)
+#endif
+#ifdef SYS_recvfrom
+                                                                                                                                                      SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                          recvfrom)
+#endif
+#ifdef SYS_recvmsg
+                                                                                                                                                          SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                              recvmsg)
+#endif
+#ifdef SYS_recvmmsg
+                                                                                                                                                              SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                  recvmmsg)
+#endif
+#ifdef SYS_sendto
+                                                                                                                                                                  SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                      sendto)
+#endif
+#ifdef SYS_sendmsg
+                                                                                                                                                                      SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                          sendmsg)
+#endif
+#ifdef SYS_sendmmsg
+                                                                                                                                                                          SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                              sendmmsg)
+#endif
+#ifdef SYS_wait4
+                                                                                                                                                                              SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                  wait4)
+#endif
+#ifdef SYS_waitid
+                                                                                                                                                                                  SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                      waitid)
+#endif
+#ifdef SYS_rt_sigsuspend
+                                                                                                                                                                                      SELFPROF_DETAIL_SYSCALL(rt_sigsuspend)
+#endif
+#ifdef SYS_rt_sigtimedwait
+                                                                                                                                                                                          SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                              rt_sigtimedwait)
+#endif
+#ifdef SYS_msgrcv
+                                                                                                                                                                                              SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                  msgrcv)
+#endif
+#ifdef SYS_msgsnd
+                                                                                                                                                                                                  SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                      msgsnd)
+#endif
+#ifdef SYS_semop
+                                                                                                                                                                                                      SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                          semop)
+#endif
+#ifdef SYS_semtimedop
+                                                                                                                                                                                                          SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                              semtimedop)
+#endif
+#ifdef SYS_io_getevents
+                                                                                                                                                                                                              SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                                  io_getevents)
+#endif
+#ifdef SYS_io_uring_enter
+                                                                                                                                                                                                                  SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                                      io_uring_enter)
+#endif
+#ifdef SYS_splice
+                                                                                                                                                                                                                      SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                                          splice)
+#endif
+#ifdef SYS_sendfile
+                                                                                                                                                                                                                          SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                                              sendfile)
+#endif
+#ifdef SYS_copy_file_range
+                                                                                                                                                                                                                              SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                                                  copy_file_range)
+#endif
+#ifdef SYS_mmap
+                                                                                                                                                                                                                                  SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                                                      mmap)
+#endif
+#ifdef SYS_munmap
+                                                                                                                                                                                                                                      SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                                                          munmap)
+#endif
+#ifdef SYS_madvise
+                                                                                                                                                                                                                                          SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                                                              madvise)
+#endif
+#ifdef SYS_msync
+                                                                                                                                                                                                                                              SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                                                                  msync)
+#endif
+#ifdef SYS_exit
+                                                                                                                                                                                                                                                  SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                                                                      exit)
+#endif
+#ifdef SYS_exit_group
+                                                                                                                                                                                                                                                      SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                                                                          exit_group)
+#endif
+#ifdef SYS_clone
+                                                                                                                                                                                                                                                          SELFPROF_DETAIL_SYSCALL(clone)
+#endif
+#ifdef SYS_clone3
+                                                                                                                                                                                                                                                              SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                                                                                  clone3)
+#endif
+#ifdef SYS_execve
+                                                                                                                                                                                                                                                                  SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                                                                                      execve)
+#endif
+#ifdef SYS_getrandom
+                                                                                                                                                                                                                                                                      SELFPROF_DETAIL_SYSCALL(
+                                                                                                                                                                                                                                                                          getrandom)
+#endif
+#undef SELFPROF_DETAIL_SYSCALL
+              };
+  for (const entry& e : table)
+    if (e.nr == nr) return e.name;
+  return "syscall " + std::to_string(nr);
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/wall/syscalls.hpp ----
 
 namespace selfprof {
 namespace detail {
@@ -9093,6 +10138,15 @@ struct raw_snapshot {
   std::unordered_map<std::uint32_t, std::string> thread_names;
   profile_info info;
 };
+
+// The leaf marker of an off-CPU stack: the system call it waits in, "[blocked]" when it waits outside
+// one (a page fault, a stop), "[off-cpu]" when the sampler did not see where (no stack).
+inline std::string offcpu_marker_name(std::uint16_t flags, std::size_t depth) {
+  if (depth == 0) return "[off-cpu]";
+  unsigned call = (flags & kSampleCallMask) >> kSampleCallShift;
+  if (call == 0) return "[blocked]";
+  return "[blocked: " + syscall_name(static_cast<long>(call) - 1) + "]";
+}
 
 inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
   profile p;
@@ -9117,6 +10171,19 @@ inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
     cache.emplace(lookup, range);
     return range;
   };
+  // Wall mode's synthetic leaves: where a thread waited ([blocked: futex]), or time without a stack.
+  std::unordered_map<std::string, std::uint32_t> markers;
+  auto marker = [&](const std::string& name) {
+    auto it = markers.find(name);
+    if (it != markers.end()) return it->second;
+    selfprof::frame f;
+    f.name = name;
+    f.kind = frame_kind::marker;
+    p.frames.push_back(f);
+    auto index = static_cast<std::uint32_t>(p.frames.size() - 1);
+    markers.emplace(name, index);
+    return index;
+  };
   std::uint64_t samples = 0, truncated = 0;
   for (const auto& e : raw.table.entries()) {
     const std::uint64_t* pcs = raw.table.pcs(e);
@@ -9129,6 +10196,12 @@ inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
       std::uint64_t lookup = i == 0 ? pcs[0] : pcs[i] - 1;  // a return address points after its call
       auto r = frames_for(lookup);
       for (std::uint32_t k = 0; k < r.second; ++k) s.frames.push_back(r.first + k);
+    }
+    if (e.flags & sample_offcpu) {
+      s.offcpu = true;
+      s.frames.push_back(marker(offcpu_marker_name(e.flags, e.depth)));
+    } else if (e.flags & sample_running) {
+      s.frames.push_back(marker("[running]"));
     }
     samples += e.count;
     if (s.truncated) truncated += e.count;
@@ -9294,6 +10367,10 @@ class dump_scheduler {
     so.allow_shared_dir = opts_.allow_shared_dir;
     const std::string out = opts_.out.empty() ? kDefaultDumpTemplate : opts_.out;
     status st = write_profile(p, out, oo, so);
+    if (st && p.info.mode == "wall") {  // the off-CPU part next to it, "-offcpu" before the extension
+      profile off = offcpu_view(p);
+      st = write_profile(off, insert_before_extension(out, "-offcpu"), dump_output_options(off), so);
+    }
     if (st &&
         j.slow_marked) {  // frames were marked: the slow-frame profile too, "-slow" before the extension
       profile sp = hooks_.symbolize(j.slow);
@@ -10360,6 +11437,8 @@ struct stats {
   int dump_signal = 0;                      // signal that triggers a dump (0: none taken)
   unsigned long dumps_written = 0, dumps_failed = 0;  // signal and interval dumps
   std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread;
+  std::string mode = "cpu";  // cpu | wall
+  wall_stats wall;           // wall mode: what the wall sampler did
 };
 
 namespace detail {
@@ -10385,13 +11464,13 @@ class profiler_core {
     install_atfork_once();
     if (opts.mode != "cpu" && opts.mode != "wall")
       return status::error("selfprof: unknown mode '" + opts.mode + "'");
-    if (opts.mode == "wall")
-      return status::error("selfprof: SELFPROF_MODE=wall is not available in this build yet");
     opts_ = opts;
+    wall_mode_ = opts.mode == "wall";
     if (opts_.max_depth < 2) opts_.max_depth = 2;
     if (opts_.max_depth > 1024) opts_.max_depth = 1024;
     stats_ = stats{};
     stats_.hz = opts_.hz;
+    stats_.mode = opts_.mode;
     {
       std::lock_guard<std::mutex> t(table_mu_);
       table_.clear();
@@ -10422,21 +11501,38 @@ class profiler_core {
     source_config cfg;
     cfg.hz = opts_.hz;
     cfg.signal_number = signal_.number;
-    source_choice choice = choose_source(opts_.source, cfg);
+    source_choice choice =
+        wall_mode_ ? choose_wall_source(opts_.source, cfg) : choose_source(opts_.source, cfg);
     stats_.refused = choice.refused;
-    if (!choice.source) {
-      std::string why = "selfprof: no tick source works here";
+    const bool forced = opts_.source != source_kind::automatic;
+    if (!choice.source && (!wall_mode_ || forced)) {
+      std::string why = wall_mode_ ? "selfprof: wall mode cannot use the requested source"
+                                   : "selfprof: no tick source works here";
       for (auto& r : choice.refused) why += "; " + r;
       return fail_start(status::error(why));
     }
-    source_ = std::move(choice.source);
     source_config_ = cfg;
-    stats_.source = source_name(source_->kind());
-    stats_.source_detail = source_->describe();
-    stats_.source_reason = choice.reason;
-    stats_.effective_hz = source_->effective_hz();
-    stats_.kernel_time = source_->counts_kernel_time();
     stats_.sample_signal = signal_.number;
+    if (choice.source) {
+      source_ = std::move(choice.source);
+      stats_.source = source_name(source_->kind());
+      stats_.source_detail = source_->describe();
+      stats_.source_reason = choice.reason;
+      stats_.effective_hz = source_->effective_hz();
+      stats_.kernel_time = source_->counts_kernel_time();
+    } else {  // wall mode without signals: the sampler counts CPU time from the CPU clocks
+      stats_.source = "wall";
+      stats_.source_detail = "wall sampler only (no on-CPU stacks)";
+      stats_.source_reason = "no user-only perf_event: CPU time is counted as [running], without stacks";
+      stats_.effective_hz = opts_.hz;
+      stats_.kernel_time = true;
+    }
+    if (wall_mode_) {
+      stats_.kernel_time = true;  // a wall profile counts every microsecond, on or off the CPU
+      if (source_)
+        stats_.notes.push_back(
+            "wall mode: on-CPU stacks from user-only ticks; CPU time spent in the kernel is not in them");
+    }
 
     stats_.unwind = "fp";
     if (opts_.unwind != "fp") {
@@ -10475,6 +11571,26 @@ class profiler_core {
     if (!opts_.out.empty()) install_atexit_once();
     stop_collector_.store(false);
     collector_ = new std::thread([this] { collector_loop(); });
+    if (wall_mode_) {
+      wall_config wc;
+      wc.hz = opts_.hz;
+      wc.oncpu_signals = source_ != nullptr;
+      wc.ring = &ring_;
+      wc.list_threads = [this](std::uint64_t& generation, std::vector<pid_t>& out) {
+        std::lock_guard<std::mutex> t(threads_mu_);
+        if (generation == threads_generation_) return false;
+        generation = threads_generation_;
+        for (auto& th : threads_) out.push_back(th.first);
+        return true;
+      };
+      wc.wake_collector = [this] { wake(); };
+      status ws = wall_sampler_.start(wc);
+      if (!ws) {
+        running_ = true;  // stop_locked() undoes everything started so far
+        stop_locked();
+        return ws;
+      }
+    }
     running_ = true;
     if (opts_.verbose) std::fprintf(stderr, "%s", describe_locked().c_str());
     return status::ok();
@@ -10482,7 +11598,16 @@ class profiler_core {
 
   status stop() {
     std::lock_guard<std::mutex> control(control_mu_);
+    return stop_locked();
+  }
+
+  bool running() const { return running_; }
+  bool thread_roots() const { return opts_.thread_roots || wall_mode_; }  // wall: idle threads show
+
+ private:
+  status stop_locked() {
     if (!running_) return status::ok();
+    wall_sampler_.stop();  // first: it reads the thread list, the ring and the unwind tables
     stop_collector_.store(true);
     wake();
     collector_->join();
@@ -10513,13 +11638,11 @@ class profiler_core {
     return status::ok();
   }
 
-  bool running() const { return running_; }
-  bool thread_roots() const { return opts_.thread_roots; }
-
+ public:
   // Arms the calling thread now (instead of at the next scan) and unblocks the sampling signal in it.
   status register_current_thread() {
     std::lock_guard<std::mutex> t(threads_mu_);
-    if (!running_ || !source_) return status::error("selfprof: register_thread() called while not profiling");
+    if (!running_) return status::error("selfprof: register_thread() called while not profiling");
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, signal_.number);
@@ -10528,10 +11651,11 @@ class profiler_core {
     if (!threads_.count(tid)) {
       thread_rec rec;
       rec.name = thread_name(tid);
-      arm_locked(tid, rec);
+      if (source_) arm_locked(tid, rec);  // wall mode without signals: only the sampler looks at it
       threads_.emplace(tid, rec);
       names_[static_cast<std::uint32_t>(tid)] = rec.name;
       ++stats_.threads_seen;
+      ++threads_generation_;
     }
     return status::ok();
   }
@@ -10557,7 +11681,7 @@ class profiler_core {
     }
     stats st = get_stats();
     s.info.mode = opts_.mode;
-    s.info.unit = "samples";
+    s.info.unit = wall_mode_ ? "us" : "samples";
     s.info.source = st.source;
     s.info.hz = opts_.hz;
     s.info.period_ns = static_cast<std::uint64_t>(period_ns_for(opts_.hz));
@@ -10574,6 +11698,10 @@ class profiler_core {
     }
     if (!st.kernel_time)
       s.info.notes.push_back("time spent in the kernel is not sampled (user-only perf_event)");
+    for (auto& n : st.notes)
+      if (n.rfind("wall mode", 0) == 0) s.info.notes.push_back(n);
+    if (wall_mode_ && !source_)
+      s.info.notes.push_back("wall mode without on-CPU stacks: " + st.source_reason);
     for (auto& r : st.refused) s.info.notes.push_back("refused " + r);
     return s;
   }
@@ -10635,6 +11763,7 @@ class profiler_core {
     s.unique_stacks = table_.unique();
     s.table_bytes = table_.memory_bytes();
     s.samples_by_thread = samples_by_thread_;
+    if (wall_mode_) s.wall = wall_sampler_.counters();
     s.dumps_written = dumps_.written();
     s.dumps_failed = dumps_.failed();
     return s;
@@ -10770,15 +11899,19 @@ class profiler_core {
     frames_.collect_closed();  // [frames] before the ring: the samples of these frames are in it
     while (ring_slot* s = ring_.peek()) {
       const sample_header& h = s->header;
-      std::uint16_t flags = static_cast<std::uint16_t>(h.flags & (sample_truncated | sample_offcpu));
+      std::uint16_t flags = static_cast<std::uint16_t>(h.flags & kSampleKeptFlags);
       std::size_t depth = h.depth <= ring_.max_depth() ? h.depth : ring_.max_depth();
-      if (depth > 0) {
+      const bool wall_record = (flags & (sample_offcpu | sample_running)) != 0;
+      if (depth > 0 || wall_record) {
         // JIT code is named by what was at each address when the sample was taken (the slot is ours
         // until release, so the pcs are rewritten in place).
         std::uint64_t* pcs = s->pcs();
         for (std::size_t i = 0; i < depth; ++i) jit::detail::translate_pc(pcs[i], h.time_ns);
         frames_.add_sample(h, s->pcs(), depth, flags);  // [frames]
         std::uint64_t w = all_frames_weight(h.tid, h.weight);
+        // Wall mode counts microseconds: the sampler's records already are; a tick stands for one period.
+        if (wall_mode_ && !wall_record)
+          w = (w * static_cast<std::uint64_t>(period_ns_for(opts_.hz)) + 500) / 1000;
         if (w > 0) {
           table_.add(h.tid, flags, s->pcs(), depth, w);
           windows_.add(h.tid, flags, s->pcs(), depth, w, now);
@@ -10866,7 +11999,7 @@ class profiler_core {
   }
 
   void scan_threads_locked() {
-    if (!source_) return;
+    if (!source_ && !wall_mode_) return;
     std::vector<pid_t> live = list_threads();
     pid_t collector_tid = collector_tid_.load();
     std::unordered_map<pid_t, bool> seen;
@@ -10881,13 +12014,15 @@ class profiler_core {
         }
         continue;
       }
-      if (tid == collector_tid || tid == dumps_.worker_tid()) continue;  // selfprof's own threads
+      if (tid == collector_tid || tid == dumps_.worker_tid() || tid == wall_sampler_.tid())
+        continue;  // selfprof's own threads
       thread_rec rec;
       rec.name = thread_name(tid);
-      if (source_->per_thread()) arm_locked(tid, rec);
+      if (source_ && source_->per_thread()) arm_locked(tid, rec);
       names_[static_cast<std::uint32_t>(tid)] = rec.name;
       threads_.emplace(tid, rec);
       ++stats_.threads_seen;
+      ++threads_generation_;
     }
     for (auto it = threads_.begin(); it != threads_.end();) {
       if (seen.count(it->first)) {
@@ -10898,6 +12033,7 @@ class profiler_core {
       if (it->second.armed_by == 2 && fallback_) fallback_->disarm(it->first);
       if (it->second.armed_by != 0 && stats_.threads_armed > 0) --stats_.threads_armed;
       it = threads_.erase(it);
+      ++threads_generation_;
     }
   }
 
@@ -10939,6 +12075,11 @@ class profiler_core {
     add_marker_frames(p, roots);
     status st = write_profile(p, out, dump_output_options(p), so);
     if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
+    if (p.info.mode == "wall") {  // the off-CPU part next to it, "-offcpu" before the extension
+      profile off = offcpu_view(p);
+      st = write_profile(off, insert_before_extension(out, "-offcpu"), dump_output_options(off), so);
+      if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
+    }
     bool marked = false;  // [frames] the slow-frame profile next to it, "-slow" before the extension
     raw_snapshot slow = slow_frames_raw(&marked);
     if (!marked) return;
@@ -10963,6 +12104,7 @@ class profiler_core {
     control_mu_.unlock();
   }
   void atfork_child() {
+    wall_sampler_.abandon_after_fork();
     // Another thread of the parent may have been inside the handler at the fork: its in-flight count
     // was copied, but that thread does not exist here, and stop() would wait for it forever.
     g_handler.in_flight.store(0, std::memory_order_release);
@@ -11000,12 +12142,15 @@ class profiler_core {
   std::mutex sym_mu_;      // symbolizer_
   bool running_ = false;
   bool unwind_dwarf_ = false;
+  bool wall_mode_ = false;
+  wall_sampler wall_sampler_;
   options opts_;
   stats stats_;
   installed_signal signal_;
   source_config source_config_;
   std::unique_ptr<tick_source> source_, fallback_;
   std::unordered_map<pid_t, thread_rec> threads_;
+  std::uint64_t threads_generation_ = 0;  // changes whenever threads_ does (the wall sampler's list)
   std::unordered_map<std::uint32_t, std::string> names_;  // every thread seen, even exited ones
   std::vector<std::uint64_t> ring_memory_;
   sample_ring ring_;
@@ -11070,6 +12215,21 @@ inline status dump(const std::string& paths) {
   detail::add_marker_frames(p, detail::profiler_core::instance().thread_roots());
   return detail::write_profile(p, paths, detail::dump_output_options(p));
 }
+
+// [wall] SELFPROF_MODE=wall (options::mode = "wall"): profiles count microseconds of wall time, on and
+// off the CPU; stacks of time off the CPU end in a [blocked: <system call>] frame (wall/sampler.hpp).
+
+// The off-CPU part of the wall profile collected so far: where threads waited (empty in cpu mode).
+inline profile snapshot_offcpu() { return detail::offcpu_view(snapshot()); }
+
+// Writes the off-CPU profile like dump() writes the whole one (the SVG in the io palette, counts in us).
+inline status dump_offcpu(const std::string& paths) {
+  profile p = snapshot();
+  detail::add_marker_frames(p, detail::profiler_core::instance().thread_roots());
+  profile off = detail::offcpu_view(p);
+  return detail::write_profile(off, paths, detail::dump_output_options(off));
+}
+// [/wall]
 
 // [frames] Game and engine frames (see frames.hpp for SELFPROF_FRAME / frame_mark).
 

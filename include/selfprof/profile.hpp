@@ -34,6 +34,7 @@ struct stack {
   std::uint64_t count = 0;            // samples (or the profile's unit, see profile_info::unit)
   std::uint32_t tid = 0;              // thread the samples came from (0 when merged/unknown)
   bool truncated = false;             // the unwinder hit the depth limit: root-side frames are missing
+  bool offcpu = false;                // wall mode: time the thread spent off the CPU (leaf: [blocked: call])
 };
 
 struct thread_info {
@@ -67,7 +68,7 @@ inline std::string frame_stats_line(const frame_loop_stats& s) {
 }
 
 struct profile_info {
-  std::string mode = "cpu";         // cpu | wall | offcpu
+  std::string mode = "cpu";         // cpu | wall | offcpu (the off-CPU part of a wall profile)
   std::string unit = "samples";     // what stack::count counts
   std::string source;               // tick source that produced the samples (perf, timer, itimer, file)
   double hz = 0;                    // requested sampling rate

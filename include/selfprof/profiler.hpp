@@ -62,6 +62,21 @@ inline status dump(const std::string& paths) {
   return detail::write_profile(p, paths, detail::dump_output_options(p));
 }
 
+// [wall] SELFPROF_MODE=wall (options::mode = "wall"): profiles count microseconds of wall time, on and
+// off the CPU; stacks of time off the CPU end in a [blocked: <system call>] frame (wall/sampler.hpp).
+
+// The off-CPU part of the wall profile collected so far: where threads waited (empty in cpu mode).
+inline profile snapshot_offcpu() { return detail::offcpu_view(snapshot()); }
+
+// Writes the off-CPU profile like dump() writes the whole one (the SVG in the io palette, counts in us).
+inline status dump_offcpu(const std::string& paths) {
+  profile p = snapshot();
+  detail::add_marker_frames(p, detail::profiler_core::instance().thread_roots());
+  profile off = detail::offcpu_view(p);
+  return detail::write_profile(off, paths, detail::dump_output_options(off));
+}
+// [/wall]
+
 // [frames] Game and engine frames (see frames.hpp for SELFPROF_FRAME / frame_mark).
 
 // Duration statistics of every loop marked with frame_mark, per loop name and thread.

@@ -25,6 +25,7 @@
 #include "../signal/handler.hpp"
 #include "../sources/select.hpp"
 #include "../sources/signal_setup.hpp"
+#include "../wall/sampler.hpp"
 #include "dumps.hpp"
 #include "frame_tracker.hpp"
 #include "stack_table.hpp"
@@ -56,6 +57,8 @@ struct stats {
   int dump_signal = 0;                      // signal that triggers a dump (0: none taken)
   unsigned long dumps_written = 0, dumps_failed = 0;  // signal and interval dumps
   std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread;
+  std::string mode = "cpu";  // cpu | wall
+  wall_stats wall;           // wall mode: what the wall sampler did
 };
 
 namespace detail {
@@ -81,13 +84,13 @@ class profiler_core {
     install_atfork_once();
     if (opts.mode != "cpu" && opts.mode != "wall")
       return status::error("selfprof: unknown mode '" + opts.mode + "'");
-    if (opts.mode == "wall")
-      return status::error("selfprof: SELFPROF_MODE=wall is not available in this build yet");
     opts_ = opts;
+    wall_mode_ = opts.mode == "wall";
     if (opts_.max_depth < 2) opts_.max_depth = 2;
     if (opts_.max_depth > 1024) opts_.max_depth = 1024;
     stats_ = stats{};
     stats_.hz = opts_.hz;
+    stats_.mode = opts_.mode;
     {
       std::lock_guard<std::mutex> t(table_mu_);
       table_.clear();
@@ -118,21 +121,38 @@ class profiler_core {
     source_config cfg;
     cfg.hz = opts_.hz;
     cfg.signal_number = signal_.number;
-    source_choice choice = choose_source(opts_.source, cfg);
+    source_choice choice =
+        wall_mode_ ? choose_wall_source(opts_.source, cfg) : choose_source(opts_.source, cfg);
     stats_.refused = choice.refused;
-    if (!choice.source) {
-      std::string why = "selfprof: no tick source works here";
+    const bool forced = opts_.source != source_kind::automatic;
+    if (!choice.source && (!wall_mode_ || forced)) {
+      std::string why = wall_mode_ ? "selfprof: wall mode cannot use the requested source"
+                                   : "selfprof: no tick source works here";
       for (auto& r : choice.refused) why += "; " + r;
       return fail_start(status::error(why));
     }
-    source_ = std::move(choice.source);
     source_config_ = cfg;
-    stats_.source = source_name(source_->kind());
-    stats_.source_detail = source_->describe();
-    stats_.source_reason = choice.reason;
-    stats_.effective_hz = source_->effective_hz();
-    stats_.kernel_time = source_->counts_kernel_time();
     stats_.sample_signal = signal_.number;
+    if (choice.source) {
+      source_ = std::move(choice.source);
+      stats_.source = source_name(source_->kind());
+      stats_.source_detail = source_->describe();
+      stats_.source_reason = choice.reason;
+      stats_.effective_hz = source_->effective_hz();
+      stats_.kernel_time = source_->counts_kernel_time();
+    } else {  // wall mode without signals: the sampler counts CPU time from the CPU clocks
+      stats_.source = "wall";
+      stats_.source_detail = "wall sampler only (no on-CPU stacks)";
+      stats_.source_reason = "no user-only perf_event: CPU time is counted as [running], without stacks";
+      stats_.effective_hz = opts_.hz;
+      stats_.kernel_time = true;
+    }
+    if (wall_mode_) {
+      stats_.kernel_time = true;  // a wall profile counts every microsecond, on or off the CPU
+      if (source_)
+        stats_.notes.push_back(
+            "wall mode: on-CPU stacks from user-only ticks; CPU time spent in the kernel is not in them");
+    }
 
     stats_.unwind = "fp";
     if (opts_.unwind != "fp") {
@@ -171,6 +191,26 @@ class profiler_core {
     if (!opts_.out.empty()) install_atexit_once();
     stop_collector_.store(false);
     collector_ = new std::thread([this] { collector_loop(); });
+    if (wall_mode_) {
+      wall_config wc;
+      wc.hz = opts_.hz;
+      wc.oncpu_signals = source_ != nullptr;
+      wc.ring = &ring_;
+      wc.list_threads = [this](std::uint64_t& generation, std::vector<pid_t>& out) {
+        std::lock_guard<std::mutex> t(threads_mu_);
+        if (generation == threads_generation_) return false;
+        generation = threads_generation_;
+        for (auto& th : threads_) out.push_back(th.first);
+        return true;
+      };
+      wc.wake_collector = [this] { wake(); };
+      status ws = wall_sampler_.start(wc);
+      if (!ws) {
+        running_ = true;  // stop_locked() undoes everything started so far
+        stop_locked();
+        return ws;
+      }
+    }
     running_ = true;
     if (opts_.verbose) std::fprintf(stderr, "%s", describe_locked().c_str());
     return status::ok();
@@ -178,7 +218,16 @@ class profiler_core {
 
   status stop() {
     std::lock_guard<std::mutex> control(control_mu_);
+    return stop_locked();
+  }
+
+  bool running() const { return running_; }
+  bool thread_roots() const { return opts_.thread_roots || wall_mode_; }  // wall: idle threads show
+
+ private:
+  status stop_locked() {
     if (!running_) return status::ok();
+    wall_sampler_.stop();  // first: it reads the thread list, the ring and the unwind tables
     stop_collector_.store(true);
     wake();
     collector_->join();
@@ -209,13 +258,11 @@ class profiler_core {
     return status::ok();
   }
 
-  bool running() const { return running_; }
-  bool thread_roots() const { return opts_.thread_roots; }
-
+ public:
   // Arms the calling thread now (instead of at the next scan) and unblocks the sampling signal in it.
   status register_current_thread() {
     std::lock_guard<std::mutex> t(threads_mu_);
-    if (!running_ || !source_) return status::error("selfprof: register_thread() called while not profiling");
+    if (!running_) return status::error("selfprof: register_thread() called while not profiling");
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, signal_.number);
@@ -224,10 +271,11 @@ class profiler_core {
     if (!threads_.count(tid)) {
       thread_rec rec;
       rec.name = thread_name(tid);
-      arm_locked(tid, rec);
+      if (source_) arm_locked(tid, rec);  // wall mode without signals: only the sampler looks at it
       threads_.emplace(tid, rec);
       names_[static_cast<std::uint32_t>(tid)] = rec.name;
       ++stats_.threads_seen;
+      ++threads_generation_;
     }
     return status::ok();
   }
@@ -253,7 +301,7 @@ class profiler_core {
     }
     stats st = get_stats();
     s.info.mode = opts_.mode;
-    s.info.unit = "samples";
+    s.info.unit = wall_mode_ ? "us" : "samples";
     s.info.source = st.source;
     s.info.hz = opts_.hz;
     s.info.period_ns = static_cast<std::uint64_t>(period_ns_for(opts_.hz));
@@ -270,6 +318,10 @@ class profiler_core {
     }
     if (!st.kernel_time)
       s.info.notes.push_back("time spent in the kernel is not sampled (user-only perf_event)");
+    for (auto& n : st.notes)
+      if (n.rfind("wall mode", 0) == 0) s.info.notes.push_back(n);
+    if (wall_mode_ && !source_)
+      s.info.notes.push_back("wall mode without on-CPU stacks: " + st.source_reason);
     for (auto& r : st.refused) s.info.notes.push_back("refused " + r);
     return s;
   }
@@ -331,6 +383,7 @@ class profiler_core {
     s.unique_stacks = table_.unique();
     s.table_bytes = table_.memory_bytes();
     s.samples_by_thread = samples_by_thread_;
+    if (wall_mode_) s.wall = wall_sampler_.counters();
     s.dumps_written = dumps_.written();
     s.dumps_failed = dumps_.failed();
     return s;
@@ -466,15 +519,19 @@ class profiler_core {
     frames_.collect_closed();  // [frames] before the ring: the samples of these frames are in it
     while (ring_slot* s = ring_.peek()) {
       const sample_header& h = s->header;
-      std::uint16_t flags = static_cast<std::uint16_t>(h.flags & (sample_truncated | sample_offcpu));
+      std::uint16_t flags = static_cast<std::uint16_t>(h.flags & kSampleKeptFlags);
       std::size_t depth = h.depth <= ring_.max_depth() ? h.depth : ring_.max_depth();
-      if (depth > 0) {
+      const bool wall_record = (flags & (sample_offcpu | sample_running)) != 0;
+      if (depth > 0 || wall_record) {
         // JIT code is named by what was at each address when the sample was taken (the slot is ours
         // until release, so the pcs are rewritten in place).
         std::uint64_t* pcs = s->pcs();
         for (std::size_t i = 0; i < depth; ++i) jit::detail::translate_pc(pcs[i], h.time_ns);
         frames_.add_sample(h, s->pcs(), depth, flags);  // [frames]
         std::uint64_t w = all_frames_weight(h.tid, h.weight);
+        // Wall mode counts microseconds: the sampler's records already are; a tick stands for one period.
+        if (wall_mode_ && !wall_record)
+          w = (w * static_cast<std::uint64_t>(period_ns_for(opts_.hz)) + 500) / 1000;
         if (w > 0) {
           table_.add(h.tid, flags, s->pcs(), depth, w);
           windows_.add(h.tid, flags, s->pcs(), depth, w, now);
@@ -562,7 +619,7 @@ class profiler_core {
   }
 
   void scan_threads_locked() {
-    if (!source_) return;
+    if (!source_ && !wall_mode_) return;
     std::vector<pid_t> live = list_threads();
     pid_t collector_tid = collector_tid_.load();
     std::unordered_map<pid_t, bool> seen;
@@ -577,13 +634,15 @@ class profiler_core {
         }
         continue;
       }
-      if (tid == collector_tid || tid == dumps_.worker_tid()) continue;  // selfprof's own threads
+      if (tid == collector_tid || tid == dumps_.worker_tid() || tid == wall_sampler_.tid())
+        continue;  // selfprof's own threads
       thread_rec rec;
       rec.name = thread_name(tid);
-      if (source_->per_thread()) arm_locked(tid, rec);
+      if (source_ && source_->per_thread()) arm_locked(tid, rec);
       names_[static_cast<std::uint32_t>(tid)] = rec.name;
       threads_.emplace(tid, rec);
       ++stats_.threads_seen;
+      ++threads_generation_;
     }
     for (auto it = threads_.begin(); it != threads_.end();) {
       if (seen.count(it->first)) {
@@ -594,6 +653,7 @@ class profiler_core {
       if (it->second.armed_by == 2 && fallback_) fallback_->disarm(it->first);
       if (it->second.armed_by != 0 && stats_.threads_armed > 0) --stats_.threads_armed;
       it = threads_.erase(it);
+      ++threads_generation_;
     }
   }
 
@@ -635,6 +695,11 @@ class profiler_core {
     add_marker_frames(p, roots);
     status st = write_profile(p, out, dump_output_options(p), so);
     if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
+    if (p.info.mode == "wall") {  // the off-CPU part next to it, "-offcpu" before the extension
+      profile off = offcpu_view(p);
+      st = write_profile(off, insert_before_extension(out, "-offcpu"), dump_output_options(off), so);
+      if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
+    }
     bool marked = false;  // [frames] the slow-frame profile next to it, "-slow" before the extension
     raw_snapshot slow = slow_frames_raw(&marked);
     if (!marked) return;
@@ -659,6 +724,7 @@ class profiler_core {
     control_mu_.unlock();
   }
   void atfork_child() {
+    wall_sampler_.abandon_after_fork();
     // Another thread of the parent may have been inside the handler at the fork: its in-flight count
     // was copied, but that thread does not exist here, and stop() would wait for it forever.
     g_handler.in_flight.store(0, std::memory_order_release);
@@ -696,12 +762,15 @@ class profiler_core {
   std::mutex sym_mu_;      // symbolizer_
   bool running_ = false;
   bool unwind_dwarf_ = false;
+  bool wall_mode_ = false;
+  wall_sampler wall_sampler_;
   options opts_;
   stats stats_;
   installed_signal signal_;
   source_config source_config_;
   std::unique_ptr<tick_source> source_, fallback_;
   std::unordered_map<pid_t, thread_rec> threads_;
+  std::uint64_t threads_generation_ = 0;  // changes whenever threads_ does (the wall sampler's list)
   std::unordered_map<std::uint32_t, std::string> names_;  // every thread seen, even exited ones
   std::vector<std::uint64_t> ring_memory_;
   sample_ring ring_;

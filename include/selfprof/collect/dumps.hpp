@@ -174,6 +174,10 @@ class dump_scheduler {
     so.allow_shared_dir = opts_.allow_shared_dir;
     const std::string out = opts_.out.empty() ? kDefaultDumpTemplate : opts_.out;
     status st = write_profile(p, out, oo, so);
+    if (st && p.info.mode == "wall") {  // the off-CPU part next to it, "-offcpu" before the extension
+      profile off = offcpu_view(p);
+      st = write_profile(off, insert_before_extension(out, "-offcpu"), dump_output_options(off), so);
+    }
     if (st &&
         j.slow_marked) {  // frames were marked: the slow-frame profile too, "-slow" before the extension
       profile sp = hooks_.symbolize(j.slow);

@@ -13,6 +13,7 @@
 #include "../profile.hpp"
 #include "../signal/ring.hpp"
 #include "../symbols/symbolizer.hpp"
+#include "../wall/syscalls.hpp"
 #include "stack_table.hpp"
 
 namespace selfprof {
@@ -23,6 +24,15 @@ struct raw_snapshot {
   std::unordered_map<std::uint32_t, std::string> thread_names;
   profile_info info;
 };
+
+// The leaf marker of an off-CPU stack: the system call it waits in, "[blocked]" when it waits outside
+// one (a page fault, a stop), "[off-cpu]" when the sampler did not see where (no stack).
+inline std::string offcpu_marker_name(std::uint16_t flags, std::size_t depth) {
+  if (depth == 0) return "[off-cpu]";
+  unsigned call = (flags & kSampleCallMask) >> kSampleCallShift;
+  if (call == 0) return "[blocked]";
+  return "[blocked: " + syscall_name(static_cast<long>(call) - 1) + "]";
+}
 
 inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
   profile p;
@@ -47,6 +57,19 @@ inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
     cache.emplace(lookup, range);
     return range;
   };
+  // Wall mode's synthetic leaves: where a thread waited ([blocked: futex]), or time without a stack.
+  std::unordered_map<std::string, std::uint32_t> markers;
+  auto marker = [&](const std::string& name) {
+    auto it = markers.find(name);
+    if (it != markers.end()) return it->second;
+    selfprof::frame f;
+    f.name = name;
+    f.kind = frame_kind::marker;
+    p.frames.push_back(f);
+    auto index = static_cast<std::uint32_t>(p.frames.size() - 1);
+    markers.emplace(name, index);
+    return index;
+  };
   std::uint64_t samples = 0, truncated = 0;
   for (const auto& e : raw.table.entries()) {
     const std::uint64_t* pcs = raw.table.pcs(e);
@@ -59,6 +82,12 @@ inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
       std::uint64_t lookup = i == 0 ? pcs[0] : pcs[i] - 1;  // a return address points after its call
       auto r = frames_for(lookup);
       for (std::uint32_t k = 0; k < r.second; ++k) s.frames.push_back(r.first + k);
+    }
+    if (e.flags & sample_offcpu) {
+      s.offcpu = true;
+      s.frames.push_back(marker(offcpu_marker_name(e.flags, e.depth)));
+    } else if (e.flags & sample_running) {
+      s.frames.push_back(marker("[running]"));
     }
     samples += e.count;
     if (s.truncated) truncated += e.count;

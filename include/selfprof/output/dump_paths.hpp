@@ -66,9 +66,15 @@ inline output_options dump_output_options(const profile& p) {
     std::fclose(f);
   }
   while (!comm.empty() && (comm.back() == '\n' || comm.back() == ' ')) comm.pop_back();
-  oo.svg.title = (p.info.mode == "cpu" ? "CPU profile of " : p.info.mode + " profile of ") +
+  const std::string& mode = p.info.mode;
+  oo.svg.title = (mode == "cpu"      ? std::string("CPU profile of ")
+                  : mode == "wall"   ? std::string("Wall-clock profile of ")
+                  : mode == "offcpu" ? std::string("Off-CPU time of ")
+                                     : mode + " profile of ") +
                  (comm.empty() ? std::string("this process") : comm) + " (pid " + std::to_string(::getpid()) +
                  ")";
+  if (mode == "offcpu") oo.svg.colors = palette::io;  // Gregg's off-CPU convention: blue frames
+  if (!p.info.unit.empty() && p.info.unit != "samples") oo.svg.count_name = p.info.unit;
   for (const auto& n : p.info.notes) {
     if (n.find("not sampled") == std::string::npos) continue;
     oo.svg.subtitle += (oo.svg.subtitle.empty() ? "" : "; ") + n;

@@ -38,5 +38,24 @@ inline void add_marker_frames(profile& p, bool thread_roots) {
   }
 }
 
+// The off-CPU part of a wall profile: only the stacks of time spent off the CPU, same frames and threads.
+inline profile offcpu_view(const profile& wall) {
+  profile p;
+  p.frames = wall.frames;
+  p.threads = wall.threads;
+  p.info = wall.info;
+  p.info.mode = "offcpu";
+  std::uint64_t total = 0, truncated = 0;
+  for (const stack& s : wall.stacks) {
+    if (!s.offcpu) continue;
+    p.stacks.push_back(s);
+    total += s.count;
+    if (s.truncated) truncated += s.count;
+  }
+  p.info.samples = total;
+  p.info.truncated = truncated;
+  return p;
+}
+
 }  // namespace detail
 }  // namespace selfprof

@@ -143,6 +143,8 @@ inline bool java_package_prefix(std::string_view n) {
 
 // The hue a multi palette gives a (still annotated) name, as flamegraph.pl and inferno decide it.
 inline palette resolve_hue(palette p, std::string_view n) {
+  // Wall profiles: where a thread waited is drawn in the io palette's blue amid the hot on-CPU frames.
+  if (p == palette::hot && (n.rfind("[blocked", 0) == 0 || n == "[off-cpu]")) return palette::io;
   switch (p) {
     case palette::java:
       if (ends_with(n, "_[j]")) return palette::green;

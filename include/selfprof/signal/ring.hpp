@@ -14,7 +14,14 @@ enum sample_flags : std::uint16_t {
   sample_truncated = 1u << 0,   // the depth limit cut the stack: root-side frames are missing
   sample_offcpu = 1u << 1,      // wall mode: the thread was not running
   sample_leaf_fixed = 1u << 2,  // the caller of the interrupted frame was recovered by a leaf heuristic
+  sample_running = 1u << 3,     // wall mode without on-CPU signals: CPU time of a thread, no stack
 };
+// Wall mode: off-CPU samples carry the blocking system call in the flags' upper bits (number + 1; 0 when
+// the thread was blocked outside a system call), so stacks that wait in different calls stay apart.
+constexpr unsigned kSampleCallShift = 4;
+constexpr std::uint16_t kSampleCallMask = 0xFFF0;
+constexpr std::uint16_t kSampleKeptFlags =
+    sample_truncated | sample_offcpu | sample_running | kSampleCallMask;
 
 // One sample, as the handler writes it. `pcs` follows the header in the slot: pcs[0] is the interrupted
 // pc, pcs[1..depth) are return addresses, leaf first.
@@ -23,7 +30,7 @@ struct sample_header {
   std::uint16_t depth;
   std::uint16_t flags;
   std::uint32_t weight;   // ticks this sample stands for (1 + timer overruns)
-  std::uint32_t aux;      // reserved for the sampling mode (wall: blocking syscall number + 1)
+  std::uint32_t aux;      // wall mode: blocking system call number + 1 (0: none)
   std::uint64_t time_ns;  // CLOCK_MONOTONIC when taken
   std::uint64_t tag;      // frame marker of the thread (game frames), 0 if none
 };

@@ -19,12 +19,6 @@
 namespace selfprof {
 namespace detail {
 
-// The CPU clock of one thread by tid: the kernel's CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD encoding
-// (what pthread_getcpuclockid returns, without needing the pthread_t; see clock_getcpuclockid(3)).
-inline clockid_t thread_cpu_clock(pid_t tid) {
-  return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
-}
-
 class cpu_timer_source final : public tick_source {
  public:
   ~cpu_timer_source() override { close(); }

@@ -55,8 +55,9 @@ class perf_event_source final : public tick_source {
     // included unless the caller accepts user-only events.
     pid_t self = static_cast<pid_t>(raw_gettid());
     int first_errno = 0;
-    for (int user = 0; user <= (config.allow_user_only ? 1 : 0); ++user) {
-      for (int hw = 1; hw >= 0; --hw) {
+    const bool user_clock = config.user_clock_only;
+    for (int user = user_clock ? 1 : 0; user <= (config.allow_user_only || user_clock ? 1 : 0); ++user) {
+      for (int hw = user_clock ? 0 : 1; hw >= 0; --hw) {
         hardware_ = hw == 1;
         user_only_ = user == 1;
         int fd = open_event(self);
@@ -64,13 +65,13 @@ class perf_event_source final : public tick_source {
           sys().close(fd);
           return status::ok();
         }
-        if (hw == 0 && user == 0) first_errno = errno;  // the software event with kernel time says most
+        if (hw == 0 && (user == 0 || user_clock)) first_errno = errno;  // the software event says most
       }
     }
     last_errno_ = first_errno;
     std::string why = std::string("perf_event_open(task-clock) failed: ") + std::strerror(first_errno);
     if (first_errno == EACCES || first_errno == EPERM)
-      why += config.allow_user_only
+      why += config.allow_user_only || user_clock
                  ? " (kernel.perf_event_paranoid or seccomp forbids it)"
                  : " (an event including kernel time needs root or kernel.perf_event_paranoid <= 1)";
     return status::error(why);

@@ -95,5 +95,29 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
   return out;
 }
 
+// Wall mode (wall/sampler.hpp): on-CPU stacks come only from a user-only software task clock, whose
+// ticks never land in the kernel, so they cannot turn a blocking call into EINTR. CPU timers and the
+// itimer can, and are refused even when asked for. No usable event: no signals at all (CPU time is then
+// counted without stacks), which the reason says.
+inline source_choice choose_wall_source(source_kind requested, source_config cfg) {
+  source_choice out;
+  if (requested == source_kind::timer || requested == source_kind::itimer) {
+    out.refused.push_back(std::string(source_name(requested)) +
+                          ": refused in wall mode (it can fire while a thread is in the kernel on its way to "
+                          "sleep, and the blocking call then fails with EINTR)");
+    return out;
+  }
+  cfg.user_clock_only = true;
+  auto src = make_source(source_kind::perf);
+  status st = src->open(cfg);
+  if (!st) {
+    out.refused.push_back("perf (user-only task clock): " + st.message());
+    return out;
+  }
+  out.reason = "wall mode: a user-only task clock never interrupts a blocking call";
+  out.source = std::move(src);
+  return out;
+}
+
 }  // namespace detail
 }  // namespace selfprof

@@ -34,6 +34,9 @@ struct source_config {
   double hz = 99;
   int signal_number = 0;
   bool allow_user_only = false;  // perf: accept an event that excludes kernel time
+  // perf, wall mode: only a software task clock that excludes the kernel, whose ticks land in user code
+  // only (wall/sampler.hpp explains why that keeps EINTR away from blocking calls).
+  bool user_clock_only = false;
 };
 
 class tick_source {
@@ -72,6 +75,12 @@ inline double kernel_tick_hz() {
   if (clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0 && (res.tv_sec > 0 || res.tv_nsec > 0))
     return 1e9 / (static_cast<double>(res.tv_sec) * 1e9 + static_cast<double>(res.tv_nsec));
   return 250;  // the most common CONFIG_HZ
+}
+
+// The CPU clock of one thread by tid: the kernel's CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD encoding
+// (what pthread_getcpuclockid returns, without needing the pthread_t; see clock_getcpuclockid(3)).
+inline clockid_t thread_cpu_clock(pid_t tid) {
+  return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
 }
 
 inline std::int64_t period_ns_for(double hz) {

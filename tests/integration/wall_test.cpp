@@ -1,0 +1,240 @@
+// Wall-clock mode: the example's two waits dominate the request thread's off-CPU profile in the right
+// ratio, idle threads are visibly idle under their own roots, the outputs carry the off-CPU conventions
+// (io palette, microseconds), and the sources that could inject EINTR are refused.
+// ctest-labels: no_tsan
+#include <doctest/doctest.h>
+
+#include <pthread.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../examples/wall/scenario.hpp"
+#include "integration/workload.hpp"
+
+namespace {
+
+selfprof::options wall_options(double hz = 99) {
+  selfprof::options o;
+  o.mode = "wall";
+  o.hz = hz;
+  o.dump_signal = 0;
+  return o;
+}
+
+bool stack_has(const selfprof::profile& p, const selfprof::stack& s, const std::string& name) {
+  for (auto f : s.frames)
+    if (p.frames[f].name == name) return true;
+  return false;
+}
+const std::string& leaf_name(const selfprof::profile& p, const selfprof::stack& s) {
+  return p.frames[s.frames.back()].name;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST_CASE("wall: the request waits on the lock and on the pipe, 2:1, and nothing else dominates") {
+  wl::apply_test_environment();
+  REQUIRE(selfprof::start(wall_options()));
+  wall_scenario::requests r;
+  const double seconds = 3;
+  const int served = r.run(seconds);
+  REQUIRE(selfprof::stop());
+  CHECK(served > 10);
+  selfprof::stats st = selfprof::get_stats();
+  CHECK(st.mode == "wall");
+  if (!wl::perf_disabled_by_environment()) CHECK(st.source == "perf");
+
+  selfprof::profile wall = selfprof::snapshot();
+  CHECK(wall.info.mode == "wall");
+  CHECK(wall.info.unit == "us");
+  selfprof::profile off = selfprof::snapshot_offcpu();
+  CHECK(off.info.mode == "offcpu");
+
+  std::uint64_t lock_us = 0, read_us = 0, other_us = 0, request_on_us = 0;
+  std::uint64_t worker_on_us = 0;
+  for (const auto& s : wall.stacks) {
+    const std::string& tname = wall.thread_name(s.tid);
+    if (tname == "worker" && !s.offcpu) worker_on_us += s.count;
+    if (tname != "request") continue;
+    if (!s.offcpu) {
+      request_on_us += s.count;
+      continue;
+    }
+    if (stack_has(wall, s, "wall_scenario::requests::take_lock()") &&
+        leaf_name(wall, s) == "[blocked: futex]")
+      lock_us += s.count;
+    else if (stack_has(wall, s, "wall_scenario::requests::read_reply()") &&
+             leaf_name(wall, s) == "[blocked: read]")
+      read_us += s.count;
+    else
+      other_us += s.count;
+  }
+  MESSAGE("request thread: lock " << lock_us / 1000 << " ms, read " << read_us / 1000 << " ms, other off-CPU "
+                                  << other_us / 1000 << " ms, on-CPU " << request_on_us / 1000
+                                  << " ms; worker on-CPU " << worker_on_us / 1000 << " ms");
+  REQUIRE(read_us > 0);
+  const double ratio = static_cast<double>(lock_us) / static_cast<double>(read_us);
+  CHECK(ratio > 1.6);  // (kHoldMs - kReplyMs) / kReplyMs = 2
+  CHECK(ratio < 2.5);
+  // The two waits are the request thread's time, nearly all of it.
+  const double request_total = static_cast<double>(lock_us + read_us + other_us + request_on_us);
+  CHECK(static_cast<double>(lock_us + read_us) > 0.85 * request_total);
+  CHECK(request_total > 0.8 * seconds * 1e6);
+  CHECK(request_total < 1.1 * seconds * 1e6);
+  // The worker computes while it holds the lock: on-CPU, with its stack or as [running] without perf.
+  CHECK(static_cast<double>(worker_on_us) > 0.5 * seconds * 1e6);
+  // The off-CPU view holds exactly the off-CPU stacks of the wall profile.
+  std::uint64_t wall_off = 0, off_total = 0;
+  for (const auto& s : wall.stacks)
+    if (s.offcpu) wall_off += s.count;
+  for (const auto& s : off.stacks) {
+    CHECK(s.offcpu);
+    off_total += s.count;
+  }
+  CHECK(off_total == wall_off);
+  CHECK(st.wall.looks <= st.wall.ticks * selfprof::detail::kWallThreadsPerTick);
+  CHECK(st.wall.copies > 0);
+}
+
+TEST_CASE("wall: an idle thread pool shows as idle threads, each under its own root") {
+  wl::apply_test_environment();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::vector<std::thread> pool;
+  for (int i = 0; i < 4; ++i)
+    pool.emplace_back([&, i] {
+      pthread_setname_np(pthread_self(), ("pool-" + std::to_string(i)).c_str());
+      std::unique_lock<std::mutex> l(mu);
+      cv.wait(l, [&] { return done; });
+    });
+  REQUIRE(selfprof::start(wall_options()));
+  double t0 = wall_scenario::now_ms();
+  wl::spin_units(1);
+  while (wall_scenario::now_ms() - t0 < 1500) wl::spin_units(20000);  // the main thread is busy
+  REQUIRE(selfprof::stop());
+  {
+    std::lock_guard<std::mutex> l(mu);
+    done = true;
+  }
+  cv.notify_all();
+  for (auto& t : pool) t.join();
+
+  selfprof::profile p = selfprof::snapshot();
+  const std::string folded = [&] {
+    const std::string path = "wall_pool.folded";
+    REQUIRE(selfprof::dump(path));
+    return read_file(path);
+  }();
+  std::map<std::string, std::uint64_t> blocked_by_pool;
+  std::istringstream lines(folded);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (!std::regex_search(line, m,
+                           std::regex("^\\[(pool-[0-9]) tid=[0-9]+\\];.*\\[blocked: futex\\] ([0-9]+)$")))
+      continue;
+    blocked_by_pool[m[1]] += std::stoull(m[2]);
+  }
+  REQUIRE(blocked_by_pool.size() == 4);
+  const double duration_us = p.info.duration_s * 1e6;
+  for (auto& b : blocked_by_pool) {
+    MESSAGE(b.first << ": " << b.second / 1000 << " ms blocked in futex of " << duration_us / 1000 << " ms");
+    CHECK(static_cast<double>(b.second) > 0.8 * duration_us);  // the first look only sets a baseline
+    CHECK(static_cast<double>(b.second) <= 1.01 * duration_us);
+  }
+  std::remove("wall_pool.folded");
+}
+
+TEST_CASE("wall: SVGs draw off-CPU time in the io palette, counts in microseconds") {
+  wl::apply_test_environment();
+  REQUIRE(selfprof::start(wall_options()));
+  wall_scenario::requests r;
+  r.run(1);
+  REQUIRE(selfprof::stop());
+  REQUIRE(selfprof::dump("wall_out.svg,wall_out.folded"));
+  REQUIRE(selfprof::dump_offcpu("wall_out-offcpu.svg"));
+  const std::string svg = read_file("wall_out.svg");
+  const std::string off = read_file("wall_out-offcpu.svg");
+  CHECK(svg.find("Wall-clock profile of") != std::string::npos);
+  CHECK(off.find("Off-CPU time of") != std::string::npos);
+  CHECK(svg.find(" us") != std::string::npos);
+  // Every frame of the off-CPU SVG is io-blue: rgb(r,g,b) with r == g and b >= 190.
+  std::regex fill("fill=\"rgb\\(([0-9]+),([0-9]+),([0-9]+)\\)\"");
+  int frames = 0, blue = 0;
+  for (auto it = std::sregex_iterator(off.begin(), off.end(), fill); it != std::sregex_iterator(); ++it) {
+    ++frames;
+    if ((*it)[1] == (*it)[2] && std::stoi((*it)[3]) >= 190) ++blue;
+  }
+  CHECK(frames > 5);
+  CHECK(blue == frames);
+  // In the wall SVG, [blocked: ...] frames are blue amid hot on-CPU frames.
+  std::regex blocked(
+      "<title>\\[blocked: "
+      "(futex|read)\\][^<]*</title><rect[^>]*fill=\"rgb\\(([0-9]+),([0-9]+),([0-9]+)\\)\"");
+  int blocked_frames = 0;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), blocked); it != std::sregex_iterator(); ++it) {
+    ++blocked_frames;
+    CHECK((*it)[2] == (*it)[3]);
+    CHECK(std::stoi((*it)[4]) >= 190);
+  }
+  CHECK(blocked_frames >= 2);
+  // Folded counts are microseconds: the process's threads add up to about their wall time.
+  const std::string folded = read_file("wall_out.folded");
+  std::uint64_t total = 0;
+  std::istringstream lines(folded);
+  for (std::string line; std::getline(lines, line);) total += std::stoull(line.substr(line.rfind(' ') + 1));
+  CHECK(total > 2 * 1000 * 1000);  // main, request, worker, timer: ~1 s each
+  for (const char* f : {"wall_out.svg", "wall_out.folded", "wall_out-offcpu.svg"}) std::remove(f);
+}
+
+TEST_CASE("wall: CPU timers and the itimer are refused (they can interrupt a blocking call)") {
+  wl::apply_test_environment();
+  for (auto kind : {selfprof::source_kind::timer, selfprof::source_kind::itimer}) {
+    selfprof::options o = wall_options();
+    o.source = kind;
+    selfprof::status st = selfprof::start(o);
+    CHECK_FALSE(st);
+    CHECK(st.message().find("EINTR") != std::string::npos);
+    CHECK_FALSE(selfprof::running());
+  }
+}
+
+TEST_CASE("wall: without perf_event no signal is sent; CPU time is counted as [running]") {
+  auto saved = selfprof::detail::sys().perf_event_open;
+  selfprof::detail::sys().perf_event_open = wl::failing_perf_event_open;
+  selfprof::status st = selfprof::start(wall_options());
+  selfprof::detail::sys().perf_event_open = saved;
+  REQUIRE(st);
+  double t0 = wall_scenario::now_ms();
+  while (wall_scenario::now_ms() - t0 < 800) wl::spin_units(20000);
+  REQUIRE(selfprof::stop());
+  selfprof::stats s = selfprof::get_stats();
+  CHECK(s.source == "wall");
+  CHECK(s.records == 0);  // the handler never ran
+  selfprof::profile p = selfprof::snapshot();
+  std::uint64_t running = 0;
+  for (const auto& k : p.stacks)
+    if (k.tid == static_cast<std::uint32_t>(::getpid()) && !k.frames.empty() &&
+        leaf_name(p, k) == "[running]")
+      running += k.count;
+  CHECK(running > 500 * 1000);  // most of the 0.8 s the main thread computed
+  bool noted = false;
+  for (auto& n : p.info.notes) noted = noted || n.find("without on-CPU stacks") != std::string::npos;
+  CHECK(noted);
+}
