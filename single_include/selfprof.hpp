@@ -5648,33 +5648,118 @@ class code_ranges {
 // scanning only those halves the chance of taking data for a record.
 constexpr std::uintptr_t kFrameRecordAlign = 16;
 
-// The lowest frame record at or above `sp` in the copy: a saved rbp that points further up the stack
-// (or is 0, the outermost frame) next to a return address into code, whose own record, when it lies in
-// the copy, holds a return address into code as well. False when none lies within kMaxFrameSize.
-inline bool find_frame_record(const stack_copy& mem, std::uintptr_t sp, const code_ranges& code,
-                              std::uintptr_t& fp) {
-  std::uintptr_t a = (sp + kFrameRecordAlign - 1) & ~(kFrameRecordAlign - 1);
-  for (; a >= sp && a - sp <= kMaxFrameSize; a += kFrameRecordAlign) {
-    std::uint64_t saved = 0, ra = 0;
-    if (!mem.read(a, saved) || !mem.read(a + 8, ra)) return false;
-    if (!code.contains(static_cast<std::uintptr_t>(ra))) continue;
-    if (saved == 0) {
-      fp = a;
-      return true;
-    }
-    if (saved <= a + 8 || saved % 8 != 0 || saved - a > kMaxStackSpan) continue;
-    std::uint64_t next_ra = 0;
-    if (mem.read(saved + 8, next_ra) && !code.contains(static_cast<std::uintptr_t>(next_ra))) continue;
-    fp = a;
-    return true;
-  }
-  return false;
+// Does the pair at `a` look like a frame record: a saved rbp that points further up the stack (or is 0,
+// the outermost frame) next to a return address into code?
+inline bool plausible_frame_record(const stack_copy& mem, std::uintptr_t a, const code_ranges& code) {
+  std::uint64_t saved = 0, ra = 0;
+  if (!mem.read(a, saved) || !mem.read(a + 8, ra)) return false;
+  if (!code.contains(static_cast<std::uintptr_t>(ra))) return false;
+  if (saved == 0) return true;
+  return saved > a + 8 && saved % 8 == 0 && saved - a <= kMaxStackSpan;
 }
 
 struct copy_unwind_result {
   std::size_t depth = 0;
   bool truncated = false;
   bool scanned = false;  // a frame record was found by scanning (rbp was not known)
+  bool clean = false;    // the walk ended where a stack ends (outermost CFI row, null frame, depth limit)
+};
+
+// Candidates for a scanned frame record tried per walk: stale records of earlier calls lie below the
+// live one, so the first plausible pair is not always right; the one whose walk ends cleanly is.
+constexpr int kMaxRecordCandidates = 32;
+
+struct copy_walker {
+  const unwind_table_set* set;
+  const stack_copy& mem;
+  const code_ranges& code;
+  std::uint64_t* out;
+  std::size_t max_depth;
+
+  // Continues a walk at (pc, sp, fp) with out[0..r.depth) filled. `scan`: try several frame records
+  // where rbp is unknown (false inside such a trial: the first plausible record is taken).
+  copy_unwind_result walk(copy_unwind_result r, std::uintptr_t pc, std::uintptr_t sp, std::uintptr_t fp,
+                          bool fp_known, bool leaf, bool scan) const {
+    for (;;) {
+      const unwind_row* row = find_unwind_row(set, leaf ? pc : pc - 1);
+      if (row != nullptr && row->kind == row_outermost) {
+        r.clean = true;
+        return r;
+      }
+      const bool cfi = row != nullptr && row->kind != row_unknown;
+      if (!fp_known && (!cfi || row->kind == row_cfa_rbp)) return scan_record(r, pc, sp, leaf, scan);
+      std::uint64_t ra = 0, next_fp = fp;
+      std::uintptr_t next_sp = 0;
+      bool next_fp_known = fp_known;
+      if (cfi) {
+        std::uintptr_t base = row->kind == row_cfa_rbp ? fp : sp;
+        std::intptr_t off = row->cfa_off;
+        if (row->kind == row_cfa_plt && (pc & 15) >= row->plt_threshold) off += 8;
+        std::uintptr_t cfa = base + static_cast<std::uintptr_t>(off);
+        if ((off >= 0) != (cfa >= base)) return r;
+        if (cfa < sp + 8 || cfa % 8 != 0 || cfa - sp > kMaxFrameSize) return r;
+        if (!mem.read(cfa - 8, ra)) return ran_off_copy(r, cfa - 8);
+        if (row->fp_off != 0) {
+          std::uintptr_t slot = cfa + static_cast<std::uintptr_t>(static_cast<std::intptr_t>(row->fp_off));
+          if (!mem.read(slot, next_fp)) return ran_off_copy(r, slot);
+          next_fp_known = true;
+        }
+        next_sp = cfa;
+      } else {  // no CFI here: one frame-pointer step
+        if (fp < sp || fp % 8 != 0 || fp - sp > kMaxFrameSize) return r;
+        if (!mem.read(fp, next_fp) || !mem.read(fp + 8, ra)) return ran_off_copy(r, fp);
+        next_fp_known = true;
+        next_sp = fp + 16;
+      }
+      if (ra < kMinCodeAddress) {
+        r.clean = ra == 0;  // a zeroed return address ends the chain
+        return r;
+      }
+      if (r.depth == max_depth) {
+        r.truncated = r.clean = true;
+        return r;
+      }
+      out[r.depth++] = ra;
+      if (next_sp <= sp) return r;  // the walk must move towards the stack end
+      sp = next_sp;
+      fp = static_cast<std::uintptr_t>(next_fp);
+      fp_known = next_fp_known;
+      pc = static_cast<std::uintptr_t>(ra);
+      leaf = false;
+    }
+  }
+
+  // The copy ended before the stack did (a deep stack): what was walked is right, just not all of it.
+  copy_unwind_result ran_off_copy(copy_unwind_result r, std::uintptr_t addr) const {
+    r.clean = addr >= mem.end();
+    return r;
+  }
+
+  // rbp is not known at this frame: find its frame record above sp. Candidates are tried upwards from
+  // sp; the first whose walk ends cleanly wins, else the deepest walk. A stale record left in this
+  // frame's locals by an earlier, deeper call can still win (it chains into the live frames above): the
+  // price of a kernel that reports sp and pc but not rbp. It takes a frame-pointer function between the
+  // caller and the system call to leave one there (libc's wrappers use none; ASan's interceptors do).
+  copy_unwind_result scan_record(copy_unwind_result r, std::uintptr_t pc, std::uintptr_t sp, bool leaf,
+                                 bool scan) const {
+    r.scanned = true;
+    copy_unwind_result best = r;
+    std::uintptr_t best_fp = 0;
+    int tried = 0;
+    std::uintptr_t a = (sp + kFrameRecordAlign - 1) & ~(kFrameRecordAlign - 1);
+    for (; a >= sp && a - sp <= kMaxFrameSize && a + 16 <= mem.end(); a += kFrameRecordAlign) {
+      if (!plausible_frame_record(mem, a, code)) continue;
+      copy_unwind_result t = walk(r, pc, sp, a, true, leaf, false);
+      if (!scan || t.clean) return scan ? walk(r, pc, sp, a, true, leaf, true) : t;
+      if (t.depth > best.depth) {
+        best = t;
+        best_fp = a;
+      }
+      if (++tried == kMaxRecordCandidates) break;
+    }
+    if (best_fp == 0) return r;
+    return walk(r, pc, sp, best_fp, true, leaf, true);  // refill out[] with the best walk
+  }
 };
 
 // Walks a blocked thread's frames from `pc` (its user pc: out[0], looked up as is) and the copy's base
@@ -5686,58 +5771,8 @@ inline copy_unwind_result unwind_stack_copy(const unwind_table_set* set, std::ui
   copy_unwind_result r;
   if (max_depth == 0) return r;
   out[r.depth++] = pc;
-  std::uintptr_t sp = mem.base, fp = 0;
-  bool fp_known = false, leaf = true;
-  for (;;) {
-    const unwind_row* row = find_unwind_row(set, leaf ? pc : pc - 1);
-    if (row != nullptr && row->kind == row_outermost) break;
-    std::uint64_t ra = 0, next_fp = fp;
-    std::uintptr_t next_sp = 0;
-    bool next_fp_known = fp_known;
-    if (row != nullptr && row->kind != row_unknown) {
-      if (row->kind == row_cfa_rbp && !fp_known) {
-        if (!find_frame_record(mem, sp, code, fp)) break;
-        fp_known = r.scanned = true;
-        next_fp = fp;
-        next_fp_known = true;
-      }
-      std::uintptr_t base = row->kind == row_cfa_rbp ? fp : sp;
-      std::intptr_t off = row->cfa_off;
-      if (row->kind == row_cfa_plt && (pc & 15) >= row->plt_threshold) off += 8;
-      std::uintptr_t cfa = base + static_cast<std::uintptr_t>(off);
-      if ((off >= 0) != (cfa >= base)) break;
-      if (cfa < sp + 8 || cfa % 8 != 0 || cfa - sp > kMaxFrameSize) break;
-      if (!mem.read(cfa - 8, ra)) break;
-      if (row->fp_off != 0) {
-        if (!mem.read(cfa + static_cast<std::uintptr_t>(static_cast<std::intptr_t>(row->fp_off)), next_fp))
-          break;
-        next_fp_known = true;
-      }
-      next_sp = cfa;
-    } else {  // no CFI here: one frame-pointer step, from a scanned record when rbp is not known
-      if (!fp_known) {
-        if (!find_frame_record(mem, sp, code, fp)) break;
-        fp_known = r.scanned = true;
-      }
-      if (fp < sp || fp % 8 != 0 || fp - sp > kMaxFrameSize) break;
-      if (!mem.read(fp, next_fp) || !mem.read(fp + 8, ra)) break;
-      next_fp_known = true;
-      next_sp = fp + 16;
-    }
-    if (ra < kMinCodeAddress) break;
-    if (r.depth == max_depth) {
-      r.truncated = true;
-      break;
-    }
-    out[r.depth++] = ra;
-    if (next_sp <= sp) break;  // the walk must move towards the stack end
-    sp = next_sp;
-    fp = static_cast<std::uintptr_t>(next_fp);
-    fp_known = next_fp_known;
-    pc = static_cast<std::uintptr_t>(ra);
-    leaf = false;
-  }
-  return r;
+  copy_walker w{set, mem, code, out, max_depth};
+  return w.walk(r, pc, mem.base, 0, false, true, true);
 }
 
 }  // namespace detail
@@ -5804,6 +5839,8 @@ inline task_syscall parse_task_syscall(const char* text) {
     ++n;
     p = e;
   }
+  while (*p == ' ') ++p;
+  if (*p != '\0' && *p != '\n') return t;  // more than the kernel writes
   if (nr == -1 && n == 2) {
     t.kind = task_syscall::blocked_other;
   } else if (nr >= 0 && n == 8) {

@@ -11,7 +11,6 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -19,6 +18,17 @@
 
 #include "../../examples/wall/scenario.hpp"
 #include "integration/workload.hpp"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SELFPROF_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SELFPROF_TEST_ASAN 1
+#endif
+#endif
+#ifndef SELFPROF_TEST_ASAN
+#define SELFPROF_TEST_ASAN 0
+#endif
 
 namespace {
 
@@ -44,6 +54,27 @@ std::string read_file(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+struct rgb {
+  int r = 0, g = 0, b = 0;
+};
+
+// The fill colours of the SVG's frames, each frame's `<g>` being `<title>...</title><rect ... fill=...>`;
+// only frames whose title starts with `title_prefix` when it is not empty.
+std::vector<rgb> svg_fills(const std::string& svg, const std::string& title_prefix) {
+  std::vector<rgb> out;
+  const std::string fill = "fill=\"rgb(";
+  for (std::size_t at = svg.find("<title>"); at != std::string::npos; at = svg.find("<title>", at + 1)) {
+    if (!title_prefix.empty() && svg.compare(at, title_prefix.size(), title_prefix) != 0) continue;
+    std::size_t rect = svg.find("<rect", at), next = svg.find("<title>", at + 1);
+    if (rect == std::string::npos || (next != std::string::npos && rect > next)) continue;
+    std::size_t f = svg.find(fill, rect);
+    if (f == std::string::npos || svg.find('>', rect) < f) continue;
+    rgb c;
+    if (std::sscanf(svg.c_str() + f + fill.size(), "%d,%d,%d", &c.r, &c.g, &c.b) == 3) out.push_back(c);
+  }
+  return out;
 }
 
 }  // namespace
@@ -88,13 +119,22 @@ TEST_CASE("wall: the request waits on the lock and on the pipe, 2:1, and nothing
   MESSAGE("request thread: lock " << lock_us / 1000 << " ms, read " << read_us / 1000 << " ms, other off-CPU "
                                   << other_us / 1000 << " ms, on-CPU " << request_on_us / 1000
                                   << " ms; worker on-CPU " << worker_on_us / 1000 << " ms");
+  const double request_total = static_cast<double>(lock_us + read_us + other_us + request_on_us);
+#if !SELFPROF_TEST_ASAN
   REQUIRE(read_us > 0);
   const double ratio = static_cast<double>(lock_us) / static_cast<double>(read_us);
   CHECK(ratio > 1.6);  // (kHoldMs - kReplyMs) / kReplyMs = 2
   CHECK(ratio < 2.5);
   // The two waits are the request thread's time, nearly all of it.
-  const double request_total = static_cast<double>(lock_us + read_us + other_us + request_on_us);
   CHECK(static_cast<double>(lock_us + read_us) > 0.85 * request_total);
+#else
+  // Under ASan, read() goes through libasan's interceptor, a frame-pointer function between the request
+  // and the system call: the frame record the unwinder must find by scanning (the kernel gives sp and
+  // pc, not rbp) can then be a stale one, and part of the read wait lands on a wrong stack. The time is
+  // still the request thread's and still off-CPU.
+  CHECK(lock_us > 0);
+  CHECK(static_cast<double>(lock_us + read_us + other_us) > 0.85 * request_total);
+#endif
   CHECK(request_total > 0.8 * seconds * 1e6);
   CHECK(request_total < 1.1 * seconds * 1e6);
   // The worker computes while it holds the lock: on-CPU, with its stack or as [running] without perf.
@@ -144,12 +184,11 @@ TEST_CASE("wall: an idle thread pool shows as idle threads, each under its own r
   }();
   std::map<std::string, std::uint64_t> blocked_by_pool;
   std::istringstream lines(folded);
-  for (std::string line; std::getline(lines, line);) {
-    std::smatch m;
-    if (!std::regex_search(line, m,
-                           std::regex("^\\[(pool-[0-9]) tid=[0-9]+\\];.*\\[blocked: futex\\] ([0-9]+)$")))
-      continue;
-    blocked_by_pool[m[1]] += std::stoull(m[2]);
+  for (std::string line; std::getline(lines, line);) {  // "[pool-N tid=T];...;[blocked: futex] COUNT"
+    const std::string leaf = ";[blocked: futex] ";
+    std::size_t at = line.rfind(leaf);
+    if (line.rfind("[pool-", 0) != 0 || at == std::string::npos) continue;
+    blocked_by_pool[line.substr(1, line.find(' ') - 1)] += std::stoull(line.substr(at + leaf.size()));
   }
   REQUIRE(blocked_by_pool.size() == 4);
   const double duration_us = p.info.duration_s * 1e6;
@@ -175,24 +214,19 @@ TEST_CASE("wall: SVGs draw off-CPU time in the io palette, counts in microsecond
   CHECK(off.find("Off-CPU time of") != std::string::npos);
   CHECK(svg.find(" us") != std::string::npos);
   // Every frame of the off-CPU SVG is io-blue: rgb(r,g,b) with r == g and b >= 190.
-  std::regex fill("fill=\"rgb\\(([0-9]+),([0-9]+),([0-9]+)\\)\"");
-  int frames = 0, blue = 0;
-  for (auto it = std::sregex_iterator(off.begin(), off.end(), fill); it != std::sregex_iterator(); ++it) {
-    ++frames;
-    if ((*it)[1] == (*it)[2] && std::stoi((*it)[3]) >= 190) ++blue;
-  }
-  CHECK(frames > 5);
-  CHECK(blue == frames);
+  std::vector<rgb> fills = svg_fills(off, "");
+  int blue = 0;
+  for (const rgb& c : fills)
+    if (c.r == c.g && c.b >= 190) ++blue;
+  CHECK(fills.size() > 5);
+  CHECK(blue == static_cast<int>(fills.size()));
   // In the wall SVG, [blocked: ...] frames are blue amid hot on-CPU frames.
-  std::regex blocked(
-      "<title>\\[blocked: "
-      "(futex|read)\\][^<]*</title><rect[^>]*fill=\"rgb\\(([0-9]+),([0-9]+),([0-9]+)\\)\"");
-  int blocked_frames = 0;
-  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), blocked); it != std::sregex_iterator(); ++it) {
-    ++blocked_frames;
-    CHECK((*it)[2] == (*it)[3]);
-    CHECK(std::stoi((*it)[4]) >= 190);
+  std::vector<rgb> blocked = svg_fills(svg, "<title>[blocked: ");
+  for (const rgb& c : blocked) {
+    CHECK(c.r == c.g);
+    CHECK(c.b >= 190);
   }
+  const int blocked_frames = static_cast<int>(blocked.size());
   CHECK(blocked_frames >= 2);
   // Folded counts are microseconds: the process's threads add up to about their wall time.
   const std::string folded = read_file("wall_out.folded");

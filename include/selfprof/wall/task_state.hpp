@@ -60,6 +60,8 @@ inline task_syscall parse_task_syscall(const char* text) {
     ++n;
     p = e;
   }
+  while (*p == ' ') ++p;
+  if (*p != '\0' && *p != '\n') return t;  // more than the kernel writes
   if (nr == -1 && n == 2) {
     t.kind = task_syscall::blocked_other;
   } else if (nr >= 0 && n == 8) {
