@@ -5971,6 +5971,7 @@ class wall_sampler {
     reset_counters();
     tid_.store(0);
     thread_ = std::thread([this] { loop(); });
+    while (tid_.load() == 0) std::this_thread::yield();  // known before the next thread scan: not sampled
     return status::ok();
   }
 
