@@ -86,6 +86,7 @@ class profiler_core {
       return status::error("selfprof: unknown mode '" + opts.mode + "'");
     opts_ = opts;
     wall_mode_ = opts.mode == "wall";
+    if (wall_mode_) opts_.thread_roots = true;  // per-thread roots: a pool's idle workers show as idle
     if (opts_.max_depth < 2) opts_.max_depth = 2;
     if (opts_.max_depth > 1024) opts_.max_depth = 1024;
     stats_ = stats{};
@@ -222,7 +223,7 @@ class profiler_core {
   }
 
   bool running() const { return running_; }
-  bool thread_roots() const { return opts_.thread_roots || wall_mode_; }  // wall: idle threads show
+  bool thread_roots() const { return opts_.thread_roots; }
 
  private:
   status stop_locked() {
