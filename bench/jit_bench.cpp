@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   report("remove + re-add same address (op = both)", n, t0);
 
   // The collector hook over the registry just built (2n regions): JIT pcs, then native pcs.
-  std::uint64_t now = selfprof::detail::jit_now_ns(), hits = 0;
+  std::uint64_t now = selfprof::detail::monotonic_ns(), hits = 0;
   std::uint64_t warm = base;
   selfprof::jit::detail::translate_pc(warm, now);  // builds the lookup index once
   t0 = now_stamp();

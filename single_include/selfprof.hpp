@@ -408,6 +408,43 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
 #include <thread>
 #include <vector>
 
+// ---- begin selfprof/detail/process.hpp ----
+// Two facts about this process that several background threads read: the clock samples are stamped
+// with, and how many times the dynamic loader has added or removed a library.
+// Context: any thread except the signal handler (dl_iterate_phdr takes the loader's lock).
+
+#include <link.h>
+#include <time.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace selfprof {
+namespace detail {
+
+// CLOCK_MONOTONIC in ns: the clock the signal handler stamps samples with.
+inline std::uint64_t monotonic_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// Libraries loaded plus unloaded so far (dl_iterate_phdr's counters): changes on dlopen/dlclose.
+inline std::uint64_t loader_generation() {
+  std::uint64_t gen = 0;
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, std::size_t size, void* out) {
+        if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
+          *static_cast<std::uint64_t*>(out) = info->dlpi_adds + info->dlpi_subs;
+        return 1;
+      },
+      &gen);
+  return gen;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/detail/process.hpp ----
 // ---- begin selfprof/status.hpp ----
 // Errors as values: a small status type with a message, used across the public API instead of exceptions.
 // Context: any thread (not the signal handler: it allocates).
@@ -1354,12 +1391,6 @@ class jit_registry {
 namespace selfprof {
 namespace detail {
 
-inline std::uint64_t jit_now_ns() {  // the clock the signal handler stamps samples with
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
 // Pending bytes above which add() writes itself instead of waiting for the background thread.
 constexpr std::size_t jit_pending_hard_limit = std::size_t{8} << 20;
 
@@ -1389,7 +1420,7 @@ class jit_runtime {
 
   bool add(const void* code, std::size_t size, std::string_view name) {
     if (code == nullptr || size == 0 || size > 0xffffffffu) return false;
-    std::uint64_t now = jit_now_ns();
+    std::uint64_t now = monotonic_ns();
     std::uint32_t tid = opts_.jitdump ? static_cast<std::uint32_t>(::syscall(SYS_gettid)) : 0;
     auto start = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(code));
     bool notify = false, write_now = false;
@@ -1421,7 +1452,7 @@ class jit_runtime {
   }
 
   bool remove(const void* code) {
-    std::uint64_t now = jit_now_ns();
+    std::uint64_t now = monotonic_ns();
     std::lock_guard<std::mutex> lock(mu_);
     return registry_.remove(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(code)), now);
   }
@@ -1498,7 +1529,7 @@ class jit_runtime {
     status& error = is_dump ? dump_error_ : map_error_;
     if (!error) return;  // refused earlier: stays off
     const std::string& bytes = is_dump ? write_dump_ : write_map_;
-    status st = is_dump ? dump_.open(jit_now_ns()) : map_.open();
+    status st = is_dump ? dump_.open(monotonic_ns()) : map_.open();
     if (st) st = is_dump ? dump_.write(bytes) : map_.write(bytes);
     if (st) return;
     error = st;
@@ -4745,6 +4776,19 @@ inline const unwind_row* find_unwind_row(const unwind_table_set* set, std::uintp
   return row->kind == row_no_info ? nullptr : row;
 }
 
+// The CFA `row` gives at (pc, sp, fp), or 0 when that is no step up the stack: it wraps around, is
+// misaligned, leaves no room for the return address above sp, or makes a frame over kMaxFrameSize.
+inline std::uintptr_t row_cfa(const unwind_row* row, std::uintptr_t pc, std::uintptr_t sp,
+                              std::uintptr_t fp) {
+  std::uintptr_t base = row->kind == row_cfa_rbp ? fp : sp;
+  std::intptr_t off = row->cfa_off;
+  if (row->kind == row_cfa_plt && (pc & 15) >= row->plt_threshold) off += 8;
+  std::uintptr_t cfa = base + static_cast<std::uintptr_t>(off);
+  if ((off >= 0) != (cfa >= base)) return 0;  // wrapped around
+  if (cfa < sp + 8 || cfa % 8 != 0 || cfa - sp > kMaxFrameSize) return 0;
+  return cfa;
+}
+
 // Walks from an interrupted context with `set` (nullptr: frame pointers only). Same contract and bounds
 // as unwind_fp: out[0] = pc, then return addresses, leaf first; every stack read lies in
 // [sp, min(stack_end, sp + kMaxStackSpan)), is 8-aligned, probed, and each frame moves sp up by at most
@@ -4767,12 +4811,8 @@ inline unwind_result unwind_with_tables(const unwind_table_set* set, std::uintpt
     bool fixed_leaf = false;
     if (row != nullptr && row->kind == row_outermost) break;
     if (row != nullptr && row->kind != row_unknown) {
-      std::uintptr_t base = row->kind == row_cfa_rbp ? fp : sp;
-      std::intptr_t off = row->cfa_off;
-      if (row->kind == row_cfa_plt && (pc & 15) >= row->plt_threshold) off += 8;
-      std::uintptr_t cfa = base + static_cast<std::uintptr_t>(off);
-      if ((off >= 0) != (cfa >= base)) break;  // wrapped around
-      if (cfa < sp + 8 || cfa % 8 != 0 || cfa - sp > kMaxFrameSize || cfa > hi) break;
+      const std::uintptr_t cfa = row_cfa(row, pc, sp, fp);
+      if (cfa == 0 || cfa > hi) break;
       if (!guard.readable(cfa - 8, 8)) break;
       ra = load_word(cfa - 8);
       if (row->fp_off != 0) {
@@ -5692,12 +5732,8 @@ struct copy_walker {
       std::uintptr_t next_sp = 0;
       bool next_fp_known = fp_known;
       if (cfi) {
-        std::uintptr_t base = row->kind == row_cfa_rbp ? fp : sp;
-        std::intptr_t off = row->cfa_off;
-        if (row->kind == row_cfa_plt && (pc & 15) >= row->plt_threshold) off += 8;
-        std::uintptr_t cfa = base + static_cast<std::uintptr_t>(off);
-        if ((off >= 0) != (cfa >= base)) return r;
-        if (cfa < sp + 8 || cfa % 8 != 0 || cfa - sp > kMaxFrameSize) return r;
+        const std::uintptr_t cfa = row_cfa(row, pc, sp, fp);
+        if (cfa == 0) return r;
         if (!mem.read(cfa - 8, ra)) return ran_off_copy(r, cfa - 8);
         if (row->fp_off != 0) {
           std::uintptr_t slot = cfa + static_cast<std::uintptr_t>(static_cast<std::intptr_t>(row->fp_off));
@@ -6034,12 +6070,6 @@ class wall_sampler {
 
   static std::string errno_text() { return std::strerror(errno); }
 
-  static std::uint64_t now_ns() {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-  }
-
   void reset_counters() {
     for (auto* c : {&n_ticks_, &n_looks_, &n_unchanged_, &n_proc_reads_, &n_copies_, &n_raced_, &n_scanned_,
                     &n_deferred_, &n_dropped_, &n_offcpu_us_, &n_cpu_ns_})
@@ -6053,10 +6083,10 @@ class wall_sampler {
     pthread_setname_np(pthread_self(), "selfprof-wall");
     tid_.store(static_cast<pid_t>(raw_gettid()));
     const std::uint64_t period = static_cast<std::uint64_t>(1e9 / (cfg_.hz > 0 ? cfg_.hz : 99));
-    std::uint64_t next = now_ns() + period;
+    std::uint64_t next = monotonic_ns() + period;
     std::uint64_t generation = loader_generation();
     for (;;) {
-      std::uint64_t now = now_ns();
+      std::uint64_t now = monotonic_ns();
       if (now < next) {
         struct timespec wait {
           static_cast<time_t>((next - now) / 1000000000ull), static_cast<long>((next - now) % 1000000000ull)
@@ -6083,19 +6113,6 @@ class wall_sampler {
             static_cast<std::uint64_t>(cpu.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(cpu.tv_nsec),
             std::memory_order_relaxed);
     }
-  }
-
-  // Libraries loaded plus unloaded (dl_iterate_phdr's counters): the code ranges change with them.
-  static std::uint64_t loader_generation() {
-    std::uint64_t gen = 0;
-    dl_iterate_phdr(
-        [](struct dl_phdr_info* info, std::size_t size, void* out) {
-          if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
-            *static_cast<std::uint64_t*>(out) = info->dlpi_adds + info->dlpi_subs;
-          return 1;
-        },
-        &gen);
-    return gen;
   }
 
   void refresh_order() {
@@ -6147,35 +6164,31 @@ class wall_sampler {
     }
     if (!first && ran > 0 && !cfg_.oncpu_signals) emit_running(tid, ran, now);
     if (!first && !st.blocked && off * kWallBusyRatio < wall) {  // busy: still running
-      thread_state unseen;
-      unseen.flags = sample_offcpu;
-      emit_offcpu(tid, st, unseen, off, now);
+      emit_offcpu(tid, st, unseen(), off, now);
       return;
     }
     bump(n_proc_reads_);
     task_syscall ts = read_syscall_file(tid, st);
-    thread_state before_flags;  // where it was blocked at the last look, if it was
+    thread_state before;  // where it was blocked at the last look, if it was
     const bool was_blocked = st.blocked;
     if (was_blocked) {
-      before_flags.flags = st.flags;
-      before_flags.aux = st.aux;
-      before_flags.stack.swap(st.stack);
+      before.flags = st.flags;
+      before.aux = st.aux;
+      before.stack.swap(st.stack);
     }
     st.blocked = false;
     if (ts.kind == task_syscall::in_syscall || ts.kind == task_syscall::blocked_other)
       st.blocked = capture_blocked(tid, ts, cpu, st);
     if (first) return;
     if (st.blocked && was_blocked) {  // woke from one wait, ran, and waits again: half to each
-      emit_offcpu(tid, st, before_flags, off / 2, now);
+      emit_offcpu(tid, st, before, off / 2, now);
       emit_offcpu(tid, st, st, off - off / 2, now);
     } else if (st.blocked) {
       emit_offcpu(tid, st, st, off, now);
     } else if (was_blocked) {
-      emit_offcpu(tid, st, before_flags, off, now);
+      emit_offcpu(tid, st, before, off, now);
     } else {
-      thread_state unseen;  // depth 0, no call: rendered as [off-cpu]
-      unseen.flags = sample_offcpu;
-      emit_offcpu(tid, st, unseen, off, now);
+      emit_offcpu(tid, st, unseen(), off, now);
     }
   }
 
@@ -6199,6 +6212,16 @@ class wall_sampler {
       ::close(fd);
     }
     return ts;
+  }
+
+  // Where off-CPU time goes when the sampler did not see where: no stack, no call ([off-cpu]).
+  static const thread_state& unseen() {
+    static const thread_state where = [] {
+      thread_state w;
+      w.flags = sample_offcpu;
+      return w;
+    }();
+    return where;
   }
 
   // Copies and unwinds the stack of a thread blocked at `ts`; false when it ran meanwhile.
@@ -7415,19 +7438,29 @@ inline status write_profile(const profile& p, const std::string& paths, const ou
 namespace selfprof {
 namespace detail {
 
-inline void add_marker_frames(profile& p, bool thread_roots) {
-  std::map<std::string, std::uint32_t> made;
-  auto marker = [&](const std::string& name) {
-    auto it = made.find(name);
-    if (it != made.end()) return it->second;
+// Synthetic frames (frame_kind::marker) added to a profile once per name: marker(name) is its index.
+class marker_frames {
+ public:
+  explicit marker_frames(profile& p) : p_(p) {}
+  std::uint32_t operator()(const std::string& name) {
+    auto it = made_.find(name);
+    if (it != made_.end()) return it->second;
     frame f;
     f.name = name;
     f.kind = frame_kind::marker;
-    p.frames.push_back(f);
-    auto index = static_cast<std::uint32_t>(p.frames.size() - 1);
-    made.emplace(name, index);
+    p_.frames.push_back(f);
+    auto index = static_cast<std::uint32_t>(p_.frames.size() - 1);
+    made_.emplace(name, index);
     return index;
-  };
+  }
+
+ private:
+  profile& p_;
+  std::map<std::string, std::uint32_t> made_;
+};
+
+inline void add_marker_frames(profile& p, bool thread_roots) {
+  marker_frames marker(p);
   for (stack& s : p.stacks) {
     std::size_t first = 0;
     bool has_root = !s.frames.empty() && is_marker(p, s.frames[0], is_thread_root_name);
@@ -10209,19 +10242,7 @@ inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
     cache.emplace(lookup, range);
     return range;
   };
-  // Wall mode's synthetic leaves: where a thread waited ([blocked: futex]), or time without a stack.
-  std::unordered_map<std::string, std::uint32_t> markers;
-  auto marker = [&](const std::string& name) {
-    auto it = markers.find(name);
-    if (it != markers.end()) return it->second;
-    selfprof::frame f;
-    f.name = name;
-    f.kind = frame_kind::marker;
-    p.frames.push_back(f);
-    auto index = static_cast<std::uint32_t>(p.frames.size() - 1);
-    markers.emplace(name, index);
-    return index;
-  };
+  marker_frames marker(p);  // wall mode's leaves: where a thread waited, or time without a stack
   std::uint64_t samples = 0, truncated = 0;
   for (const auto& e : raw.table.entries()) {
     const std::uint64_t* pcs = raw.table.pcs(e);
@@ -10263,6 +10284,14 @@ namespace detail {
 
 // Where dumps go when SELFPROF_OUT is not set: the working directory, one SVG per dump.
 constexpr const char* kDefaultDumpTemplate = "selfprof-%p-%n.svg";
+
+// A wall profile's companion: its off-CPU part written to `out` with "-offcpu" before the extension.
+// Nothing to do (ok) for other profiles.
+inline status write_offcpu_companion(const profile& p, const std::string& out, const sink_options& so) {
+  if (p.info.mode != "wall") return status::ok();
+  profile off = offcpu_view(p);
+  return write_profile(off, insert_before_extension(out, "-offcpu"), dump_output_options(off), so);
+}
 
 class dump_scheduler {
  public:
@@ -10405,10 +10434,7 @@ class dump_scheduler {
     so.allow_shared_dir = opts_.allow_shared_dir;
     const std::string out = opts_.out.empty() ? kDefaultDumpTemplate : opts_.out;
     status st = write_profile(p, out, oo, so);
-    if (st && p.info.mode == "wall") {  // the off-CPU part next to it, "-offcpu" before the extension
-      profile off = offcpu_view(p);
-      st = write_profile(off, insert_before_extension(out, "-offcpu"), dump_output_options(off), so);
-    }
+    if (st) st = write_offcpu_companion(p, out, so);
     if (st &&
         j.slow_marked) {  // frames were marked: the slow-frame profile too, "-slow" before the extension
       profile sp = hooks_.symbolize(j.slow);
@@ -11914,25 +11940,6 @@ class profiler_core {
     }
   }
 
-  static std::uint64_t monotonic_ns() {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-  }
-
-  // Libraries loaded plus unloaded so far (dl_iterate_phdr's counters): changes on dlopen/dlclose.
-  static std::uint64_t loader_generation() {
-    std::uint64_t gen = 0;
-    dl_iterate_phdr(
-        [](struct dl_phdr_info* info, std::size_t size, void* out) {
-          if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
-            *static_cast<std::uint64_t*>(out) = info->dlpi_adds + info->dlpi_subs;
-          return 1;
-        },
-        &gen);
-    return gen;
-  }
-
   void drain_locked() {
     const std::uint64_t now = windows_.enabled() ? monotonic_ns() : 0;
     frames_.collect_closed();  // [frames] before the ring: the samples of these frames are in it
@@ -12114,11 +12121,8 @@ class profiler_core {
     add_marker_frames(p, roots);
     status st = write_profile(p, out, dump_output_options(p), so);
     if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
-    if (p.info.mode == "wall") {  // the off-CPU part next to it, "-offcpu" before the extension
-      profile off = offcpu_view(p);
-      st = write_profile(off, insert_before_extension(out, "-offcpu"), dump_output_options(off), so);
-      if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
-    }
+    st = write_offcpu_companion(p, out, so);
+    if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
     bool marked = false;  // [frames] the slow-frame profile next to it, "-slow" before the extension
     raw_snapshot slow = slow_frames_raw(&marked);
     if (!marked) return;

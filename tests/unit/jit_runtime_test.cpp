@@ -132,7 +132,7 @@ TEST_CASE("jit runtime: with the perf map off nothing is written but selfprof st
   CHECK(rt.flush());
   CHECK(::access(rt.perf_map_path().c_str(), F_OK) != 0);
   std::uint64_t pc = 0x40010;
-  REQUIRE(rt.registry().translate(pc, selfprof::detail::jit_now_ns()));
+  REQUIRE(rt.registry().translate(pc, selfprof::detail::monotonic_ns()));
   selfprof::frame f;
   REQUIRE(rt.registry().name(pc, f));
   CHECK(f.name == "jit_quiet");
@@ -170,7 +170,7 @@ TEST_CASE("jit runtime: a refused perf map is reported on every flush and regist
   CHECK_FALSE(rt.flush());
   CHECK(jit_test::read_file(target) == "keep\n");
   std::uint64_t pc = 0x60001;
-  CHECK(rt.registry().translate(pc, selfprof::detail::jit_now_ns()));
+  CHECK(rt.registry().translate(pc, selfprof::detail::monotonic_ns()));
 }
 
 TEST_CASE("jit runtime: the size threshold writes without flush(); the background thread writes the rest") {
@@ -230,7 +230,7 @@ TEST_CASE("jit runtime: 8 threads register concurrently while a collector transl
     while (!done.load()) {
       for (std::uint64_t a = 0x10000000; a < 0x10000000 + 0x1000000; a += 0x10000) {
         std::uint64_t pc = a + 8;
-        if (rt.registry().translate(pc, selfprof::detail::jit_now_ns())) translated.fetch_add(1);
+        if (rt.registry().translate(pc, selfprof::detail::monotonic_ns())) translated.fetch_add(1);
       }
     }
   });
@@ -257,7 +257,7 @@ TEST_CASE("jit runtime: 8 threads register concurrently while a collector transl
     int i = per_thread - 2;  // 3998 % 3 != 0: still live
     std::uint64_t addr = 0x10000000 + (std::uint64_t(t) * per_thread + std::uint64_t(i)) * 0x40;
     std::uint64_t pc = addr + 0x3f;
-    REQUIRE(rt.registry().translate(pc, selfprof::detail::jit_now_ns()));
+    REQUIRE(rt.registry().translate(pc, selfprof::detail::monotonic_ns()));
     selfprof::frame f;
     REQUIRE(rt.registry().name(pc, f));
     CHECK(f.name == "jit_t" + std::to_string(t) + "_" + std::to_string(i));
@@ -265,7 +265,7 @@ TEST_CASE("jit runtime: 8 threads register concurrently while a collector transl
     REQUIRE(reader.lookup(addr, hit));
     CHECK(hit.name == f.name);
     std::uint64_t gone = addr - 2 * 0x40 + 1;  // i - 2 = 3996 was removed (a multiple of 3)
-    CHECK_FALSE(rt.registry().translate(gone, selfprof::detail::jit_now_ns()));
+    CHECK_FALSE(rt.registry().translate(gone, selfprof::detail::monotonic_ns()));
   }
 }
 
@@ -297,13 +297,13 @@ TEST_CASE("jit api: hooks translate_pc/name_tagged name real code registered wit
   auto pc_of = [](const void* p, std::uint64_t off) {
     return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)) + off;
   };
-  std::uint64_t t0 = selfprof::detail::jit_now_ns();
+  std::uint64_t t0 = selfprof::detail::monotonic_ns();
   REQUIRE(selfprof::jit::add(code_a, sizeof code_a, "jit_api_a"));
-  std::uint64_t t1 = selfprof::detail::jit_now_ns();
+  std::uint64_t t1 = selfprof::detail::monotonic_ns();
   REQUIRE(selfprof::jit::remove(code_a));
   REQUIRE(selfprof::jit::add(code_a, sizeof code_a, "jit_api_a2"));
   REQUIRE(selfprof::jit::add(code_b, sizeof code_b, "jit_api_b"));
-  std::uint64_t t2 = selfprof::detail::jit_now_ns();
+  std::uint64_t t2 = selfprof::detail::monotonic_ns();
   CHECK_FALSE(selfprof::jit::configure(selfprof::jit::options()));  // too late now
 
   std::uint64_t pc = pc_of(code_a, 5);

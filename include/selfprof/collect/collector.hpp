@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../detail/process.hpp"
 #include "../jit.hpp"
 #include "../options.hpp"
 #include "../signal/handler.hpp"
@@ -496,25 +497,6 @@ class profiler_core {
     }
   }
 
-  static std::uint64_t monotonic_ns() {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-  }
-
-  // Libraries loaded plus unloaded so far (dl_iterate_phdr's counters): changes on dlopen/dlclose.
-  static std::uint64_t loader_generation() {
-    std::uint64_t gen = 0;
-    dl_iterate_phdr(
-        [](struct dl_phdr_info* info, std::size_t size, void* out) {
-          if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
-            *static_cast<std::uint64_t*>(out) = info->dlpi_adds + info->dlpi_subs;
-          return 1;
-        },
-        &gen);
-    return gen;
-  }
-
   void drain_locked() {
     const std::uint64_t now = windows_.enabled() ? monotonic_ns() : 0;
     frames_.collect_closed();  // [frames] before the ring: the samples of these frames are in it
@@ -696,11 +678,8 @@ class profiler_core {
     add_marker_frames(p, roots);
     status st = write_profile(p, out, dump_output_options(p), so);
     if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
-    if (p.info.mode == "wall") {  // the off-CPU part next to it, "-offcpu" before the extension
-      profile off = offcpu_view(p);
-      st = write_profile(off, insert_before_extension(out, "-offcpu"), dump_output_options(off), so);
-      if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
-    }
+    st = write_offcpu_companion(p, out, so);
+    if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
     bool marked = false;  // [frames] the slow-frame profile next to it, "-slow" before the extension
     raw_snapshot slow = slow_frames_raw(&marked);
     if (!marked) return;

@@ -33,6 +33,14 @@ namespace detail {
 // Where dumps go when SELFPROF_OUT is not set: the working directory, one SVG per dump.
 constexpr const char* kDefaultDumpTemplate = "selfprof-%p-%n.svg";
 
+// A wall profile's companion: its off-CPU part written to `out` with "-offcpu" before the extension.
+// Nothing to do (ok) for other profiles.
+inline status write_offcpu_companion(const profile& p, const std::string& out, const sink_options& so) {
+  if (p.info.mode != "wall") return status::ok();
+  profile off = offcpu_view(p);
+  return write_profile(off, insert_before_extension(out, "-offcpu"), dump_output_options(off), so);
+}
+
 class dump_scheduler {
  public:
   struct hooks {
@@ -174,10 +182,7 @@ class dump_scheduler {
     so.allow_shared_dir = opts_.allow_shared_dir;
     const std::string out = opts_.out.empty() ? kDefaultDumpTemplate : opts_.out;
     status st = write_profile(p, out, oo, so);
-    if (st && p.info.mode == "wall") {  // the off-CPU part next to it, "-offcpu" before the extension
-      profile off = offcpu_view(p);
-      st = write_profile(off, insert_before_extension(out, "-offcpu"), dump_output_options(off), so);
-    }
+    if (st) st = write_offcpu_companion(p, out, so);
     if (st &&
         j.slow_marked) {  // frames were marked: the slow-frame profile too, "-slow" before the extension
       profile sp = hooks_.symbolize(j.slow);

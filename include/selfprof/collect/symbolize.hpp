@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "../output/markers.hpp"
 #include "../profile.hpp"
 #include "../signal/ring.hpp"
 #include "../symbols/symbolizer.hpp"
@@ -57,19 +58,7 @@ inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
     cache.emplace(lookup, range);
     return range;
   };
-  // Wall mode's synthetic leaves: where a thread waited ([blocked: futex]), or time without a stack.
-  std::unordered_map<std::string, std::uint32_t> markers;
-  auto marker = [&](const std::string& name) {
-    auto it = markers.find(name);
-    if (it != markers.end()) return it->second;
-    selfprof::frame f;
-    f.name = name;
-    f.kind = frame_kind::marker;
-    p.frames.push_back(f);
-    auto index = static_cast<std::uint32_t>(p.frames.size() - 1);
-    markers.emplace(name, index);
-    return index;
-  };
+  marker_frames marker(p);  // wall mode's leaves: where a thread waited, or time without a stack
   std::uint64_t samples = 0, truncated = 0;
   for (const auto& e : raw.table.entries()) {
     const std::uint64_t* pcs = raw.table.pcs(e);

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "../detail/process.hpp"
 #include "../status.hpp"
 #include "jitdump_writer.hpp"
 #include "name.hpp"
@@ -31,12 +32,6 @@
 
 namespace selfprof {
 namespace detail {
-
-inline std::uint64_t jit_now_ns() {  // the clock the signal handler stamps samples with
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
 
 // Pending bytes above which add() writes itself instead of waiting for the background thread.
 constexpr std::size_t jit_pending_hard_limit = std::size_t{8} << 20;
@@ -67,7 +62,7 @@ class jit_runtime {
 
   bool add(const void* code, std::size_t size, std::string_view name) {
     if (code == nullptr || size == 0 || size > 0xffffffffu) return false;
-    std::uint64_t now = jit_now_ns();
+    std::uint64_t now = monotonic_ns();
     std::uint32_t tid = opts_.jitdump ? static_cast<std::uint32_t>(::syscall(SYS_gettid)) : 0;
     auto start = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(code));
     bool notify = false, write_now = false;
@@ -99,7 +94,7 @@ class jit_runtime {
   }
 
   bool remove(const void* code) {
-    std::uint64_t now = jit_now_ns();
+    std::uint64_t now = monotonic_ns();
     std::lock_guard<std::mutex> lock(mu_);
     return registry_.remove(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(code)), now);
   }
@@ -176,7 +171,7 @@ class jit_runtime {
     status& error = is_dump ? dump_error_ : map_error_;
     if (!error) return;  // refused earlier: stays off
     const std::string& bytes = is_dump ? write_dump_ : write_map_;
-    status st = is_dump ? dump_.open(jit_now_ns()) : map_.open();
+    status st = is_dump ? dump_.open(monotonic_ns()) : map_.open();
     if (st) st = is_dump ? dump_.write(bytes) : map_.write(bytes);
     if (st) return;
     error = st;

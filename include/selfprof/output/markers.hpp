@@ -12,19 +12,29 @@
 namespace selfprof {
 namespace detail {
 
-inline void add_marker_frames(profile& p, bool thread_roots) {
-  std::map<std::string, std::uint32_t> made;
-  auto marker = [&](const std::string& name) {
-    auto it = made.find(name);
-    if (it != made.end()) return it->second;
+// Synthetic frames (frame_kind::marker) added to a profile once per name: marker(name) is its index.
+class marker_frames {
+ public:
+  explicit marker_frames(profile& p) : p_(p) {}
+  std::uint32_t operator()(const std::string& name) {
+    auto it = made_.find(name);
+    if (it != made_.end()) return it->second;
     frame f;
     f.name = name;
     f.kind = frame_kind::marker;
-    p.frames.push_back(f);
-    auto index = static_cast<std::uint32_t>(p.frames.size() - 1);
-    made.emplace(name, index);
+    p_.frames.push_back(f);
+    auto index = static_cast<std::uint32_t>(p_.frames.size() - 1);
+    made_.emplace(name, index);
     return index;
-  };
+  }
+
+ private:
+  profile& p_;
+  std::map<std::string, std::uint32_t> made_;
+};
+
+inline void add_marker_frames(profile& p, bool thread_roots) {
+  marker_frames marker(p);
   for (stack& s : p.stacks) {
     std::size_t first = 0;
     bool has_root = !s.frames.empty() && is_marker(p, s.frames[0], is_thread_root_name);

@@ -80,6 +80,19 @@ inline const unwind_row* find_unwind_row(const unwind_table_set* set, std::uintp
   return row->kind == row_no_info ? nullptr : row;
 }
 
+// The CFA `row` gives at (pc, sp, fp), or 0 when that is no step up the stack: it wraps around, is
+// misaligned, leaves no room for the return address above sp, or makes a frame over kMaxFrameSize.
+inline std::uintptr_t row_cfa(const unwind_row* row, std::uintptr_t pc, std::uintptr_t sp,
+                              std::uintptr_t fp) {
+  std::uintptr_t base = row->kind == row_cfa_rbp ? fp : sp;
+  std::intptr_t off = row->cfa_off;
+  if (row->kind == row_cfa_plt && (pc & 15) >= row->plt_threshold) off += 8;
+  std::uintptr_t cfa = base + static_cast<std::uintptr_t>(off);
+  if ((off >= 0) != (cfa >= base)) return 0;  // wrapped around
+  if (cfa < sp + 8 || cfa % 8 != 0 || cfa - sp > kMaxFrameSize) return 0;
+  return cfa;
+}
+
 // Walks from an interrupted context with `set` (nullptr: frame pointers only). Same contract and bounds
 // as unwind_fp: out[0] = pc, then return addresses, leaf first; every stack read lies in
 // [sp, min(stack_end, sp + kMaxStackSpan)), is 8-aligned, probed, and each frame moves sp up by at most
@@ -102,12 +115,8 @@ inline unwind_result unwind_with_tables(const unwind_table_set* set, std::uintpt
     bool fixed_leaf = false;
     if (row != nullptr && row->kind == row_outermost) break;
     if (row != nullptr && row->kind != row_unknown) {
-      std::uintptr_t base = row->kind == row_cfa_rbp ? fp : sp;
-      std::intptr_t off = row->cfa_off;
-      if (row->kind == row_cfa_plt && (pc & 15) >= row->plt_threshold) off += 8;
-      std::uintptr_t cfa = base + static_cast<std::uintptr_t>(off);
-      if ((off >= 0) != (cfa >= base)) break;  // wrapped around
-      if (cfa < sp + 8 || cfa % 8 != 0 || cfa - sp > kMaxFrameSize || cfa > hi) break;
+      const std::uintptr_t cfa = row_cfa(row, pc, sp, fp);
+      if (cfa == 0 || cfa > hi) break;
       if (!guard.readable(cfa - 8, 8)) break;
       ra = load_word(cfa - 8);
       if (row->fp_off != 0) {

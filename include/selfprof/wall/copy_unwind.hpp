@@ -109,12 +109,8 @@ struct copy_walker {
       std::uintptr_t next_sp = 0;
       bool next_fp_known = fp_known;
       if (cfi) {
-        std::uintptr_t base = row->kind == row_cfa_rbp ? fp : sp;
-        std::intptr_t off = row->cfa_off;
-        if (row->kind == row_cfa_plt && (pc & 15) >= row->plt_threshold) off += 8;
-        std::uintptr_t cfa = base + static_cast<std::uintptr_t>(off);
-        if ((off >= 0) != (cfa >= base)) return r;
-        if (cfa < sp + 8 || cfa % 8 != 0 || cfa - sp > kMaxFrameSize) return r;
+        const std::uintptr_t cfa = row_cfa(row, pc, sp, fp);
+        if (cfa == 0) return r;
         if (!mem.read(cfa - 8, ra)) return ran_off_copy(r, cfa - 8);
         if (row->fp_off != 0) {
           std::uintptr_t slot = cfa + static_cast<std::uintptr_t>(static_cast<std::intptr_t>(row->fp_off));

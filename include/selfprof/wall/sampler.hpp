@@ -46,6 +46,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../detail/process.hpp"
 #include "../signal/raw_syscall.hpp"
 #include "../signal/ring.hpp"
 #include "../signal/unwind_dwarf.hpp"
@@ -187,12 +188,6 @@ class wall_sampler {
 
   static std::string errno_text() { return std::strerror(errno); }
 
-  static std::uint64_t now_ns() {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-  }
-
   void reset_counters() {
     for (auto* c : {&n_ticks_, &n_looks_, &n_unchanged_, &n_proc_reads_, &n_copies_, &n_raced_, &n_scanned_,
                     &n_deferred_, &n_dropped_, &n_offcpu_us_, &n_cpu_ns_})
@@ -206,10 +201,10 @@ class wall_sampler {
     pthread_setname_np(pthread_self(), "selfprof-wall");
     tid_.store(static_cast<pid_t>(raw_gettid()));
     const std::uint64_t period = static_cast<std::uint64_t>(1e9 / (cfg_.hz > 0 ? cfg_.hz : 99));
-    std::uint64_t next = now_ns() + period;
+    std::uint64_t next = monotonic_ns() + period;
     std::uint64_t generation = loader_generation();
     for (;;) {
-      std::uint64_t now = now_ns();
+      std::uint64_t now = monotonic_ns();
       if (now < next) {
         struct timespec wait {
           static_cast<time_t>((next - now) / 1000000000ull), static_cast<long>((next - now) % 1000000000ull)
@@ -236,19 +231,6 @@ class wall_sampler {
             static_cast<std::uint64_t>(cpu.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(cpu.tv_nsec),
             std::memory_order_relaxed);
     }
-  }
-
-  // Libraries loaded plus unloaded (dl_iterate_phdr's counters): the code ranges change with them.
-  static std::uint64_t loader_generation() {
-    std::uint64_t gen = 0;
-    dl_iterate_phdr(
-        [](struct dl_phdr_info* info, std::size_t size, void* out) {
-          if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
-            *static_cast<std::uint64_t*>(out) = info->dlpi_adds + info->dlpi_subs;
-          return 1;
-        },
-        &gen);
-    return gen;
   }
 
   void refresh_order() {
@@ -300,35 +282,31 @@ class wall_sampler {
     }
     if (!first && ran > 0 && !cfg_.oncpu_signals) emit_running(tid, ran, now);
     if (!first && !st.blocked && off * kWallBusyRatio < wall) {  // busy: still running
-      thread_state unseen;
-      unseen.flags = sample_offcpu;
-      emit_offcpu(tid, st, unseen, off, now);
+      emit_offcpu(tid, st, unseen(), off, now);
       return;
     }
     bump(n_proc_reads_);
     task_syscall ts = read_syscall_file(tid, st);
-    thread_state before_flags;  // where it was blocked at the last look, if it was
+    thread_state before;  // where it was blocked at the last look, if it was
     const bool was_blocked = st.blocked;
     if (was_blocked) {
-      before_flags.flags = st.flags;
-      before_flags.aux = st.aux;
-      before_flags.stack.swap(st.stack);
+      before.flags = st.flags;
+      before.aux = st.aux;
+      before.stack.swap(st.stack);
     }
     st.blocked = false;
     if (ts.kind == task_syscall::in_syscall || ts.kind == task_syscall::blocked_other)
       st.blocked = capture_blocked(tid, ts, cpu, st);
     if (first) return;
     if (st.blocked && was_blocked) {  // woke from one wait, ran, and waits again: half to each
-      emit_offcpu(tid, st, before_flags, off / 2, now);
+      emit_offcpu(tid, st, before, off / 2, now);
       emit_offcpu(tid, st, st, off - off / 2, now);
     } else if (st.blocked) {
       emit_offcpu(tid, st, st, off, now);
     } else if (was_blocked) {
-      emit_offcpu(tid, st, before_flags, off, now);
+      emit_offcpu(tid, st, before, off, now);
     } else {
-      thread_state unseen;  // depth 0, no call: rendered as [off-cpu]
-      unseen.flags = sample_offcpu;
-      emit_offcpu(tid, st, unseen, off, now);
+      emit_offcpu(tid, st, unseen(), off, now);
     }
   }
 
@@ -352,6 +330,16 @@ class wall_sampler {
       ::close(fd);
     }
     return ts;
+  }
+
+  // Where off-CPU time goes when the sampler did not see where: no stack, no call ([off-cpu]).
+  static const thread_state& unseen() {
+    static const thread_state where = [] {
+      thread_state w;
+      w.flags = sample_offcpu;
+      return w;
+    }();
+    return where;
   }
 
   // Copies and unwinds the stack of a thread blocked at `ts`; false when it ran meanwhile.
