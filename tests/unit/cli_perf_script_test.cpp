@@ -7,7 +7,8 @@
 #include "selfprof/cli/args.hpp"
 #include "selfprof/cli/perf_collapse.hpp"
 
-using namespace selfprof;
+using selfprof::perf_collapse_options;
+using selfprof::perf_collapser;
 
 namespace {
 std::string collapse(const std::string& text, perf_collapse_options o = {}) {
@@ -105,6 +106,7 @@ TEST_CASE("perf collapse: inline chains, empty parts and regex backtracking corn
 }
 
 TEST_CASE("perf script line matchers") {
+  namespace detail = selfprof::detail;
   detail::perf_event_match ev;
   REQUIRE(detail::match_perf_event_line("kworker/0:1 123 [000] 1.0: 5 cycles:", ev));
   CHECK(ev.comm == "kworker/0:1");

@@ -17,7 +17,19 @@
 #include <selfprof/collect/unwind_tables.hpp>
 #include <selfprof/symbols/eh_frame.hpp>
 
-using namespace selfprof::detail;
+using selfprof::detail::eh_frame_hdr_info;
+using selfprof::detail::eh_frame_input;
+using selfprof::detail::eh_frame_table;
+using selfprof::detail::g_unwind_tables;
+using selfprof::detail::row_cfa_plt;
+using selfprof::detail::row_cfa_rbp;
+using selfprof::detail::row_cfa_rsp;
+using selfprof::detail::row_no_info;
+using selfprof::detail::row_outermost;
+using selfprof::detail::row_unknown;
+using selfprof::detail::unwind_module;
+using selfprof::detail::unwind_row;
+using selfprof::detail::unwind_table_set;
 
 namespace {
 

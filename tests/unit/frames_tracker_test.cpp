@@ -10,7 +10,24 @@
 
 namespace {
 
-using namespace selfprof::detail;
+using selfprof::detail::claim_frame_slot;
+using selfprof::detail::duration_histogram;
+using selfprof::detail::frame_sequence;
+using selfprof::detail::frame_slot;
+using selfprof::detail::frame_slot_free;
+using selfprof::detail::frame_tag_for;
+using selfprof::detail::frame_tag_seq;
+using selfprof::detail::frame_tag_slot;
+using selfprof::detail::frame_tracker;
+using selfprof::detail::g_frame_slots;
+using selfprof::detail::held_sample;
+using selfprof::detail::insert_before_extension;
+using selfprof::detail::kClosedFrameRing;
+using selfprof::detail::kept_frame;
+using selfprof::detail::kFrameSlots;
+using selfprof::detail::kFrameTagSlotShift;
+using selfprof::detail::raw_gettid;
+using selfprof::detail::sample_header;
 
 sample_header header_for(std::uint32_t tid, std::uint64_t time_ns) {
   sample_header h{};

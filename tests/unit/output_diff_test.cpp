@@ -3,10 +3,9 @@
 
 #include <selfprof/output/diff.hpp>
 
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
+
+#include "output_fixtures.hpp"
 
 namespace {
 
@@ -58,32 +57,6 @@ std::string fgw_of(const std::string& svg, const std::string& prefix) {
   if (p == std::string::npos) return "";
   p = svg.find(" fg:w=\"", p) + 7;
   return svg.substr(p, svg.find('"', p) - p);
-}
-
-std::string golden_path(const std::string& name) {
-#ifdef SELFPROF_GOLDEN_DIR
-  return std::string(SELFPROF_GOLDEN_DIR) + "/" + name;
-#else
-  for (const char* c : {"tests/golden", "../tests/golden", "../../tests/golden"}) {
-    std::ifstream probe(std::string(c) + "/" + name);
-    if (probe) return std::string(c) + "/" + name;
-  }
-  return "tests/golden/" + name;
-#endif
-}
-
-void check_golden(const std::string& name, const std::string& actual) {
-  const std::string path = golden_path(name);
-  if (const char* bless = std::getenv("SELFPROF_BLESS"); bless && std::string(bless) == "1") {
-    std::ofstream(path, std::ios::binary) << actual;
-    return;
-  }
-  std::ifstream in(path, std::ios::binary);
-  INFO("golden file " << path << " (run with SELFPROF_BLESS=1 from the repo root to regenerate)");
-  REQUIRE(in.good());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  CHECK(ss.str() == actual);
 }
 
 const profile before_p = folded({{"main;a;b", 10}, {"main;c", 5}, {"main;a;b", 2}});
@@ -170,10 +143,12 @@ TEST_CASE("diff svg: empty inputs give the error picture") {
 TEST_CASE("diff golden files") {
   diff_options o;
   o.normalize = true;
-  check_golden("diff_basic.folded", selfprof::detail::write_diff_folded(before_p, after_p, o));
+  output_fixtures::check_golden("diff_basic.folded",
+                                selfprof::detail::write_diff_folded(before_p, after_p, o));
   svg_options so;
   so.javascript = false;
   so.fluid = false;
   so.width = 600;
-  check_golden("diff_basic.svg", selfprof::detail::write_diff_svg(before_p, after_p, so, diff_options{}));
+  output_fixtures::check_golden("diff_basic.svg",
+                                selfprof::detail::write_diff_svg(before_p, after_p, so, diff_options{}));
 }

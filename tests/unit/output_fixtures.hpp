@@ -12,16 +12,16 @@
 
 #include "selfprof/profile.hpp"
 
-#ifndef SELFPROF_GOLDEN_DIR
-// tests/unit/x.cpp → tests/golden (works when __FILE__ is absolute, or relative to the working dir).
-#define SELFPROF_GOLDEN_DIR ""
-#endif
-
 namespace output_fixtures {
 
+// SELFPROF_GOLDEN_DIR from the build system, else tests/golden next to this file (works when __FILE__ is
+// absolute, or relative to the working dir). No macro is defined here: it would leak into later files
+// of a unity build.
 inline std::string golden_dir() {
-  std::string dir = SELFPROF_GOLDEN_DIR;
+#ifdef SELFPROF_GOLDEN_DIR
+  const std::string dir = SELFPROF_GOLDEN_DIR;
   if (!dir.empty()) return dir;
+#endif
   std::string file = __FILE__;
   const auto slash = file.find_last_of('/');
   const std::string unit = slash == std::string::npos ? "." : file.substr(0, slash);
@@ -37,12 +37,18 @@ inline bool read_file(const std::string& path, std::string& out) {
   return true;
 }
 
-// Compares `actual` with tests/golden/<name>; with SELFPROF_UPDATE_GOLDEN=1 in the environment it
-// rewrites the file instead (then inspect `git diff tests/golden` before committing).
+// True when the environment variable `name` is "1".
+inline bool env_is_one(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && std::string(value) == "1";
+}
+
+// Compares `actual` with tests/golden/<name>; with SELFPROF_UPDATE_GOLDEN=1 (or its older alias
+// SELFPROF_BLESS=1) in the environment it rewrites the file instead (then inspect `git diff tests/golden`
+// before committing). The one golden-file helper of the unit tests.
 inline void check_golden(const std::string& name, const std::string& actual) {
   const std::string path = golden_dir() + "/" + name;
-  const char* update = std::getenv("SELFPROF_UPDATE_GOLDEN");
-  if (update && std::string(update) == "1") {
+  if (env_is_one("SELFPROF_UPDATE_GOLDEN") || env_is_one("SELFPROF_BLESS")) {
     std::ofstream(path, std::ios::binary) << actual;
     MESSAGE("golden file rewritten: " << path);
     return;

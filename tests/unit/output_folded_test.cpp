@@ -12,7 +12,11 @@
 
 namespace {
 
-using namespace output_fixtures;
+using output_fixtures::add_frame;
+using output_fixtures::add_stack;
+using output_fixtures::basic_profile;
+using output_fixtures::check_golden;
+using output_fixtures::many_profile;
 using selfprof::folded_options;
 using selfprof::frame_kind;
 using selfprof::parse_folded;

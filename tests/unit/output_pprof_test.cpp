@@ -15,7 +15,11 @@
 
 namespace {
 
-using namespace output_fixtures;
+using output_fixtures::add_frame;
+using output_fixtures::add_stack;
+using output_fixtures::basic_profile;
+using output_fixtures::check_golden;
+using output_fixtures::many_profile;
 
 std::string to_hex(const std::string& bytes) {
   static const char* digits = "0123456789abcdef";

@@ -4,11 +4,10 @@
 
 #include <selfprof/output/svg.hpp>
 
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
+
+#include "output_fixtures.hpp"
 
 namespace {
 
@@ -144,33 +143,6 @@ bool well_formed(const std::string& s, std::string& why) {
   }
   if (!open.empty()) return why = "unclosed <" + open.back() + ">", false;
   return true;
-}
-
-std::string golden_dir() {
-#ifdef SELFPROF_GOLDEN_DIR
-  return SELFPROF_GOLDEN_DIR;
-#else
-  for (const char* c : {"tests/golden", "../tests/golden", "../../tests/golden"}) {
-    std::ifstream probe(std::string(c) + "/svg_basic.svg");
-    if (probe) return c;
-  }
-  return "tests/golden";
-#endif
-}
-
-// Compares with tests/golden/<name>; SELFPROF_BLESS=1 rewrites the file instead.
-void check_golden(const std::string& name, const std::string& actual) {
-  const std::string path = golden_dir() + "/" + name;
-  if (const char* bless = std::getenv("SELFPROF_BLESS"); bless && std::string(bless) == "1") {
-    std::ofstream(path, std::ios::binary) << actual;
-    return;
-  }
-  std::ifstream in(path, std::ios::binary);
-  INFO("golden file " << path << " (run with SELFPROF_BLESS=1 from the repo root to regenerate)");
-  REQUIRE(in.good());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  CHECK(ss.str() == actual);
 }
 
 }  // namespace
@@ -508,7 +480,8 @@ TEST_CASE("svg text helpers") {
 }
 
 TEST_CASE("svg golden files") {
-  check_golden("svg_basic.svg", selfprof::detail::write_svg(simple_profile(), svg_options{}));
+  output_fixtures::check_golden("svg_basic.svg",
+                                selfprof::detail::write_svg(simple_profile(), svg_options{}));
   svg_options o;
   o.javascript = false;
   o.inverted = true;
@@ -521,5 +494,5 @@ TEST_CASE("svg golden files") {
   b.add("java/lang/Thread.run;Foo::bar;do_sys_open_[k]", 30)
       .add("java/lang/Thread.run;Interp_[j]", 12)
       .add("-;--", 1);
-  check_golden("svg_icicle_java_nojs.svg", selfprof::detail::write_svg(b.p, o));
+  output_fixtures::check_golden("svg_icicle_java_nojs.svg", selfprof::detail::write_svg(b.p, o));
 }

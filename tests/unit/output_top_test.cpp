@@ -10,7 +10,10 @@
 #include "selfprof/output/top.hpp"
 
 namespace {
-using namespace output_fixtures;
+using output_fixtures::add_frame;
+using output_fixtures::add_stack;
+using output_fixtures::basic_profile;
+using output_fixtures::check_golden;
 
 // The table row that ends with "  <name>".
 std::string row_of(const std::string& text, const std::string& name) {

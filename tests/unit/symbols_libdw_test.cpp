@@ -16,6 +16,7 @@
 
 #include "../fixtures/symbols_fixture.hpp"
 #include "selfprof/symbols/symbolizer.hpp"
+#include "symbols_test_support.hpp"
 
 namespace {
 
@@ -45,13 +46,6 @@ const built_fixtures& fixtures() {
   return b;
 }
 
-selfprof::symbolizer_options options_with_roots(std::vector<std::string> roots) {
-  selfprof::symbolizer_options o;
-  o.debug_roots = std::move(roots);
-  o.use_perf_map = false;
-  return o;
-}
-
 std::uint64_t address_of(void* p) { return reinterpret_cast<std::uint64_t>(p); }
 
 // Size of `name` in `module` per nm (an independent reader), 0 when unknown.
@@ -68,12 +62,6 @@ bool have_binutils() {
 
 #if SELFPROF_HAS_LIBDW
 
-std::string hex(std::uint64_t v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
-  return b;
-}
-
 // One level as addr2line prints it, innermost first.
 struct a2l_frame {
   std::string function;
@@ -85,7 +73,7 @@ struct a2l_frame {
 std::vector<std::vector<a2l_frame>> addr2line_inline(const std::string& module,
                                                      const std::vector<std::uint64_t>& offsets) {
   std::string cmd = "addr2line -a -f -C -i -e '" + module + "'";
-  for (auto o : offsets) cmd += " " + hex(o);
+  for (auto o : offsets) cmd += " " + symbols_test::hex(o);
   std::string text;
   std::vector<std::vector<a2l_frame>> out;
   if (run_command(cmd + " 2>/dev/null", &text) != 0) return out;
@@ -153,7 +141,8 @@ std::size_t check_function_against_addr2line(selfprof::symbolizer& sym, const st
   for (std::size_t i = 0; i < ours.size(); ++i) {
     const auto& mine = ours[i];
     const auto& ref = theirs[i];
-    INFO("address ", hex(offsets[i]), " ours: ", describe(mine), "   addr2line: ", describe(ref));
+    INFO("address ", symbols_test::hex(offsets[i]), " ours: ", describe(mine),
+         "   addr2line: ", describe(ref));
     REQUIRE(mine.size() == ref.size());
     for (std::size_t k = 0; k < mine.size(); ++k) {
       const a2l_frame& r = ref[ref.size() - 1 - k];  // addr2line lists innermost first
@@ -197,7 +186,7 @@ TEST_CASE("symbols libdw: modules without debug info are named from symbols only
     REQUIRE(lib);
     void* outer = lib.symbol("inline_fixture_outer");
     REQUIRE(outer != nullptr);
-    selfprof::symbolizer sym(options_with_roots({empty_root.path()}));
+    selfprof::symbolizer sym(symbols_test::options_with_roots({empty_root.path()}));
     std::uint64_t size = symbol_size(fx.c_lib, "inline_fixture_outer");
     REQUIRE(size > 0);
     for (std::uint64_t a = address_of(outer); a < address_of(outer) + size; ++a) {
@@ -223,7 +212,7 @@ TEST_CASE("symbols libdw: inline chains and file:line of every address agree wit
   }
   selfprof_test::library lib(fx.c_lib);
   REQUIRE(lib);
-  selfprof::symbolizer sym(options_with_roots({}));
+  selfprof::symbolizer sym(symbols_test::options_with_roots({}));
   // inline_fixture_outer -> inline_fixture_middle -> inline_fixture_leaf: three levels somewhere inside.
   CHECK(check_function_against_addr2line(sym, fx.c_lib, lib, "inline_fixture_outer") == 3);
 
@@ -266,7 +255,7 @@ TEST_CASE("symbols libdw: inline frames of C++ code carry demangled names as add
   }
   selfprof_test::library lib(fx.cpp_lib);
   REQUIRE(lib);
-  selfprof::symbolizer sym(options_with_roots({}));
+  selfprof::symbolizer sym(symbols_test::options_with_roots({}));
   CHECK(check_function_against_addr2line(sym, fx.cpp_lib, lib, "inline_fixture_cpp_outer") == 3);
   std::vector<selfprof::frame> frames;
   sym.resolve(address_of(lib.symbol("inline_fixture_cpp_outer")), frames);
@@ -283,7 +272,7 @@ TEST_CASE("symbols libdw: a function without inlined code gets its own file:line
   }
   selfprof_test::library lib(fx.c_lib);
   REQUIRE(lib);
-  selfprof::symbolizer sym(options_with_roots({}));
+  selfprof::symbolizer sym(symbols_test::options_with_roots({}));
   CHECK(check_function_against_addr2line(sym, fx.c_lib, lib, "inline_fixture_plain") == 1);
   std::vector<selfprof::frame> frames;
   sym.resolve(address_of(lib.symbol("inline_fixture_plain")), frames);
@@ -316,7 +305,7 @@ TEST_CASE("symbols libdw: DWARF in a separate debug file found by build-id (stri
     INFO(path);
     selfprof_test::library lib(path);
     REQUIRE(lib);
-    selfprof::symbolizer sym(options_with_roots({root}));
+    selfprof::symbolizer sym(symbols_test::options_with_roots({root}));
     // addr2line reads the unstripped original: the same offsets must give the same chains.
     std::vector<std::uint64_t> offsets;
     std::vector<std::vector<selfprof::frame>> ours;
@@ -334,7 +323,8 @@ TEST_CASE("symbols libdw: DWARF in a separate debug file found by build-id (stri
     REQUIRE(theirs.size() == ours.size());
     std::size_t deepest = 0;
     for (std::size_t i = 0; i < ours.size(); ++i) {
-      INFO("address ", hex(offsets[i]), " ours: ", describe(ours[i]), "   addr2line: ", describe(theirs[i]));
+      INFO("address ", symbols_test::hex(offsets[i]), " ours: ", describe(ours[i]),
+           "   addr2line: ", describe(theirs[i]));
       REQUIRE(ours[i].size() == theirs[i].size());
       for (std::size_t k = 0; k < ours[i].size(); ++k) {
         const a2l_frame& r = theirs[i][theirs[i].size() - 1 - k];
@@ -359,7 +349,7 @@ TEST_CASE("symbols libdw: each module file is opened once and each address is lo
   selfprof_test::library cpp(fx.cpp_lib);
   REQUIRE(c);
   REQUIRE(cpp);
-  selfprof::symbolizer sym(options_with_roots({}));
+  selfprof::symbolizer sym(symbols_test::options_with_roots({}));
   std::uint64_t outer = address_of(c.symbol("inline_fixture_outer"));
   std::uint64_t plain = address_of(c.symbol("inline_fixture_plain"));
   std::uint64_t cpp_outer = address_of(cpp.symbol("inline_fixture_cpp_outer"));
@@ -390,7 +380,7 @@ TEST_CASE("symbols libdw: without libdw, addresses inside inlined code give the 
   }
   selfprof_test::library lib(fx.c_lib);
   REQUIRE(lib);
-  selfprof::symbolizer sym(options_with_roots({}));
+  selfprof::symbolizer sym(symbols_test::options_with_roots({}));
   std::uint64_t base = address_of(lib.symbol("inline_fixture_outer"));
   std::uint64_t size = symbol_size(fx.c_lib, "inline_fixture_outer");
   REQUIRE(size > 0);

@@ -18,6 +18,7 @@
 
 #include "../fixtures/symbols_fixture.hpp"
 #include "selfprof/symbols/modules.hpp"
+#include "symbols_test_support.hpp"
 
 using selfprof::detail::maps_entry;
 using selfprof::detail::module;
@@ -31,11 +32,6 @@ std::string symbol_name(const module& m, std::uint64_t address) {
   selfprof::detail::symbol_table::hit hit;
   if (!m.symbols || !m.symbols->table.lookup(address - m.bias, hit)) return "<none>";
   return std::string(m.symbols->table.raw_name(hit.index));
-}
-
-std::string real_path(const char* path) {
-  char buffer[PATH_MAX];
-  return ::realpath(path, buffer) != nullptr ? std::string(buffer) : std::string();
 }
 
 }  // namespace
@@ -77,12 +73,12 @@ TEST_CASE("modules: load bias of every loaded object equals dl_iterate_phdr's dl
         auto* out = static_cast<std::map<std::string, std::uint64_t>*>(data);
         std::string name =
             info->dlpi_name != nullptr && info->dlpi_name[0] != 0 ? info->dlpi_name : "/proc/self/exe";
-        std::string rp = real_path(name.c_str());
+        std::string rp = symbols_test::real_path(name.c_str());
         if (!rp.empty()) (*out)[rp] = info->dlpi_addr;
         return 0;
       },
       &loader);
-  std::string exe = real_path("/proc/self/exe");
+  std::string exe = symbols_test::real_path("/proc/self/exe");
   int compared = 0;
   bool saw_exe = false;
   for (const module& m : reg.modules()) {
@@ -150,7 +146,7 @@ TEST_CASE("modules: a dlclose'd library stays known with its symbols") {
   const module* m = reg.find(add);
   REQUIRE(m != nullptr);
   CHECK(m->mapped);
-  CHECK(m->path == real_path(lib.c_str()));
+  CHECK(m->path == symbols_test::real_path(lib.c_str()));
   handle.close();
   reg.refresh();
   m = reg.find(add);

@@ -19,6 +19,7 @@
 #include "../fixtures/symbols_fixture.hpp"
 #include "selfprof/symbols/demangle.hpp"
 #include "selfprof/symbols/symbolizer.hpp"
+#include "symbols_test_support.hpp"
 
 namespace selfprof_symbolizer_test_ns {
 struct widget {
@@ -50,17 +51,6 @@ std::uint64_t static_fn_address(void* getter) {
   return get == nullptr ? 0 : fn_addr(get());
 }
 
-std::string real_path(const char* path) {
-  char buffer[PATH_MAX];
-  return ::realpath(path, buffer) != nullptr ? std::string(buffer) : std::string();
-}
-
-std::string hex(std::uint64_t v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
-  return b;
-}
-
 std::uint64_t main_program_bias() {
   std::uint64_t bias = 0;
   ::dl_iterate_phdr(
@@ -72,13 +62,6 @@ std::uint64_t main_program_bias() {
   return bias;
 }
 
-selfprof::symbolizer_options options_with_roots(std::vector<std::string> roots) {
-  selfprof::symbolizer_options o;
-  o.debug_roots = std::move(roots);
-  o.use_perf_map = false;
-  return o;
-}
-
 }  // namespace
 
 TEST_CASE("symbolizer: functions of this binary, demangled, with PIE bias, agreeing with addr2line") {
@@ -88,7 +71,7 @@ TEST_CASE("symbolizer: functions of this binary, demangled, with PIE bias, agree
   CHECK(w.spin(1) == 7);
   CHECK(selfprof_static_helper(0) == 0x55);
   // The member function's address, from its mangled symbol in the executable (nm reads it independently).
-  std::string exe = real_path("/proc/self/exe");
+  std::string exe = symbols_test::real_path("/proc/self/exe");
   const std::string mangled = "_ZNK27selfprof_symbolizer_test_ns6widget4spinEi";
   auto nm = selfprof_test::nm_symbols(exe);
   REQUIRE(nm.count(mangled) == 1);
@@ -139,7 +122,7 @@ TEST_CASE("symbolizer: [module+0xoffset] past a function's end, [unknown] outsid
   REQUIRE(!lib.empty());
   selfprof_test::library handle(lib);
   REQUIRE(handle);
-  selfprof::symbolizer sym(options_with_roots({}));
+  selfprof::symbolizer sym(symbols_test::options_with_roots({}));
   sym.refresh();
   std::uint64_t sized = addr(handle.symbol("selfprof_fixture_sized"));
   REQUIRE(sized != 0);
@@ -147,9 +130,9 @@ TEST_CASE("symbolizer: [module+0xoffset] past a function's end, [unknown] outsid
   CHECK(inside.name == "selfprof_fixture_sized");
   selfprof::frame past = sym.resolve_one(sized + 16);
   std::string base = lib.substr(lib.rfind('/') + 1);
-  CHECK(past.name == "[" + base + "+" + hex(past.module_offset) + "]");
+  CHECK(past.name == "[" + base + "+" + symbols_test::hex(past.module_offset) + "]");
   CHECK(past.module_offset == inside.module_offset + 1);
-  CHECK(past.module == real_path(lib.c_str()));
+  CHECK(past.module == symbols_test::real_path(lib.c_str()));
   CHECK(selfprof_test::addr2line_function(past.module, inside.module_offset) == "selfprof_fixture_sized");
 
   selfprof::frame nowhere = sym.resolve_one(0x10);
@@ -159,7 +142,7 @@ TEST_CASE("symbolizer: [module+0xoffset] past a function's end, [unknown] outsid
 }
 
 TEST_CASE("symbolizer: kernel-provided mappings: vdso functions named, [vsyscall+0x...] fallback") {
-  selfprof::symbolizer sym(options_with_roots({}));
+  selfprof::symbolizer sym(symbols_test::options_with_roots({}));
   sym.refresh();
   int checked = 0;
   for (const auto& m : sym.modules().modules()) {
@@ -187,7 +170,7 @@ TEST_CASE("symbolizer: kernel-provided mappings: vdso functions named, [vsyscall
 TEST_CASE("symbolizer: a dlopen'ed library is named after dlclose and refresh") {
   std::string lib = selfprof_test::fixture_library();
   REQUIRE(!lib.empty());
-  selfprof::symbolizer sym(options_with_roots({}));
+  selfprof::symbolizer sym(symbols_test::options_with_roots({}));
   sym.refresh();
   auto handle = std::make_unique<selfprof_test::library>(lib);
   REQUIRE(*handle);
@@ -219,7 +202,7 @@ TEST_CASE("symbolizer: stripped libraries named through build-id and debuglink d
     REQUIRE(handle);
     std::uint64_t stat = static_fn_address(handle.symbol("selfprof_fixture_static_addr"));
     std::uint64_t add = addr(handle.symbol("selfprof_fixture_add"));
-    selfprof::symbolizer sym(options_with_roots(var.roots));
+    selfprof::symbolizer sym(symbols_test::options_with_roots(var.roots));
     selfprof::frame f = sym.resolve_one(stat + 1);
     CHECK(sym.resolve_one(add).name == "selfprof_fixture_add");  // .dynsym names it either way
     if (var.expect_named) {
@@ -276,7 +259,7 @@ TEST_CASE("symbolizer: a malformed ELF module gives [module+0xoffset] frames and
                "\x7f"
                "ELF");  // looks like ELF, is not a valid one
   REQUIRE(selfprof_test::write_file(path, junk));
-  selfprof::symbolizer sym(options_with_roots({}));
+  selfprof::symbolizer sym(symbols_test::options_with_roots({}));
   sym.refresh();
   sym.take_warnings();
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -320,7 +303,7 @@ TEST_CASE("symbolizer: 10,000 unique addresses over 50 modules, each module pars
     REQUIRE(*libs.back());
   }
   auto t0 = std::chrono::steady_clock::now();
-  selfprof::symbolizer sym(options_with_roots({}));
+  selfprof::symbolizer sym(symbols_test::options_with_roots({}));
   sym.refresh();
   auto t1 = std::chrono::steady_clock::now();
   std::vector<std::uint64_t> addresses;

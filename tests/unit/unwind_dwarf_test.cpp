@@ -11,7 +11,22 @@
 #include <selfprof/collect/unwind_tables.hpp>
 #include <selfprof/signal/unwind_dwarf.hpp>
 
-using namespace selfprof::detail;
+using selfprof::detail::current_thread_stack_end;
+using selfprof::detail::find_unwind_row;
+using selfprof::detail::g_unwind_tables;
+using selfprof::detail::kMaxFrameSize;
+using selfprof::detail::row_cfa_plt;
+using selfprof::detail::row_cfa_rbp;
+using selfprof::detail::row_cfa_rsp;
+using selfprof::detail::row_no_info;
+using selfprof::detail::row_outermost;
+using selfprof::detail::row_unknown;
+using selfprof::detail::unwind_fp;
+using selfprof::detail::unwind_mixed;
+using selfprof::detail::unwind_module;
+using selfprof::detail::unwind_result;
+using selfprof::detail::unwind_row;
+using selfprof::detail::unwind_table_set;
 
 namespace {
 struct fake_stack {

@@ -9,11 +9,14 @@
 
 #include <selfprof/signal/unwind_fp.hpp>
 
-using namespace selfprof::detail;
+using selfprof::detail::kMaxFrameSize;
+using selfprof::detail::raw_readable;
+using selfprof::detail::unwind_fp;
+using selfprof::detail::unwind_result;
 
 namespace {
 // A fake stack: frame records at given word offsets, each {next fp, return address}.
-struct fake_stack {
+struct fp_fake_stack {
   std::vector<std::uint64_t> words = std::vector<std::uint64_t>(4096, 0);
   std::uintptr_t at(std::size_t word) { return reinterpret_cast<std::uintptr_t>(&words[word]); }
   void record(std::size_t word, std::uintptr_t next, std::uint64_t ret) {
@@ -25,7 +28,7 @@ const std::uintptr_t kCode = 0x400000;  // a plain "return address" (not derefer
 }  // namespace
 
 TEST_CASE("a clean chain is walked to its end") {
-  fake_stack s;
+  fp_fake_stack s;
   s.record(10, s.at(20), kCode + 1);
   s.record(20, s.at(40), kCode + 2);
   s.record(40, 0, kCode + 3);  // next = 0 ends the chain after this frame
@@ -40,7 +43,7 @@ TEST_CASE("a clean chain is walked to its end") {
 }
 
 TEST_CASE("bounds: below sp, misaligned, non-monotone, oversized frames and the stack end stop the walk") {
-  fake_stack s;
+  fp_fake_stack s;
   std::uint64_t out[16];
   s.record(10, s.at(20) + 4, kCode + 1);  // misaligned next
   CHECK(unwind_fp(kCode, s.at(0), s.at(10), 0, out, 16).depth == 2);
@@ -57,7 +60,7 @@ TEST_CASE("bounds: below sp, misaligned, non-monotone, oversized frames and the 
 }
 
 TEST_CASE("the depth limit marks the stack truncated only when a frame is left") {
-  fake_stack s;
+  fp_fake_stack s;
   for (std::size_t i = 0; i < 10; ++i) s.record(10 + 4 * i, s.at(14 + 4 * i), kCode + i);
   s.record(50, 0, kCode + 100);
   std::uint64_t out[32];
@@ -87,7 +90,7 @@ TEST_CASE("an unreadable page in the chain is probed, not read") {
 
 TEST_CASE("x86-64: at a function's first instruction or on ret, the caller comes from [sp]") {
 #if defined(__x86_64__)
-  fake_stack s;
+  fp_fake_stack s;
   unsigned char push_rbp[] = {0x55, 0x48, 0x89, 0xE5}, ret[] = {0xC3, 0, 0, 0},
                 mov[] = {0x48, 0x89, 0xE5, 0x90}, body[] = {0x90, 0x90, 0x90, 0x90};
   s.words[0] = kCode + 7;  // [sp]: the caller's return address
