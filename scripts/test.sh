@@ -138,10 +138,11 @@ stage_meson() {
 }
 
 # The gcc build's test binaries (with whatever they keep next to them) copied where the user can read
-# them; each integration test run as that user.
+# them; each integration test file run as that user, in a process of its own, as CTest runs it
+# (tests/CMakeLists.txt: the shared executable with --source-file, or the file's own executable).
 stage_unprivileged() {
   local src=$build_root/gcc/tests tmp uid gid as_user=()
-  if ! ls "$src"/integration_* >/dev/null 2>&1; then
+  if [ ! -x "$src/selfprof_integration_tests" ]; then
     echo "test.sh: no integration tests in $src (stage gcc not run?)"
     count 0 1 "unprivileged: no binaries"
     return
@@ -166,15 +167,20 @@ stage_unprivileged() {
     fi
   fi
   note "unprivileged: integration tests as ${test_user} (uid ${uid:-$(id -u)}) in $tmp"
-  local t ok=0 bad=0
-  for t in "$tmp"/integration_*; do
-    [ -x "$t" ] || continue
-    echo "-- $(basename "$t")"
-    if (cd "$tmp" && "${as_user[@]}" env HOME="$tmp" TMPDIR="$tmp" "$t"); then
+  local f name cmd ok=0 bad=0
+  for f in "$root_dir"/tests/integration/*_test.cpp; do
+    name=$(basename "$f" _test.cpp)
+    if grep -q '^//[ ]*integration-binary:[ ]*own' "$f"; then
+      cmd=("$tmp/integration_$name")
+    else
+      cmd=("$tmp/selfprof_integration_tests" "--source-file=*/${name}_test.cpp")
+    fi
+    echo "-- $name"
+    if (cd "$tmp" && "${as_user[@]}" env HOME="$tmp" TMPDIR="$tmp" "${cmd[@]}"); then
       ok=$((ok + 1))
     else
       bad=$((bad + 1))
-      echo "FAILED (unprivileged): $(basename "$t")"
+      echo "FAILED (unprivileged): $name"
     fi
   done
   rm -rf "$tmp"
