@@ -12,9 +12,10 @@ INCLUDE = os.path.join(ROOT, "include")
 SIGNAL_DIR = os.path.join(INCLUDE, "selfprof", "signal")
 # What signal-handler code may include: async-signal-safe system headers, our own signal/ headers, and
 # config.hpp (macros only, includes nothing). errno.h/cerrno are allowed because the handler must save
-# and restore errno (errno is per-thread and async-signal-safe to read and write).
+# and restore errno (errno is per-thread and async-signal-safe to read and write). sys/stat.h is there
+# for struct stat: the handler fstat()s /proc/self/task with a raw syscall (fstat is on POSIX's list).
 SIGNAL_ALLOWED_SYSTEM = {"atomic", "csignal", "cstdint", "cstddef", "ucontext.h", "unistd.h",
-                         "sys/syscall.h", "signal.h", "time.h", "errno.h", "cerrno"}
+                         "sys/syscall.h", "sys/stat.h", "signal.h", "time.h", "errno.h", "cerrno"}
 SIGNAL_ALLOWED_OWN = {os.path.join(INCLUDE, "selfprof", "config.hpp")}
 CONTEXT_WITHIN = 8  # lines of the opening comment searched for "Context:"
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')

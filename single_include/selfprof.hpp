@@ -4422,6 +4422,7 @@ using selfprof::parse_folded;
 // Context: signal handler (async-signal-safe only: no malloc, no locks, no lazy TLS, errno preserved).
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <ucontext.h>
 
 #include <errno.h>
@@ -4879,6 +4880,15 @@ struct handler_globals {
   std::atomic<std::uintptr_t> main_stack_end{0};
   std::atomic<int> wake_fd{-1};             // the collector's eventfd: written when the ring is half full
   std::atomic<bool> weight_overruns{true};  // CPU timers: weight a sample by 1 + si_overrun
+  // Thread births and deaths, seen from the samples: while ticks arrive, one handler in every
+  // kThreadCheckNs fstat()s /proc/self/task (its link count is 2 + the number of threads) and wakes the
+  // collector when the count differs from the one of its last scan. The collector then need not wake on
+  // a short timer to find new threads (a wake-up costs ~60 us of CPU in a VM).
+  std::atomic<int> task_dir_fd{-1};                 // /proc/self/task, opened by the collector
+  std::atomic<std::uint64_t> task_links{0};         // its link count when the collector last scanned
+  std::atomic<std::uint64_t> next_thread_check{0};  // CLOCK_MONOTONIC ns of the next check (0: none)
+  std::atomic<std::uint64_t> thread_checks{0};      // checks made (stats)
+  std::atomic<std::uint64_t> thread_wakes{0};  // checks that found the count changed and woke the collector
   // Counters, read by the collector.
   std::atomic<std::uint64_t> taken{0};             // records written to the ring
   std::atomic<std::uint64_t> dropped_full{0};      // samples lost because the ring was full
@@ -4916,6 +4926,27 @@ inline bool owns_perf_fd(handler_globals& g, int fd) {
 inline void rearm_perf_event(handler_globals& g, const siginfo_t* info) {
   if (info->si_code == kPollHup && owns_perf_fd(g, info->si_fd))
     raw_syscall3(SYS_ioctl, info->si_fd, static_cast<long>(kPerfIocRefresh), 1);
+}
+
+constexpr std::uint64_t kThreadCheckNs = 20000000;  // 20 ms: new threads are found within ~20 ms
+
+// See handler_globals::task_dir_fd. One fstat of a kept fd (no path walk), at most once per 20 ms per
+// process, whatever the number of threads and the rate.
+inline void check_thread_count(handler_globals& g, std::uint64_t now_ns) {
+  std::uint64_t due = g.next_thread_check.load(std::memory_order_relaxed);
+  if (due == 0 || now_ns < due) return;
+  if (!g.next_thread_check.compare_exchange_strong(due, now_ns + kThreadCheckNs, std::memory_order_relaxed))
+    return;  // another thread's handler took this check
+  const int dir = g.task_dir_fd.load(std::memory_order_acquire);
+  const int wake = g.wake_fd.load(std::memory_order_acquire);
+  if (dir < 0 || wake < 0) return;
+  g.thread_checks.fetch_add(1, std::memory_order_relaxed);
+  struct stat st;
+  if (raw_syscall3(SYS_fstat, dir, reinterpret_cast<long>(&st), 0) != 0) return;
+  if (static_cast<std::uint64_t>(st.st_nlink) == g.task_links.load(std::memory_order_relaxed)) return;
+  const std::uint64_t one = 1;
+  raw_syscall3(SYS_write, wake, reinterpret_cast<long>(&one), sizeof one);
+  g.thread_wakes.fetch_add(1, std::memory_order_relaxed);
 }
 
 inline void sample_signal_handler(int, siginfo_t* info, void* context) {
@@ -4972,12 +5003,14 @@ inline void sample_signal_handler(int, siginfo_t* info, void* context) {
     h.aux = 0;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe (POSIX.1-2008 list)
-    h.time_ns =
+    const std::uint64_t now_ns =
         static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+    h.time_ns = now_ns;
     h.tag = frame_tag_for(tid);  // [frames] the frame this thread is in (0: no frame marks)
     if (u.truncated) g.truncated.fetch_add(1, std::memory_order_relaxed);
     sample_ring::publish(slot, pos);
-    // Every half ring of samples, wake the collector (it normally drains every 50 ms).
+    check_thread_count(g, now_ns);
+    // Every half ring of samples, wake the collector (while samples arrive it sleeps up to 250 ms).
     const std::uint64_t half = ring->capacity() / 2;
     if (half != 0 && pos % half == half - 1) {
       const int fd = g.wake_fd.load(std::memory_order_acquire);
@@ -10376,6 +10409,13 @@ class dump_scheduler {
     enqueue();
   }
 
+  // Time left until the next interval dump is due (a day when there are none), so the collector does
+  // not sleep past it.
+  std::chrono::steady_clock::duration until_due(std::chrono::steady_clock::time_point now) const {
+    if (opts_.interval_s <= 0) return std::chrono::hours(24);
+    return next_interval_ > now ? next_interval_ - now : std::chrono::steady_clock::duration::zero();
+  }
+
   // Waits until every queued dump is written (tests, exit).
   void flush() {
     std::unique_lock<std::mutex> l(mu_);
@@ -10500,13 +10540,6 @@ inline std::vector<pid_t> list_threads() {
   }
   ::closedir(dir);
   return tids;
-}
-
-// Threads in the process, from one stat(2): procfs gives /proc/self/task a link count of 2 + threads.
-inline long thread_count_hint() {
-  struct stat st {};
-  if (::stat("/proc/self/task", &st) != 0) return -1;
-  return static_cast<long>(st.st_nlink) - 2;
 }
 
 inline std::string read_small_file(const std::string& path) {
@@ -11191,17 +11224,20 @@ struct unwind_tables_info {
   std::size_t rows = 0;            // rows in the published set
   std::size_t bytes = 0;           // memory held by every table and set kept (retired ones too)
   std::size_t builds = 0;          // sets published since the last release
-  std::size_t parsed = 0;          // modules parsed (each module once per profiling session)
+  std::size_t parsed = 0;          // modules whose rows are kept (parsed once while they stay loaded)
+  std::size_t reused = 0;          // modules of this session whose rows an earlier session parsed
   double last_build_ms = 0;        // wall time of the last build that found changed modules
   std::vector<std::string> notes;  // modules left out or parsed with problems, one line each
 };
 
 namespace detail {
 
-// The rows of one module, parsed once and kept until release (a retired set may still point at them).
+// The rows of one module, parsed once and kept while the module stays loaded (a retired set may still
+// point at them). `hdr_hash` identifies the bytes they were parsed from (see release()).
 struct module_unwind {
   std::string name;
   std::uintptr_t bias = 0, hdr = 0;
+  std::uint64_t hdr_hash = 0;
   eh_frame_table table;
 };
 
@@ -11250,6 +11286,7 @@ class unwind_tables_state {
     sets_.push_back(std::move(storage));  // the previous set stays: a handler may be reading it
     counts_ = now;
     have_counts_ = true;
+    revalidate_ = false;
     info_.published = true;
     ++info_.builds;
     for (auto& n : ctx.notes)
@@ -11260,13 +11297,26 @@ class unwind_tables_state {
 #endif
   }
 
-  // Unpublishes and frees everything. Only once no handler can be running (after the profiling signal is
-  // restored and g_handler.in_flight reached zero), since a handler may hold a pointer into any set.
+  // Unpublishes the tables and frees the sets. Only once no handler can be running (after the profiling
+  // signal is restored and g_handler.in_flight reached zero), since a handler may hold a pointer into any
+  // set. The parsed rows of modules still loaded are kept for the next start (parsing every module again
+  // cost ~3.5 ms of CPU per start): at the next build each is used only if its .eh_frame_hdr bytes hash
+  // as when it was parsed, so a library unloaded and another loaded at the same address is parsed anew.
   void release() {
     std::lock_guard<std::mutex> lock(mu_);
     g_unwind_tables.store(nullptr, std::memory_order_release);
     sets_.clear();
-    modules_.clear();
+    std::vector<key> loaded;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, std::size_t, void* data) -> int {
+          const ElfW(Phdr)* eh = find_eh(info);
+          if (eh != nullptr) static_cast<std::vector<key>*>(data)->push_back(key_of(info, eh));
+          return 0;
+        },
+        &loaded);
+    for (auto it = modules_.begin(); it != modules_.end();)
+      it = std::find(loaded.begin(), loaded.end(), it->first) == loaded.end() ? modules_.erase(it) : ++it;
+    revalidate_ = true;
     have_counts_ = false;
     info_ = unwind_tables_info{};
   }
@@ -11309,12 +11359,31 @@ class unwind_tables_state {
     return c;
   }
 
-  static int visit(dl_phdr_info* info, std::size_t, void* data) {
-    scan_context& ctx = *static_cast<scan_context*>(data);
+  static const ElfW(Phdr) * find_eh(const dl_phdr_info* info) {
     const ElfW(Phdr)* eh = nullptr;
     for (int i = 0; i < info->dlpi_phnum; ++i)
       if (info->dlpi_phdr[i].p_type == PT_GNU_EH_FRAME) eh = &info->dlpi_phdr[i];
-    std::string name = info->dlpi_name && info->dlpi_name[0] ? info->dlpi_name : "[main]";
+    return eh;
+  }
+  static std::string module_name(const dl_phdr_info* info) {
+    return info->dlpi_name && info->dlpi_name[0] ? info->dlpi_name : "[main]";
+  }
+  static key key_of(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
+    return key{module_name(info), info->dlpi_addr, info->dlpi_addr + eh->p_vaddr};
+  }
+  // FNV-1a over the module's .eh_frame_hdr (its search table lists every FDE): ~0.1 ms for libc.
+  static std::uint64_t hdr_hash(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
+    eh_frame_input hdr = segment_from(info, info->dlpi_addr + eh->p_vaddr);
+    if (hdr.size > eh->p_memsz) hdr.size = eh->p_memsz;
+    std::uint64_t h = 1469598103934665603ull;
+    for (std::size_t i = 0; i < hdr.size; ++i) h = (h ^ hdr.data[i]) * 1099511628211ull;
+    return h;
+  }
+
+  static int visit(dl_phdr_info* info, std::size_t, void* data) {
+    scan_context& ctx = *static_cast<scan_context*>(data);
+    const ElfW(Phdr)* eh = find_eh(info);
+    std::string name = module_name(info);
     if (eh == nullptr) {
       bool has_code = false;
       for (int i = 0; i < info->dlpi_phnum; ++i)
@@ -11322,17 +11391,21 @@ class unwind_tables_state {
       if (has_code) ctx.notes.push_back("unwind: " + name + " has no .eh_frame_hdr: frame pointers only");
       return 0;
     }
-    const std::uintptr_t hdr = info->dlpi_addr + eh->p_vaddr;
-    key k{name, info->dlpi_addr, hdr};
+    const key k = key_of(info, eh);
     auto found = ctx.self->modules_.find(k);
     if (found != ctx.self->modules_.end()) {
-      ctx.present.push_back(found->second.get());
-      return 0;
+      if (!ctx.self->revalidate_ || found->second->hdr_hash == hdr_hash(info, eh)) {
+        if (ctx.self->revalidate_) ++ctx.self->info_.reused;
+        ctx.present.push_back(found->second.get());
+        return 0;
+      }
+      ctx.self->modules_.erase(found);  // no set points at it: release() dropped them all
     }
     std::unique_ptr<module_unwind> m(new module_unwind());
     m->name = name;
     m->bias = info->dlpi_addr;
-    m->hdr = hdr;
+    m->hdr = std::get<2>(k);
+    m->hdr_hash = hdr_hash(info, eh);
     parse_module(info, eh, *m, ctx.notes);
     ctx.present.push_back(m.get());
     ctx.self->modules_.emplace(k, std::move(m));
@@ -11384,6 +11457,7 @@ class unwind_tables_state {
   std::vector<std::unique_ptr<unwind_set_storage>> sets_;
   counts counts_;
   bool have_counts_ = false;
+  bool revalidate_ = false;  // the first build after release() checks kept modules' hashes
   unwind_tables_info info_;
 };
 
@@ -11398,7 +11472,8 @@ inline unwind_tables_state& unwind_tables() {
 // or unloaded since the last call (call it at start and from the collector's periodic check).
 inline status build_unwind_tables() { return detail::unwind_tables().build(false); }
 
-// Unpublishes and frees the tables. Call only when no sampling handler can run any more (after stop).
+// Unpublishes the tables (the parsed rows of loaded modules are kept for the next start). Call only when
+// no sampling handler can run any more (after stop).
 inline void release_unwind_tables() { detail::unwind_tables().release(); }
 
 inline unwind_tables_info get_unwind_tables_info() { return detail::unwind_tables().info(); }
@@ -11498,6 +11573,9 @@ struct stats {
   std::size_t unique_stacks = 0, table_bytes = 0;
   std::size_t threads_seen = 0, threads_armed = 0, threads_fallback = 0, threads_arm_failed = 0;
   std::size_t threads_blocking_signal = 0;  // live threads blocking the sampling signal (never sampled)
+  std::uint64_t collector_wakes = 0;        // times the collector thread woke (each costs ~60 us here)
+  std::uint64_t thread_checks = 0;          // thread-count checks made by the handler
+  std::uint64_t thread_wakes = 0;           // ... that saw the count change and woke the collector
   int dump_signal = 0;                      // signal that triggers a dump (0: none taken)
   unsigned long dumps_written = 0, dumps_failed = 0;  // signal and interval dumps
   std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread;
@@ -11507,11 +11585,18 @@ struct stats {
 
 namespace detail {
 
-// Drain + cheap thread-count check. Each wake costs 24-40 us of CPU in a VM (bench/README.md): at 20 ms
-// that alone was 0.2-0.5% of a busy thread; 50 ms keeps new threads found within a few tens of ms while
-// the ring (0.2 s of 16 busy threads) cannot fill in between; the handler wakes us early when it is half
-// full.
+// Drain + cheap thread-count check. A wake-up costs ~60 us of CPU in a VM, whatever wakes the thread
+// (bench/README.md): at 20 ms that alone was 0.2-0.5% of a busy thread. So the collector's period depends
+// on what else watches the thread count:
+// - while ticks arrive, the handler checks the count every 20 ms (check_thread_count) and wakes us when
+//   it changed, and when the ring is half full: we wake every kCollectorBusyWakeMs for the full scan
+//   (a thread that exited while another started leaves the count unchanged), the symbol refresh and
+//   the dump clock;
+// - while no tick arrives (idle process, or only threads not armed yet are busy), nobody else looks:
+//   every kCollectorWakeMs, so new threads are found within a few tens of ms.
+// Wall mode and boosted frame threads keep the short period.
 constexpr unsigned kCollectorWakeMs = 50;
+constexpr unsigned kCollectorBusyWakeMs = 250;
 constexpr unsigned kFullThreadScanMs = 250;  // full /proc/self/task scan even when the count is stable
 constexpr unsigned kSymbolRefreshMs = 200;   // module snapshot while samples arrive (dlclose'd libraries)
 
@@ -11550,7 +11635,10 @@ class profiler_core {
     std::size_t want = opts_.ring_slots ? opts_.ring_slots : static_cast<std::size_t>(opts_.hz * 16 * 0.2);
     std::size_t cap = 512;
     while (cap < want && cap < (1u << 20)) cap <<= 1;
-    ring_memory_.assign(cap * sample_ring::stride_for(opts_.max_depth) / 8, 0);
+    // Kept across restarts when the size is the same: init() rewrites every slot's sequence number, and
+    // a slot's other bytes are written before it is published (a new zeroed block would page-fault again).
+    const std::size_t ring_words = cap * sample_ring::stride_for(opts_.max_depth) / 8;
+    if (ring_memory_.size() != ring_words) std::vector<std::uint64_t>(ring_words, 0).swap(ring_memory_);
     ring_.init(ring_memory_.data(), cap, opts_.max_depth);
     g_handler.main_tid.store(static_cast<std::uint32_t>(::getpid()), std::memory_order_relaxed);
     g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
@@ -11560,6 +11648,9 @@ class profiler_core {
     base_inactive_ = g_handler.dropped_inactive.load();
     base_foreign_ = g_handler.foreign.load();
     base_truncated_ = g_handler.truncated.load();
+    base_thread_checks_ = g_handler.thread_checks.load();
+    base_thread_wakes_ = g_handler.thread_wakes.load();
+    collector_wakes_.store(0, std::memory_order_relaxed);
 
     status st = install_sample_handler(opts_.sample_signal, signal_, stats_.notes);
     if (!st) return fail_start(st);
@@ -11622,6 +11713,9 @@ class profiler_core {
     }
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     g_handler.wake_fd.store(wake_fd_, std::memory_order_release);
+    task_dir_fd_ = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    g_handler.task_links.store(0, std::memory_order_relaxed);  // the collector's first scan sets it
+    g_handler.task_dir_fd.store(task_dir_fd_, std::memory_order_release);
     dump_scheduler::hooks hooks;
     hooks.take = [this](bool windowed, std::uint64_t& seq) { return snapshot_raw(windowed, &seq); };
     hooks.symbolize = [this](const raw_snapshot& raw) { return symbolize(raw); };
@@ -11696,9 +11790,7 @@ class profiler_core {
     }
     source_.reset();
     fallback_.reset();
-    g_handler.wake_fd.store(-1, std::memory_order_release);
-    if (wake_fd_ >= 0) ::close(wake_fd_);
-    wake_fd_ = -1;
+    close_wake_fds();
     running_ = false;
     return status::ok();
   }
@@ -11823,6 +11915,9 @@ class profiler_core {
     s.dropped_inactive = g_handler.dropped_inactive.load() - base_inactive_;
     s.foreign_signals = g_handler.foreign.load() - base_foreign_;
     s.truncated = g_handler.truncated.load() - base_truncated_;
+    s.thread_checks = g_handler.thread_checks.load() - base_thread_checks_;
+    s.thread_wakes = g_handler.thread_wakes.load() - base_thread_wakes_;
+    s.collector_wakes = collector_wakes_.load(std::memory_order_relaxed);
     std::lock_guard<std::mutex> t(table_mu_);
     s.samples = table_.total();
     s.unique_stacks = table_.unique();
@@ -11878,6 +11973,36 @@ class profiler_core {
     return s;
   }
 
+  // The eventfd and the /proc/self/task fd the handler uses (after the last handler returned, or in a
+  // forked child where no handler of ours runs).
+  void close_wake_fds() {
+    g_handler.next_thread_check.store(0, std::memory_order_relaxed);
+    g_handler.wake_fd.store(-1, std::memory_order_release);
+    g_handler.task_dir_fd.store(-1, std::memory_order_release);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    if (task_dir_fd_ >= 0) ::close(task_dir_fd_);
+    wake_fd_ = -1;
+    task_dir_fd_ = -1;
+  }
+
+  // The thread count from the link count of /proc/self/task (2 + threads), -1 when unknown.
+  long task_links() const {
+    struct stat st {};
+    if (task_dir_fd_ < 0 || ::fstat(task_dir_fd_, &st) != 0) return -1;
+    return static_cast<long>(st.st_nlink);
+  }
+
+  // How long the collector sleeps (see kCollectorWakeMs): short while no tick arrives, long while the
+  // handler watches the thread count, never past the next interval dump.
+  int wait_ms(bool ticks_arrive) {
+    unsigned ms = kCollectorWakeMs;
+    if (ticks_arrive && !wall_mode_ && boost_hz() <= 0 && task_dir_fd_ >= 0) ms = kCollectorBusyWakeMs;
+    const auto until = dumps_.until_due(std::chrono::steady_clock::now());
+    if (until < std::chrono::milliseconds(ms))
+      ms = static_cast<unsigned>(std::chrono::duration_cast<std::chrono::milliseconds>(until).count()) + 1;
+    return static_cast<int>(ms);
+  }
+
   void wake() {
     if (wake_fd_ >= 0) {
       std::uint64_t one = 1;
@@ -11894,17 +12019,20 @@ class profiler_core {
     long last_count = -1;  // scan at once: threads may have started since start() looked
     std::uint64_t last_generation = loader_generation();
     std::uint64_t last_total = 0;
+    std::uint64_t last_taken = g_handler.taken.load(std::memory_order_relaxed);
+    bool ticks_arrive = false;
     while (!stop_collector_.load()) {
       struct pollfd p {};
       p.fd = wake_fd_;
       p.events = POLLIN;
-      int r = ::poll(&p, 1, static_cast<int>(kCollectorWakeMs));
+      int r = ::poll(&p, 1, wait_ms(ticks_arrive));
       if (r > 0) {
         std::uint64_t v;
         ssize_t n = ::read(wake_fd_, &v, sizeof v);
         (void)n;
       }
       if (stop_collector_.load()) break;
+      collector_wakes_.fetch_add(1, std::memory_order_relaxed);
       std::uint64_t total;
       {
         std::lock_guard<std::mutex> t(table_mu_);
@@ -11913,14 +12041,23 @@ class profiler_core {
       }
       auto now = std::chrono::steady_clock::now();
       dumps_.poll(now);
-      long count = thread_count_hint();
+      const std::uint64_t taken = g_handler.taken.load(std::memory_order_relaxed);
+      ticks_arrive = taken != last_taken;
+      last_taken = taken;
+      long count = task_links();  // read before the scan: a thread born after it changes the count
       bool full = now - last_full_scan >= std::chrono::milliseconds(kFullThreadScanMs);
       boost_marked_threads();  // [frames]
-      if (count != last_count || full) {
+      if (count != last_count || full || count < 0) {
         std::lock_guard<std::mutex> t(threads_mu_);
         scan_threads_locked();
         last_count = count;
         last_full_scan = now;
+      }
+      if (count >= 0) {  // the handler compares with this; its next check is at most 20 ms away
+        g_handler.task_links.store(static_cast<std::uint64_t>(count), std::memory_order_relaxed);
+        std::uint64_t zero = 0;
+        g_handler.next_thread_check.compare_exchange_strong(zero, monotonic_ns() + kThreadCheckNs,
+                                                            std::memory_order_relaxed);
       }
       if (unwind_dwarf_) {
         std::lock_guard<std::mutex> s(sym_mu_);  // atfork_prepare takes it: no fork mid-build
@@ -12161,9 +12298,7 @@ class profiler_core {
       if (signal_.number != 0) sys().sigaction(signal_.number, &signal_.previous, nullptr);
       signal_.number = 0;
       collector_ = nullptr;  // that thread does not exist here; its std::thread is leaked on purpose
-      g_handler.wake_fd.store(-1, std::memory_order_release);
-      if (wake_fd_ >= 0) ::close(wake_fd_);
-      wake_fd_ = -1;
+      close_wake_fds();
       g_handler.ring.store(nullptr, std::memory_order_release);
       running_ = false;
     }
@@ -12209,7 +12344,10 @@ class profiler_core {
   std::atomic<bool> stop_collector_{false};
   std::atomic<pid_t> collector_tid_{0};
   int wake_fd_ = -1;
+  int task_dir_fd_ = -1;  // /proc/self/task (handler_globals::task_dir_fd)
   std::uint64_t base_taken_ = 0, base_full_ = 0, base_inactive_ = 0, base_foreign_ = 0, base_truncated_ = 0;
+  std::uint64_t base_thread_checks_ = 0, base_thread_wakes_ = 0;
+  std::atomic<std::uint64_t> collector_wakes_{0};
   std::uint64_t start_unix_ns_ = 0;
   std::chrono::steady_clock::time_point start_steady_{}, stop_steady_{};
 };

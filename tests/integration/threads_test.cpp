@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -44,6 +45,47 @@ TEST_CASE("a thread created after start is found, sampled for its CPU time, and 
   CHECK(got < expected * 1.15);
   selfprof::profile p = selfprof::snapshot();
   CHECK(p.thread_name(static_cast<std::uint32_t>(tid)) == "late-worker");
+}
+
+TEST_CASE("while ticks arrive, the handler finds new threads and the collector sleeps") {
+  wl::apply_test_environment();
+  std::atomic<bool> done{false};
+  std::thread busy([&] {
+    while (!done.load()) wl::spin_units(1);
+  });
+  REQUIRE(selfprof::start(opts(99)));
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  selfprof::stats a = selfprof::get_stats();
+  MESSAGE("2 s of one busy thread: " << a.records << " records, " << a.collector_wakes << " collector wakes, "
+                                     << a.thread_checks << " thread-count checks in the handler");
+  REQUIRE(a.records > 50);  // ticks arrive, so the handler watches the thread count
+  CHECK(a.thread_checks > 10);
+  // 250 ms periods while ticks arrive: about 8 wakes (a 50 ms period would make 40). A slower machine
+  // makes fewer, never more.
+  CHECK(a.collector_wakes <= 20);
+  // Threads born one at a time: the handler sees the count change (the collector's own 250 ms scan
+  // may come first for one of them, hardly for all five), and every one is armed.
+  const std::size_t armed_before = a.threads_armed;
+  std::vector<std::thread> late;
+  for (int i = 0; i < 5; ++i) {
+    late.emplace_back([&] {
+      while (!done.load()) wl::spin_units(1);
+    });
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (selfprof::get_stats().threads_armed < armed_before + i + 1 &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  selfprof::stats b = selfprof::get_stats();
+  done.store(true);
+  busy.join();
+  for (auto& t : late) t.join();
+  REQUIRE(selfprof::stop());
+  MESSAGE("5 new threads: " << b.thread_wakes << " handler wake-ups, armed " << armed_before << " -> "
+                            << b.threads_armed);
+  CHECK(b.threads_armed == armed_before + 5);
+  CHECK(b.thread_wakes >= 1);
 }
 
 TEST_CASE("500 short threads at 1 kHz: no crash, no leaked descriptors or timers") {

@@ -418,6 +418,36 @@ TEST_CASE("code built with -fomit-frame-pointer keeps its callers (library loade
 #endif
 }
 
+TEST_CASE("parsed rows outlive a stop for loaded modules only, and are reused by the next start") {
+  selfprof::release_unwind_tables();
+  REQUIRE(selfprof::build_unwind_tables());
+  const selfprof::unwind_tables_info first = selfprof::get_unwind_tables_info();
+  REQUIRE(first.modules > 0);
+  std::string path = omit_fixture_path();
+  REQUIRE_MESSAGE(!path.empty(), "could not build tests/fixtures/unwind_omit_fp.c");
+  void* lib = dlopen(path.c_str(), RTLD_NOW);
+  REQUIRE_MESSAGE(lib != nullptr, dlerror());
+  REQUIRE(selfprof::build_unwind_tables());
+  const std::size_t with_lib = selfprof::get_unwind_tables_info().parsed;
+  CHECK(with_lib == first.parsed + 1);
+  selfprof::release_unwind_tables();  // stop: the library is still loaded, its rows stay
+  selfprof::unwind_tables_info kept = selfprof::get_unwind_tables_info();
+  CHECK(!kept.published);
+  CHECK(kept.parsed == with_lib);
+  REQUIRE(selfprof::build_unwind_tables());  // start again: nothing parsed, every module reused
+  kept = selfprof::get_unwind_tables_info();
+  CHECK(kept.published);
+  CHECK(kept.reused == kept.parsed);
+  CHECK(kept.parsed == with_lib);
+  selfprof::release_unwind_tables();
+  dlclose(lib);
+  selfprof::release_unwind_tables();  // the library is gone: so are its rows
+  CHECK(selfprof::get_unwind_tables_info().parsed == with_lib - 1);
+#if !defined(SELFPROF_UNWIND_FIXTURE_LIB)
+  std::remove(path.c_str());
+#endif
+}
+
 TEST_CASE("samples in the dynamic loader and in malloc, while the tables are rebuilt, never deadlock") {
   install_handler();
   alarm(120);  // a deadlock kills the test instead of hanging it

@@ -55,6 +55,9 @@ struct stats {
   std::size_t unique_stacks = 0, table_bytes = 0;
   std::size_t threads_seen = 0, threads_armed = 0, threads_fallback = 0, threads_arm_failed = 0;
   std::size_t threads_blocking_signal = 0;  // live threads blocking the sampling signal (never sampled)
+  std::uint64_t collector_wakes = 0;        // times the collector thread woke (each costs ~60 us here)
+  std::uint64_t thread_checks = 0;          // thread-count checks made by the handler
+  std::uint64_t thread_wakes = 0;           // ... that saw the count change and woke the collector
   int dump_signal = 0;                      // signal that triggers a dump (0: none taken)
   unsigned long dumps_written = 0, dumps_failed = 0;  // signal and interval dumps
   std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread;
@@ -64,11 +67,18 @@ struct stats {
 
 namespace detail {
 
-// Drain + cheap thread-count check. Each wake costs 24-40 us of CPU in a VM (bench/README.md): at 20 ms
-// that alone was 0.2-0.5% of a busy thread; 50 ms keeps new threads found within a few tens of ms while
-// the ring (0.2 s of 16 busy threads) cannot fill in between; the handler wakes us early when it is half
-// full.
+// Drain + cheap thread-count check. A wake-up costs ~60 us of CPU in a VM, whatever wakes the thread
+// (bench/README.md): at 20 ms that alone was 0.2-0.5% of a busy thread. So the collector's period depends
+// on what else watches the thread count:
+// - while ticks arrive, the handler checks the count every 20 ms (check_thread_count) and wakes us when
+//   it changed, and when the ring is half full: we wake every kCollectorBusyWakeMs for the full scan
+//   (a thread that exited while another started leaves the count unchanged), the symbol refresh and
+//   the dump clock;
+// - while no tick arrives (idle process, or only threads not armed yet are busy), nobody else looks:
+//   every kCollectorWakeMs, so new threads are found within a few tens of ms.
+// Wall mode and boosted frame threads keep the short period.
 constexpr unsigned kCollectorWakeMs = 50;
+constexpr unsigned kCollectorBusyWakeMs = 250;
 constexpr unsigned kFullThreadScanMs = 250;  // full /proc/self/task scan even when the count is stable
 constexpr unsigned kSymbolRefreshMs = 200;   // module snapshot while samples arrive (dlclose'd libraries)
 
@@ -107,7 +117,10 @@ class profiler_core {
     std::size_t want = opts_.ring_slots ? opts_.ring_slots : static_cast<std::size_t>(opts_.hz * 16 * 0.2);
     std::size_t cap = 512;
     while (cap < want && cap < (1u << 20)) cap <<= 1;
-    ring_memory_.assign(cap * sample_ring::stride_for(opts_.max_depth) / 8, 0);
+    // Kept across restarts when the size is the same: init() rewrites every slot's sequence number, and
+    // a slot's other bytes are written before it is published (a new zeroed block would page-fault again).
+    const std::size_t ring_words = cap * sample_ring::stride_for(opts_.max_depth) / 8;
+    if (ring_memory_.size() != ring_words) std::vector<std::uint64_t>(ring_words, 0).swap(ring_memory_);
     ring_.init(ring_memory_.data(), cap, opts_.max_depth);
     g_handler.main_tid.store(static_cast<std::uint32_t>(::getpid()), std::memory_order_relaxed);
     g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
@@ -117,6 +130,9 @@ class profiler_core {
     base_inactive_ = g_handler.dropped_inactive.load();
     base_foreign_ = g_handler.foreign.load();
     base_truncated_ = g_handler.truncated.load();
+    base_thread_checks_ = g_handler.thread_checks.load();
+    base_thread_wakes_ = g_handler.thread_wakes.load();
+    collector_wakes_.store(0, std::memory_order_relaxed);
 
     status st = install_sample_handler(opts_.sample_signal, signal_, stats_.notes);
     if (!st) return fail_start(st);
@@ -179,6 +195,9 @@ class profiler_core {
     }
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     g_handler.wake_fd.store(wake_fd_, std::memory_order_release);
+    task_dir_fd_ = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    g_handler.task_links.store(0, std::memory_order_relaxed);  // the collector's first scan sets it
+    g_handler.task_dir_fd.store(task_dir_fd_, std::memory_order_release);
     dump_scheduler::hooks hooks;
     hooks.take = [this](bool windowed, std::uint64_t& seq) { return snapshot_raw(windowed, &seq); };
     hooks.symbolize = [this](const raw_snapshot& raw) { return symbolize(raw); };
@@ -253,9 +272,7 @@ class profiler_core {
     }
     source_.reset();
     fallback_.reset();
-    g_handler.wake_fd.store(-1, std::memory_order_release);
-    if (wake_fd_ >= 0) ::close(wake_fd_);
-    wake_fd_ = -1;
+    close_wake_fds();
     running_ = false;
     return status::ok();
   }
@@ -380,6 +397,9 @@ class profiler_core {
     s.dropped_inactive = g_handler.dropped_inactive.load() - base_inactive_;
     s.foreign_signals = g_handler.foreign.load() - base_foreign_;
     s.truncated = g_handler.truncated.load() - base_truncated_;
+    s.thread_checks = g_handler.thread_checks.load() - base_thread_checks_;
+    s.thread_wakes = g_handler.thread_wakes.load() - base_thread_wakes_;
+    s.collector_wakes = collector_wakes_.load(std::memory_order_relaxed);
     std::lock_guard<std::mutex> t(table_mu_);
     s.samples = table_.total();
     s.unique_stacks = table_.unique();
@@ -435,6 +455,36 @@ class profiler_core {
     return s;
   }
 
+  // The eventfd and the /proc/self/task fd the handler uses (after the last handler returned, or in a
+  // forked child where no handler of ours runs).
+  void close_wake_fds() {
+    g_handler.next_thread_check.store(0, std::memory_order_relaxed);
+    g_handler.wake_fd.store(-1, std::memory_order_release);
+    g_handler.task_dir_fd.store(-1, std::memory_order_release);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    if (task_dir_fd_ >= 0) ::close(task_dir_fd_);
+    wake_fd_ = -1;
+    task_dir_fd_ = -1;
+  }
+
+  // The thread count from the link count of /proc/self/task (2 + threads), -1 when unknown.
+  long task_links() const {
+    struct stat st {};
+    if (task_dir_fd_ < 0 || ::fstat(task_dir_fd_, &st) != 0) return -1;
+    return static_cast<long>(st.st_nlink);
+  }
+
+  // How long the collector sleeps (see kCollectorWakeMs): short while no tick arrives, long while the
+  // handler watches the thread count, never past the next interval dump.
+  int wait_ms(bool ticks_arrive) {
+    unsigned ms = kCollectorWakeMs;
+    if (ticks_arrive && !wall_mode_ && boost_hz() <= 0 && task_dir_fd_ >= 0) ms = kCollectorBusyWakeMs;
+    const auto until = dumps_.until_due(std::chrono::steady_clock::now());
+    if (until < std::chrono::milliseconds(ms))
+      ms = static_cast<unsigned>(std::chrono::duration_cast<std::chrono::milliseconds>(until).count()) + 1;
+    return static_cast<int>(ms);
+  }
+
   void wake() {
     if (wake_fd_ >= 0) {
       std::uint64_t one = 1;
@@ -451,17 +501,20 @@ class profiler_core {
     long last_count = -1;  // scan at once: threads may have started since start() looked
     std::uint64_t last_generation = loader_generation();
     std::uint64_t last_total = 0;
+    std::uint64_t last_taken = g_handler.taken.load(std::memory_order_relaxed);
+    bool ticks_arrive = false;
     while (!stop_collector_.load()) {
       struct pollfd p {};
       p.fd = wake_fd_;
       p.events = POLLIN;
-      int r = ::poll(&p, 1, static_cast<int>(kCollectorWakeMs));
+      int r = ::poll(&p, 1, wait_ms(ticks_arrive));
       if (r > 0) {
         std::uint64_t v;
         ssize_t n = ::read(wake_fd_, &v, sizeof v);
         (void)n;
       }
       if (stop_collector_.load()) break;
+      collector_wakes_.fetch_add(1, std::memory_order_relaxed);
       std::uint64_t total;
       {
         std::lock_guard<std::mutex> t(table_mu_);
@@ -470,14 +523,23 @@ class profiler_core {
       }
       auto now = std::chrono::steady_clock::now();
       dumps_.poll(now);
-      long count = thread_count_hint();
+      const std::uint64_t taken = g_handler.taken.load(std::memory_order_relaxed);
+      ticks_arrive = taken != last_taken;
+      last_taken = taken;
+      long count = task_links();  // read before the scan: a thread born after it changes the count
       bool full = now - last_full_scan >= std::chrono::milliseconds(kFullThreadScanMs);
       boost_marked_threads();  // [frames]
-      if (count != last_count || full) {
+      if (count != last_count || full || count < 0) {
         std::lock_guard<std::mutex> t(threads_mu_);
         scan_threads_locked();
         last_count = count;
         last_full_scan = now;
+      }
+      if (count >= 0) {  // the handler compares with this; its next check is at most 20 ms away
+        g_handler.task_links.store(static_cast<std::uint64_t>(count), std::memory_order_relaxed);
+        std::uint64_t zero = 0;
+        g_handler.next_thread_check.compare_exchange_strong(zero, monotonic_ns() + kThreadCheckNs,
+                                                            std::memory_order_relaxed);
       }
       if (unwind_dwarf_) {
         std::lock_guard<std::mutex> s(sym_mu_);  // atfork_prepare takes it: no fork mid-build
@@ -718,9 +780,7 @@ class profiler_core {
       if (signal_.number != 0) sys().sigaction(signal_.number, &signal_.previous, nullptr);
       signal_.number = 0;
       collector_ = nullptr;  // that thread does not exist here; its std::thread is leaked on purpose
-      g_handler.wake_fd.store(-1, std::memory_order_release);
-      if (wake_fd_ >= 0) ::close(wake_fd_);
-      wake_fd_ = -1;
+      close_wake_fds();
       g_handler.ring.store(nullptr, std::memory_order_release);
       running_ = false;
     }
@@ -766,7 +826,10 @@ class profiler_core {
   std::atomic<bool> stop_collector_{false};
   std::atomic<pid_t> collector_tid_{0};
   int wake_fd_ = -1;
+  int task_dir_fd_ = -1;  // /proc/self/task (handler_globals::task_dir_fd)
   std::uint64_t base_taken_ = 0, base_full_ = 0, base_inactive_ = 0, base_foreign_ = 0, base_truncated_ = 0;
+  std::uint64_t base_thread_checks_ = 0, base_thread_wakes_ = 0;
+  std::atomic<std::uint64_t> collector_wakes_{0};
   std::uint64_t start_unix_ns_ = 0;
   std::chrono::steady_clock::time_point start_steady_{}, stop_steady_{};
 };

@@ -124,6 +124,13 @@ class dump_scheduler {
     enqueue();
   }
 
+  // Time left until the next interval dump is due (a day when there are none), so the collector does
+  // not sleep past it.
+  std::chrono::steady_clock::duration until_due(std::chrono::steady_clock::time_point now) const {
+    if (opts_.interval_s <= 0) return std::chrono::hours(24);
+    return next_interval_ > now ? next_interval_ - now : std::chrono::steady_clock::duration::zero();
+  }
+
   // Waits until every queued dump is written (tests, exit).
   void flush() {
     std::unique_lock<std::mutex> l(mu_);

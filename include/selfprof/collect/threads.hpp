@@ -30,13 +30,6 @@ inline std::vector<pid_t> list_threads() {
   return tids;
 }
 
-// Threads in the process, from one stat(2): procfs gives /proc/self/task a link count of 2 + threads.
-inline long thread_count_hint() {
-  struct stat st {};
-  if (::stat("/proc/self/task", &st) != 0) return -1;
-  return static_cast<long>(st.st_nlink) - 2;
-}
-
 inline std::string read_small_file(const std::string& path) {
   std::string out;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
