@@ -5010,7 +5010,7 @@ inline void sample_signal_handler(int, siginfo_t* info, void* context) {
     if (u.truncated) g.truncated.fetch_add(1, std::memory_order_relaxed);
     sample_ring::publish(slot, pos);
     check_thread_count(g, now_ns);
-    // Every half ring of samples, wake the collector (while samples arrive it sleeps up to 250 ms).
+    // Every half ring of samples, wake the collector (while samples arrive it sleeps up to 500 ms).
     const std::uint64_t half = ring->capacity() / 2;
     if (half != 0 && pos % half == half - 1) {
       const int fd = g.wake_fd.load(std::memory_order_acquire);
@@ -11596,9 +11596,19 @@ namespace detail {
 //   every kCollectorWakeMs, so new threads are found within a few tens of ms.
 // Wall mode and boosted frame threads keep the short period.
 constexpr unsigned kCollectorWakeMs = 50;
-constexpr unsigned kCollectorBusyWakeMs = 250;
-constexpr unsigned kFullThreadScanMs = 250;  // full /proc/self/task scan even when the count is stable
-constexpr unsigned kSymbolRefreshMs = 200;   // module snapshot while samples arrive (dlclose'd libraries)
+constexpr unsigned kCollectorBusyWakeMs = 500;
+constexpr unsigned kFullThreadScanMs = 500;  // full /proc/self/task scan even when the count is stable
+// CPU timers are checked only at the scheduler tick. When threads share CPUs they are switched at ticks,
+// every slice is a whole number of ticks, and each thread's samples fall on a tick lattice of its CPU
+// time: a workload of strictly repeated work then aliases (bench/README.md: 6.2 points of error at 99 Hz
+// on 8 threads / 2 CPUs, 1.8 with perf_event). So `auto`, having picked the CPU timer because it is the
+// cheapest, watches the run delay of the sampled threads (/proc/self/task/<tid>/schedstat) and switches
+// to a perf_event with kernel time (exact period, 45-70 us per tick here instead of a few) when they
+// waited for a CPU at least kContentionShare of their run time in two checks in a row.
+constexpr unsigned kContentionCheckMs = 500;
+constexpr double kContentionShare = 0.25;
+constexpr std::size_t kContentionThreads = 64;  // schedstat reads per check, the busiest threads
+constexpr unsigned kSymbolRefreshMs = 200;      // module snapshot while samples arrive (dlclose'd libraries)
 
 class profiler_core {
  public:
@@ -11683,6 +11693,10 @@ class profiler_core {
       stats_.effective_hz = opts_.hz;
       stats_.kernel_time = true;
     }
+    may_upgrade_ = !wall_mode_ && !forced && source_ && source_->kind() == source_kind::timer;
+    contention_hits_ = 0;
+    schedstat_prev_.clear();
+    contention_samples_.clear();
     if (wall_mode_) {
       stats_.kernel_time = true;  // a wall profile counts every microsecond, on or off the CPU
       if (source_)
@@ -12016,6 +12030,7 @@ class profiler_core {
     collector_tid_.store(static_cast<pid_t>(raw_gettid()));  // our own collector thread is not profiled
     auto last_full_scan = std::chrono::steady_clock::now();
     auto last_sym = last_full_scan;
+    auto last_contention_check = last_full_scan;
     long last_count = -1;  // scan at once: threads may have started since start() looked
     std::uint64_t last_generation = loader_generation();
     std::uint64_t last_total = 0;
@@ -12052,6 +12067,11 @@ class profiler_core {
         scan_threads_locked();
         last_count = count;
         last_full_scan = now;
+      }
+      if (may_upgrade_ && ticks_arrive &&
+          now - last_contention_check >= std::chrono::milliseconds(kContentionCheckMs)) {
+        last_contention_check = now;
+        check_contention();
       }
       if (count >= 0) {  // the handler compares with this; its next check is at most 20 ms away
         g_handler.task_links.store(static_cast<std::uint64_t>(count), std::memory_order_relaxed);
@@ -12148,6 +12168,103 @@ class profiler_core {
     }
     std::lock_guard<std::mutex> t(table_mu_);
     for (auto& d : done) boosted_[d.first] = d.second;
+  }
+
+  // See kContentionCheckMs. Collector thread only.
+  void check_contention() {
+    std::vector<std::pair<std::uint64_t, std::uint32_t>> busy;  // samples since the last check, tid
+    {
+      std::lock_guard<std::mutex> t(table_mu_);
+      for (auto& kv : samples_by_thread_) {
+        std::uint64_t& before = contention_samples_[kv.first];
+        if (kv.second > before) busy.emplace_back(kv.second - before, kv.first);
+        before = kv.second;
+      }
+    }
+    if (busy.size() > kContentionThreads) {
+      std::partial_sort(busy.begin(), busy.begin() + kContentionThreads, busy.end(),
+                        [](const auto& a, const auto& b) { return a.first > b.first; });
+      busy.resize(kContentionThreads);
+    }
+    std::uint64_t run = 0, delay = 0;
+    for (auto& b : busy) {
+      std::uint64_t r = 0, d = 0;
+      if (!read_schedstat(static_cast<pid_t>(b.second), r, d)) continue;
+      auto prev = schedstat_prev_.find(b.second);
+      if (prev != schedstat_prev_.end() && r >= prev->second.first && d >= prev->second.second) {
+        run += r - prev->second.first;
+        delay += d - prev->second.second;
+      }
+      schedstat_prev_[b.second] = {r, d};
+    }
+    // Enough CPU time to judge (50 ms in half a second), and a quarter of it again spent waiting for a CPU.
+    const bool contended = run >= 50000000ull && static_cast<double>(delay) >= kContentionShare * run;
+    contention_hits_ = contended ? contention_hits_ + 1 : 0;
+    if (contention_hits_ < 2) return;
+    may_upgrade_ = false;
+    std::lock_guard<std::mutex> t(threads_mu_);
+    switch_to_perf_locked(static_cast<double>(delay) / static_cast<double>(run));
+  }
+
+  static bool read_schedstat(pid_t tid, std::uint64_t& run_ns, std::uint64_t& delay_ns) {
+    std::string text = read_small_file("/proc/self/task/" + std::to_string(tid) + "/schedstat");
+    unsigned long long r = 0, d = 0;
+    if (std::sscanf(text.c_str(), "%llu %llu", &r, &d) != 2) return false;
+    run_ns = r;
+    delay_ns = d;
+    return true;
+  }
+
+  // Moves every thread the CPU timer armed to a perf_event with kernel time; the timer stays as the
+  // fallback of threads the event cannot arm. Nothing changes when no such event opens.
+  void switch_to_perf_locked(double delay_share) {
+    char why[160];
+    std::snprintf(why, sizeof why, "sampled threads waited for a CPU %.0f%% of their run time",
+                  100 * delay_share);
+    std::unique_ptr<tick_source> perf(new perf_event_source());
+    source_config cfg = source_config_;
+    cfg.allow_user_only = false;  // only an event that counts kernel time, as the timer did
+    status st = perf->open(cfg);
+    if (!st) {
+      stats_.notes.push_back(std::string(why) + ": CPU timers may alias with the tick; no perf_event with " +
+                             "kernel time to switch to (" + st.message() + ")");
+      return;
+    }
+    std::unique_ptr<tick_source> timer = std::move(source_);
+    source_ = std::move(perf);
+    std::size_t moved = 0, kept = 0;
+    for (auto& th : threads_) {
+      if (th.second.armed_by != 1) continue;
+      timer->disarm(th.first);
+      if (source_->arm(th.first)) {
+        ++moved;
+        continue;
+      }
+      if (timer->arm(th.first)) {  // out of descriptors, say: this thread keeps its timer
+        th.second.armed_by = 2;
+        ++kept;
+      } else {
+        th.second.armed_by = 0;
+        if (stats_.threads_armed > 0) --stats_.threads_armed;
+      }
+    }
+    fallback_ = std::move(timer);
+    stats_.threads_fallback += kept;
+    {
+      std::lock_guard<std::mutex> t(table_mu_);  // [frames] boosted threads are boosted again on perf
+      boosted_.clear();
+    }
+    stats_.source = source_name(source_->kind());
+    stats_.source_detail = source_->describe();
+    stats_.source_reason =
+        std::string("switched from the CPU timer: ") + why +
+        ", so CPU timers would sample on the tick lattice (aliasing); perf_event has an exact "
+        "period";
+    stats_.effective_hz = source_->effective_hz();
+    stats_.kernel_time = source_->counts_kernel_time();
+    stats_.notes.push_back("switched to " + stats_.source_detail + " (" + why + "); " +
+                           std::to_string(moved) + " threads moved" +
+                           (kept ? ", " + std::to_string(kept) + " kept their timer" : ""));
   }
 
   void arm_locked(pid_t tid, thread_rec& rec) {
@@ -12347,6 +12464,11 @@ class profiler_core {
   int task_dir_fd_ = -1;  // /proc/self/task (handler_globals::task_dir_fd)
   std::uint64_t base_taken_ = 0, base_full_ = 0, base_inactive_ = 0, base_foreign_ = 0, base_truncated_ = 0;
   std::uint64_t base_thread_checks_ = 0, base_thread_wakes_ = 0;
+  // auto chose the CPU timer: may switch to perf_event when threads wait for CPUs (kContentionCheckMs).
+  bool may_upgrade_ = false;
+  int contention_hits_ = 0;
+  std::unordered_map<std::uint32_t, std::pair<std::uint64_t, std::uint64_t>> schedstat_prev_;  // run, delay
+  std::unordered_map<std::uint32_t, std::uint64_t> contention_samples_;
   std::atomic<std::uint64_t> collector_wakes_{0};
   std::uint64_t start_unix_ns_ = 0;
   std::chrono::steady_clock::time_point start_steady_{}, stop_steady_{};

@@ -5,7 +5,10 @@
 // a stack that is no longer the interrupted one; and it kills children that start threads after fork.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <thread>
 
 #include "workload.hpp"
@@ -113,6 +116,52 @@ TEST_CASE("auto at 99 Hz takes the CPU timer and says why") {
   CHECK(r.st.source == "timer");
   CHECK(r.st.source_reason.find("kernel tick") != std::string::npos);
   CHECK(r.st.samples > 0);
+}
+
+TEST_CASE("auto at 99 Hz: threads that wait for a CPU move from the CPU timer to perf_event") {
+  wl::apply_test_environment();
+  // Twice as many busy threads as CPUs, plus one: each waits for a CPU more than half the time, the
+  // case where CPU timers sample on the tick lattice.
+  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  std::atomic<bool> done{false};
+  std::vector<std::thread> busy;
+  selfprof::options o;
+  o.hz = 99;
+  REQUIRE(selfprof::start(o));
+  CHECK(selfprof::get_stats().source == "timer");
+  for (unsigned i = 0; i < 2 * cpus + 1; ++i)
+    busy.emplace_back([&] {
+      while (!done.load()) wl::spin_units(1);
+    });
+  auto decided = [](const selfprof::stats& st) {
+    if (st.source == "perf") return true;
+    for (const auto& n : st.notes)
+      if (n.find("no perf_event with kernel time") != std::string::npos) return true;
+    return false;
+  };
+  selfprof::stats st = selfprof::get_stats();
+  for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+       !decided(st) && std::chrono::steady_clock::now() < deadline; st = selfprof::get_stats())
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const std::uint64_t records_at_switch = st.records;
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  selfprof::stats later = selfprof::get_stats();
+  done.store(true);
+  for (auto& t : busy) t.join();
+  REQUIRE(selfprof::stop());
+  MESSAGE("source " << st.source << ": " << st.source_reason);
+  for (const auto& n : st.notes) MESSAGE("note: " << n);
+  REQUIRE(decided(st));
+  if (perf_with_kernel_expected()) {
+    CHECK(st.source == "perf");
+    CHECK(st.kernel_time);
+    CHECK(st.source_reason.find("switched from the CPU timer") != std::string::npos);
+    CHECK(st.threads_armed >= 2 * cpus + 1);
+    CHECK(later.records > records_at_switch + 20);  // the moved threads are sampled by their events
+  } else {
+    CHECK(st.source == "timer");  // no event with kernel time: the timer stays, and a note says why
+    CHECK(later.records > records_at_switch + 20);
+  }
 }
 
 TEST_CASE("auto at 1 kHz: perf_event delivers the rate; without perf, CPU timers weighted by overruns") {

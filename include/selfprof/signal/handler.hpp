@@ -163,7 +163,7 @@ inline void sample_signal_handler(int, siginfo_t* info, void* context) {
     if (u.truncated) g.truncated.fetch_add(1, std::memory_order_relaxed);
     sample_ring::publish(slot, pos);
     check_thread_count(g, now_ns);
-    // Every half ring of samples, wake the collector (while samples arrive it sleeps up to 250 ms).
+    // Every half ring of samples, wake the collector (while samples arrive it sleeps up to 500 ms).
     const std::uint64_t half = ring->capacity() / 2;
     if (half != 0 && pos % half == half - 1) {
       const int fd = g.wake_fd.load(std::memory_order_acquire);
