@@ -111,7 +111,13 @@ TEST_CASE("four threads: the split holds on every thread, samples follow each th
   selfprof::stats st = selfprof::get_stats();
   wl::truth all;
   for (auto& t : truths) all.a += t.a, all.b += t.b, all.c += t.c;
-  check_split(p, all, 5.0);
+  // Four busy threads share two CPUs: they are switched at kernel ticks, and CPU-timer samples land on
+  // the tick lattice of each thread's CPU time, so they are less independent than one thread's. Measured
+  // here over 19 runs with the CPU timer: the share of leaf_a off by -0.97 points on average, SD 1.2-2.0
+  // (binomial: 1.5), worst -5.4 on a loaded CI machine. 7 points is ~3 SD; a sample charged to the wrong
+  // leaf or samples bunched at one point of the round move a share by far more. A lost thread is caught
+  // by the per-thread counts below.
+  check_split(p, all, 7.0);
   check_deep_stacks(p);
   for (int i = 0; i < 4; ++i) {
     double expected = double(cpu[i]) / 1e9 * 250;
