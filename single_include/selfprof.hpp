@@ -4403,7 +4403,9 @@ using selfprof::parse_folded;
 #include <link.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -11604,8 +11606,11 @@ constexpr unsigned kFullThreadScanMs = 500;  // full /proc/self/task scan even w
 // on 8 threads / 2 CPUs, 1.8 with perf_event). So `auto`, having picked the CPU timer because it is the
 // cheapest, watches the run delay of the sampled threads (/proc/self/task/<tid>/schedstat) and switches
 // to a perf_event with kernel time (exact period, 45-70 us per tick here instead of a few) when they
-// waited for a CPU at least kContentionShare of their run time in two checks in a row.
+// waited for a CPU at least kContentionShare of their run time in two checks in a row. The first check
+// is at the first wake that sees ticks; while more threads receive samples than the process has CPUs,
+// checks come every kContentionFastCheckMs, so an oversubscribed profile switches after ~0.3 s, not 1.5.
 constexpr unsigned kContentionCheckMs = 500;
+constexpr unsigned kContentionFastCheckMs = 100;
 constexpr double kContentionShare = 0.25;
 constexpr std::size_t kContentionThreads = 64;  // schedstat reads per check, the busiest threads
 constexpr unsigned kSymbolRefreshMs = 200;      // module snapshot while samples arrive (dlclose'd libraries)
@@ -11695,6 +11700,8 @@ class profiler_core {
     }
     may_upgrade_ = !wall_mode_ && !forced && source_ && source_->kind() == source_kind::timer;
     contention_hits_ = 0;
+    contention_fast_ = false;
+    cpus_ = usable_cpus();
     schedstat_prev_.clear();
     contention_samples_.clear();
     if (wall_mode_) {
@@ -12011,6 +12018,7 @@ class profiler_core {
   int wait_ms(bool ticks_arrive) {
     unsigned ms = kCollectorWakeMs;
     if (ticks_arrive && !wall_mode_ && boost_hz() <= 0 && task_dir_fd_ >= 0) ms = kCollectorBusyWakeMs;
+    if (may_upgrade_ && contention_fast_ && ms > kContentionFastCheckMs) ms = kContentionFastCheckMs;
     const auto until = dumps_.until_due(std::chrono::steady_clock::now());
     if (until < std::chrono::milliseconds(ms))
       ms = static_cast<unsigned>(std::chrono::duration_cast<std::chrono::milliseconds>(until).count()) + 1;
@@ -12030,7 +12038,7 @@ class profiler_core {
     collector_tid_.store(static_cast<pid_t>(raw_gettid()));  // our own collector thread is not profiled
     auto last_full_scan = std::chrono::steady_clock::now();
     auto last_sym = last_full_scan;
-    auto last_contention_check = last_full_scan;
+    auto last_contention_check = last_full_scan - std::chrono::milliseconds(kContentionCheckMs);
     long last_count = -1;  // scan at once: threads may have started since start() looked
     std::uint64_t last_generation = loader_generation();
     std::uint64_t last_total = 0;
@@ -12069,9 +12077,10 @@ class profiler_core {
         last_full_scan = now;
       }
       if (may_upgrade_ && ticks_arrive &&
-          now - last_contention_check >= std::chrono::milliseconds(kContentionCheckMs)) {
+          now - last_contention_check >=
+              std::chrono::milliseconds(contention_fast_ ? kContentionFastCheckMs : kContentionCheckMs)) {
+        check_contention(now - last_contention_check);
         last_contention_check = now;
-        check_contention();
       }
       if (count >= 0) {  // the handler compares with this; its next check is at most 20 ms away
         g_handler.task_links.store(static_cast<std::uint64_t>(count), std::memory_order_relaxed);
@@ -12171,7 +12180,7 @@ class profiler_core {
   }
 
   // See kContentionCheckMs. Collector thread only.
-  void check_contention() {
+  void check_contention(std::chrono::steady_clock::duration since_last) {
     std::vector<std::pair<std::uint64_t, std::uint32_t>> busy;  // samples since the last check, tid
     {
       std::lock_guard<std::mutex> t(table_mu_);
@@ -12181,6 +12190,7 @@ class profiler_core {
         before = kv.second;
       }
     }
+    contention_fast_ = busy.size() > static_cast<std::size_t>(cpus_);
     if (busy.size() > kContentionThreads) {
       std::partial_sort(busy.begin(), busy.begin() + kContentionThreads, busy.end(),
                         [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -12197,13 +12207,25 @@ class profiler_core {
       }
       schedstat_prev_[b.second] = {r, d};
     }
-    // Enough CPU time to judge (50 ms in half a second), and a quarter of it again spent waiting for a CPU.
-    const bool contended = run >= 50000000ull && static_cast<double>(delay) >= kContentionShare * run;
+    // Enough CPU time to judge (a tenth of the time since the last check), and a quarter of it again
+    // spent waiting for a CPU.
+    const auto since_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(since_last).count();
+    const bool contended = since_ns > 0 && run >= static_cast<std::uint64_t>(since_ns) / 10 &&
+                           static_cast<double>(delay) >= kContentionShare * static_cast<double>(run);
     contention_hits_ = contended ? contention_hits_ + 1 : 0;
     if (contention_hits_ < 2) return;
     may_upgrade_ = false;
     std::lock_guard<std::mutex> t(threads_mu_);
     switch_to_perf_locked(static_cast<double>(delay) / static_cast<double>(run));
+  }
+
+  // CPUs the process may run on (its affinity mask), at least 1.
+  static int usable_cpus() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? static_cast<int>(n) : 1;
   }
 
   static bool read_schedstat(pid_t tid, std::uint64_t& run_ns, std::uint64_t& delay_ns) {
@@ -12467,6 +12489,8 @@ class profiler_core {
   // auto chose the CPU timer: may switch to perf_event when threads wait for CPUs (kContentionCheckMs).
   bool may_upgrade_ = false;
   int contention_hits_ = 0;
+  bool contention_fast_ = false;  // more threads got samples at the last check than there are CPUs
+  int cpus_ = 1;                  // CPUs this process may run on, at start()
   std::unordered_map<std::uint32_t, std::pair<std::uint64_t, std::uint64_t>> schedstat_prev_;  // run, delay
   std::unordered_map<std::uint32_t, std::uint64_t> contention_samples_;
   std::atomic<std::uint64_t> collector_wakes_{0};

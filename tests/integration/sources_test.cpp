@@ -151,7 +151,12 @@ TEST_CASE("auto at 99 Hz: threads that wait for a CPU move from the CPU timer to
   REQUIRE(selfprof::stop());
   MESSAGE("source " << st.source << ": " << st.source_reason);
   for (const auto& n : st.notes) MESSAGE("note: " << n);
+  MESSAGE("decided after " << records_at_switch << " samples, " << st.collector_wakes << " collector wakes");
   REQUIRE(decided(st));
+  // Judged at the first ticks, then every 100 ms while more threads are busy than CPUs: 45-55 samples
+  // here. Checks every 500 ms, the first one a baseline, decide at 1.5 s: ~300 samples at 2 CPUs x 99 Hz.
+  // Counted in samples, which follow CPU time, so a slow machine does not change it much.
+  CHECK(records_at_switch < 250);
   if (perf_with_kernel_expected()) {
     CHECK(st.source == "perf");
     CHECK(st.kernel_time);
