@@ -421,6 +421,7 @@ struct block {
   std::int64_t collector_cpu_ns = 0;  // selfprof's collector thread (read just before stop)
   std::int64_t control_cpu_ns = 0;    // start() + stop() on the calling thread
   std::int64_t wall_ns = 0;           // the block's wall time (the collector's cost follows it)
+  double collector_wakes = 0;         // times the collector woke (stats::collector_wakes)
 };
 
 // The CPU time so far of this process's thread named `name`, or -1.
@@ -548,6 +549,7 @@ block run_block_inner(pool& workers, long rounds, const config& cfg) {
     b.detail = s.source + ": " + s.source_detail;
     b.records = double(s.records);
     b.weighted = double(s.samples);
+    b.collector_wakes = double(s.collector_wakes);
     selfprof_leaves l = leaves_of(selfprof::snapshot());
     b.split_err = split_error(l.a, l.b, l.c, r.t);
     b.split_sigma = binomial_sigma(l.a + l.b + l.c, r.t);
@@ -624,7 +626,7 @@ double median(std::vector<double> v) {
 struct row {
   std::vector<double> overhead, overhead_total, overhead_perf_run, vs_bare, us_per_tick, delivered, weighted,
       split, sigma;
-  std::vector<double> collector, collector_ms_per_s, control_ms, handler_pct,
+  std::vector<double> collector, collector_ms_per_s, wakes_per_s, control_ms, handler_pct,
       attributed;  // selfprof's own parts, in % of the baseline
   std::string detail, error, bare_key;
 };
@@ -677,17 +679,18 @@ void print_tables(const std::vector<std::pair<int, config>>& order, std::map<std
       "handler estimated as records x --handler-ns; 'attributed' is their sum: what selfprof adds to the "
       "bare tick.\n\n");
   std::printf(
-      "| thr | configuration | collector %% | collector ms per wall-s | start+stop ms | handler (est.) %% | "
-      "attributed vs bare, points |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+      "| thr | configuration | collector %% | collector ms per wall-s | collector wakes per s | start+stop "
+      "ms "
+      "| handler (est.) %% | attributed vs bare, points |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   for (auto& tc : order) {
     if (tc.second.k != kind::selfprof_run) continue;
     const row& rw = rows[key_of(tc.first, tc.second)];
     if (rw.collector.empty()) continue;
-    std::printf("| %d | %s | %s | %s | %s | %s | %s |\n", tc.first, tc.second.label.c_str(),
+    std::printf("| %d | %s | %s | %s | %s | %s | %s | %s |\n", tc.first, tc.second.label.c_str(),
                 spread(rw.collector, "%.3f").c_str(), one(rw.collector_ms_per_s, "%.2f").c_str(),
-                one(rw.control_ms, "%.1f").c_str(), one(rw.handler_pct, "%.3f").c_str(),
-                spread(rw.attributed, "%.3f").c_str());
+                one(rw.wakes_per_s, "%.1f").c_str(), one(rw.control_ms, "%.1f").c_str(),
+                one(rw.handler_pct, "%.3f").c_str(), spread(rw.attributed, "%.3f").c_str());
   }
 }
 
@@ -872,6 +875,7 @@ int main(int argc, char** argv) {
         if (c.k == kind::selfprof_run) {
           rw.collector.push_back(100.0 * double(b.collector_cpu_ns) / base);
           rw.collector_ms_per_s.push_back(double(b.collector_cpu_ns) / 1e6 / (double(b.wall_ns) / 1e9));
+          rw.wakes_per_s.push_back(b.collector_wakes / (double(b.wall_ns) / 1e9));
           rw.control_ms.push_back(double(b.control_cpu_ns) / 1e6);
           rw.handler_pct.push_back(100.0 * b.records * handler_ns / base);
           rw.attributed.push_back(
@@ -911,9 +915,10 @@ int main(int argc, char** argv) {
   std::map<std::string, bool> shown;
   for (auto& tc : order) {
     const row& rw = rows[key_of(tc.first, tc.second)];
-    if (!rw.detail.empty() && !shown[tc.second.label]) {
-      shown[tc.second.label] = true;
-      std::printf("#   %-27s %s\n", tc.second.label.c_str(), rw.detail.c_str());
+    // Per label and source: auto may take another source on 8 threads (the contention switch).
+    if (!rw.detail.empty() && !shown[tc.second.label + rw.detail]) {
+      shown[tc.second.label + rw.detail] = true;
+      std::printf("#   %d thr %-27s %s\n", tc.first, tc.second.label.c_str(), rw.detail.c_str());
     }
   }
   if (!perf_note.empty()) std::printf("# %s\n", perf_note.c_str());
