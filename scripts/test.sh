@@ -14,7 +14,7 @@
 #   meson         meson setup + meson test (unit + integration)
 #   unprivileged  the gcc build's integration tests as a throwaway system user (setpriv)
 #   no_perf       the gcc build's unit + integration tests with SELFPROF_TEST_NO_PERF=1
-#   fuzz          libFuzzer targets (ELF reader, perf-script and folded parsers), 20 s each
+#   fuzz          libFuzzer targets (ELF reader, perf-script and folded parsers), 10 s each (SELFPROF_FUZZ_SECONDS)
 # Environment: SELFPROF_SKIP_APT=1 skips apt-get; SELFPROF_BUILD_ROOT (default build/test) holds the
 # build trees; SELFPROF_JOBS (default 2) parallel jobs; SELFPROF_TEST_USER (default selfprof-test).
 set -uo pipefail
@@ -192,7 +192,7 @@ stage_unprivileged() {
 # libFuzzer targets (clang), each for a bounded time on a seed corpus: the ELF reader, the perf-script
 # and folded parsers. A crash or a sanitizer report fails the stage.
 stage_fuzz() {
-  local dir=$build_root/fuzz seconds=${SELFPROF_FUZZ_SECONDS:-20} t ok=0 bad=0
+  local dir=$build_root/fuzz seconds=${SELFPROF_FUZZ_SECONDS:-10} t ok=0 bad=0
   note "fuzz: each target for ${seconds} s"
   rm -rf "$dir" && mkdir -p "$dir/corpus-elf" "$dir/corpus-text"
   cp /usr/lib/x86_64-linux-gnu/libm.so.6 /bin/true "$dir/corpus-elf/" 2>/dev/null || true
