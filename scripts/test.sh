@@ -11,7 +11,7 @@
 #   single        g++ against single_include/ (SELFPROF_TEST_SINGLE_INCLUDE=ON); unit + integration
 #   asan          g++ -O1 -g -fsanitize=address,undefined; tests labelled no_asan are left out
 #   tsan          g++ -O1 -g -fsanitize=thread; tests labelled no_tsan are left out
-#   meson         meson setup + meson test (unit + integration)
+#   meson         meson setup + meson test (unit + integration; the tool is left to the CMake stages)
 #   unprivileged  the gcc build's integration tests as a throwaway system user (setpriv)
 #   no_perf       the gcc build's unit + integration tests with SELFPROF_TEST_NO_PERF=1
 #   fuzz          libFuzzer targets (ELF reader, perf-script and folded parsers), 10 s each (SELFPROF_FUZZ_SECONDS)
@@ -124,11 +124,13 @@ stage_tsan() {
 stage_meson() {
   local dir=$build_root/meson log
   note "meson $dir"
+  # The tool is built and tested by the CMake stages; here only the library and its tests (-Dtools=false
+  # saves a minute of CI).
   if [ -f "$dir/meson-private/coredata.dat" ]; then
-    meson setup --reconfigure "$dir" "$root_dir" --buildtype=debugoptimized
+    meson setup --reconfigure "$dir" "$root_dir" --buildtype=debugoptimized -Dtools=false
   else
     rm -rf "$dir"
-    meson setup "$dir" "$root_dir" --buildtype=debugoptimized
+    meson setup "$dir" "$root_dir" --buildtype=debugoptimized -Dtools=false
   fi || { count 0 1 "meson setup"; return; }
   meson compile -C "$dir" -j "$jobs" || count 0 1 "meson compile"
   log=$(mktemp)
