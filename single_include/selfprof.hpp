@@ -445,36 +445,6 @@ inline std::uint64_t loader_generation() {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/detail/process.hpp ----
-// ---- begin selfprof/status.hpp ----
-// Errors as values: a small status type with a message, used across the public API instead of exceptions.
-// Context: any thread (not the signal handler: it allocates).
-
-#include <string>
-#include <utility>
-
-namespace selfprof {
-
-class status {
- public:
-  status() = default;
-  static status ok() { return status(); }
-  static status error(std::string message) {
-    status s;
-    s.failed_ = true;
-    s.message_ = std::move(message);
-    return s;
-  }
-  explicit operator bool() const { return !failed_; }
-  bool is_ok() const { return !failed_; }
-  const std::string& message() const { return message_; }
-
- private:
-  bool failed_ = false;
-  std::string message_;
-};
-
-}  // namespace selfprof
-// ---- end selfprof/status.hpp ----
 // ---- begin selfprof/jit/jitdump_writer.hpp ----
 // Writer of perf's jitdump file jit-<pid>.dump (file header, then one JIT_CODE_LOAD record per
 // registration with the code bytes), mapped PROT_READ|PROT_EXEC so that `perf record -k 1` sees it
@@ -582,6 +552,36 @@ inline syscall_table& sys() {
 #include <cstring>
 #include <string>
 
+// ---- begin selfprof/status.hpp ----
+// Errors as values: a small status type with a message, used across the public API instead of exceptions.
+// Context: any thread (not the signal handler: it allocates).
+
+#include <string>
+#include <utility>
+
+namespace selfprof {
+
+class status {
+ public:
+  status() = default;
+  static status ok() { return status(); }
+  static status error(std::string message) {
+    status s;
+    s.failed_ = true;
+    s.message_ = std::move(message);
+    return s;
+  }
+  explicit operator bool() const { return !failed_; }
+  bool is_ok() const { return !failed_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  bool failed_ = false;
+  std::string message_;
+};
+
+}  // namespace selfprof
+// ---- end selfprof/status.hpp ----
 
 namespace selfprof {
 namespace detail {
@@ -2290,17 +2290,6 @@ void add_profile(flame_tree& tree, const profile& p, int channel, const flame_bu
 #include <string_view>
 #include <vector>
 
-// ---- begin selfprof/version.hpp ----
-// The library version, written once here and read by CMake and Meson.
-// Context: any thread.
-
-#define SELFPROF_VERSION_MAJOR 0
-#define SELFPROF_VERSION_MINOR 1
-#define SELFPROF_VERSION_PATCH 0
-#define SELFPROF_VERSION_STRING "0.1.0"
-#define SELFPROF_VERSION \
-  (SELFPROF_VERSION_MAJOR * 10000 + SELFPROF_VERSION_MINOR * 100 + SELFPROF_VERSION_PATCH)
-// ---- end selfprof/version.hpp ----
 // ---- begin selfprof/output/palette.hpp ----
 // Flame-graph colours: flamegraph.pl's hue formulas and multi palettes, stable name hashes, palette.map
 // files.
@@ -3225,6 +3214,17 @@ inline std::string truncate_label(std::string_view name, std::size_t max_chars, 
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/output/svg_text.hpp ----
+// ---- begin selfprof/version.hpp ----
+// The library version, written once here and read by CMake and Meson.
+// Context: any thread.
+
+#define SELFPROF_VERSION_MAJOR 0
+#define SELFPROF_VERSION_MINOR 1
+#define SELFPROF_VERSION_PATCH 0
+#define SELFPROF_VERSION_STRING "0.1.0"
+#define SELFPROF_VERSION \
+  (SELFPROF_VERSION_MAJOR * 10000 + SELFPROF_VERSION_MINOR * 100 + SELFPROF_VERSION_PATCH)
+// ---- end selfprof/version.hpp ----
 
 namespace selfprof {
 
@@ -4419,1935 +4419,6 @@ using selfprof::parse_folded;
 #include <unordered_map>
 #include <vector>
 
-// ---- begin selfprof/signal/handler.hpp ----
-// Signal-handler code: the profiling signal handler and the lock-free globals it reads.
-// Context: signal handler (async-signal-safe only: no malloc, no locks, no lazy TLS, errno preserved).
-
-#include <signal.h>
-#include <sys/stat.h>
-#include <ucontext.h>
-
-#include <errno.h>
-#include <time.h>
-#include <atomic>
-#include <cstddef>
-#include <cstdint>
-
-// ---- begin selfprof/signal/ring.hpp ----
-// Signal-handler code: the preallocated multi-producer, single-consumer ring of fixed-size sample records.
-// Context: producers run in the signal handler (lock-free, never wait); the one consumer is whoever holds
-// the collector's table lock.
-
-#include <atomic>
-#include <cstddef>
-#include <cstdint>
-
-namespace selfprof {
-namespace detail {
-
-enum sample_flags : std::uint16_t {
-  sample_truncated = 1u << 0,   // the depth limit cut the stack: root-side frames are missing
-  sample_offcpu = 1u << 1,      // wall mode: the thread was not running
-  sample_leaf_fixed = 1u << 2,  // the caller of the interrupted frame was recovered by a leaf heuristic
-  sample_running = 1u << 3,     // wall mode without on-CPU signals: CPU time of a thread, no stack
-};
-// Wall mode: off-CPU samples carry the blocking system call in the flags' upper bits (number + 1; 0 when
-// the thread was blocked outside a system call), so stacks that wait in different calls stay apart.
-constexpr unsigned kSampleCallShift = 4;
-constexpr std::uint16_t kSampleCallMask = 0xFFF0;
-constexpr std::uint16_t kSampleKeptFlags =
-    sample_truncated | sample_offcpu | sample_running | kSampleCallMask;
-
-// One sample, as the handler writes it. `pcs` follows the header in the slot: pcs[0] is the interrupted
-// pc, pcs[1..depth) are return addresses, leaf first.
-struct sample_header {
-  std::uint32_t tid;
-  std::uint16_t depth;
-  std::uint16_t flags;
-  std::uint32_t weight;   // ticks this sample stands for (1 + timer overruns)
-  std::uint32_t aux;      // wall mode: blocking system call number + 1 (0: none)
-  std::uint64_t time_ns;  // CLOCK_MONOTONIC when taken
-  std::uint64_t tag;      // frame marker of the thread (game frames), 0 if none
-};
-
-struct ring_slot {
-  std::atomic<std::uint64_t> seq;
-  sample_header header;
-  // followed by max_depth std::uint64_t program counters
-  std::uint64_t* pcs() { return reinterpret_cast<std::uint64_t*>(this + 1); }
-};
-static_assert(sizeof(ring_slot) % 8 == 0, "slots must keep 8-byte alignment");
-
-// A bounded MPSC queue (sequence numbers per slot, after D. Vyukov's design). The memory is given by the
-// owner and outlives every handler that may still run.
-class sample_ring {
- public:
-  sample_ring() = default;
-  sample_ring(const sample_ring&) = delete;
-  sample_ring& operator=(const sample_ring&) = delete;
-
-  static std::size_t stride_for(std::size_t max_depth) {
-    return sizeof(ring_slot) + max_depth * sizeof(std::uint64_t);
-  }
-
-  // `memory` must hold capacity * stride_for(max_depth) bytes, 8-byte aligned; capacity a power of two.
-  void init(void* memory, std::size_t capacity, std::size_t max_depth) {
-    base_ = static_cast<unsigned char*>(memory);
-    capacity_ = capacity;
-    mask_ = capacity - 1;
-    max_depth_ = max_depth;
-    stride_ = stride_for(max_depth);
-    // std::atomic<uint64_t> is trivially default-constructible: zeroed memory from the owner holds one.
-    for (std::size_t i = 0; i < capacity; ++i) slot(i)->seq.store(i, std::memory_order_relaxed);
-    head_.store(0, std::memory_order_relaxed);
-    tail_ = 0;
-  }
-
-  std::size_t capacity() const { return capacity_; }
-  std::size_t max_depth() const { return max_depth_; }
-
-  // Producer: claims a slot or returns nullptr when the ring is full. Fill it, then publish(slot, pos).
-  ring_slot* claim(std::uint64_t& pos) {
-    std::uint64_t p = head_.load(std::memory_order_relaxed);
-    for (;;) {
-      ring_slot* s = slot(p & mask_);
-      std::uint64_t seq = s->seq.load(std::memory_order_acquire);
-      auto dif = static_cast<std::int64_t>(seq - p);
-      if (dif == 0) {
-        if (head_.compare_exchange_weak(p, p + 1, std::memory_order_relaxed)) {
-          pos = p;
-          return s;
-        }
-      } else if (dif < 0) {
-        return nullptr;  // full: the consumer has not freed this slot yet
-      } else {
-        p = head_.load(std::memory_order_relaxed);
-      }
-    }
-  }
-  static void publish(ring_slot* s, std::uint64_t pos) { s->seq.store(pos + 1, std::memory_order_release); }
-
-  // Consumer: the next published slot, or nullptr. Call release() when done with it.
-  ring_slot* peek() {
-    ring_slot* s = slot(tail_ & mask_);
-    std::uint64_t seq = s->seq.load(std::memory_order_acquire);
-    return seq == tail_ + 1 ? s : nullptr;
-  }
-  void release(ring_slot* s) {
-    s->seq.store(tail_ + capacity_, std::memory_order_release);
-    ++tail_;
-  }
-
- private:
-  ring_slot* slot(std::size_t i) { return reinterpret_cast<ring_slot*>(base_ + i * stride_); }
-
-  unsigned char* base_ = nullptr;
-  std::size_t capacity_ = 0, mask_ = 0, max_depth_ = 0, stride_ = 0;
-  alignas(64) std::atomic<std::uint64_t> head_{0};
-  alignas(64) std::uint64_t tail_ = 0;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/signal/ring.hpp ----
-// ---- begin selfprof/signal/unwind_dwarf.hpp ----
-// Signal-handler code: the mixed unwinder that follows pre-built CFI rows (parsed from .eh_frame off the
-// signal path) and falls back to one frame-pointer step where a module has no row for the pc.
-// Context: signal handler (async-signal-safe: no locks, no allocation; stack reads bounded and probed).
-
-#include <atomic>
-#include <cstddef>
-#include <cstdint>
-
-// ---- begin selfprof/signal/unwind_fp.hpp ----
-// Signal-handler code: the frame-pointer unwinder, with every read bounds-checked and probed.
-// Context: signal handler (async-signal-safe: no locks, no allocation, no libc state).
-
-#include <cstddef>
-#include <cstdint>
-
-
-namespace selfprof {
-namespace detail {
-
-// Every bound of the walk, with its reason.
-// A single frame larger than this is taken for a corrupted chain (async-profiler uses 256 KiB too).
-constexpr std::uintptr_t kMaxFrameSize = 256 * 1024;
-// How far above sp the walk may go when the thread's stack end is unknown (main-thread default
-// RLIMIT_STACK is 8 MiB; deeper stacks are still walked when the thread's end is known).
-constexpr std::uintptr_t kMaxStackSpan = 16 * 1024 * 1024;
-// A known thread stack larger than this is not trusted as a bound (guards against a bogus descriptor).
-constexpr std::uintptr_t kMaxKnownStack = 1024ull * 1024 * 1024;
-// Frame records are 16-byte aligned in ABI-conforming x86-64 code; 8 tolerates hand-written assembly.
-constexpr std::uintptr_t kFrameAlign = 8;
-// Return addresses below this are not code: the chain ended in zeroed memory.
-constexpr std::uintptr_t kMinCodeAddress = 4096;
-constexpr std::uintptr_t kPageSize = 4096;
-
-// Remembers the highest page range already shown readable, so each page is probed once per walk.
-struct read_guard {
-  std::uintptr_t ok_lo = 1, ok_hi = 0;  // empty
-
-  bool readable(std::uintptr_t addr, std::size_t len) {
-    std::uintptr_t end = addr + len;
-    if (end < addr) return false;
-    if (addr >= ok_lo && end <= ok_hi) return true;
-    std::uintptr_t first = addr & ~(kPageSize - 1);
-    std::uintptr_t last = (end - 1) & ~(kPageSize - 1);
-    for (std::uintptr_t page = first;; page += kPageSize) {
-      if (!(page >= ok_lo && page + kPageSize <= ok_hi) && !raw_readable(page)) return false;
-      if (page == last) break;
-    }
-    if (ok_lo <= ok_hi && first >= ok_lo && first <= ok_hi) {
-      if (last + kPageSize > ok_hi) ok_hi = last + kPageSize;  // contiguous: extend
-    } else {
-      ok_lo = first;
-      ok_hi = last + kPageSize;
-    }
-    return true;
-  }
-};
-
-// Reads of the interrupted thread's stack and code: bounds-checked and probed by the walkers, and not
-// instrumented, since a sanitizer would take a read of another frame's saved registers for a bug.
-#if defined(__clang__) || defined(__GNUC__)
-#define SELFPROF_DETAIL_NO_SANITIZE __attribute__((no_sanitize("address", "thread", "undefined")))
-#else
-#define SELFPROF_DETAIL_NO_SANITIZE
-#endif
-
-SELFPROF_DETAIL_NO_SANITIZE inline std::uint64_t load_word(std::uintptr_t addr) {
-  return *reinterpret_cast<const volatile std::uint64_t*>(addr);
-}
-SELFPROF_DETAIL_NO_SANITIZE inline unsigned char load_byte(std::uintptr_t addr) {
-  return *reinterpret_cast<const volatile unsigned char*>(addr);
-}
-
-// The highest address the current thread's frames may occupy, or 0 when unknown.
-// glibc places a thread's descriptor (what %fs:0x10 points to) at the top of its stack block.
-inline std::uintptr_t current_thread_stack_end(std::uintptr_t sp, std::uintptr_t main_end, bool is_main) {
-  if (is_main && main_end > sp && main_end - sp <= kMaxKnownStack) return main_end;
-#if defined(__x86_64__) && defined(__GLIBC__)
-  std::uintptr_t self;
-  __asm__("mov %%fs:0x10, %0" : "=r"(self));
-  if (self > sp && self - sp <= kMaxKnownStack) return self;
-#endif
-  return 0;
-}
-
-struct unwind_result {
-  std::size_t depth = 0;
-  bool truncated = false;
-  bool leaf_fixed = false;
-};
-
-// x86-64 prologue/epilogue bytes at the interrupted pc (async-profiler's heuristics): at a function's first
-// byte (push %rbp, endbr64) or on `ret` the return address is at [sp], right after `push %rbp` at [sp+8];
-// %rbp still holds the caller's frame. Used by both walkers for a leaf without a frame record. The slot of
-// the return address, or 0 when the bytes say nothing.
-inline std::uintptr_t leaf_return_slot(std::uintptr_t pc, std::uintptr_t sp) {
-#if defined(__x86_64__)
-  read_guard code_guard;
-  if (pc < kMinCodeAddress || !code_guard.readable(pc, 4)) return 0;
-  const unsigned char code[4] = {load_byte(pc), load_byte(pc + 1), load_byte(pc + 2), load_byte(pc + 3)};
-  const unsigned char b0 = code[0];
-  if (b0 == 0x55 || b0 == 0xC3 || (b0 == 0xF3 && code[1] == 0x0F && code[2] == 0x1E && code[3] == 0xFA))
-    return sp;
-  if (b0 == 0x48 && code[1] == 0x89 && code[2] == 0xE5) return sp + 8;
-#else
-  (void)pc;
-  (void)sp;
-#endif
-  return 0;
-}
-
-// Walks from an interrupted context. out[0] = pc, then return addresses, leaf first.
-inline unwind_result unwind_fp(std::uintptr_t pc, std::uintptr_t sp, std::uintptr_t fp,
-                               std::uintptr_t stack_end, std::uint64_t* out, std::size_t max_depth) {
-  unwind_result r;
-  if (max_depth == 0) return r;
-  out[r.depth++] = pc;
-  std::uintptr_t hi = sp + kMaxStackSpan;
-  if (hi < sp) hi = ~std::uintptr_t(0);
-  if (stack_end != 0 && stack_end < hi) hi = stack_end;
-  read_guard guard;
-
-  // Prologue/epilogue: the caller's return address may not be in a frame record yet (or any more).
-  if (max_depth > 1) {
-    const std::uintptr_t ra_slot = leaf_return_slot(pc, sp);
-    if (ra_slot != 0 && ra_slot % 8 == 0 && ra_slot + 8 <= hi && guard.readable(ra_slot, 8)) {
-      std::uintptr_t ra = load_word(ra_slot);
-      if (ra >= kMinCodeAddress) {
-        out[r.depth++] = ra;
-        r.leaf_fixed = true;
-      }
-    }
-  }
-
-  std::uintptr_t prev = sp;
-  while (true) {
-    if (fp < prev || fp % kFrameAlign != 0 || fp - prev > kMaxFrameSize) break;
-    if (fp + 16 > hi || fp + 16 < fp) break;
-    if (!guard.readable(fp, 16)) break;
-    std::uintptr_t next = load_word(fp);
-    std::uintptr_t ra = load_word(fp + 8);
-    if (ra < kMinCodeAddress) break;
-    if (r.depth == max_depth) {
-      r.truncated = true;  // a valid frame exists beyond the limit
-      break;
-    }
-    out[r.depth++] = ra;
-    if (next <= fp) break;  // the chain must grow towards the stack end
-    prev = fp;
-    fp = next;
-  }
-  return r;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/signal/unwind_fp.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-// How the canonical frame address (CFA: the caller's sp, just above the return address) is computed
-// at one pc, and what the row means for the walk.
-enum unwind_row_kind : std::uint8_t {
-  row_cfa_rsp = 0,    // CFA = rsp + cfa_off
-  row_cfa_rbp = 1,    // CFA = rbp + cfa_off
-  row_cfa_plt = 2,    // PLT entry: CFA = rsp + cfa_off, +8 more once (pc & 15) >= plt_threshold
-  row_unknown = 3,    // CFI this walker does not model (expressions, other registers): one FP step
-  row_outermost = 4,  // the return address is undefined: the thread's first frame, stop here
-  row_no_info = 5,    // a gap between FDEs: no CFI covers the pc, one FP step
-};
-
-// One row of a module's table: valid from `pc` (offset from the module's start) to the next row.
-// The return address is always at CFA-8 (x86-64); rows where it is not are row_unknown.
-struct unwind_row {
-  std::uint32_t pc;
-  std::int32_t cfa_off;
-  std::int16_t fp_off;  // the caller's rbp is saved at CFA + fp_off; 0: rbp still holds it
-  std::uint8_t kind;    // unwind_row_kind
-  std::uint8_t plt_threshold;
-};
-static_assert(sizeof(unwind_row) == 12, "rows are packed: libc alone has ~30,000 of them");
-
-// The rows of one module, covering the runtime addresses [start, end).
-struct unwind_module {
-  std::uintptr_t start;
-  std::uintptr_t end;
-  const unwind_row* rows;  // sorted by pc; the last one is row_no_info at `end - start`
-  std::size_t count;
-};
-
-// Every module's rows, sorted by start and not overlapping. Immutable once published.
-struct unwind_table_set {
-  const unwind_module* modules;
-  std::size_t count;
-};
-
-// The set the handler reads; published by collect/unwind_tables.hpp, never freed while profiling runs.
-inline std::atomic<const unwind_table_set*> g_unwind_tables{nullptr};
-
-// The row in effect at `pc`, or nullptr when no CFI covers it. Binary searches; reads only the set.
-inline const unwind_row* find_unwind_row(const unwind_table_set* set, std::uintptr_t pc) {
-  if (set == nullptr || set->count == 0) return nullptr;
-  std::size_t lo = 0, hi = set->count;  // first module with start > pc
-  while (lo < hi) {
-    std::size_t mid = lo + (hi - lo) / 2;
-    if (set->modules[mid].start <= pc)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  if (lo == 0) return nullptr;
-  const unwind_module& m = set->modules[lo - 1];
-  if (pc >= m.end || m.count == 0) return nullptr;
-  const std::uint32_t off = static_cast<std::uint32_t>(pc - m.start);
-  lo = 0;
-  hi = m.count;  // first row with pc > off
-  while (lo < hi) {
-    std::size_t mid = lo + (hi - lo) / 2;
-    if (m.rows[mid].pc <= off)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  if (lo == 0) return nullptr;
-  const unwind_row* row = &m.rows[lo - 1];
-  return row->kind == row_no_info ? nullptr : row;
-}
-
-// The CFA `row` gives at (pc, sp, fp), or 0 when that is no step up the stack: it wraps around, is
-// misaligned, leaves no room for the return address above sp, or makes a frame over kMaxFrameSize.
-inline std::uintptr_t row_cfa(const unwind_row* row, std::uintptr_t pc, std::uintptr_t sp,
-                              std::uintptr_t fp) {
-  std::uintptr_t base = row->kind == row_cfa_rbp ? fp : sp;
-  std::intptr_t off = row->cfa_off;
-  if (row->kind == row_cfa_plt && (pc & 15) >= row->plt_threshold) off += 8;
-  std::uintptr_t cfa = base + static_cast<std::uintptr_t>(off);
-  if ((off >= 0) != (cfa >= base)) return 0;  // wrapped around
-  if (cfa < sp + 8 || cfa % 8 != 0 || cfa - sp > kMaxFrameSize) return 0;
-  return cfa;
-}
-
-// Walks from an interrupted context with `set` (nullptr: frame pointers only). Same contract and bounds
-// as unwind_fp: out[0] = pc, then return addresses, leaf first; every stack read lies in
-// [sp, min(stack_end, sp + kMaxStackSpan)), is 8-aligned, probed, and each frame moves sp up by at most
-// kMaxFrameSize.
-inline unwind_result unwind_with_tables(const unwind_table_set* set, std::uintptr_t pc, std::uintptr_t sp,
-                                        std::uintptr_t fp, std::uintptr_t stack_end, std::uint64_t* out,
-                                        std::size_t max_depth) {
-  unwind_result r;
-  if (max_depth == 0) return r;
-  out[r.depth++] = pc;
-  std::uintptr_t hi = sp + kMaxStackSpan;
-  if (hi < sp) hi = ~std::uintptr_t(0);
-  if (stack_end != 0 && stack_end < hi) hi = stack_end;
-  read_guard guard;
-  bool leaf = true;
-  while (true) {
-    // A return address points after its call: look up pc-1, inside the calling instruction.
-    const unwind_row* row = find_unwind_row(set, leaf ? pc : pc - 1);
-    std::uintptr_t ra = 0, next_sp = 0, next_fp = fp;
-    bool fixed_leaf = false;
-    if (row != nullptr && row->kind == row_outermost) break;
-    if (row != nullptr && row->kind != row_unknown) {
-      const std::uintptr_t cfa = row_cfa(row, pc, sp, fp);
-      if (cfa == 0 || cfa > hi) break;
-      if (!guard.readable(cfa - 8, 8)) break;
-      ra = load_word(cfa - 8);
-      if (row->fp_off != 0) {
-        std::uintptr_t slot = cfa + static_cast<std::uintptr_t>(static_cast<std::intptr_t>(row->fp_off));
-        if (slot < sp || slot + 8 > cfa - 8 || slot % 8 != 0 || !guard.readable(slot, 8)) break;
-        next_fp = load_word(slot);
-      }
-      next_sp = cfa;
-    } else {
-      std::uintptr_t slot = leaf && max_depth > 1 ? leaf_return_slot(pc, sp) : 0;
-      if (slot != 0) {  // entry or exit of a function without CFI: rbp still belongs to the caller
-        if (slot % 8 != 0 || slot + 8 > hi || !guard.readable(slot, 8)) break;
-        ra = load_word(slot);
-        next_sp = slot + 8;
-        fixed_leaf = true;
-      } else {  // one frame-pointer step: [fp] = caller's rbp, [fp+8] = return address
-        if (fp < sp || fp % kFrameAlign != 0 || fp - sp > kMaxFrameSize) break;
-        if (fp + 16 > hi || fp + 16 < fp || !guard.readable(fp, 16)) break;
-        next_fp = load_word(fp);
-        ra = load_word(fp + 8);
-        next_sp = fp + 16;
-      }
-    }
-    if (ra < kMinCodeAddress) break;
-    if (r.depth == max_depth) {
-      r.truncated = true;  // a valid frame exists beyond the limit
-      break;
-    }
-    out[r.depth++] = ra;
-    if (fixed_leaf) r.leaf_fixed = true;
-    if (next_sp <= sp) break;  // the walk must move towards the stack end
-    sp = next_sp;
-    fp = next_fp;
-    pc = ra;
-    leaf = false;
-  }
-  return r;
-}
-
-// The handler's entry point: unwind_fp's signature, using the published tables when there are any.
-inline unwind_result unwind_mixed(std::uintptr_t pc, std::uintptr_t sp, std::uintptr_t fp,
-                                  std::uintptr_t stack_end, std::uint64_t* out, std::size_t max_depth) {
-  const unwind_table_set* set = g_unwind_tables.load(std::memory_order_acquire);
-  if (set == nullptr) return unwind_fp(pc, sp, fp, stack_end, out, max_depth);
-  return unwind_with_tables(set, pc, sp, fp, stack_end, out, max_depth);
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/signal/unwind_dwarf.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-// Everything the handler reads or counts. Constant-initialized: no constructor runs, so it is valid in
-// any thread at any time, before main and after exit.
-struct handler_globals {
-  std::atomic<bool> active{false};  // samples are taken only while set
-  std::atomic<int> in_flight{0};    // handlers running now (stop waits for zero)
-  std::atomic<sample_ring*> ring{nullptr};
-  std::atomic<int> signal_number{0};
-  std::atomic<std::uint32_t> max_depth{0};
-  std::atomic<std::uint32_t> main_tid{0};
-  std::atomic<std::uintptr_t> main_stack_end{0};
-  std::atomic<int> wake_fd{-1};             // the collector's eventfd: written when the ring is half full
-  std::atomic<bool> weight_overruns{true};  // CPU timers: weight a sample by 1 + si_overrun
-  // Thread births and deaths, seen from the samples: while ticks arrive, one handler in every
-  // kThreadCheckNs fstat()s /proc/self/task (its link count is 2 + the number of threads) and wakes the
-  // collector when the count differs from the one of its last scan. The collector then need not wake on
-  // a short timer to find new threads (a wake-up costs ~60 us of CPU in a VM).
-  std::atomic<int> task_dir_fd{-1};                 // /proc/self/task, opened by the collector
-  std::atomic<std::uint64_t> task_links{0};         // its link count when the collector last scanned
-  std::atomic<std::uint64_t> next_thread_check{0};  // CLOCK_MONOTONIC ns of the next check (0: none)
-  std::atomic<std::uint64_t> thread_checks{0};      // checks made (stats)
-  std::atomic<std::uint64_t> thread_wakes{0};  // checks that found the count changed and woke the collector
-  // Counters, read by the collector.
-  std::atomic<std::uint64_t> taken{0};             // records written to the ring
-  std::atomic<std::uint64_t> dropped_full{0};      // samples lost because the ring was full
-  std::atomic<std::uint64_t> dropped_inactive{0};  // ticks that arrived while stopping
-  std::atomic<std::uint64_t> foreign{0};           // signals sent by kill/tgkill/sigqueue, ignored
-  std::atomic<std::uint64_t> truncated{0};         // samples cut at max_depth
-  // perf_event fds opened by selfprof (one bit per fd below kPerfFdBits): their overflow disables the
-  // event (PERF_EVENT_IOC_REFRESH 1) and the handler re-arms it after sampling.
-  static constexpr int kPerfFdBits = 65536;
-  std::atomic<std::uint64_t> perf_fds[kPerfFdBits / 64]{};
-};
-
-inline handler_globals g_handler;  // one per process (see profiler.hpp for two copies in one process)
-
-// The value CPU-timer signals carry in si_value, so they can be told from a foreign sigqueue().
-inline void* timer_cookie() { return static_cast<void*>(&g_handler); }
-
-// Is this delivery one of our ticks? The kernel's perf_event and itimer signals have si_code > 0;
-// POSIX timers say SI_TIMER and carry our cookie; anything else was sent by someone (kill, tgkill).
-inline bool is_our_tick(const siginfo_t* info) {
-  if (info == nullptr) return false;
-  if (info->si_code > 0) return true;
-  return info->si_code == SI_TIMER && info->si_value.sival_ptr == timer_cookie();
-}
-
-// PERF_EVENT_IOC_REFRESH from <linux/perf_event.h>: _IO('$', 2).
-constexpr unsigned long kPerfIocRefresh = 0x2402;
-constexpr int kPollHup = 6;  // si_code of a perf_event signal whose event_limit ran out (POLL_HUP)
-
-inline bool owns_perf_fd(handler_globals& g, int fd) {
-  if (fd < 0 || fd >= handler_globals::kPerfFdBits) return false;
-  return (g.perf_fds[fd / 64].load(std::memory_order_acquire) >> (fd % 64)) & 1u;
-}
-
-inline void rearm_perf_event(handler_globals& g, const siginfo_t* info) {
-  if (info->si_code == kPollHup && owns_perf_fd(g, info->si_fd))
-    raw_syscall3(SYS_ioctl, info->si_fd, static_cast<long>(kPerfIocRefresh), 1);
-}
-
-constexpr std::uint64_t kThreadCheckNs = 20000000;  // 20 ms: new threads are found within ~20 ms
-
-// See handler_globals::task_dir_fd. One fstat of a kept fd (no path walk), at most once per 20 ms per
-// process, whatever the number of threads and the rate.
-inline void check_thread_count(handler_globals& g, std::uint64_t now_ns) {
-  std::uint64_t due = g.next_thread_check.load(std::memory_order_relaxed);
-  if (due == 0 || now_ns < due) return;
-  if (!g.next_thread_check.compare_exchange_strong(due, now_ns + kThreadCheckNs, std::memory_order_relaxed))
-    return;  // another thread's handler took this check
-  const int dir = g.task_dir_fd.load(std::memory_order_acquire);
-  const int wake = g.wake_fd.load(std::memory_order_acquire);
-  if (dir < 0 || wake < 0) return;
-  g.thread_checks.fetch_add(1, std::memory_order_relaxed);
-  struct stat st;
-  if (raw_syscall3(SYS_fstat, dir, reinterpret_cast<long>(&st), 0) != 0) return;
-  if (static_cast<std::uint64_t>(st.st_nlink) == g.task_links.load(std::memory_order_relaxed)) return;
-  const std::uint64_t one = 1;
-  raw_syscall3(SYS_write, wake, reinterpret_cast<long>(&one), sizeof one);
-  g.thread_wakes.fetch_add(1, std::memory_order_relaxed);
-}
-
-inline void sample_signal_handler(int, siginfo_t* info, void* context) {
-  const int saved_errno = errno;
-  handler_globals& g = g_handler;
-  g.in_flight.fetch_add(1, std::memory_order_acquire);
-  do {
-    if (!is_our_tick(info)) {
-      g.foreign.fetch_add(1, std::memory_order_relaxed);
-      break;
-    }
-    if (!g.active.load(std::memory_order_acquire)) {
-      g.dropped_inactive.fetch_add(1, std::memory_order_relaxed);
-      break;
-    }
-    rearm_perf_event(g, info);  // first, so the next period starts counting now
-    sample_ring* ring = g.ring.load(std::memory_order_acquire);
-    if (ring == nullptr || context == nullptr) break;
-    std::uint64_t pos = 0;
-    ring_slot* slot = ring->claim(pos);
-    if (slot == nullptr) {
-      g.dropped_full.fetch_add(1, std::memory_order_relaxed);
-      break;
-    }
-    const ucontext_t* uc = static_cast<const ucontext_t*>(context);
-    std::uintptr_t pc = 0, sp = 0, fp = 0;
-#if defined(__x86_64__)
-    pc = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
-    sp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RSP]);
-    fp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RBP]);
-#elif defined(__aarch64__)
-    pc = static_cast<std::uintptr_t>(uc->uc_mcontext.pc);
-    sp = static_cast<std::uintptr_t>(uc->uc_mcontext.sp);
-    fp = static_cast<std::uintptr_t>(uc->uc_mcontext.regs[29]);
-#endif
-    const std::uint32_t tid = raw_gettid();
-    const bool is_main = tid == g.main_tid.load(std::memory_order_relaxed);
-    const std::uintptr_t end =
-        current_thread_stack_end(sp, g.main_stack_end.load(std::memory_order_relaxed), is_main);
-    const std::size_t max_depth = ring->max_depth();
-    unwind_result u = unwind_mixed(pc, sp, fp, end, slot->pcs(),
-                                   max_depth);  // CFI rows when published, else frame pointers
-
-    sample_header& h = slot->header;
-    h.tid = tid;
-    h.depth = static_cast<std::uint16_t>(u.depth);
-    h.flags = static_cast<std::uint16_t>((u.truncated ? sample_truncated : 0) |
-                                         (u.leaf_fixed ? sample_leaf_fixed : 0));
-    std::uint32_t weight = 1;
-    if (info->si_code == SI_TIMER && info->si_overrun > 0 &&
-        g.weight_overruns.load(std::memory_order_relaxed))
-      weight += static_cast<std::uint32_t>(info->si_overrun);
-    h.weight = weight;
-    h.aux = 0;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe (POSIX.1-2008 list)
-    const std::uint64_t now_ns =
-        static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-    h.time_ns = now_ns;
-    h.tag = frame_tag_for(tid);  // [frames] the frame this thread is in (0: no frame marks)
-    if (u.truncated) g.truncated.fetch_add(1, std::memory_order_relaxed);
-    sample_ring::publish(slot, pos);
-    check_thread_count(g, now_ns);
-    // Every half ring of samples, wake the collector (while samples arrive it sleeps up to 500 ms).
-    const std::uint64_t half = ring->capacity() / 2;
-    if (half != 0 && pos % half == half - 1) {
-      const int fd = g.wake_fd.load(std::memory_order_acquire);
-      if (fd >= 0) {
-        const std::uint64_t one = 1;
-        raw_syscall3(SYS_write, fd, reinterpret_cast<long>(&one), sizeof one);
-      }
-    }
-    g.taken.fetch_add(1, std::memory_order_relaxed);
-  } while (false);
-  g.in_flight.fetch_sub(1, std::memory_order_release);
-  errno = saved_errno;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/signal/handler.hpp ----
-// ---- begin selfprof/sources/select.hpp ----
-// Picks the tick source: `auto` takes the cheapest mechanism that honours the request (rate, kernel
-// time, even coverage of threads) and records why each earlier one was refused.
-// Context: setup only.
-
-#include <cstdio>
-#include <memory>
-#include <string>
-#include <vector>
-
-// ---- begin selfprof/sources/cpu_timer.hpp ----
-// Tick source: one POSIX CPU-time timer per thread (timer_create on the thread's CPU clock, SIGEV_THREAD_ID),
-// armed for every thread from one thread, so no code has to run in the target thread.
-// Context: setup only and the collector thread.
-
-#include <signal.h>
-#include <time.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <string>
-#include <unordered_map>
-
-
-namespace selfprof {
-namespace detail {
-
-class cpu_timer_source final : public tick_source {
- public:
-  ~cpu_timer_source() override { close(); }
-  source_kind kind() const override { return source_kind::timer; }
-  std::string describe() const override { return "POSIX CPU-time timer per thread"; }
-  bool per_thread() const override { return true; }
-  bool counts_kernel_time() const override { return true; }
-  double effective_hz() const override { return std::min(config_.hz, kernel_tick_hz()); }
-  std::size_t armed_count() const override { return timers_.size(); }
-
-  status open(const source_config& config) override {
-    config_ = config;
-    // Probe: a timer on the calling thread's clock must be creatable (ENOSYS/EPERM under seccomp).
-    timer_t probe{};
-    if (create(static_cast<pid_t>(raw_gettid()), &probe) != 0)
-      return status::error(std::string("timer_create on a thread CPU clock failed: ") + std::strerror(errno));
-    sys().timer_delete(probe);
-    return status::ok();
-  }
-
-  status arm(pid_t tid) override {
-    if (timers_.count(tid)) return status::ok();
-    timer_t id{};
-    if (create(tid, &id) != 0) return status::error(std::string("timer_create: ") + std::strerror(errno));
-    struct itimerspec spec {};
-    std::int64_t ns = period_ns_for(config_.hz);
-    spec.it_interval.tv_sec = static_cast<time_t>(ns / 1000000000);
-    spec.it_interval.tv_nsec = static_cast<long>(ns % 1000000000);
-    spec.it_value = spec.it_interval;
-    if (sys().timer_settime(id, 0, &spec, nullptr) != 0) {
-      int e = errno;
-      sys().timer_delete(id);
-      return status::error(std::string("timer_settime: ") + std::strerror(e));
-    }
-    timers_.emplace(tid, id);
-    return status::ok();
-  }
-
-  // [frames] A new period for one thread's timer (the kernel still delivers at most one tick per jiffy;
-  // the overrun count weights the sample).
-  status set_thread_rate(pid_t tid, double hz) override {
-    auto it = timers_.find(tid);
-    if (it == timers_.end()) return status::error("timer: thread " + std::to_string(tid) + " is not armed");
-    struct itimerspec spec {};
-    std::int64_t ns = period_ns_for(hz);
-    spec.it_interval.tv_sec = static_cast<time_t>(ns / 1000000000);
-    spec.it_interval.tv_nsec = static_cast<long>(ns % 1000000000);
-    spec.it_value = spec.it_interval;
-    if (sys().timer_settime(it->second, 0, &spec, nullptr) != 0)
-      return status::error(std::string("timer_settime: ") + std::strerror(errno));
-    return status::ok();
-  }
-  // [/frames]
-
-  void disarm(pid_t tid) override {
-    auto it = timers_.find(tid);
-    if (it == timers_.end()) return;
-    sys().timer_delete(it->second);  // also discards a queued tick of this timer
-    timers_.erase(it);
-  }
-
-  void close() override {
-    for (auto& t : timers_) sys().timer_delete(t.second);
-    timers_.clear();
-  }
-
-  // POSIX timers are not inherited by fork(2): the child has nothing to release.
-  void abandon_after_fork() override { timers_.clear(); }
-
- private:
-  int create(pid_t tid, timer_t* out) {
-    struct sigevent sev;
-    std::memset(&sev, 0, sizeof sev);
-    sev.sigev_notify = SIGEV_THREAD_ID;
-    sev.sigev_signo = config_.signal_number;
-    sev.sigev_value.sival_ptr = timer_cookie();
-    sev._sigev_un._tid = tid;  // glibc's spelling of sigev_notify_thread_id
-    return sys().timer_create(thread_cpu_clock(tid), &sev, out);
-  }
-
-  source_config config_;
-  std::unordered_map<pid_t, timer_t> timers_;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/sources/cpu_timer.hpp ----
-// ---- begin selfprof/sources/itimer.hpp ----
-// Tick source: the process-wide setitimer(ITIMER_PROF), the last resort (one signal per tick for the whole
-// process, delivered to whichever thread is running: uneven across threads, see peers.md pitfall 1).
-// Context: setup only and the collector thread.
-
-#include <sys/time.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <string>
-
-
-namespace selfprof {
-namespace detail {
-
-class itimer_source final : public tick_source {
- public:
-  ~itimer_source() override { close(); }
-  source_kind kind() const override { return source_kind::itimer; }
-  std::string describe() const override { return "process-wide setitimer(ITIMER_PROF)"; }
-  bool per_thread() const override { return false; }
-  bool counts_kernel_time() const override { return true; }
-  double effective_hz() const override { return std::min(config_.hz, kernel_tick_hz()); }
-  std::size_t armed_count() const override { return armed_ ? 1 : 0; }
-
-  status open(const source_config& config) override {
-    config_ = config;
-    if (config.signal_number != SIGPROF)
-      return status::error("setitimer(ITIMER_PROF) can only deliver SIGPROF, which is taken");
-    struct itimerval v {};
-    std::int64_t ns = period_ns_for(config.hz);
-    v.it_interval.tv_sec = static_cast<time_t>(ns / 1000000000);
-    v.it_interval.tv_usec = static_cast<suseconds_t>((ns % 1000000000) / 1000);
-    if (v.it_interval.tv_sec == 0 && v.it_interval.tv_usec == 0) v.it_interval.tv_usec = 1;
-    v.it_value = v.it_interval;
-    if (sys().setitimer(ITIMER_PROF, &v, nullptr) != 0)
-      return status::error(std::string("setitimer(ITIMER_PROF): ") + std::strerror(errno));
-    armed_ = true;
-    return status::ok();
-  }
-  status arm(pid_t) override { return status::ok(); }
-  void disarm(pid_t) override {}
-  void close() override {
-    if (!armed_) return;
-    struct itimerval off {};
-    sys().setitimer(ITIMER_PROF, &off, nullptr);
-    armed_ = false;
-  }
-  // Interval timers are not inherited by fork(2).
-  void abandon_after_fork() override { armed_ = false; }
-
- private:
-  source_config config_;
-  bool armed_ = false;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/sources/itimer.hpp ----
-// ---- begin selfprof/sources/perf_event.hpp ----
-// Tick source: one perf_event per thread (software task clock, or hardware cycles where a PMU exists)
-// whose overflow signal is delivered to that thread (F_SETOWN_EX F_OWNER_TID).
-// Context: setup only and the collector thread.
-
-#include <linux/perf_event.h>
-#include <sys/ioctl.h>
-#include <sys/utsname.h>
-
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <string>
-#include <unordered_map>
-
-
-namespace selfprof {
-namespace detail {
-
-// Linux 6.16 and 6.17 hang in the hrtimer path when PERF_EVENT_IOC_REFRESH re-arms a software event
-// from its overflow signal (async-profiler issue 1578); selfprof refuses perf_event there.
-inline bool kernel_has_refresh_hang() {
-  struct utsname u {};
-  if (uname(&u) != 0) return false;
-  int major = 0, minor = 0;
-  if (std::sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
-  return major == 6 && (minor == 16 || minor == 17);
-}
-
-class perf_event_source final : public tick_source {
- public:
-  ~perf_event_source() override { close(); }
-  source_kind kind() const override { return source_kind::perf; }
-  bool per_thread() const override { return true; }
-  bool counts_kernel_time() const override { return !user_only_; }
-  double effective_hz() const override { return config_.hz; }
-  std::size_t armed_count() const override { return fds_.size(); }
-  std::string describe() const override {
-    std::string s = "perf_event ";
-    s += hardware_ ? "cpu-cycles" : "task-clock";
-    s += user_only_ ? " (user only: time in the kernel is not sampled)" : " (user+kernel)";
-    return s;
-  }
-  int last_errno() const { return last_errno_; }
-
-  status open(const source_config& config) override {
-    config_ = config;
-    if (kernel_has_refresh_hang())
-      return status::error("perf_event refused on Linux 6.16/6.17 (PERF_EVENT_IOC_REFRESH hang)");
-    raise_fd_limit();
-    // Probe the calling thread: hardware cycles first, then the software task clock; kernel time
-    // included unless the caller accepts user-only events.
-    pid_t self = static_cast<pid_t>(raw_gettid());
-    int first_errno = 0;
-    const bool user_clock = config.user_clock_only;
-    for (int user = user_clock ? 1 : 0; user <= (config.allow_user_only || user_clock ? 1 : 0); ++user) {
-      for (int hw = user_clock ? 0 : 1; hw >= 0; --hw) {
-        hardware_ = hw == 1;
-        user_only_ = user == 1;
-        int fd = open_event(self);
-        if (fd >= 0) {
-          sys().close(fd);
-          return status::ok();
-        }
-        if (hw == 0 && (user == 0 || user_clock)) first_errno = errno;  // the software event says most
-      }
-    }
-    last_errno_ = first_errno;
-    std::string why = std::string("perf_event_open(task-clock) failed: ") + std::strerror(first_errno);
-    if (first_errno == EACCES || first_errno == EPERM)
-      why += config.allow_user_only || user_clock
-                 ? " (kernel.perf_event_paranoid or seccomp forbids it)"
-                 : " (an event including kernel time needs root or kernel.perf_event_paranoid <= 1)";
-    return status::error(why);
-  }
-
-  status arm(pid_t tid) override {
-    if (fds_.count(tid)) return status::ok();
-    int fd = open_event(tid);
-    if (fd < 0) {
-      last_errno_ = errno;
-      return status::error(std::string("perf_event_open: ") + std::strerror(errno));
-    }
-    struct f_owner_ex owner {};
-    owner.type = F_OWNER_TID;
-    owner.pid = tid;
-    if (fd >= handler_globals::kPerfFdBits || sys().fcntl_int(fd, F_SETFL, O_ASYNC) != 0 ||
-        sys().fcntl_int(fd, F_SETSIG, config_.signal_number) != 0 || ::fcntl(fd, F_SETOWN_EX, &owner) != 0) {
-      last_errno_ = fd >= handler_globals::kPerfFdBits ? EMFILE : errno;
-      sys().close(fd);
-      return status::error(std::string("perf_event fd setup: ") + std::strerror(last_errno_));
-    }
-    set_bit(fd, true);
-    // Overflow disables the event (event_limit 1) until the handler refreshes it: no re-entrant ticks.
-    if (::ioctl(fd, PERF_EVENT_IOC_REFRESH, 1) != 0) {
-      last_errno_ = errno;
-      set_bit(fd, false);
-      sys().close(fd);
-      return status::error(std::string("PERF_EVENT_IOC_REFRESH: ") + std::strerror(last_errno_));
-    }
-    fds_.emplace(tid, fd);
-    return status::ok();
-  }
-
-  // [frames] A new period (task-clock ns) or frequency (cycles) for one thread's event.
-  status set_thread_rate(pid_t tid, double hz) override {
-    auto it = fds_.find(tid);
-    if (it == fds_.end()) return status::error("perf: thread " + std::to_string(tid) + " is not armed");
-    std::uint64_t value = hardware_ ? static_cast<std::uint64_t>(hz > 1 ? hz : 1)
-                                    : static_cast<std::uint64_t>(period_ns_for(hz));
-    if (::ioctl(it->second, PERF_EVENT_IOC_PERIOD, &value) != 0)
-      return status::error(std::string("PERF_EVENT_IOC_PERIOD: ") + std::strerror(errno));
-    return status::ok();
-  }
-  // [/frames]
-
-  void disarm(pid_t tid) override {
-    auto it = fds_.find(tid);
-    if (it == fds_.end()) return;
-    release(it->second, true);
-    fds_.erase(it);
-  }
-
-  void close() override {
-    for (auto& f : fds_) release(f.second, true);
-    fds_.clear();
-  }
-
-  // The child's fds are copies that still point at the parent's events: close them without disabling.
-  void abandon_after_fork() override {
-    for (auto& f : fds_) release(f.second, false);
-    fds_.clear();
-  }
-
- private:
-  int open_event(pid_t tid) {
-    struct perf_event_attr attr;
-    std::memset(&attr, 0, sizeof attr);
-    attr.size = sizeof attr;
-    if (hardware_) {
-      attr.type = PERF_TYPE_HARDWARE;
-      attr.config = PERF_COUNT_HW_CPU_CYCLES;
-      attr.freq = 1;
-      attr.sample_freq = static_cast<std::uint64_t>(config_.hz > 1 ? config_.hz : 1);
-    } else {
-      attr.type = PERF_TYPE_SOFTWARE;
-      attr.config = PERF_COUNT_SW_TASK_CLOCK;
-      attr.sample_period = static_cast<std::uint64_t>(period_ns_for(config_.hz));
-    }
-    attr.disabled = 1;
-    attr.exclude_kernel = user_only_ ? 1 : 0;
-    attr.exclude_hv = 1;
-    attr.wakeup_events = 1;
-    long fd = sys().perf_event_open(&attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
-    return static_cast<int>(fd);
-  }
-
-  void set_bit(int fd, bool on) {
-    if (fd < 0 || fd >= handler_globals::kPerfFdBits) return;
-    std::uint64_t bit = std::uint64_t(1) << (fd % 64);
-    if (on)
-      g_handler.perf_fds[fd / 64].fetch_or(bit, std::memory_order_release);
-    else
-      g_handler.perf_fds[fd / 64].fetch_and(~bit, std::memory_order_release);
-  }
-
-  void release(int fd, bool disable) {
-    set_bit(fd, false);
-    if (disable) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
-    sys().close(fd);
-  }
-
-  // One fd per thread: raise the soft RLIMIT_NOFILE to the hard limit (peers.md pitfall 7).
-  static void raise_fd_limit() {
-    struct rlimit rl {};
-    if (sys().getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-      rl.rlim_cur = rl.rlim_max;
-      sys().setrlimit(RLIMIT_NOFILE, &rl);
-    }
-  }
-
-  source_config config_;
-  bool hardware_ = false, user_only_ = false;
-  int last_errno_ = 0;
-  std::unordered_map<pid_t, int> fds_;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/sources/perf_event.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-struct source_choice {
-  std::unique_ptr<tick_source> source;
-  std::string reason;                // why this one was taken
-  std::vector<std::string> refused;  // why earlier ones were not
-};
-
-inline std::unique_ptr<tick_source> make_source(source_kind k) {
-  switch (k) {
-    case source_kind::perf:
-      return std::unique_ptr<tick_source>(new perf_event_source());
-    case source_kind::timer:
-      return std::unique_ptr<tick_source>(new cpu_timer_source());
-    case source_kind::itimer:
-      return std::unique_ptr<tick_source>(new itimer_source());
-    default:
-      return nullptr;
-  }
-}
-
-// The decision, from measurements on a 2-core x86-64 VM (bench/overhead.cpp reproduces them): a
-// CPU-timer tick costs ~1 us, a perf_event tick ~28 us (hrtimer interrupts in a VM). Up to the kernel
-// tick rate both deliver the requested rate and count kernel time, so the timer wins. Above it a CPU
-// timer fires at most once per tick (the rest only show up as si_overrun), so perf_event is taken:
-// with kernel time when it opens; user-only otherwise, which delivers the rate but cannot see time spent
-// in syscalls (said in the reason). The itimer is the last resort: one signal per tick for the whole
-// process, uneven across threads.
-inline source_choice choose_source(source_kind requested, source_config cfg) {
-  source_choice out;
-  char buf[160];
-  const double tick = kernel_tick_hz();
-  std::vector<std::pair<source_kind, bool>> order;  // kind, allow user-only perf
-  if (requested == source_kind::automatic) {
-    if (cfg.hz <= tick)
-      order = {{source_kind::timer, false}, {source_kind::perf, false}, {source_kind::itimer, false}};
-    else
-      order = {{source_kind::perf, false},
-               {source_kind::perf, true},
-               {source_kind::timer, false},
-               {source_kind::itimer, false}};
-  } else {
-    order = {{requested, requested == source_kind::perf}};
-  }
-  for (auto& o : order) {
-    auto src = make_source(o.first);
-    cfg.allow_user_only = o.second;
-    status st = src->open(cfg);
-    if (!st) {
-      std::string name = source_name(o.first);
-      if (o.first == source_kind::perf) name += o.second ? " (user-only)" : " (with kernel time)";
-      out.refused.push_back(name + ": " + st.message());
-      continue;
-    }
-    if (requested != source_kind::automatic) {
-      out.reason = std::string("forced by SELFPROF_SOURCE/options");
-    } else if (o.first == source_kind::timer && cfg.hz <= tick) {
-      std::snprintf(buf, sizeof buf,
-                    "cheapest source that honours %g Hz (<= kernel tick %g Hz) and counts kernel time",
-                    cfg.hz, tick);
-      out.reason = buf;
-    } else if (o.first == source_kind::perf) {
-      std::snprintf(buf, sizeof buf, "%g Hz is above the kernel tick (%g Hz) that limits CPU timers", cfg.hz,
-                    tick);
-      out.reason = buf;
-      if (src->counts_kernel_time() == false)
-        out.reason += "; user-only event: time in the kernel is not sampled";
-    } else if (o.first == source_kind::timer) {
-      std::snprintf(buf, sizeof buf,
-                    "perf_event unavailable; timer ticks are limited to %g Hz and weighted by overruns",
-                    tick);
-      out.reason = buf;
-    } else {
-      out.reason = "last resort: per-thread sources unavailable (samples are uneven across threads)";
-    }
-    out.source = std::move(src);
-    return out;
-  }
-  return out;
-}
-
-// Wall mode (wall/sampler.hpp): on-CPU stacks come only from a user-only software task clock, whose
-// ticks never land in the kernel, so they cannot turn a blocking call into EINTR. CPU timers and the
-// itimer can, and are refused even when asked for. No usable event: no signals at all (CPU time is then
-// counted without stacks), which the reason says.
-inline source_choice choose_wall_source(source_kind requested, source_config cfg) {
-  source_choice out;
-  if (requested == source_kind::timer || requested == source_kind::itimer) {
-    out.refused.push_back(std::string(source_name(requested)) +
-                          ": refused in wall mode (it can fire while a thread is in the kernel on its way to "
-                          "sleep, and the blocking call then fails with EINTR)");
-    return out;
-  }
-  cfg.user_clock_only = true;
-  auto src = make_source(source_kind::perf);
-  status st = src->open(cfg);
-  if (!st) {
-    out.refused.push_back("perf (user-only task clock): " + st.message());
-    return out;
-  }
-  out.reason = "wall mode: a user-only task clock never interrupts a blocking call";
-  out.source = std::move(src);
-  return out;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/sources/select.hpp ----
-// ---- begin selfprof/sources/signal_setup.hpp ----
-// Choosing and installing the profiling signal: never replaces an application's handler silently, and
-// recognises another copy of selfprof in the same process by a marker in its handler's sa_mask.
-// Context: setup only.
-
-#include <signal.h>
-
-#include <cerrno>
-#include <cstring>
-#include <string>
-#include <vector>
-
-
-namespace selfprof {
-namespace detail {
-
-// Every selfprof handler blocks SIGRTMAX while it runs; no application handler is likely to look like
-// that together with SA_SIGINFO|SA_RESTART, and it costs nothing: it is how one copy of selfprof sees
-// another copy (a different version, or a hidden-visibility build in another shared library).
-inline int selfprof_marker_signal() { return SIGRTMAX; }
-
-inline bool is_selfprof_action(const struct sigaction& a) {
-  return (a.sa_flags & SA_SIGINFO) && (a.sa_flags & SA_RESTART) &&
-         sigismember(&a.sa_mask, selfprof_marker_signal()) == 1;
-}
-
-inline bool is_free_action(const struct sigaction& a) {
-  if (a.sa_flags & SA_SIGINFO) return false;
-  return a.sa_handler == SIG_DFL || a.sa_handler == SIG_IGN;
-}
-
-struct installed_signal {
-  int number = 0;
-  struct sigaction previous {};
-};
-
-// Signals tried when none is requested: SIGPROF, then real-time signals from the top (glibc keeps the
-// first ones for itself; SIGRTMAX is our marker). Standard signals do not queue, which is what we want
-// for ticks; RT ones do, which is harmless at these rates.
-inline std::vector<int> sample_signal_candidates() {
-  std::vector<int> c{SIGPROF};
-  for (int s = SIGRTMAX - 1; s >= SIGRTMAX - 8 && s > SIGRTMIN + 2; --s) c.push_back(s);
-  return c;
-}
-
-inline status check_no_other_copy() {
-  for (int s : sample_signal_candidates()) {
-    struct sigaction cur {};
-    if (sys().sigaction(s, nullptr, &cur) != 0) continue;
-    if (is_selfprof_action(cur) && cur.sa_sigaction != &sample_signal_handler)
-      return status::error(
-          "another copy of selfprof (another build in this process) already profiles it on signal " +
-          std::to_string(s) + "; this copy defers to it");
-  }
-  return status::ok();
-}
-
-inline status install_sample_handler(int requested, installed_signal& out, std::vector<std::string>& notes) {
-  status other = check_no_other_copy();
-  if (!other) return other;
-  std::vector<int> candidates = requested > 0 ? std::vector<int>{requested} : sample_signal_candidates();
-  for (int s : candidates) {
-    struct sigaction cur {};
-    if (sys().sigaction(s, nullptr, &cur) != 0) continue;
-    if (!is_free_action(cur)) {
-      notes.push_back("signal " + std::to_string(s) + (s == SIGPROF ? " (SIGPROF)" : "") +
-                      " already has a handler installed by the application: left alone");
-      continue;
-    }
-    struct sigaction act {};
-    act.sa_sigaction = &sample_signal_handler;
-    act.sa_flags = SA_SIGINFO | SA_RESTART;
-    sigemptyset(&act.sa_mask);
-    sigaddset(&act.sa_mask, selfprof_marker_signal());
-    if (sys().sigaction(s, &act, &out.previous) != 0) {
-      notes.push_back("sigaction(" + std::to_string(s) + "): " + std::strerror(errno));
-      continue;
-    }
-    out.number = s;
-    g_handler.signal_number.store(s, std::memory_order_release);
-    return status::ok();
-  }
-  std::string why = requested > 0
-                        ? "the requested sampling signal " + std::to_string(requested) + " is in use"
-                        : "every candidate sampling signal is in use";
-  return status::error("selfprof: " + why + " (set SELFPROF_SAMPLE_SIGNAL to a free signal)");
-}
-
-// Discards pending ticks (setting SIG_IGN drops them, POSIX sigaction), waits for running handlers, then
-// restores the application's previous action.
-inline void restore_sample_handler(installed_signal& s) {
-  if (s.number == 0) return;
-  struct sigaction ign {};
-  ign.sa_handler = SIG_IGN;
-  sigemptyset(&ign.sa_mask);
-  sys().sigaction(s.number, &ign, nullptr);
-  while (g_handler.in_flight.load(std::memory_order_acquire) != 0) sched_yield();
-  sys().sigaction(s.number, &s.previous, nullptr);
-  s.number = 0;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/sources/signal_setup.hpp ----
-// ---- begin selfprof/wall/sampler.hpp ----
-// The wall-clock sampler (SELFPROF_MODE=wall): every thread's time, running or not, without ever
-// interrupting a blocking call.
-// Context: its own thread ("selfprof-wall"); start/stop from setup only (the profiler core).
-//
-// Why no EINTR. A signal that arrives while a thread sleeps in poll, epoll_wait, select, nanosleep, a
-// timed futex or a socket read with a timeout makes the call fail with EINTR even under SA_RESTART
-// (signal(7)); a write may return short. So this mode never sends a signal to a thread that could be in
-// the kernel:
-//  - On-CPU stacks come from a per-thread perf_event task clock that counts *user* time only
-//    (exclude_kernel). Its overflow is raised from the timer interrupt only when that interrupt landed in
-//    user mode, and the signal is delivered on the way back to that same user code: the thread is never
-//    inside a system call when it arrives. (A kernel-inclusive event, a CPU-time timer or an itimer can
-//    all fire while the thread is in the kernel on its way to sleep; the sleep then sees the pending
-//    signal and returns EINTR. Wall mode refuses them.)
-//  - Off-CPU stacks are read from outside. This thread looks at up to kWallThreadsPerTick threads per
-//    tick (round robin), each with one clock_gettime of its CPU clock. A thread whose CPU time has not
-//    moved since the last look is still blocked where it was: the stack found then is counted again
-//    (no other work). Otherwise /proc/self/task/<tid>/syscall says "running" or gives the system call,
-//    sp and pc of a blocked thread (the kernel fills it only once the thread is off the CPU); the stack
-//    above sp is copied with process_vm_readv (a short read, never a fault, if it goes away) and unwound
-//    from the copy with the CFI rows the handler uses (unwind_stack_copy). The CPU clock is read again
-//    after the copy: if it moved, the thread ran meanwhile and the copy is not used.
-//  Without a user-only perf_event (perf_event_paranoid 3, seccomp, no fds) no signal is sent at all:
-//  CPU time is still counted, from the CPU clocks, as `[running]` without a stack.
-//
-// Weights are microseconds of wall time. At each look the time since the previous look splits into the
-// thread's CPU time (on-CPU samples, from the signals, stand for it) and the rest, which is off-CPU: it
-// goes to where the thread is blocked now, to where it was blocked before when it has woken since, half
-// to each when it was blocked at both looks and ran in between, and to `[off-cpu]` when it was running at
-// both looks (it blocked and woke unseen, or waited for a CPU). Counted this way, a thread's samples add up
-// to its wall time whatever the number of threads, only more coarsely placed when there are many.
-
-#include <fcntl.h>
-#include <poll.h>
-#include <pthread.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
-#include <functional>
-#include <new>
-#include <thread>
-#include <unordered_map>
-#include <vector>
-
-// ---- begin selfprof/wall/copy_unwind.hpp ----
-// Unwinding a thread that is blocked in the kernel, from a copy of its stack: the pc and sp come from
-// /proc/self/task/<tid>/syscall, the frames from the same CFI rows the signal handler uses. The kernel
-// does not tell rbp, so the first frame that needs it is found by scanning the copy for a frame record.
-// Context: the wall sampler thread (never the signal handler).
-
-#include <link.h>
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <utility>
-#include <vector>
-
-
-namespace selfprof {
-namespace detail {
-
-// A copy of part of a thread's stack: `size` bytes that were at [base, base + size).
-struct stack_copy {
-  std::uintptr_t base = 0;
-  const unsigned char* data = nullptr;
-  std::size_t size = 0;
-
-  bool read(std::uintptr_t addr, std::uint64_t& out) const {
-    if (addr < base || addr - base > size || size - (addr - base) < 8) return false;
-    std::memcpy(&out, data + (addr - base), 8);
-    return true;
-  }
-  std::uintptr_t end() const { return base + size; }
-};
-
-// The executable segments of every loaded module (dl_iterate_phdr), to tell a return address from data.
-class code_ranges {
- public:
-  void refresh() {
-    ranges_.clear();
-    dl_iterate_phdr(
-        [](struct dl_phdr_info* info, std::size_t, void* self) {
-          auto* r = static_cast<std::vector<std::pair<std::uintptr_t, std::uintptr_t>>*>(self);
-          for (int i = 0; i < info->dlpi_phnum; ++i) {
-            const ElfW(Phdr)& ph = info->dlpi_phdr[i];
-            if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X) || ph.p_memsz == 0) continue;
-            std::uintptr_t start = info->dlpi_addr + ph.p_vaddr;
-            r->emplace_back(start, start + ph.p_memsz);
-          }
-          return 0;
-        },
-        &ranges_);
-    std::sort(ranges_.begin(), ranges_.end());
-  }
-  bool contains(std::uintptr_t addr) const {
-    auto it = std::upper_bound(ranges_.begin(), ranges_.end(), std::make_pair(addr, ~std::uintptr_t(0)));
-    return it != ranges_.begin() && addr < std::prev(it)->second;
-  }
-  bool empty() const { return ranges_.empty(); }
-
- private:
-  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges_;
-};
-
-// Frame records are 16-byte aligned in ABI-conforming x86-64 code (rsp is 16-aligned after `push %rbp`);
-// scanning only those halves the chance of taking data for a record.
-constexpr std::uintptr_t kFrameRecordAlign = 16;
-
-// Does the pair at `a` look like a frame record: a saved rbp that points further up the stack (or is 0,
-// the outermost frame) next to a return address into code?
-inline bool plausible_frame_record(const stack_copy& mem, std::uintptr_t a, const code_ranges& code) {
-  std::uint64_t saved = 0, ra = 0;
-  if (!mem.read(a, saved) || !mem.read(a + 8, ra)) return false;
-  if (!code.contains(static_cast<std::uintptr_t>(ra))) return false;
-  if (saved == 0) return true;
-  return saved > a + 8 && saved % 8 == 0 && saved - a <= kMaxStackSpan;
-}
-
-struct copy_unwind_result {
-  std::size_t depth = 0;
-  bool truncated = false;
-  bool scanned = false;  // a frame record was found by scanning (rbp was not known)
-  bool clean = false;    // the walk ended where a stack ends (outermost CFI row, null frame, depth limit)
-};
-
-// Candidates for a scanned frame record tried per walk: stale records of earlier calls lie below the
-// live one, so the first plausible pair is not always right; the one whose walk ends cleanly is.
-constexpr int kMaxRecordCandidates = 32;
-
-struct copy_walker {
-  const unwind_table_set* set;
-  const stack_copy& mem;
-  const code_ranges& code;
-  std::uint64_t* out;
-  std::size_t max_depth;
-
-  // Continues a walk at (pc, sp, fp) with out[0..r.depth) filled. `scan`: try several frame records
-  // where rbp is unknown (false inside such a trial: the first plausible record is taken).
-  copy_unwind_result walk(copy_unwind_result r, std::uintptr_t pc, std::uintptr_t sp, std::uintptr_t fp,
-                          bool fp_known, bool leaf, bool scan) const {
-    for (;;) {
-      const unwind_row* row = find_unwind_row(set, leaf ? pc : pc - 1);
-      if (row != nullptr && row->kind == row_outermost) {
-        r.clean = true;
-        return r;
-      }
-      const bool cfi = row != nullptr && row->kind != row_unknown;
-      if (!fp_known && (!cfi || row->kind == row_cfa_rbp)) return scan_record(r, pc, sp, leaf, scan);
-      std::uint64_t ra = 0, next_fp = fp;
-      std::uintptr_t next_sp = 0;
-      bool next_fp_known = fp_known;
-      if (cfi) {
-        const std::uintptr_t cfa = row_cfa(row, pc, sp, fp);
-        if (cfa == 0) return r;
-        if (!mem.read(cfa - 8, ra)) return ran_off_copy(r, cfa - 8);
-        if (row->fp_off != 0) {
-          std::uintptr_t slot = cfa + static_cast<std::uintptr_t>(static_cast<std::intptr_t>(row->fp_off));
-          if (!mem.read(slot, next_fp)) return ran_off_copy(r, slot);
-          next_fp_known = true;
-        }
-        next_sp = cfa;
-      } else {  // no CFI here: one frame-pointer step
-        if (fp < sp || fp % 8 != 0 || fp - sp > kMaxFrameSize) return r;
-        if (!mem.read(fp, next_fp) || !mem.read(fp + 8, ra)) return ran_off_copy(r, fp);
-        next_fp_known = true;
-        next_sp = fp + 16;
-      }
-      if (ra < kMinCodeAddress) {
-        r.clean = ra == 0;  // a zeroed return address ends the chain
-        return r;
-      }
-      if (r.depth == max_depth) {
-        r.truncated = r.clean = true;
-        return r;
-      }
-      out[r.depth++] = ra;
-      if (next_sp <= sp) return r;  // the walk must move towards the stack end
-      sp = next_sp;
-      fp = static_cast<std::uintptr_t>(next_fp);
-      fp_known = next_fp_known;
-      pc = static_cast<std::uintptr_t>(ra);
-      leaf = false;
-    }
-  }
-
-  // The copy ended before the stack did (a deep stack): what was walked is right, just not all of it.
-  copy_unwind_result ran_off_copy(copy_unwind_result r, std::uintptr_t addr) const {
-    r.clean = addr >= mem.end();
-    return r;
-  }
-
-  // rbp is not known at this frame: find its frame record above sp. Candidates are tried upwards from
-  // sp; the first whose walk ends cleanly wins, else the deepest walk. A stale record left in this
-  // frame's locals by an earlier, deeper call can still win (it chains into the live frames above): the
-  // price of a kernel that reports sp and pc but not rbp. It takes a frame-pointer function between the
-  // caller and the system call to leave one there (libc's wrappers use none; ASan's interceptors do).
-  copy_unwind_result scan_record(copy_unwind_result r, std::uintptr_t pc, std::uintptr_t sp, bool leaf,
-                                 bool scan) const {
-    r.scanned = true;
-    copy_unwind_result best = r;
-    std::uintptr_t best_fp = 0;
-    int tried = 0;
-    std::uintptr_t a = (sp + kFrameRecordAlign - 1) & ~(kFrameRecordAlign - 1);
-    for (; a >= sp && a - sp <= kMaxFrameSize && a + 16 <= mem.end(); a += kFrameRecordAlign) {
-      if (!plausible_frame_record(mem, a, code)) continue;
-      copy_unwind_result t = walk(r, pc, sp, a, true, leaf, false);
-      if (!scan || t.clean) return scan ? walk(r, pc, sp, a, true, leaf, true) : t;
-      if (t.depth > best.depth) {
-        best = t;
-        best_fp = a;
-      }
-      if (++tried == kMaxRecordCandidates) break;
-    }
-    if (best_fp == 0) return r;
-    return walk(r, pc, sp, best_fp, true, leaf, true);  // refill out[] with the best walk
-  }
-};
-
-// Walks a blocked thread's frames from `pc` (its user pc: out[0], looked up as is) and the copy's base
-// (its sp), with `set`'s CFI rows where they cover a pc and frame records elsewhere; every read lies in
-// the copy. out[1..depth) are return addresses, leaf first, as the signal handler records them.
-inline copy_unwind_result unwind_stack_copy(const unwind_table_set* set, std::uintptr_t pc,
-                                            const stack_copy& mem, const code_ranges& code,
-                                            std::uint64_t* out, std::size_t max_depth) {
-  copy_unwind_result r;
-  if (max_depth == 0) return r;
-  out[r.depth++] = pc;
-  copy_walker w{set, mem, code, out, max_depth};
-  return w.walk(r, pc, mem.base, 0, false, true, true);
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/wall/copy_unwind.hpp ----
-// ---- begin selfprof/wall/task_state.hpp ----
-// What the wall-clock sampler learns about another thread of this process without touching it: its
-// CPU time, whether and where it is blocked (/proc/self/task/<tid>/syscall), and a copy of its stack.
-// Context: the wall sampler thread (never the signal handler).
-
-#include <fcntl.h>
-#include <sys/uio.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-
-
-namespace selfprof {
-namespace detail {
-
-// CPU time used so far by thread `tid`, in ns; false when the thread is gone.
-inline bool thread_cpu_ns(pid_t tid, std::uint64_t& out) {
-  struct timespec ts;
-  if (clock_gettime(thread_cpu_clock(tid), &ts) != 0) return false;
-  out = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-  return true;
-}
-
-// A thread's state as /proc/self/task/<tid>/syscall gives it. The kernel fills the file only once the
-// thread is off the CPU (it waits for that, briefly), so "blocked" is exact at the time of the read.
-struct task_syscall {
-  enum kind_t { gone, running, in_syscall, blocked_other } kind = gone;
-  long nr = -1;           // system call number (in_syscall)
-  std::uintptr_t sp = 0;  // user stack pointer at the call
-  std::uintptr_t pc = 0;  // user pc: the instruction after the system call
-};
-
-// Parses the file's text: "running", "-1 <sp> <pc>", or "<nr> <6 args> <sp> <pc>" (numbers in hex
-// after the first). Anything else is `gone` (the thread exited, or the kernel said something new).
-inline task_syscall parse_task_syscall(const char* text) {
-  task_syscall t;
-  if (std::strncmp(text, "running", 7) == 0) {
-    t.kind = task_syscall::running;
-    return t;
-  }
-  char* end = nullptr;
-  errno = 0;
-  long nr = std::strtol(text, &end, 10);
-  if (end == text || errno != 0) return t;
-  unsigned long long v[8];
-  int n = 0;
-  const char* p = end;
-  while (n < 8) {
-    while (*p == ' ') ++p;
-    if (*p == '\0' || *p == '\n') break;
-    char* e = nullptr;
-    v[n] = std::strtoull(p, &e, 16);
-    if (e == p) return t;
-    ++n;
-    p = e;
-  }
-  while (*p == ' ') ++p;
-  if (*p != '\0' && *p != '\n') return t;  // more than the kernel writes
-  if (nr == -1 && n == 2) {
-    t.kind = task_syscall::blocked_other;
-  } else if (nr >= 0 && n == 8) {
-    t.kind = task_syscall::in_syscall;
-  } else {
-    return t;
-  }
-  t.nr = nr;
-  t.sp = static_cast<std::uintptr_t>(v[n - 2]);
-  t.pc = static_cast<std::uintptr_t>(v[n - 1]);
-  return t;
-}
-
-// Opens /proc/self/task/<tid>/syscall through `task_dir` (an open fd of /proc/self/task); -1 if gone.
-inline int open_task_syscall(int task_dir, pid_t tid) {
-  char path[32];
-  std::snprintf(path, sizeof path, "%d/syscall", static_cast<int>(tid));
-  return ::openat(task_dir, path, O_RDONLY | O_CLOEXEC);
-}
-
-// Reads the file afresh from an fd open_task_syscall gave (procfs regenerates it at offset 0, so one
-// fd serves every look: half the cost of open + read + close).
-inline task_syscall read_task_syscall(int fd) {
-  char buf[256];
-  ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
-  if (n <= 0) return task_syscall{};
-  buf[n] = '\0';
-  return parse_task_syscall(buf);
-}
-
-// Copies up to `len` bytes of this process's memory from `addr` into `out`; returns the bytes copied
-// (fewer where an unmapped page begins). Never faults: the kernel does the reading (process_vm_readv,
-// else /proc/self/mem), so a thread that exits and unmaps its stack meanwhile costs a short read only.
-inline std::size_t copy_own_memory(std::uintptr_t addr, void* out, std::size_t len) {
-  struct iovec local {
-    out, len
-  };
-  struct iovec remote {
-    reinterpret_cast<void*>(addr), len
-  };
-  ssize_t n = ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0);
-  if (n >= 0) return static_cast<std::size_t>(n);
-  if (errno != ENOSYS && errno != EPERM) return 0;
-  int fd = ::open("/proc/self/mem", O_RDONLY | O_CLOEXEC);  // seccomp may forbid process_vm_readv alone
-  if (fd < 0) return 0;
-  std::size_t done = 0;
-  while (done < len) {
-    ssize_t r = ::pread(fd, static_cast<char*>(out) + done, len - done, static_cast<off_t>(addr + done));
-    if (r <= 0) break;
-    done += static_cast<std::size_t>(r);
-  }
-  ::close(fd);
-  return done;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/wall/task_state.hpp ----
-
-namespace selfprof {
-
-// What the wall sampler did (stats::wall).
-struct wall_stats {
-  std::uint64_t ticks = 0;       // sampler wake-ups
-  std::uint64_t looks = 0;       // thread looks (at most kWallThreadsPerTick per tick)
-  std::uint64_t unchanged = 0;   // looks that found the CPU clock unmoved and reused the stack
-  std::uint64_t proc_reads = 0;  // /proc/self/task/<tid>/syscall reads
-  std::uint64_t copies = 0;      // blocked stacks copied and unwound
-  std::uint64_t raced = 0;       // copies dropped because the thread ran while they were taken
-  std::uint64_t scanned = 0;     // unwinds that had to find a frame record by scanning
-  std::uint64_t deferred = 0;    // thread looks left to a later tick by the per-tick bound
-  std::uint64_t dropped = 0;     // records lost: the ring was full
-  std::uint64_t offcpu_us = 0;   // off-CPU time recorded
-  std::uint64_t cpu_ns = 0;      // CPU time of the sampler thread itself
-};
-
-namespace detail {
-
-// Threads looked at per tick: bounds the sampler's cost whatever the number of threads (async-profiler
-// signals 8 per tick; a look here costs ~1 us for an unchanged thread, ~20 us for a changed one).
-constexpr std::size_t kWallThreadsPerTick = 16;
-// Bytes of a blocked thread's stack copied per look: deep enough for 128 typical frames.
-constexpr std::size_t kWallStackCopy = 64 * 1024;
-// /proc/self/task/<tid>/syscall fds kept open between looks (beyond this, opened per look).
-constexpr std::size_t kWallCachedFds = 1024;
-// A thread that was running at the last look and was off the CPU for less than 1/this of the time
-// since is taken to be running still, without reading /proc (a busy thread costs one clock read).
-constexpr std::uint64_t kWallBusyRatio = 20;
-
-struct wall_config {
-  double hz = 99;
-  bool oncpu_signals = true;  // on-CPU time comes as signal samples (else counted here as [running])
-  sample_ring* ring = nullptr;
-  std::size_t threads_per_tick = kWallThreadsPerTick;
-  // The threads to sample (not selfprof's own): fills `out` and returns true when the set changed since
-  // `generation` (which it updates), else returns false; so an unchanged set costs nothing per tick.
-  std::function<bool(std::uint64_t& generation, std::vector<pid_t>& out)> list_threads;
-  std::function<void()> wake_collector;  // the ring is half full
-};
-
-class wall_sampler {
- public:
-  wall_sampler() = default;
-  wall_sampler(const wall_sampler&) = delete;
-  wall_sampler& operator=(const wall_sampler&) = delete;
-  ~wall_sampler() { stop(); }
-
-  status start(const wall_config& cfg) {
-    stop();
-    cfg_ = cfg;
-    if (cfg_.threads_per_tick == 0) cfg_.threads_per_tick = 1;
-    task_dir_ = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (task_dir_ < 0) return status::error("selfprof: wall mode needs /proc/self/task: " + errno_text());
-    stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (stop_fd_ < 0) {
-      ::close(task_dir_);
-      task_dir_ = -1;
-      return status::error("selfprof: eventfd: " + errno_text());
-    }
-    code_.refresh();
-    states_.clear();
-    cached_fds_ = 0;
-    order_.clear();
-    list_generation_ = ~std::uint64_t(0);
-    cursor_ = 0;
-    pcs_.assign(cfg_.ring ? cfg_.ring->max_depth() : 128, 0);
-    copy_.assign(kWallStackCopy, 0);
-    reset_counters();
-    tid_.store(0);
-    thread_ = std::thread([this] { loop(); });
-    while (tid_.load() == 0) std::this_thread::yield();  // known before the next thread scan: not sampled
-    return status::ok();
-  }
-
-  void stop() {
-    if (!thread_.joinable()) return;
-    std::uint64_t one = 1;
-    ssize_t n = ::write(stop_fd_, &one, sizeof one);
-    (void)n;
-    thread_.join();
-    ::close(stop_fd_);
-    ::close(task_dir_);
-    stop_fd_ = task_dir_ = -1;
-    for (auto& st : states_) close_fd(st.second);
-    states_.clear();
-  }
-
-  // In a forked child: the thread does not exist there; forget it without joining.
-  void abandon_after_fork() {
-    if (thread_.joinable()) {
-      new (&thread_) std::thread();  // the old object names a thread of the parent: leaked on purpose
-      if (stop_fd_ >= 0) ::close(stop_fd_);
-      if (task_dir_ >= 0) ::close(task_dir_);
-      stop_fd_ = task_dir_ = -1;
-      for (auto& st : states_) close_fd(st.second);  // this process's copies of the fds
-      states_.clear();
-    }
-    tid_.store(0);
-  }
-
-  pid_t tid() const { return tid_.load(); }
-
-  wall_stats counters() const {
-    wall_stats c;
-    c.ticks = n_ticks_.load(std::memory_order_relaxed);
-    c.looks = n_looks_.load(std::memory_order_relaxed);
-    c.unchanged = n_unchanged_.load(std::memory_order_relaxed);
-    c.proc_reads = n_proc_reads_.load(std::memory_order_relaxed);
-    c.copies = n_copies_.load(std::memory_order_relaxed);
-    c.raced = n_raced_.load(std::memory_order_relaxed);
-    c.scanned = n_scanned_.load(std::memory_order_relaxed);
-    c.deferred = n_deferred_.load(std::memory_order_relaxed);
-    c.dropped = n_dropped_.load(std::memory_order_relaxed);
-    c.offcpu_us = n_offcpu_us_.load(std::memory_order_relaxed);
-    c.cpu_ns = n_cpu_ns_.load(std::memory_order_relaxed);
-    return c;
-  }
-
- private:
-  struct thread_state {
-    std::uint64_t last_ns = 0;   // CLOCK_MONOTONIC of the last look (0: never looked at)
-    std::uint64_t last_cpu = 0;  // its CPU clock then
-    std::uint64_t carry_ns = 0;  // off-CPU time below one microsecond, kept for the next record
-    bool blocked = false;        // blocked at the last look; stack/flags say where
-    std::uint16_t flags = 0;
-    std::uint32_t aux = 0;
-    std::vector<std::uint64_t> stack;
-    bool listed = true;
-    int fd = -1;  // its /proc/self/task/<tid>/syscall, kept open
-  };
-
-  static std::string errno_text() { return std::strerror(errno); }
-
-  void reset_counters() {
-    for (auto* c : {&n_ticks_, &n_looks_, &n_unchanged_, &n_proc_reads_, &n_copies_, &n_raced_, &n_scanned_,
-                    &n_deferred_, &n_dropped_, &n_offcpu_us_, &n_cpu_ns_})
-      c->store(0, std::memory_order_relaxed);
-  }
-  static void bump(std::atomic<std::uint64_t>& c, std::uint64_t by = 1) {
-    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);  // one writer
-  }
-
-  void loop() {
-    pthread_setname_np(pthread_self(), "selfprof-wall");
-    tid_.store(static_cast<pid_t>(raw_gettid()));
-    const std::uint64_t period = static_cast<std::uint64_t>(1e9 / (cfg_.hz > 0 ? cfg_.hz : 99));
-    std::uint64_t next = monotonic_ns() + period;
-    std::uint64_t generation = loader_generation();
-    for (;;) {
-      std::uint64_t now = monotonic_ns();
-      if (now < next) {
-        struct timespec wait {
-          static_cast<time_t>((next - now) / 1000000000ull), static_cast<long>((next - now) % 1000000000ull)
-        };
-        struct pollfd p {};
-        p.fd = stop_fd_;
-        p.events = POLLIN;
-        int r = ::ppoll(&p, 1, &wait, nullptr);
-        if (r > 0) break;  // stop
-        continue;
-      }
-      next += period;
-      if (next < now) next = now + period;  // fell behind (suspended, overloaded): do not catch up
-      bump(n_ticks_);
-      std::uint64_t g = loader_generation();
-      if (g != generation) {
-        generation = g;
-        code_.refresh();
-      }
-      tick(now);
-      struct timespec cpu;
-      if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
-        n_cpu_ns_.store(
-            static_cast<std::uint64_t>(cpu.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(cpu.tv_nsec),
-            std::memory_order_relaxed);
-    }
-  }
-
-  void refresh_order() {
-    fresh_.clear();
-    if (!cfg_.list_threads || !cfg_.list_threads(list_generation_, fresh_)) return;
-    order_.swap(fresh_);
-    pid_t self = tid_.load();
-    order_.erase(std::remove(order_.begin(), order_.end(), self), order_.end());
-    std::sort(order_.begin(), order_.end());
-    for (auto& s : states_) s.second.listed = false;
-    for (pid_t t : order_) states_[t].listed = true;
-    for (auto it = states_.begin(); it != states_.end();) {
-      if (it->second.listed) {
-        ++it;
-        continue;
-      }
-      close_fd(it->second);
-      it = states_.erase(it);
-    }
-  }
-
-  void tick(std::uint64_t now) {
-    refresh_order();
-    if (order_.empty()) return;
-    std::size_t n = std::min(cfg_.threads_per_tick, order_.size());
-    if (order_.size() > n) bump(n_deferred_, order_.size() - n);
-    if (cursor_ >= order_.size()) cursor_ = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      pid_t tid = order_[(cursor_ + i) % order_.size()];
-      look(tid, states_[tid], now);
-    }
-    cursor_ = (cursor_ + n) % order_.size();
-  }
-
-  void look(pid_t tid, thread_state& st, std::uint64_t now) {
-    bump(n_looks_);
-    std::uint64_t cpu = 0;
-    if (!thread_cpu_ns(tid, cpu)) return;  // gone; dropped at the next list refresh
-    const bool first = st.last_ns == 0;
-    const std::uint64_t wall = first || now < st.last_ns ? 0 : now - st.last_ns;
-    const std::uint64_t ran = cpu >= st.last_cpu ? cpu - st.last_cpu : 0;
-    const std::uint64_t off = first ? 0 : wall > ran ? wall - ran : 0;
-    st.last_ns = now;
-    st.last_cpu = cpu;
-    if (!first && ran == 0 && st.blocked) {  // still where it was: count it again, nothing else to do
-      bump(n_unchanged_);
-      emit_offcpu(tid, st, st, off, now);
-      return;
-    }
-    if (!first && ran > 0 && !cfg_.oncpu_signals) emit_running(tid, ran, now);
-    if (!first && !st.blocked && off * kWallBusyRatio < wall) {  // busy: still running
-      emit_offcpu(tid, st, unseen(), off, now);
-      return;
-    }
-    bump(n_proc_reads_);
-    task_syscall ts = read_syscall_file(tid, st);
-    thread_state before;  // where it was blocked at the last look, if it was
-    const bool was_blocked = st.blocked;
-    if (was_blocked) {
-      before.flags = st.flags;
-      before.aux = st.aux;
-      before.stack.swap(st.stack);
-    }
-    st.blocked = false;
-    if (ts.kind == task_syscall::in_syscall || ts.kind == task_syscall::blocked_other)
-      st.blocked = capture_blocked(tid, ts, cpu, st);
-    if (first) return;
-    if (st.blocked && was_blocked) {  // woke from one wait, ran, and waits again: half to each
-      emit_offcpu(tid, st, before, off / 2, now);
-      emit_offcpu(tid, st, st, off - off / 2, now);
-    } else if (st.blocked) {
-      emit_offcpu(tid, st, st, off, now);
-    } else if (was_blocked) {
-      emit_offcpu(tid, st, before, off, now);
-    } else {
-      emit_offcpu(tid, st, unseen(), off, now);
-    }
-  }
-
-  void close_fd(thread_state& st) {
-    if (st.fd >= 0) {
-      ::close(st.fd);
-      --cached_fds_;
-    }
-    st.fd = -1;
-  }
-
-  task_syscall read_syscall_file(pid_t tid, thread_state& st) {
-    if (st.fd >= 0) return read_task_syscall(st.fd);
-    int fd = open_task_syscall(task_dir_, tid);
-    if (fd < 0) return task_syscall{};
-    task_syscall ts = read_task_syscall(fd);
-    if (cached_fds_ < kWallCachedFds) {
-      st.fd = fd;
-      ++cached_fds_;
-    } else {
-      ::close(fd);
-    }
-    return ts;
-  }
-
-  // Where off-CPU time goes when the sampler did not see where: no stack, no call ([off-cpu]).
-  static const thread_state& unseen() {
-    static const thread_state where = [] {
-      thread_state w;
-      w.flags = sample_offcpu;
-      return w;
-    }();
-    return where;
-  }
-
-  // Copies and unwinds the stack of a thread blocked at `ts`; false when it ran meanwhile.
-  bool capture_blocked(pid_t tid, const task_syscall& ts, std::uint64_t cpu, thread_state& st) {
-    std::size_t got = ts.sp ? copy_own_memory(ts.sp, copy_.data(), copy_.size()) : 0;
-    std::uint64_t cpu_after = 0;
-    if (!thread_cpu_ns(tid, cpu_after) || cpu_after != cpu) {
-      bump(n_raced_);
-      return false;
-    }
-    bump(n_copies_);
-    stack_copy mem;
-    mem.base = ts.sp;
-    mem.data = copy_.data();
-    mem.size = got;
-    copy_unwind_result u = unwind_stack_copy(g_unwind_tables.load(std::memory_order_acquire), ts.pc, mem,
-                                             code_, pcs_.data(), pcs_.size());
-    if (u.scanned) bump(n_scanned_);
-    st.stack.assign(pcs_.begin(), pcs_.begin() + static_cast<std::ptrdiff_t>(u.depth));
-    std::uint32_t call = ts.kind == task_syscall::in_syscall && ts.nr >= 0 && ts.nr < 0xFFE
-                             ? static_cast<std::uint32_t>(ts.nr + 1)
-                             : 0;
-    st.aux = call;
-    st.flags = static_cast<std::uint16_t>(sample_offcpu | (u.truncated ? sample_truncated : 0) |
-                                          (call << kSampleCallShift));
-    return true;
-  }
-
-  void emit_offcpu(pid_t tid, thread_state& st, const thread_state& where, std::uint64_t off_ns,
-                   std::uint64_t now) {
-    st.carry_ns += off_ns;
-    std::uint64_t us = st.carry_ns / 1000;
-    if (us == 0) return;
-    st.carry_ns -= us * 1000;
-    if (us > 0xFFFFFFFFu) us = 0xFFFFFFFFu;
-    bump(n_offcpu_us_, us);
-    push(tid, where.stack.data(), where.stack.size(), where.flags, static_cast<std::uint32_t>(us), where.aux,
-         now);
-  }
-
-  void emit_running(pid_t tid, std::uint64_t ran_ns, std::uint64_t now) {
-    std::uint64_t us = ran_ns / 1000;
-    if (us == 0) return;
-    if (us > 0xFFFFFFFFu) us = 0xFFFFFFFFu;
-    push(tid, nullptr, 0, sample_running, static_cast<std::uint32_t>(us), 0, now);
-  }
-
-  void push(pid_t tid, const std::uint64_t* pcs, std::size_t depth, std::uint16_t flags, std::uint32_t weight,
-            std::uint32_t aux, std::uint64_t now) {
-    sample_ring* ring = cfg_.ring;
-    if (ring == nullptr) return;
-    std::uint64_t pos = 0;
-    ring_slot* slot = ring->claim(pos);
-    if (slot == nullptr) {
-      bump(n_dropped_);
-      return;
-    }
-    if (depth > ring->max_depth()) depth = ring->max_depth();
-    if (depth) std::memcpy(slot->pcs(), pcs, depth * sizeof(std::uint64_t));
-    sample_header& h = slot->header;
-    h.tid = static_cast<std::uint32_t>(tid);
-    h.depth = static_cast<std::uint16_t>(depth);
-    h.flags = flags;
-    h.weight = weight;
-    h.aux = aux;
-    h.time_ns = now;
-    h.tag = 0;
-    sample_ring::publish(slot, pos);
-    const std::uint64_t half = ring->capacity() / 2;
-    if (half != 0 && pos % half == half - 1 && cfg_.wake_collector) cfg_.wake_collector();
-  }
-
-  wall_config cfg_;
-  std::thread thread_;
-  std::atomic<pid_t> tid_{0};
-  int task_dir_ = -1, stop_fd_ = -1;
-  std::size_t cached_fds_ = 0;
-  code_ranges code_;
-  std::unordered_map<pid_t, thread_state> states_;
-  std::vector<pid_t> order_, fresh_;
-  std::uint64_t list_generation_ = 0;
-  std::size_t cursor_ = 0;
-  std::vector<std::uint64_t> pcs_;
-  std::vector<unsigned char> copy_;
-  std::atomic<std::uint64_t> n_ticks_{0}, n_looks_{0}, n_unchanged_{0}, n_proc_reads_{0}, n_copies_{0},
-      n_raced_{0}, n_scanned_{0}, n_deferred_{0}, n_dropped_{0}, n_offcpu_us_{0}, n_cpu_ns_{0};
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/wall/sampler.hpp ----
 // ---- begin selfprof/collect/dumps.hpp ----
 // Dumps the program does not ask for itself: on the dump signal (SIGUSR2 by default), every
 // SELFPROF_INTERVAL seconds, each written by a dumper thread so the collector keeps draining.
@@ -6368,1206 +4439,6 @@ class wall_sampler {
 #include <thread>
 #include <vector>
 
-// ---- begin selfprof/output/dump_paths.hpp ----
-// Output path templates (%p pid, %t unix time, %n dump number) and writing one profile to a
-// comma-separated list of paths, each in the format of its extension.
-// Context: any thread except the signal handler.
-
-#include <unistd.h>
-
-#include <atomic>
-#include <cstdio>
-#include <ctime>
-#include <string>
-#include <vector>
-
-// ---- begin selfprof/output/format.hpp ----
-// Output formats by file extension and the one dispatch from a profile to the bytes of any format, plus
-// the render-and-write-atomically step a dump or the CLI performs for one path.
-// Context: any thread except the signal handler (the collector thread on a dump, or the CLI).
-//
-// Extensions (matched case-insensitively at the end of the path's last component):
-//   .folded .collapsed → folded stacks    .txt → top list    .pb.gz .pprof → gzipped pprof
-//   .svg → flame graph (detail::write_svg of output/svg.hpp, written by the SVG part)
-// Anything else is an error that names the path and lists the extensions.
-
-#include <string>
-
-// ---- begin selfprof/output/pprof.hpp ----
-// The pprof writer: a gzipped profile.proto (package perftools.profiles) that `go tool pprof`,
-// Pyroscope, Parca and speedscope read without the binaries (reference formats.md §8 and §12).
-// Context: any thread except the signal handler (a pure function of the profile).
-//
-// What it writes, in field order like Go's own encoder:
-//  - sample_type: a samples profile gets Go's CPU convention [samples/count, <mode>/nanoseconds] with
-//    values [n, n*period] (mode cpu → "cpu", wall → "wall", offcpu → "offcpu"); a profile whose unit
-//    is a time (ns/us/ms/s) gets one [<mode>/nanoseconds]; any other unit one [<unit>/count].
-//  - Samples merged by (locations, thread); labels thread_id (num) and thread_name (str).
-//  - One Mapping per module of native/inlined frames, has_functions set (has_filenames,
-//    has_line_numbers, has_inline_frames when true), so pprof never re-symbolizes over our names; its
-//    range spans the addresses seen, file_offset = the module offset of the lowest one. Kernel, JIT
-//    and marker frames use mapping_id 0.
-//  - One Location per distinct (mapping, address, inline chain): a native frame followed by inlined
-//    frames becomes one Location whose Lines list the innermost callee first.
-//  - Functions with name = our (demangled) name and no system_name: the profile holds no mangled
-//    names, and pprof rewrites (simplifies: drops template and parameter lists) any name equal to its
-//    system_name, so an empty system_name is what keeps our names intact. When frames gain a mangled
-//    name it belongs in system_name (field 3).
-//  - A truncated stack gets a `[truncated]` function at its root end, as in the folded output.
-//  - time_nanos, duration_nanos, period_type, period (period_ns, else 1e9/hz), comments (tool version,
-//    source, hz, dropped, notes). No default_sample_type, so tools show the last type.
-// `detail::encode_pprof` gives the raw protobuf bytes (deterministic; pinned by golden files);
-// `write_pprof` gzips them (zlib or stored blocks, see gzip.hpp).
-
-#include <cmath>
-#include <cstdint>
-#include <map>
-#include <string>
-#include <string_view>
-#include <unordered_map>
-#include <utility>
-#include <vector>
-
-// ---- begin selfprof/output/gzip.hpp ----
-// gzip framing for the pprof writer: zlib's deflate when SELFPROF_HAS_ZLIB is 1, otherwise stored
-// (uncompressed) deflate blocks, both with the RFC 1952 header, CRC-32 and size trailer.
-// Context: any thread except the signal handler.
-//
-// SELFPROF_HAS_ZLIB (config.hpp; 0/1, default 0): 1 needs <zlib.h> and linking with -lz (the build sets
-// it when it finds zlib). It must have the same value in every translation unit of a program. The
-// stored form is about 0.01% larger than its input but needs nothing; every gzip reader accepts it.
-
-#include <cstddef>
-#include <cstdint>
-#include <string>
-#include <string_view>
-
-
-#if SELFPROF_HAS_ZLIB
-#include <zlib.h>
-#endif
-
-namespace selfprof {
-namespace detail {
-
-// CRC-32 (ISO-HDLC: reflected polynomial 0xEDB88320, init and final xor 0xFFFFFFFF) as gzip uses it.
-// `crc` continues an earlier result (0 to start).
-inline std::uint32_t crc32(std::string_view bytes, std::uint32_t crc = 0) {
-  struct table_t {
-    std::uint32_t v[256];
-    table_t() {
-      for (std::uint32_t i = 0; i < 256; ++i) {
-        std::uint32_t c = i;
-        for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        v[i] = c;
-      }
-    }
-  };
-  static const table_t table;
-  crc = ~crc;
-  for (const char ch : bytes) crc = table.v[(crc ^ static_cast<unsigned char>(ch)) & 0xFFu] ^ (crc >> 8);
-  return ~crc;
-}
-
-inline void put_le32(std::string& out, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) out += static_cast<char>((v >> (8 * i)) & 0xFFu);
-}
-
-// gzip member with a fixed header (no name, mtime 0, OS 3 = Unix) and stored deflate blocks.
-inline std::string gzip_stored(std::string_view bytes) {
-  constexpr std::size_t block_max = 65535;  // a stored block's LEN is 16 bits (RFC 1951 §3.2.4)
-  std::string out("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", 10);
-  out.reserve(out.size() + bytes.size() + (bytes.size() / block_max + 1) * 5 + 8);
-  std::size_t pos = 0;
-  do {
-    const std::size_t len = bytes.size() - pos < block_max ? bytes.size() - pos : block_max;
-    const bool last = pos + len == bytes.size();
-    out += static_cast<char>(last ? 1 : 0);  // BFINAL, BTYPE=00; the rest of the byte is padding
-    out += static_cast<char>(len & 0xFFu);
-    out += static_cast<char>((len >> 8) & 0xFFu);
-    out += static_cast<char>(~len & 0xFFu);
-    out += static_cast<char>((~len >> 8) & 0xFFu);
-    out.append(bytes.data() + pos, len);
-    pos += len;
-  } while (pos < bytes.size());
-  put_le32(out, crc32(bytes));
-  put_le32(out, static_cast<std::uint32_t>(bytes.size() & 0xFFFFFFFFu));
-  return out;
-}
-
-#if SELFPROF_HAS_ZLIB
-// zlib deflate with a gzip wrapper; returns an empty string when zlib fails (the caller falls back).
-inline std::string gzip_zlib(std::string_view bytes, int level = Z_DEFAULT_COMPRESSION) {
-  z_stream zs{};
-  if (deflateInit2(&zs, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) return {};
-  std::string out(deflateBound(&zs, static_cast<uLong>(bytes.size())) + 32, '\0');
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
-  zs.avail_in = static_cast<uInt>(bytes.size());
-  zs.next_out = reinterpret_cast<Bytef*>(&out[0]);
-  zs.avail_out = static_cast<uInt>(out.size());
-  const int rc = deflate(&zs, Z_FINISH);
-  const std::size_t produced = out.size() - zs.avail_out;
-  deflateEnd(&zs);
-  if (rc != Z_STREAM_END) return {};
-  out.resize(produced);
-  return out;
-}
-#endif
-
-// gzip of `bytes`: zlib when built with it (and inputs fit its 32-bit sizes), stored blocks otherwise.
-inline std::string gzip_compress(std::string_view bytes) {
-#if SELFPROF_HAS_ZLIB
-  if (bytes.size() < 0xFFFFFFFFu) {
-    std::string z = gzip_zlib(bytes);
-    if (!z.empty()) return z;
-  }
-#endif
-  return gzip_stored(bytes);
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/output/gzip.hpp ----
-// ---- begin selfprof/output/protobuf.hpp ----
-// A minimal protocol-buffers encoder (varints, length-delimited fields, packed repeats): enough to
-// write pprof's profile.proto without a third-party library.
-// Context: any thread except the signal handler.
-
-#include <cstdint>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-namespace selfprof {
-namespace detail {
-
-class proto_writer {
- public:
-  enum wire : std::uint32_t { varint_wire = 0, bytes_wire = 2 };
-
-  // An unsigned (or int64 as two's complement: negative values take ten bytes, as in protobuf) field.
-  void varint_field(std::uint32_t field, std::uint64_t v) {
-    tag(field, varint_wire);
-    varint(v);
-  }
-  // Proto3 leaves fields at their default out: these skip zero / false / empty.
-  void varint_field_nz(std::uint32_t field, std::uint64_t v) {
-    if (v) varint_field(field, v);
-  }
-  void int64_field_nz(std::uint32_t field, std::int64_t v) {
-    if (v) varint_field(field, static_cast<std::uint64_t>(v));
-  }
-  void bool_field_nz(std::uint32_t field, bool v) {
-    if (v) varint_field(field, 1);
-  }
-  // Strings, bytes and nested messages; repeated string fields write empty strings too.
-  void bytes_field(std::uint32_t field, std::string_view bytes) {
-    tag(field, bytes_wire);
-    varint(bytes.size());
-    out_.append(bytes.data(), bytes.size());
-  }
-  void message_field(std::uint32_t field, const proto_writer& sub) { bytes_field(field, sub.out_); }
-  // A packed repeated varint field (skipped when empty).
-  void packed_field(std::uint32_t field, const std::vector<std::uint64_t>& values) {
-    if (values.empty()) return;
-    proto_writer body;
-    for (const auto v : values) body.varint(v);
-    bytes_field(field, body.out_);
-  }
-
-  void varint(std::uint64_t v) {
-    while (v >= 0x80) {
-      out_ += static_cast<char>((v & 0x7F) | 0x80);
-      v >>= 7;
-    }
-    out_ += static_cast<char>(v);
-  }
-
-  const std::string& bytes() const { return out_; }
-  std::string take() { return std::move(out_); }
-  void clear() { out_.clear(); }
-
- private:
-  void tag(std::uint32_t field, wire w) { varint((static_cast<std::uint64_t>(field) << 3) | w); }
-  std::string out_;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/output/protobuf.hpp ----
-
-namespace selfprof {
-
-struct pprof_options {
-  bool gzip = true;  // on-disk pprof profiles are gzipped; false gives the raw protobuf
-};
-
-namespace detail {
-
-class pprof_builder {
- public:
-  explicit pprof_builder(const profile& p) : p_(p), frame_location_(p.frames.size(), 0) { intern(""); }
-
-  std::string encode() {
-    value_setup();
-    for (const auto& s : p_.stacks) add_stack(s);
-
-    proto_writer out;
-    for (const auto& [type, unit] : sample_types_) {
-      proto_writer vt;
-      vt.varint_field_nz(1, static_cast<std::uint64_t>(intern(type)));
-      vt.varint_field_nz(2, static_cast<std::uint64_t>(intern(unit)));
-      out.message_field(1, vt);
-    }
-    for (const auto& s : samples_) {
-      proto_writer m;
-      m.packed_field(1, s.locations);
-      std::vector<std::uint64_t> values;
-      for (const auto v : s.values) values.push_back(static_cast<std::uint64_t>(v));
-      m.packed_field(2, values);
-      if (s.tid != 0) {
-        proto_writer l;
-        l.varint_field_nz(1, static_cast<std::uint64_t>(intern("thread_id")));
-        l.varint_field_nz(3, s.tid);
-        m.message_field(3, l);
-        const std::string& name = p_.thread_name(s.tid);
-        if (!name.empty()) {
-          proto_writer n;
-          n.varint_field_nz(1, static_cast<std::uint64_t>(intern("thread_name")));
-          n.varint_field_nz(2, static_cast<std::uint64_t>(intern(name)));
-          m.message_field(3, n);
-        }
-      }
-      out.message_field(2, m);
-    }
-    for (std::size_t i = 0; i < mappings_.size(); ++i) {
-      const auto& mp = mappings_[i];
-      proto_writer m;
-      m.varint_field_nz(1, i + 1);
-      m.varint_field_nz(2, mp.start);
-      m.varint_field_nz(3, mp.limit);
-      m.varint_field_nz(4, mp.offset);
-      m.varint_field_nz(5, static_cast<std::uint64_t>(intern(mp.filename)));
-      m.bool_field_nz(7, true);
-      m.bool_field_nz(8, mp.has_filenames);
-      m.bool_field_nz(9, mp.has_lines);
-      m.bool_field_nz(10, mp.has_inline);
-      out.message_field(3, m);
-    }
-    for (std::size_t i = 0; i < locations_.size(); ++i) {
-      const auto& loc = locations_[i];
-      proto_writer m;
-      m.varint_field_nz(1, i + 1);
-      m.varint_field_nz(2, loc.mapping_id);
-      m.varint_field_nz(3, loc.address);
-      for (const auto& [function_id, line] : loc.lines) {
-        proto_writer l;
-        l.varint_field_nz(1, function_id);
-        l.varint_field_nz(2, line);
-        m.message_field(4, l);
-      }
-      out.message_field(4, m);
-    }
-    for (std::size_t i = 0; i < functions_.size(); ++i) {
-      const auto& fn = functions_[i];
-      proto_writer m;
-      m.varint_field_nz(1, i + 1);
-      m.varint_field_nz(2, static_cast<std::uint64_t>(fn.name));
-      m.varint_field_nz(4, static_cast<std::uint64_t>(fn.filename));
-      out.message_field(5, m);
-    }
-    // Strings used only by the trailing fields must be interned before the table is written.
-    const std::int64_t period_type = intern(period_type_name_), period_unit = intern("nanoseconds");
-    std::vector<std::int64_t> comments;
-    for (const auto& c : comment_lines()) comments.push_back(intern(c));
-    for (const auto& s : strings_) out.bytes_field(6, s);
-    out.int64_field_nz(9, static_cast<std::int64_t>(p_.info.start_unix_ns & 0x7FFFFFFFFFFFFFFFull));
-    out.int64_field_nz(10, clamp_i64(p_.info.duration_s * 1e9));
-    proto_writer pt;
-    pt.varint_field_nz(1, static_cast<std::uint64_t>(period_type));
-    pt.varint_field_nz(2, static_cast<std::uint64_t>(period_unit));
-    out.message_field(11, pt);
-    out.int64_field_nz(12, static_cast<std::int64_t>(period_ns_));
-    for (const auto c : comments) out.varint_field(13, static_cast<std::uint64_t>(c));
-    return out.take();
-  }
-
- private:
-  struct mapping_rec {
-    std::string filename;
-    std::uint64_t start = 0, limit = 0, offset = 0;
-    bool has_filenames = false, has_lines = false, has_inline = false;
-  };
-  struct location_rec {
-    std::uint64_t mapping_id = 0, address = 0;
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> lines;  // function id, line; innermost first
-  };
-  struct function_rec {
-    std::int64_t name = 0, filename = 0;
-  };
-  struct sample_rec {
-    std::vector<std::uint64_t> locations;  // leaf first
-    std::vector<std::int64_t> values;
-    std::uint32_t tid = 0;
-  };
-
-  static std::int64_t clamp_i64(long double v) {
-    if (!(v > 0)) return 0;
-    if (v >= 9.2e18L) return INT64_MAX;
-    return static_cast<std::int64_t>(v + 0.5L);
-  }
-
-  std::int64_t intern(const std::string& s) {
-    auto [it, fresh] = string_ids_.try_emplace(s, static_cast<std::int64_t>(strings_.size()));
-    if (fresh) strings_.push_back(s);
-    return it->second;
-  }
-
-  void value_setup() {
-    const std::string& mode = p_.info.mode;
-    const std::string time_type = mode == "wall" ? "wall" : mode == "offcpu" ? "offcpu" : "cpu";
-    period_type_name_ = time_type;
-    period_ns_ = p_.info.period_ns;
-    if (period_ns_ == 0 && p_.info.hz > 0)
-      period_ns_ = static_cast<std::uint64_t>(std::llround(1e9 / p_.info.hz));
-    const std::string& unit = p_.info.unit;
-    if (unit.empty() || unit == "samples") {
-      sample_types_ = {{"samples", "count"}, {time_type, "nanoseconds"}};
-      factor_ = static_cast<long double>(period_ns_);
-      two_values_ = true;
-    } else if (unit == "ns" || unit == "nanoseconds" || unit == "us" || unit == "microseconds" ||
-               unit == "ms" || unit == "milliseconds" || unit == "s" || unit == "seconds") {
-      const char c = unit[0];
-      factor_ = c == 'n' ? 1.0L : c == 'u' ? 1e3L : c == 'm' ? 1e6L : 1e9L;
-      sample_types_ = {{time_type, "nanoseconds"}};
-    } else {
-      factor_ = 1;
-      sample_types_ = {{unit, "count"}};
-    }
-  }
-
-  std::vector<std::string> comment_lines() const {
-    std::vector<std::string> c;
-    c.push_back(std::string("selfprof ") + SELFPROF_VERSION_STRING);
-    std::string line = "mode=" + p_.info.mode + " unit=" + p_.info.unit;
-    if (!p_.info.source.empty()) line += " source=" + p_.info.source;
-    line += " hz=" + format_compact(p_.info.hz) + " samples=" + std::to_string(p_.info.samples) +
-            " dropped=" + std::to_string(p_.info.dropped) + " truncated=" + std::to_string(p_.info.truncated);
-    c.push_back(line);
-    if (!p_.info.view.empty()) c.push_back("view=" + p_.info.view);  // [frames]
-    for (const auto& l : p_.info.frame_loops) c.push_back("frames: " + frame_stats_line(l));
-    for (const auto& n : p_.info.notes) c.push_back(n);
-    return c;
-  }
-
-  std::uint64_t mapping_for(const frame& f) {
-    if (f.module.empty() || f.kind == frame_kind::kernel || f.kind == frame_kind::jit ||
-        f.kind == frame_kind::marker)
-      return 0;
-    auto [it, fresh] = mapping_ids_.try_emplace(f.module, mappings_.size() + 1);
-    if (fresh) {
-      mapping_rec m;
-      m.filename = f.module;
-      m.start = f.address;
-      m.limit = f.address + 1;
-      m.offset = f.module_offset;
-      mappings_.push_back(m);
-    }
-    auto& m = mappings_[it->second - 1];
-    if (f.address < m.start) {
-      m.start = f.address;
-      m.offset = f.module_offset;
-    }
-    if (f.address >= m.limit) m.limit = f.address + 1;
-    if (!f.file.empty()) m.has_filenames = true;
-    if (f.line != 0) m.has_lines = true;
-    if (f.kind == frame_kind::inlined) m.has_inline = true;
-    return it->second;
-  }
-
-  std::uint64_t function_for(const std::string& name, const std::string& file) {
-    std::string key = name;
-    key += '\0';
-    key += file;
-    auto [it, fresh] = function_ids_.try_emplace(std::move(key), functions_.size() + 1);
-    if (fresh)
-      functions_.push_back({intern(name.empty() ? "[unknown]" : name), file.empty() ? 0 : intern(file)});
-    return it->second;
-  }
-
-  // A location for frames [first, last] of a stack (a physical frame and the frames inlined into it).
-  std::uint64_t location_for(const std::vector<const frame*>& group) {
-    location_rec loc;
-    const frame& phys = *group.front();
-    loc.address = phys.address;
-    loc.mapping_id = 0;
-    for (const frame* f : group) {
-      const std::uint64_t m = mapping_for(*f);
-      if (!loc.mapping_id) loc.mapping_id = m;
-    }
-    for (auto it = group.rbegin(); it != group.rend(); ++it)
-      loc.lines.emplace_back(function_for((*it)->name, (*it)->file), (*it)->line);
-    std::string key;
-    append_key(key, loc.mapping_id);
-    append_key(key, loc.address);
-    for (const auto& [fn, line] : loc.lines) {
-      append_key(key, fn);
-      append_key(key, line);
-    }
-    auto [it, fresh] = location_ids_.try_emplace(std::move(key), locations_.size() + 1);
-    if (fresh) locations_.push_back(std::move(loc));
-    return it->second;
-  }
-
-  void add_stack(const stack& s) {
-    if (s.count == 0) return;
-    static const frame unknown{"[unknown]", "", 0, 0, "", 0, frame_kind::marker};
-    static const frame truncated{"[truncated]", "", 0, 0, "", 0, frame_kind::marker};
-    std::vector<std::uint64_t> root_first;
-    std::vector<const frame*> group;
-    std::size_t group_index = 0;  // frame index of a one-frame group, for the per-frame cache
-    auto flush = [&] {
-      if (group.size() == 1 && group_index < frame_location_.size()) {
-        auto& cached = frame_location_[group_index];
-        if (!cached) cached = location_for(group);
-        root_first.push_back(cached);
-      } else if (!group.empty()) {
-        root_first.push_back(location_for(group));
-      }
-      group.clear();
-    };
-    bool marker_present = false;
-    for (std::size_t i = 0; i < s.frames.size(); ++i) {
-      const frame* f = s.frames[i] < p_.frames.size() ? &p_.frames[s.frames[i]] : &unknown;
-      if (i < 2 && f->kind == frame_kind::marker && f->name == "[truncated]") marker_present = true;
-      if (!(f->kind == frame_kind::inlined && !group.empty())) {
-        flush();
-        group_index = s.frames[i];
-      }
-      group.push_back(f);
-    }
-    flush();
-    if (s.truncated && !marker_present) root_first.insert(root_first.begin(), location_for({&truncated}));
-    if (root_first.empty()) root_first.push_back(location_for({&unknown}));
-
-    sample_rec rec;
-    rec.locations.assign(root_first.rbegin(), root_first.rend());
-    rec.tid = s.tid;
-    std::string key;
-    append_key(key, s.tid);
-    for (const auto id : rec.locations) append_key(key, id);
-    auto [it, fresh] = sample_ids_.try_emplace(std::move(key), samples_.size());
-    if (fresh) {
-      rec.values.assign(sample_types_.size(), 0);
-      samples_.push_back(std::move(rec));
-    }
-    auto& values = samples_[it->second].values;
-    const long double n = static_cast<long double>(s.count);
-    if (two_values_) {
-      values[0] = add_clamped(values[0], clamp_i64(n));
-      values[1] = add_clamped(values[1], clamp_i64(n * factor_));
-    } else {
-      values[0] = add_clamped(values[0], clamp_i64(n * factor_));
-    }
-  }
-
-  // Appends `v` to a map key as a varint (unambiguous: each value ends with a byte below 0x80).
-  static void append_key(std::string& key, std::uint64_t v) {
-    while (v >= 0x80) {
-      key += static_cast<char>((v & 0x7F) | 0x80);
-      v >>= 7;
-    }
-    key += static_cast<char>(v);
-  }
-
-  static std::int64_t add_clamped(std::int64_t a, std::int64_t b) {
-    return a > INT64_MAX - b ? INT64_MAX : a + b;
-  }
-
-  const profile& p_;
-  std::vector<std::string> strings_;
-  std::unordered_map<std::string, std::int64_t> string_ids_;
-  std::vector<std::pair<std::string, std::string>> sample_types_;
-  std::string period_type_name_;
-  std::uint64_t period_ns_ = 0;
-  long double factor_ = 1;
-  bool two_values_ = false;
-  std::vector<mapping_rec> mappings_;
-  std::unordered_map<std::string, std::uint64_t> mapping_ids_;
-  std::vector<std::uint64_t> frame_location_;  // per frame index: its one-frame location id (0: none yet)
-  std::vector<location_rec> locations_;
-  std::unordered_map<std::string, std::uint64_t> location_ids_;
-  std::vector<function_rec> functions_;
-  std::unordered_map<std::string, std::uint64_t> function_ids_;
-  std::vector<sample_rec> samples_;
-  std::unordered_map<std::string, std::size_t> sample_ids_;
-};
-
-// The raw (not gzipped) profile.proto bytes of a profile.
-inline std::string encode_pprof(const profile& p) { return pprof_builder(p).encode(); }
-
-}  // namespace detail
-
-// The pprof bytes of a profile: gzipped unless `opts.gzip` is false.
-inline std::string write_pprof(const profile& p, const pprof_options& opts = {}) {
-  std::string raw = detail::encode_pprof(p);
-  return opts.gzip ? detail::gzip_compress(raw) : raw;
-}
-
-}  // namespace selfprof
-// ---- end selfprof/output/pprof.hpp ----
-// ---- begin selfprof/output/sink.hpp ----
-// The file sink: writes a profile's bytes to a path atomically (temp file + rename), mode 0600, never
-// through a symbolic link and, unless told otherwise, never into a directory other users can write.
-// Context: any thread except the signal handler (the collector thread on a dump, or the CLI).
-//
-// Policy, in the order it is checked (every refusal names the path and the reason):
-//  1. The directory is opened once (O_DIRECTORY) and every later step works relative to that
-//     descriptor, so a directory path swapped underneath us cannot redirect the write.
-//  2. The target itself must not be a symbolic link, even a dangling one, nor anything but a regular
-//     file (a FIFO, a device or a directory is refused): we replace files, we do not write into them.
-//  3. A *shared* directory is one writable by "other" users, or writable by its group when that group
-//     is not our effective group (with user-private groups and umask 002 a user's own 0775 directory
-//     is not shared). In a shared directory:
-//       - without the sticky bit anyone may rename or delete our file after we wrote it, or replace it
-//         between our checks: refused unless `sink_options::allow_shared_dir`;
-//       - with the sticky bit (/tmp, /var/tmp) other users cannot touch our files, so the write is
-//         allowed, but an existing target owned by someone else is refused (someone planted it;
-//         Linux's fs.protected_regular would refuse it as well).
-//  4. The bytes go to a fresh temp file ".<name>.tmp-<pid>-<n>" in the same directory, created with
-//     O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC and mode 0600 (and fchmod 0600, whatever the umask), written
-//     with a full write loop that retries EINTR, fsync'ed, closed (close errors count: NFS reports
-//     write-back failures there), then renamed over the target. The directory is fsync'ed afterwards.
-//  5. On any failure the temp file is removed and the old target (if any) is left untouched.
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cerrno>
-#include <cstring>
-#include <string>
-#include <string_view>
-
-
-namespace selfprof {
-
-struct sink_options {
-  // Write into a directory that other users can write without the sticky bit (see the policy above).
-  bool allow_shared_dir = false;
-  // fsync the file before the rename and the directory after it. Off only for tests and benchmarks.
-  bool sync = true;
-};
-
-namespace detail {
-
-// "selfprof: cannot write PATH: REASON"
-inline status sink_error(const std::string& path, const std::string& reason) {
-  return status::error("selfprof: cannot write " + path + ": " + reason);
-}
-
-inline std::string errno_text(int err) {
-  char buf[256];
-  // GNU strerror_r returns the message pointer (which may or may not be buf).
-#if defined(__GLIBC__) && defined(_GNU_SOURCE)
-  const char* text = ::strerror_r(err, buf, sizeof buf);
-  return text ? std::string(text) : std::string("error ") + std::to_string(err);
-#else
-  if (::strerror_r(err, buf, sizeof buf) != 0) return "error " + std::to_string(err);
-  return std::string(buf);
-#endif
-}
-
-// Splits "a/b/c" into "a/b" and "c"; "c" into "." and "c"; "/c" into "/" and "c".
-inline void split_path(const std::string& path, std::string& dir, std::string& base) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) {
-    dir = ".";
-    base = path;
-  } else {
-    dir = slash == 0 ? std::string("/") : path.substr(0, slash);
-    base = path.substr(slash + 1);
-  }
-}
-
-// True when users other than us may create, rename or delete entries of a directory with this stat.
-inline bool dir_is_shared(const struct stat& st) {
-  if (st.st_mode & S_IWOTH) return true;
-  if ((st.st_mode & S_IWGRP) && st.st_gid != ::getegid()) return true;
-  return false;
-}
-
-// Owns a descriptor opened through the seam and closes it through the seam.
-class sink_fd {
- public:
-  explicit sink_fd(int fd) : fd_(fd) {}
-  sink_fd(const sink_fd&) = delete;
-  sink_fd& operator=(const sink_fd&) = delete;
-  ~sink_fd() { reset(); }
-  int get() const { return fd_; }
-  // Closes now and returns close()'s result (0 when there was nothing to close).
-  int reset() {
-    int rc = 0;
-    if (fd_ >= 0) rc = sys().close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
-
-// Writes all of `bytes`, retrying EINTR and short writes. Returns 0 or an errno value.
-inline int write_all(int fd, std::string_view bytes) {
-  const char* p = bytes.data();
-  std::size_t left = bytes.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (n == 0) return EIO;  // a regular file never returns 0 for a non-empty write
-    p += n;
-    left -= static_cast<std::size_t>(n);
-  }
-  return 0;
-}
-
-inline std::string temp_name_for(const std::string& base, unsigned attempt) {
-  static std::atomic<unsigned> counter{0};
-  const unsigned n = counter.fetch_add(1, std::memory_order_relaxed);
-  // A long name keeps its first 200 bytes so the temp name stays under NAME_MAX (255).
-  return "." + base.substr(0, 200) + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(n) + "-" +
-         std::to_string(attempt);
-}
-
-// Writes `bytes` to `path` atomically, following the policy at the top of this file.
-inline status write_file_atomic(const std::string& path, std::string_view bytes,
-                                const sink_options& opts = {}) {
-  if (path.empty()) return status::error("selfprof: cannot write an empty path");
-  std::string dir, base;
-  split_path(path, dir, base);
-  if (base.empty() || base == "." || base == "..")
-    return sink_error(path, "not a file name (the path ends in '/', '.' or '..')");
-
-  sink_fd dirfd(sys().open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0));
-  if (dirfd.get() < 0) return sink_error(path, "directory " + dir + ": " + errno_text(errno));
-
-  struct stat dst {};
-  if (::fstat(dirfd.get(), &dst) != 0) return sink_error(path, "directory " + dir + ": " + errno_text(errno));
-  const bool shared = dir_is_shared(dst);
-  const bool sticky = (dst.st_mode & S_ISVTX) != 0;
-  if (shared && !sticky && !opts.allow_shared_dir)
-    return sink_error(path, "directory " + dir +
-                                " is writable by other users and has no sticky bit (refusing; "
-                                "allow_shared_dir overrides)");
-
-  struct stat tst {};
-  if (::fstatat(dirfd.get(), base.c_str(), &tst, AT_SYMLINK_NOFOLLOW) == 0) {
-    if (S_ISLNK(tst.st_mode))
-      return sink_error(path, "the target is a symbolic link (refusing to follow it)");
-    if (!S_ISREG(tst.st_mode)) return sink_error(path, "the target exists and is not a regular file");
-    if (shared && tst.st_uid != ::geteuid() && !opts.allow_shared_dir)
-      return sink_error(path, "the target exists in a shared directory and belongs to another user (uid " +
-                                  std::to_string(tst.st_uid) + ")");
-  } else if (errno != ENOENT) {
-    return sink_error(path, errno_text(errno));
-  }
-
-  std::string temp;
-  int tfd = -1;
-  for (unsigned attempt = 0; attempt < 100; ++attempt) {
-    temp = temp_name_for(base, attempt);
-    tfd = sys().openat(dirfd.get(), temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (tfd >= 0 || errno != EEXIST) break;
-  }
-  if (tfd < 0) return sink_error(path, errno_text(errno));
-  sink_fd file(tfd);
-
-  auto fail = [&](int err, const char* step) {
-    file.reset();
-    ::unlinkat(dirfd.get(), temp.c_str(), 0);
-    std::string reason = errno_text(err);
-    if (step) reason += std::string(" (") + step + ")";
-    return sink_error(path, reason);
-  };
-
-  if (::fchmod(file.get(), 0600) != 0) return fail(errno, "fchmod");
-  if (const int err = write_all(file.get(), bytes)) return fail(err, "write");
-  if (opts.sync && ::fsync(file.get()) != 0) return fail(errno, "fsync");
-  if (file.reset() != 0) return fail(errno, "close");
-  if (::renameat(dirfd.get(), temp.c_str(), dirfd.get(), base.c_str()) != 0) return fail(errno, "rename");
-  if (opts.sync) ::fsync(dirfd.get());  // best effort: the file is complete either way
-  return status::ok();
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/output/sink.hpp ----
-// ---- begin selfprof/output/top.hpp ----
-// The top-list writer (`.txt`): the flat ranking `perf report --no-children` prints, self and total
-// per function (optionally per module too), under a header with the profile's sampling metadata.
-// Context: any thread except the signal handler (a pure function of the profile).
-//
-// Definitions: self = samples whose leaf is the function; total = samples whose stack contains the
-// function, counted once per stack even when it recurses; percentages are of all samples in the
-// profile's stacks. Functions are identified by their folded name (so the kinds' `_[k]` `_[j]` `_[i]`
-// show and hostile characters are made safe as in the folded output); thread-root markers are not
-// functions and are skipped. Rows are sorted by self, then total (both descending), then name
-// (bytewise). Numbers are formatted without the C locale's help, so the bytes never depend on it.
-
-#include <algorithm>
-#include <cstdint>
-#include <string>
-#include <unordered_map>
-#include <vector>
-
-
-namespace selfprof {
-
-struct top_options {
-  std::size_t limit = 0;   // rows per table; 0 = all
-  bool by_module = false;  // add a table ranking modules the same way
-};
-
-namespace detail {
-
-struct top_row {
-  std::string name;
-  std::uint64_t self = 0, total = 0;
-};
-
-// Module label of a frame for the per-module table.
-inline std::string top_module_name(const frame& f) {
-  if (!f.module.empty()) {
-    std::string safe;
-    append_folded_name(safe, f.module);
-    return safe;
-  }
-  switch (f.kind) {
-    case frame_kind::kernel:
-      return "[kernel]";
-    case frame_kind::jit:
-      return "[jit]";
-    case frame_kind::marker:
-      return "[selfprof]";
-    default:
-      return "[unknown]";
-  }
-}
-
-// Self/total rows keyed by `key_of(frame index)`; an index past the frame table counts as "[unknown]".
-template <typename KeyOf>
-std::vector<top_row> top_rows(const profile& p, std::uint64_t& grand_total, KeyOf key_of) {
-  std::unordered_map<std::string, std::size_t> index;
-  std::vector<top_row> rows;
-  std::vector<std::size_t> seen_mark;  // per row: last stack number that counted it (+1)
-  auto row_for = [&](const std::string& key) -> std::size_t {
-    auto [it, fresh] = index.try_emplace(key, rows.size());
-    if (fresh) {
-      rows.push_back({key, 0, 0});
-      seen_mark.push_back(0);
-    }
-    return it->second;
-  };
-  grand_total = 0;
-  std::size_t stack_number = 0;
-  for (const auto& s : p.stacks) {
-    if (s.count == 0) continue;
-    ++stack_number;
-    add_saturating(grand_total, s.count);
-    std::size_t leaf = static_cast<std::size_t>(-1);
-    for (const auto fi : s.frames) {
-      const frame* f = frame_at(p, fi);
-      if (f && f->kind == frame_kind::marker && is_thread_root_name(f->name)) continue;
-      const std::size_t r = row_for(key_of(f));
-      if (seen_mark[r] != stack_number) {
-        seen_mark[r] = stack_number;
-        add_saturating(rows[r].total, s.count);
-      }
-      leaf = r;
-    }
-    if (leaf == static_cast<std::size_t>(-1)) {
-      leaf = row_for(std::string(unknown_frame));
-      add_saturating(rows[leaf].total, s.count);
-    }
-    add_saturating(rows[leaf].self, s.count);
-  }
-  std::sort(rows.begin(), rows.end(), [](const top_row& a, const top_row& b) {
-    if (a.self != b.self) return a.self > b.self;
-    if (a.total != b.total) return a.total > b.total;
-    return a.name < b.name;
-  });
-  return rows;
-}
-
-inline std::string top_percent(std::uint64_t part, std::uint64_t whole) {
-  const double pct = whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
-  return format_fixed(pct, 2) + "%";
-}
-
-inline std::string pad_left(const std::string& s, std::size_t width) {
-  return s.size() >= width ? s : std::string(width - s.size(), ' ') + s;
-}
-
-inline void append_top_table(std::string& out, const std::vector<top_row>& rows, std::uint64_t total,
-                             const char* what, std::size_t limit) {
-  std::size_t width = 5;
-  for (const auto& r : rows) width = std::max(width, std::to_string(r.total).size());
-  out += pad_left("self%", 7) + " " + pad_left("total%", 7) + "  " + pad_left("self", width) + "  " +
-         pad_left("total", width) + "  " + what + "\n";
-  const std::size_t shown = limit && limit < rows.size() ? limit : rows.size();
-  for (std::size_t i = 0; i < shown; ++i) {
-    const auto& r = rows[i];
-    out += pad_left(top_percent(r.self, total), 7) + " " + pad_left(top_percent(r.total, total), 7) + "  " +
-           pad_left(std::to_string(r.self), width) + "  " + pad_left(std::to_string(r.total), width) + "  " +
-           r.name + "\n";
-  }
-  if (shown < rows.size())
-    out += "... " + std::to_string(rows.size() - shown) + " more (limit " + std::to_string(limit) + ")\n";
-}
-
-}  // namespace detail
-
-// The top list of a profile (see the definitions at the top of this file).
-inline std::string write_top(const profile& p, const top_options& opts = {}) {
-  std::uint64_t total = 0;
-  const auto functions = detail::top_rows(p, total, [](const frame* f) {
-    return f ? detail::folded_frame_name(*f) : std::string(detail::unknown_frame);
-  });
-  const auto& info = p.info;
-  std::string out =
-      "# selfprof " SELFPROF_VERSION_STRING " top: self and total per function (perf report --no-children)\n";
-  out += "# mode: " + info.mode + "  unit: " + info.unit +
-         "  source: " + (info.source.empty() ? "-" : info.source) +
-         "  hz: " + detail::format_compact(info.hz) +
-         "  duration: " + detail::format_fixed(info.duration_s, 3) + " s\n";
-  out += "# samples: " + std::to_string(total) + "  dropped: " + std::to_string(info.dropped) +
-         "  truncated: " + std::to_string(info.truncated) + "\n";
-  if (!info.view.empty()) out += "# view: " + info.view + "\n";  // [frames]
-  for (const auto& loop : info.frame_loops) {
-    out += "# frames: ";
-    detail::append_printable(out, frame_stats_line(loop));
-    out += "\n";
-  }
-  for (const auto& note : info.notes) {
-    out += "# note: ";
-    detail::append_printable(out, note);
-    out += "\n";
-  }
-  out += "\n";
-  if (total == 0) return out + "(no samples)\n";
-  detail::append_top_table(out, functions, total, "function", opts.limit);
-  if (opts.by_module) {
-    std::uint64_t module_total = 0;
-    const auto modules = detail::top_rows(p, module_total, [](const frame* f) {
-      return f ? detail::top_module_name(*f) : std::string("[unknown]");
-    });
-    out += "\n";
-    detail::append_top_table(out, modules, module_total, "module", opts.limit);
-  }
-  return out;
-}
-
-}  // namespace selfprof
-// ---- end selfprof/output/top.hpp ----
-
-namespace selfprof {
-
-enum class output_format { folded, top, pprof, svg };
-
-// Options of every writer, for render() to pick from.
-struct output_options {
-  folded_options folded;
-  top_options top;
-  pprof_options pprof;
-  svg_options svg;
-};
-
-struct format_lookup {
-  output_format format = output_format::folded;
-  status result;  // an error naming the path when the extension is unknown
-};
-
-inline const char* format_name(output_format f) {
-  switch (f) {
-    case output_format::folded:
-      return "folded";
-    case output_format::top:
-      return "top";
-    case output_format::pprof:
-      return "pprof";
-    case output_format::svg:
-      return "svg";
-  }
-  return "?";
-}
-
-namespace detail {
-inline bool ends_with_ci(const std::string& s, const char* suffix) {
-  const std::string suf(suffix);
-  if (s.size() < suf.size()) return false;
-  for (std::size_t i = 0; i < suf.size(); ++i) {
-    char c = s[s.size() - suf.size() + i];
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    if (c != suf[i]) return false;
-  }
-  return true;
-}
-}  // namespace detail
-
-// The format a path asks for by its extension.
-inline format_lookup format_for_path(const std::string& path) {
-  format_lookup r;
-  const auto slash = path.find_last_of('/');
-  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  struct entry {
-    const char* ext;
-    output_format format;
-  };
-  static const entry table[] = {{".folded", output_format::folded}, {".collapsed", output_format::folded},
-                                {".txt", output_format::top},       {".pb.gz", output_format::pprof},
-                                {".pprof", output_format::pprof},   {".svg", output_format::svg}};
-  for (const auto& e : table) {
-    if (name.size() > std::string(e.ext).size() && detail::ends_with_ci(name, e.ext)) {
-      r.format = e.format;
-      return r;
-    }
-  }
-  r.result = status::error("selfprof: cannot write " + path +
-                           ": unknown output format (use .folded, .collapsed, .txt, .pb.gz, .pprof or .svg)");
-  return r;
-}
-
-// The bytes of a profile in a format.
-inline std::string render(const profile& p, output_format f, const output_options& opts = {}) {
-  switch (f) {
-    case output_format::folded:
-      return write_folded(p, opts.folded);
-    case output_format::top:
-      return write_top(p, opts.top);
-    case output_format::pprof:
-      return write_pprof(p, opts.pprof);
-    case output_format::svg:
-      return detail::write_svg(p, opts.svg);
-  }
-  return {};
-}
-
-// Renders `p` in the format of `path`'s extension and writes it atomically (see sink.hpp). On failure
-// nothing at `path` changes and the message names the path and the reason.
-inline status write_profile_file(const profile& p, const std::string& path, const output_options& opts = {},
-                                 const sink_options& sink = {}) {
-  const format_lookup lookup = format_for_path(path);
-  if (!lookup.result) return lookup.result;
-  return detail::write_file_atomic(path, render(p, lookup.format, opts), sink);
-}
-
-}  // namespace selfprof
-// ---- end selfprof/output/format.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-// %p pid, %t unix time, %n dump number, %% a percent sign.
-inline std::string expand_path_template(const std::string& tmpl, unsigned long dump_number) {
-  std::string out;
-  for (std::size_t i = 0; i < tmpl.size(); ++i) {
-    if (tmpl[i] != '%' || i + 1 == tmpl.size()) {
-      out += tmpl[i];
-      continue;
-    }
-    char c = tmpl[++i];
-    if (c == 'p')
-      out += std::to_string(::getpid());
-    else if (c == 't')
-      out += std::to_string(static_cast<long long>(std::time(nullptr)));
-    else if (c == 'n')
-      out += std::to_string(dump_number);
-    else if (c == '%')
-      out += '%';
-    else {
-      out += '%';
-      out += c;
-    }
-  }
-  return out;
-}
-
-inline std::vector<std::string> split_paths(const std::string& list) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= list.size()) {
-    std::size_t comma = list.find(',', start);
-    std::string part = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (!part.empty()) out.push_back(part);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-// What a dump of this process writes: the SVG titled with the program's name and pid, the profile's
-// remarks (a refused tick source, kernel time not sampled) as its subtitle.
-inline output_options dump_output_options(const profile& p) {
-  output_options oo;
-  std::string comm;
-  std::FILE* f = std::fopen("/proc/self/comm", "r");
-  if (f) {
-    char buf[64] = {0};
-    if (std::fgets(buf, sizeof buf, f)) comm = buf;
-    std::fclose(f);
-  }
-  while (!comm.empty() && (comm.back() == '\n' || comm.back() == ' ')) comm.pop_back();
-  const std::string& mode = p.info.mode;
-  oo.svg.title = (mode == "cpu"      ? std::string("CPU profile of ")
-                  : mode == "wall"   ? std::string("Wall-clock profile of ")
-                  : mode == "offcpu" ? std::string("Off-CPU time of ")
-                                     : mode + " profile of ") +
-                 (comm.empty() ? std::string("this process") : comm) + " (pid " + std::to_string(::getpid()) +
-                 ")";
-  if (mode == "offcpu") oo.svg.colors = palette::io;  // Gregg's off-CPU convention: blue frames
-  if (!p.info.unit.empty() && p.info.unit != "samples") oo.svg.count_name = p.info.unit;
-  for (const auto& n : p.info.notes) {
-    if (n.find("not sampled") == std::string::npos) continue;
-    oo.svg.subtitle += (oo.svg.subtitle.empty() ? "" : "; ") + n;
-  }
-  return oo;
-}
-
-inline unsigned long next_dump_number() {
-  static std::atomic<unsigned long> n{0};
-  return n.fetch_add(1) + 1;
-}
-
-// Writes one profile to every path of a comma-separated list; errors of all paths are joined.
-inline status write_profile(const profile& p, const std::string& paths, const output_options& oo,
-                            const sink_options& sink = {}) {
-  std::vector<std::string> list = split_paths(paths);
-  if (list.empty()) return status::error("selfprof: no output path given");
-  unsigned long number = next_dump_number();
-  std::string errors;
-  for (const std::string& tmpl : list) {
-    std::string path = expand_path_template(tmpl, number);
-    status st = write_profile_file(p, path, oo, sink);
-    if (!st) errors += (errors.empty() ? "" : "\n") + st.message();
-  }
-  return errors.empty() ? status::ok() : status::error(errors);
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/output/dump_paths.hpp ----
-// ---- begin selfprof/output/markers.hpp ----
-// Marker frames made explicit: per-thread root frames and `[truncated]` become frames of the profile,
-// so every writer (folded, SVG, top, pprof) shows the same stacks.
-// Context: any thread except the signal handler.
-
-#include <map>
-#include <string>
-
-
-namespace selfprof {
-namespace detail {
-
-// Synthetic frames (frame_kind::marker) added to a profile once per name: marker(name) is its index.
-class marker_frames {
- public:
-  explicit marker_frames(profile& p) : p_(p) {}
-  std::uint32_t operator()(const std::string& name) {
-    auto it = made_.find(name);
-    if (it != made_.end()) return it->second;
-    frame f;
-    f.name = name;
-    f.kind = frame_kind::marker;
-    p_.frames.push_back(f);
-    auto index = static_cast<std::uint32_t>(p_.frames.size() - 1);
-    made_.emplace(name, index);
-    return index;
-  }
-
- private:
-  profile& p_;
-  std::map<std::string, std::uint32_t> made_;
-};
-
-inline void add_marker_frames(profile& p, bool thread_roots) {
-  marker_frames marker(p);
-  for (stack& s : p.stacks) {
-    std::size_t first = 0;
-    bool has_root = !s.frames.empty() && is_marker(p, s.frames[0], is_thread_root_name);
-    if (has_root) first = 1;
-    std::vector<std::uint32_t> head;
-    if (thread_roots && !has_root) head.push_back(marker(thread_root_name(s.tid, p.thread_name(s.tid))));
-    bool has_truncated = first < s.frames.size() && is_marker(p, s.frames[first], is_truncated_name);
-    if (s.truncated && !has_truncated) head.push_back(marker(std::string(truncated_marker)));
-    if (head.empty()) continue;
-    s.frames.insert(s.frames.begin() + static_cast<std::ptrdiff_t>(first), head.begin(), head.end());
-  }
-}
-
-// The off-CPU part of a wall profile: only the stacks of time spent off the CPU, same frames and threads.
-inline profile offcpu_view(const profile& wall) {
-  profile p;
-  p.frames = wall.frames;
-  p.threads = wall.threads;
-  p.info = wall.info;
-  p.info.mode = "offcpu";
-  std::uint64_t total = 0, truncated = 0;
-  for (const stack& s : wall.stacks) {
-    if (!s.offcpu) continue;
-    p.stacks.push_back(s);
-    total += s.count;
-    if (s.truncated) truncated += s.count;
-  }
-  p.info.samples = total;
-  p.info.truncated = truncated;
-  return p;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/output/markers.hpp ----
-// ---- begin selfprof/signal/dump_request.hpp ----
-// Signal-handler code: the dump signal (SIGUSR2 by default) only counts a request and wakes the
-// collector through its eventfd; the collector does the work (peers.md pitfall 24).
-// Context: signal handler (async-signal-safe: one atomic add and one write(2)).
-
-#include <signal.h>
-#include <unistd.h>
-
-#include <errno.h>
-#include <atomic>
-#include <cstdint>
-
-namespace selfprof {
-namespace detail {
-
-struct dump_request_globals {
-  std::atomic<std::uint64_t> requests{0};  // dump signals received
-  std::atomic<int> wake_fd{-1};            // the collector's eventfd, -1 when no collector runs
-};
-
-inline dump_request_globals g_dump_requests;
-
-inline void dump_signal_handler(int, siginfo_t*, void*) {
-  const int saved_errno = errno;
-  g_dump_requests.requests.fetch_add(1, std::memory_order_acq_rel);
-  int fd = g_dump_requests.wake_fd.load(std::memory_order_acquire);
-  if (fd >= 0) {
-    std::uint64_t one = 1;
-    ssize_t r = ::write(fd, &one, sizeof one);  // write(2) is async-signal-safe
-    (void)r;
-  }
-  errno = saved_errno;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/signal/dump_request.hpp ----
 // ---- begin selfprof/collect/frame_tracker.hpp ----
 // The collector's view of game/engine frames: holds each tagged sample until its frame closes, keeps the
 // samples of frames over budget as the "slow frames" table, the worst frames in time order, and the
@@ -7685,6 +4556,123 @@ class stack_table {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/collect/stack_table.hpp ----
+// ---- begin selfprof/signal/ring.hpp ----
+// Signal-handler code: the preallocated multi-producer, single-consumer ring of fixed-size sample records.
+// Context: producers run in the signal handler (lock-free, never wait); the one consumer is whoever holds
+// the collector's table lock.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace selfprof {
+namespace detail {
+
+enum sample_flags : std::uint16_t {
+  sample_truncated = 1u << 0,   // the depth limit cut the stack: root-side frames are missing
+  sample_offcpu = 1u << 1,      // wall mode: the thread was not running
+  sample_leaf_fixed = 1u << 2,  // the caller of the interrupted frame was recovered by a leaf heuristic
+  sample_running = 1u << 3,     // wall mode without on-CPU signals: CPU time of a thread, no stack
+};
+// Wall mode: off-CPU samples carry the blocking system call in the flags' upper bits (number + 1; 0 when
+// the thread was blocked outside a system call), so stacks that wait in different calls stay apart.
+constexpr unsigned kSampleCallShift = 4;
+constexpr std::uint16_t kSampleCallMask = 0xFFF0;
+constexpr std::uint16_t kSampleKeptFlags =
+    sample_truncated | sample_offcpu | sample_running | kSampleCallMask;
+
+// One sample, as the handler writes it. `pcs` follows the header in the slot: pcs[0] is the interrupted
+// pc, pcs[1..depth) are return addresses, leaf first.
+struct sample_header {
+  std::uint32_t tid;
+  std::uint16_t depth;
+  std::uint16_t flags;
+  std::uint32_t weight;   // ticks this sample stands for (1 + timer overruns)
+  std::uint32_t aux;      // wall mode: blocking system call number + 1 (0: none)
+  std::uint64_t time_ns;  // CLOCK_MONOTONIC when taken
+  std::uint64_t tag;      // frame marker of the thread (game frames), 0 if none
+};
+
+struct ring_slot {
+  std::atomic<std::uint64_t> seq;
+  sample_header header;
+  // followed by max_depth std::uint64_t program counters
+  std::uint64_t* pcs() { return reinterpret_cast<std::uint64_t*>(this + 1); }
+};
+static_assert(sizeof(ring_slot) % 8 == 0, "slots must keep 8-byte alignment");
+
+// A bounded MPSC queue (sequence numbers per slot, after D. Vyukov's design). The memory is given by the
+// owner and outlives every handler that may still run.
+class sample_ring {
+ public:
+  sample_ring() = default;
+  sample_ring(const sample_ring&) = delete;
+  sample_ring& operator=(const sample_ring&) = delete;
+
+  static std::size_t stride_for(std::size_t max_depth) {
+    return sizeof(ring_slot) + max_depth * sizeof(std::uint64_t);
+  }
+
+  // `memory` must hold capacity * stride_for(max_depth) bytes, 8-byte aligned; capacity a power of two.
+  void init(void* memory, std::size_t capacity, std::size_t max_depth) {
+    base_ = static_cast<unsigned char*>(memory);
+    capacity_ = capacity;
+    mask_ = capacity - 1;
+    max_depth_ = max_depth;
+    stride_ = stride_for(max_depth);
+    // std::atomic<uint64_t> is trivially default-constructible: zeroed memory from the owner holds one.
+    for (std::size_t i = 0; i < capacity; ++i) slot(i)->seq.store(i, std::memory_order_relaxed);
+    head_.store(0, std::memory_order_relaxed);
+    tail_ = 0;
+  }
+
+  std::size_t capacity() const { return capacity_; }
+  std::size_t max_depth() const { return max_depth_; }
+
+  // Producer: claims a slot or returns nullptr when the ring is full. Fill it, then publish(slot, pos).
+  ring_slot* claim(std::uint64_t& pos) {
+    std::uint64_t p = head_.load(std::memory_order_relaxed);
+    for (;;) {
+      ring_slot* s = slot(p & mask_);
+      std::uint64_t seq = s->seq.load(std::memory_order_acquire);
+      auto dif = static_cast<std::int64_t>(seq - p);
+      if (dif == 0) {
+        if (head_.compare_exchange_weak(p, p + 1, std::memory_order_relaxed)) {
+          pos = p;
+          return s;
+        }
+      } else if (dif < 0) {
+        return nullptr;  // full: the consumer has not freed this slot yet
+      } else {
+        p = head_.load(std::memory_order_relaxed);
+      }
+    }
+  }
+  static void publish(ring_slot* s, std::uint64_t pos) { s->seq.store(pos + 1, std::memory_order_release); }
+
+  // Consumer: the next published slot, or nullptr. Call release() when done with it.
+  ring_slot* peek() {
+    ring_slot* s = slot(tail_ & mask_);
+    std::uint64_t seq = s->seq.load(std::memory_order_acquire);
+    return seq == tail_ + 1 ? s : nullptr;
+  }
+  void release(ring_slot* s) {
+    s->seq.store(tail_ + capacity_, std::memory_order_release);
+    ++tail_;
+  }
+
+ private:
+  ring_slot* slot(std::size_t i) { return reinterpret_cast<ring_slot*>(base_ + i * stride_); }
+
+  unsigned char* base_ = nullptr;
+  std::size_t capacity_ = 0, mask_ = 0, max_depth_ = 0, stride_ = 0;
+  alignas(64) std::atomic<std::uint64_t> head_{0};
+  alignas(64) std::uint64_t tail_ = 0;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/ring.hpp ----
 
 namespace selfprof {
 namespace detail {
@@ -8057,6 +5045,76 @@ inline std::string insert_before_extension(const std::string& paths, const std::
 #include <utility>
 #include <vector>
 
+// ---- begin selfprof/output/markers.hpp ----
+// Marker frames made explicit: per-thread root frames and `[truncated]` become frames of the profile,
+// so every writer (folded, SVG, top, pprof) shows the same stacks.
+// Context: any thread except the signal handler.
+
+#include <map>
+#include <string>
+
+
+namespace selfprof {
+namespace detail {
+
+// Synthetic frames (frame_kind::marker) added to a profile once per name: marker(name) is its index.
+class marker_frames {
+ public:
+  explicit marker_frames(profile& p) : p_(p) {}
+  std::uint32_t operator()(const std::string& name) {
+    auto it = made_.find(name);
+    if (it != made_.end()) return it->second;
+    frame f;
+    f.name = name;
+    f.kind = frame_kind::marker;
+    p_.frames.push_back(f);
+    auto index = static_cast<std::uint32_t>(p_.frames.size() - 1);
+    made_.emplace(name, index);
+    return index;
+  }
+
+ private:
+  profile& p_;
+  std::map<std::string, std::uint32_t> made_;
+};
+
+inline void add_marker_frames(profile& p, bool thread_roots) {
+  marker_frames marker(p);
+  for (stack& s : p.stacks) {
+    std::size_t first = 0;
+    bool has_root = !s.frames.empty() && is_marker(p, s.frames[0], is_thread_root_name);
+    if (has_root) first = 1;
+    std::vector<std::uint32_t> head;
+    if (thread_roots && !has_root) head.push_back(marker(thread_root_name(s.tid, p.thread_name(s.tid))));
+    bool has_truncated = first < s.frames.size() && is_marker(p, s.frames[first], is_truncated_name);
+    if (s.truncated && !has_truncated) head.push_back(marker(std::string(truncated_marker)));
+    if (head.empty()) continue;
+    s.frames.insert(s.frames.begin() + static_cast<std::ptrdiff_t>(first), head.begin(), head.end());
+  }
+}
+
+// The off-CPU part of a wall profile: only the stacks of time spent off the CPU, same frames and threads.
+inline profile offcpu_view(const profile& wall) {
+  profile p;
+  p.frames = wall.frames;
+  p.threads = wall.threads;
+  p.info = wall.info;
+  p.info.mode = "offcpu";
+  std::uint64_t total = 0, truncated = 0;
+  for (const stack& s : wall.stacks) {
+    if (!s.offcpu) continue;
+    p.stacks.push_back(s);
+    total += s.count;
+    if (s.truncated) truncated += s.count;
+  }
+  p.info.samples = total;
+  p.info.truncated = truncated;
+  return p;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/output/markers.hpp ----
 // ---- begin selfprof/symbols/symbolizer.hpp ----
 // selfprof::symbolizer: turns addresses of this process into frames (demangled function, module, offset),
 // from ELF symbols of every module ever mapped, separate debug files, the vdso and perf maps for JIT code;
@@ -10313,6 +7371,1136 @@ inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/collect/symbolize.hpp ----
+// ---- begin selfprof/output/dump_paths.hpp ----
+// Output path templates (%p pid, %t unix time, %n dump number) and writing one profile to a
+// comma-separated list of paths, each in the format of its extension.
+// Context: any thread except the signal handler.
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <string>
+#include <vector>
+
+// ---- begin selfprof/output/format.hpp ----
+// Output formats by file extension and the one dispatch from a profile to the bytes of any format, plus
+// the render-and-write-atomically step a dump or the CLI performs for one path.
+// Context: any thread except the signal handler (the collector thread on a dump, or the CLI).
+//
+// Extensions (matched case-insensitively at the end of the path's last component):
+//   .folded .collapsed → folded stacks    .txt → top list    .pb.gz .pprof → gzipped pprof
+//   .svg → flame graph (detail::write_svg of output/svg.hpp, written by the SVG part)
+// Anything else is an error that names the path and lists the extensions.
+
+#include <string>
+
+// ---- begin selfprof/output/pprof.hpp ----
+// The pprof writer: a gzipped profile.proto (package perftools.profiles) that `go tool pprof`,
+// Pyroscope, Parca and speedscope read without the binaries (reference formats.md §8 and §12).
+// Context: any thread except the signal handler (a pure function of the profile).
+//
+// What it writes, in field order like Go's own encoder:
+//  - sample_type: a samples profile gets Go's CPU convention [samples/count, <mode>/nanoseconds] with
+//    values [n, n*period] (mode cpu → "cpu", wall → "wall", offcpu → "offcpu"); a profile whose unit
+//    is a time (ns/us/ms/s) gets one [<mode>/nanoseconds]; any other unit one [<unit>/count].
+//  - Samples merged by (locations, thread); labels thread_id (num) and thread_name (str).
+//  - One Mapping per module of native/inlined frames, has_functions set (has_filenames,
+//    has_line_numbers, has_inline_frames when true), so pprof never re-symbolizes over our names; its
+//    range spans the addresses seen, file_offset = the module offset of the lowest one. Kernel, JIT
+//    and marker frames use mapping_id 0.
+//  - One Location per distinct (mapping, address, inline chain): a native frame followed by inlined
+//    frames becomes one Location whose Lines list the innermost callee first.
+//  - Functions with name = our (demangled) name and no system_name: the profile holds no mangled
+//    names, and pprof rewrites (simplifies: drops template and parameter lists) any name equal to its
+//    system_name, so an empty system_name is what keeps our names intact. When frames gain a mangled
+//    name it belongs in system_name (field 3).
+//  - A truncated stack gets a `[truncated]` function at its root end, as in the folded output.
+//  - time_nanos, duration_nanos, period_type, period (period_ns, else 1e9/hz), comments (tool version,
+//    source, hz, dropped, notes). No default_sample_type, so tools show the last type.
+// `detail::encode_pprof` gives the raw protobuf bytes (deterministic; pinned by golden files);
+// `write_pprof` gzips them (zlib or stored blocks, see gzip.hpp).
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/output/gzip.hpp ----
+// gzip framing for the pprof writer: zlib's deflate when SELFPROF_HAS_ZLIB is 1, otherwise stored
+// (uncompressed) deflate blocks, both with the RFC 1952 header, CRC-32 and size trailer.
+// Context: any thread except the signal handler.
+//
+// SELFPROF_HAS_ZLIB (config.hpp; 0/1, default 0): 1 needs <zlib.h> and linking with -lz (the build sets
+// it when it finds zlib). It must have the same value in every translation unit of a program. The
+// stored form is about 0.01% larger than its input but needs nothing; every gzip reader accepts it.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+
+#if SELFPROF_HAS_ZLIB
+#include <zlib.h>
+#endif
+
+namespace selfprof {
+namespace detail {
+
+// CRC-32 (ISO-HDLC: reflected polynomial 0xEDB88320, init and final xor 0xFFFFFFFF) as gzip uses it.
+// `crc` continues an earlier result (0 to start).
+inline std::uint32_t crc32(std::string_view bytes, std::uint32_t crc = 0) {
+  struct table_t {
+    std::uint32_t v[256];
+    table_t() {
+      for (std::uint32_t i = 0; i < 256; ++i) {
+        std::uint32_t c = i;
+        for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        v[i] = c;
+      }
+    }
+  };
+  static const table_t table;
+  crc = ~crc;
+  for (const char ch : bytes) crc = table.v[(crc ^ static_cast<unsigned char>(ch)) & 0xFFu] ^ (crc >> 8);
+  return ~crc;
+}
+
+inline void put_le32(std::string& out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out += static_cast<char>((v >> (8 * i)) & 0xFFu);
+}
+
+// gzip member with a fixed header (no name, mtime 0, OS 3 = Unix) and stored deflate blocks.
+inline std::string gzip_stored(std::string_view bytes) {
+  constexpr std::size_t block_max = 65535;  // a stored block's LEN is 16 bits (RFC 1951 §3.2.4)
+  std::string out("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", 10);
+  out.reserve(out.size() + bytes.size() + (bytes.size() / block_max + 1) * 5 + 8);
+  std::size_t pos = 0;
+  do {
+    const std::size_t len = bytes.size() - pos < block_max ? bytes.size() - pos : block_max;
+    const bool last = pos + len == bytes.size();
+    out += static_cast<char>(last ? 1 : 0);  // BFINAL, BTYPE=00; the rest of the byte is padding
+    out += static_cast<char>(len & 0xFFu);
+    out += static_cast<char>((len >> 8) & 0xFFu);
+    out += static_cast<char>(~len & 0xFFu);
+    out += static_cast<char>((~len >> 8) & 0xFFu);
+    out.append(bytes.data() + pos, len);
+    pos += len;
+  } while (pos < bytes.size());
+  put_le32(out, crc32(bytes));
+  put_le32(out, static_cast<std::uint32_t>(bytes.size() & 0xFFFFFFFFu));
+  return out;
+}
+
+#if SELFPROF_HAS_ZLIB
+// zlib deflate with a gzip wrapper; returns an empty string when zlib fails (the caller falls back).
+inline std::string gzip_zlib(std::string_view bytes, int level = Z_DEFAULT_COMPRESSION) {
+  z_stream zs{};
+  if (deflateInit2(&zs, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) return {};
+  std::string out(deflateBound(&zs, static_cast<uLong>(bytes.size())) + 32, '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
+  zs.avail_in = static_cast<uInt>(bytes.size());
+  zs.next_out = reinterpret_cast<Bytef*>(&out[0]);
+  zs.avail_out = static_cast<uInt>(out.size());
+  const int rc = deflate(&zs, Z_FINISH);
+  const std::size_t produced = out.size() - zs.avail_out;
+  deflateEnd(&zs);
+  if (rc != Z_STREAM_END) return {};
+  out.resize(produced);
+  return out;
+}
+#endif
+
+// gzip of `bytes`: zlib when built with it (and inputs fit its 32-bit sizes), stored blocks otherwise.
+inline std::string gzip_compress(std::string_view bytes) {
+#if SELFPROF_HAS_ZLIB
+  if (bytes.size() < 0xFFFFFFFFu) {
+    std::string z = gzip_zlib(bytes);
+    if (!z.empty()) return z;
+  }
+#endif
+  return gzip_stored(bytes);
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/output/gzip.hpp ----
+// ---- begin selfprof/output/protobuf.hpp ----
+// A minimal protocol-buffers encoder (varints, length-delimited fields, packed repeats): enough to
+// write pprof's profile.proto without a third-party library.
+// Context: any thread except the signal handler.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace selfprof {
+namespace detail {
+
+class proto_writer {
+ public:
+  enum wire : std::uint32_t { varint_wire = 0, bytes_wire = 2 };
+
+  // An unsigned (or int64 as two's complement: negative values take ten bytes, as in protobuf) field.
+  void varint_field(std::uint32_t field, std::uint64_t v) {
+    tag(field, varint_wire);
+    varint(v);
+  }
+  // Proto3 leaves fields at their default out: these skip zero / false / empty.
+  void varint_field_nz(std::uint32_t field, std::uint64_t v) {
+    if (v) varint_field(field, v);
+  }
+  void int64_field_nz(std::uint32_t field, std::int64_t v) {
+    if (v) varint_field(field, static_cast<std::uint64_t>(v));
+  }
+  void bool_field_nz(std::uint32_t field, bool v) {
+    if (v) varint_field(field, 1);
+  }
+  // Strings, bytes and nested messages; repeated string fields write empty strings too.
+  void bytes_field(std::uint32_t field, std::string_view bytes) {
+    tag(field, bytes_wire);
+    varint(bytes.size());
+    out_.append(bytes.data(), bytes.size());
+  }
+  void message_field(std::uint32_t field, const proto_writer& sub) { bytes_field(field, sub.out_); }
+  // A packed repeated varint field (skipped when empty).
+  void packed_field(std::uint32_t field, const std::vector<std::uint64_t>& values) {
+    if (values.empty()) return;
+    proto_writer body;
+    for (const auto v : values) body.varint(v);
+    bytes_field(field, body.out_);
+  }
+
+  void varint(std::uint64_t v) {
+    while (v >= 0x80) {
+      out_ += static_cast<char>((v & 0x7F) | 0x80);
+      v >>= 7;
+    }
+    out_ += static_cast<char>(v);
+  }
+
+  const std::string& bytes() const { return out_; }
+  std::string take() { return std::move(out_); }
+  void clear() { out_.clear(); }
+
+ private:
+  void tag(std::uint32_t field, wire w) { varint((static_cast<std::uint64_t>(field) << 3) | w); }
+  std::string out_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/output/protobuf.hpp ----
+
+namespace selfprof {
+
+struct pprof_options {
+  bool gzip = true;  // on-disk pprof profiles are gzipped; false gives the raw protobuf
+};
+
+namespace detail {
+
+class pprof_builder {
+ public:
+  explicit pprof_builder(const profile& p) : p_(p), frame_location_(p.frames.size(), 0) { intern(""); }
+
+  std::string encode() {
+    value_setup();
+    for (const auto& s : p_.stacks) add_stack(s);
+
+    proto_writer out;
+    for (const auto& [type, unit] : sample_types_) {
+      proto_writer vt;
+      vt.varint_field_nz(1, static_cast<std::uint64_t>(intern(type)));
+      vt.varint_field_nz(2, static_cast<std::uint64_t>(intern(unit)));
+      out.message_field(1, vt);
+    }
+    for (const auto& s : samples_) {
+      proto_writer m;
+      m.packed_field(1, s.locations);
+      std::vector<std::uint64_t> values;
+      for (const auto v : s.values) values.push_back(static_cast<std::uint64_t>(v));
+      m.packed_field(2, values);
+      if (s.tid != 0) {
+        proto_writer l;
+        l.varint_field_nz(1, static_cast<std::uint64_t>(intern("thread_id")));
+        l.varint_field_nz(3, s.tid);
+        m.message_field(3, l);
+        const std::string& name = p_.thread_name(s.tid);
+        if (!name.empty()) {
+          proto_writer n;
+          n.varint_field_nz(1, static_cast<std::uint64_t>(intern("thread_name")));
+          n.varint_field_nz(2, static_cast<std::uint64_t>(intern(name)));
+          m.message_field(3, n);
+        }
+      }
+      out.message_field(2, m);
+    }
+    for (std::size_t i = 0; i < mappings_.size(); ++i) {
+      const auto& mp = mappings_[i];
+      proto_writer m;
+      m.varint_field_nz(1, i + 1);
+      m.varint_field_nz(2, mp.start);
+      m.varint_field_nz(3, mp.limit);
+      m.varint_field_nz(4, mp.offset);
+      m.varint_field_nz(5, static_cast<std::uint64_t>(intern(mp.filename)));
+      m.bool_field_nz(7, true);
+      m.bool_field_nz(8, mp.has_filenames);
+      m.bool_field_nz(9, mp.has_lines);
+      m.bool_field_nz(10, mp.has_inline);
+      out.message_field(3, m);
+    }
+    for (std::size_t i = 0; i < locations_.size(); ++i) {
+      const auto& loc = locations_[i];
+      proto_writer m;
+      m.varint_field_nz(1, i + 1);
+      m.varint_field_nz(2, loc.mapping_id);
+      m.varint_field_nz(3, loc.address);
+      for (const auto& [function_id, line] : loc.lines) {
+        proto_writer l;
+        l.varint_field_nz(1, function_id);
+        l.varint_field_nz(2, line);
+        m.message_field(4, l);
+      }
+      out.message_field(4, m);
+    }
+    for (std::size_t i = 0; i < functions_.size(); ++i) {
+      const auto& fn = functions_[i];
+      proto_writer m;
+      m.varint_field_nz(1, i + 1);
+      m.varint_field_nz(2, static_cast<std::uint64_t>(fn.name));
+      m.varint_field_nz(4, static_cast<std::uint64_t>(fn.filename));
+      out.message_field(5, m);
+    }
+    // Strings used only by the trailing fields must be interned before the table is written.
+    const std::int64_t period_type = intern(period_type_name_), period_unit = intern("nanoseconds");
+    std::vector<std::int64_t> comments;
+    for (const auto& c : comment_lines()) comments.push_back(intern(c));
+    for (const auto& s : strings_) out.bytes_field(6, s);
+    out.int64_field_nz(9, static_cast<std::int64_t>(p_.info.start_unix_ns & 0x7FFFFFFFFFFFFFFFull));
+    out.int64_field_nz(10, clamp_i64(p_.info.duration_s * 1e9));
+    proto_writer pt;
+    pt.varint_field_nz(1, static_cast<std::uint64_t>(period_type));
+    pt.varint_field_nz(2, static_cast<std::uint64_t>(period_unit));
+    out.message_field(11, pt);
+    out.int64_field_nz(12, static_cast<std::int64_t>(period_ns_));
+    for (const auto c : comments) out.varint_field(13, static_cast<std::uint64_t>(c));
+    return out.take();
+  }
+
+ private:
+  struct mapping_rec {
+    std::string filename;
+    std::uint64_t start = 0, limit = 0, offset = 0;
+    bool has_filenames = false, has_lines = false, has_inline = false;
+  };
+  struct location_rec {
+    std::uint64_t mapping_id = 0, address = 0;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> lines;  // function id, line; innermost first
+  };
+  struct function_rec {
+    std::int64_t name = 0, filename = 0;
+  };
+  struct sample_rec {
+    std::vector<std::uint64_t> locations;  // leaf first
+    std::vector<std::int64_t> values;
+    std::uint32_t tid = 0;
+  };
+
+  static std::int64_t clamp_i64(long double v) {
+    if (!(v > 0)) return 0;
+    if (v >= 9.2e18L) return INT64_MAX;
+    return static_cast<std::int64_t>(v + 0.5L);
+  }
+
+  std::int64_t intern(const std::string& s) {
+    auto [it, fresh] = string_ids_.try_emplace(s, static_cast<std::int64_t>(strings_.size()));
+    if (fresh) strings_.push_back(s);
+    return it->second;
+  }
+
+  void value_setup() {
+    const std::string& mode = p_.info.mode;
+    const std::string time_type = mode == "wall" ? "wall" : mode == "offcpu" ? "offcpu" : "cpu";
+    period_type_name_ = time_type;
+    period_ns_ = p_.info.period_ns;
+    if (period_ns_ == 0 && p_.info.hz > 0)
+      period_ns_ = static_cast<std::uint64_t>(std::llround(1e9 / p_.info.hz));
+    const std::string& unit = p_.info.unit;
+    if (unit.empty() || unit == "samples") {
+      sample_types_ = {{"samples", "count"}, {time_type, "nanoseconds"}};
+      factor_ = static_cast<long double>(period_ns_);
+      two_values_ = true;
+    } else if (unit == "ns" || unit == "nanoseconds" || unit == "us" || unit == "microseconds" ||
+               unit == "ms" || unit == "milliseconds" || unit == "s" || unit == "seconds") {
+      const char c = unit[0];
+      factor_ = c == 'n' ? 1.0L : c == 'u' ? 1e3L : c == 'm' ? 1e6L : 1e9L;
+      sample_types_ = {{time_type, "nanoseconds"}};
+    } else {
+      factor_ = 1;
+      sample_types_ = {{unit, "count"}};
+    }
+  }
+
+  std::vector<std::string> comment_lines() const {
+    std::vector<std::string> c;
+    c.push_back(std::string("selfprof ") + SELFPROF_VERSION_STRING);
+    std::string line = "mode=" + p_.info.mode + " unit=" + p_.info.unit;
+    if (!p_.info.source.empty()) line += " source=" + p_.info.source;
+    line += " hz=" + format_compact(p_.info.hz) + " samples=" + std::to_string(p_.info.samples) +
+            " dropped=" + std::to_string(p_.info.dropped) + " truncated=" + std::to_string(p_.info.truncated);
+    c.push_back(line);
+    if (!p_.info.view.empty()) c.push_back("view=" + p_.info.view);  // [frames]
+    for (const auto& l : p_.info.frame_loops) c.push_back("frames: " + frame_stats_line(l));
+    for (const auto& n : p_.info.notes) c.push_back(n);
+    return c;
+  }
+
+  std::uint64_t mapping_for(const frame& f) {
+    if (f.module.empty() || f.kind == frame_kind::kernel || f.kind == frame_kind::jit ||
+        f.kind == frame_kind::marker)
+      return 0;
+    auto [it, fresh] = mapping_ids_.try_emplace(f.module, mappings_.size() + 1);
+    if (fresh) {
+      mapping_rec m;
+      m.filename = f.module;
+      m.start = f.address;
+      m.limit = f.address + 1;
+      m.offset = f.module_offset;
+      mappings_.push_back(m);
+    }
+    auto& m = mappings_[it->second - 1];
+    if (f.address < m.start) {
+      m.start = f.address;
+      m.offset = f.module_offset;
+    }
+    if (f.address >= m.limit) m.limit = f.address + 1;
+    if (!f.file.empty()) m.has_filenames = true;
+    if (f.line != 0) m.has_lines = true;
+    if (f.kind == frame_kind::inlined) m.has_inline = true;
+    return it->second;
+  }
+
+  std::uint64_t function_for(const std::string& name, const std::string& file) {
+    std::string key = name;
+    key += '\0';
+    key += file;
+    auto [it, fresh] = function_ids_.try_emplace(std::move(key), functions_.size() + 1);
+    if (fresh)
+      functions_.push_back({intern(name.empty() ? "[unknown]" : name), file.empty() ? 0 : intern(file)});
+    return it->second;
+  }
+
+  // A location for frames [first, last] of a stack (a physical frame and the frames inlined into it).
+  std::uint64_t location_for(const std::vector<const frame*>& group) {
+    location_rec loc;
+    const frame& phys = *group.front();
+    loc.address = phys.address;
+    loc.mapping_id = 0;
+    for (const frame* f : group) {
+      const std::uint64_t m = mapping_for(*f);
+      if (!loc.mapping_id) loc.mapping_id = m;
+    }
+    for (auto it = group.rbegin(); it != group.rend(); ++it)
+      loc.lines.emplace_back(function_for((*it)->name, (*it)->file), (*it)->line);
+    std::string key;
+    append_key(key, loc.mapping_id);
+    append_key(key, loc.address);
+    for (const auto& [fn, line] : loc.lines) {
+      append_key(key, fn);
+      append_key(key, line);
+    }
+    auto [it, fresh] = location_ids_.try_emplace(std::move(key), locations_.size() + 1);
+    if (fresh) locations_.push_back(std::move(loc));
+    return it->second;
+  }
+
+  void add_stack(const stack& s) {
+    if (s.count == 0) return;
+    static const frame unknown{"[unknown]", "", 0, 0, "", 0, frame_kind::marker};
+    static const frame truncated{"[truncated]", "", 0, 0, "", 0, frame_kind::marker};
+    std::vector<std::uint64_t> root_first;
+    std::vector<const frame*> group;
+    std::size_t group_index = 0;  // frame index of a one-frame group, for the per-frame cache
+    auto flush = [&] {
+      if (group.size() == 1 && group_index < frame_location_.size()) {
+        auto& cached = frame_location_[group_index];
+        if (!cached) cached = location_for(group);
+        root_first.push_back(cached);
+      } else if (!group.empty()) {
+        root_first.push_back(location_for(group));
+      }
+      group.clear();
+    };
+    bool marker_present = false;
+    for (std::size_t i = 0; i < s.frames.size(); ++i) {
+      const frame* f = s.frames[i] < p_.frames.size() ? &p_.frames[s.frames[i]] : &unknown;
+      if (i < 2 && f->kind == frame_kind::marker && f->name == "[truncated]") marker_present = true;
+      if (!(f->kind == frame_kind::inlined && !group.empty())) {
+        flush();
+        group_index = s.frames[i];
+      }
+      group.push_back(f);
+    }
+    flush();
+    if (s.truncated && !marker_present) root_first.insert(root_first.begin(), location_for({&truncated}));
+    if (root_first.empty()) root_first.push_back(location_for({&unknown}));
+
+    sample_rec rec;
+    rec.locations.assign(root_first.rbegin(), root_first.rend());
+    rec.tid = s.tid;
+    std::string key;
+    append_key(key, s.tid);
+    for (const auto id : rec.locations) append_key(key, id);
+    auto [it, fresh] = sample_ids_.try_emplace(std::move(key), samples_.size());
+    if (fresh) {
+      rec.values.assign(sample_types_.size(), 0);
+      samples_.push_back(std::move(rec));
+    }
+    auto& values = samples_[it->second].values;
+    const long double n = static_cast<long double>(s.count);
+    if (two_values_) {
+      values[0] = add_clamped(values[0], clamp_i64(n));
+      values[1] = add_clamped(values[1], clamp_i64(n * factor_));
+    } else {
+      values[0] = add_clamped(values[0], clamp_i64(n * factor_));
+    }
+  }
+
+  // Appends `v` to a map key as a varint (unambiguous: each value ends with a byte below 0x80).
+  static void append_key(std::string& key, std::uint64_t v) {
+    while (v >= 0x80) {
+      key += static_cast<char>((v & 0x7F) | 0x80);
+      v >>= 7;
+    }
+    key += static_cast<char>(v);
+  }
+
+  static std::int64_t add_clamped(std::int64_t a, std::int64_t b) {
+    return a > INT64_MAX - b ? INT64_MAX : a + b;
+  }
+
+  const profile& p_;
+  std::vector<std::string> strings_;
+  std::unordered_map<std::string, std::int64_t> string_ids_;
+  std::vector<std::pair<std::string, std::string>> sample_types_;
+  std::string period_type_name_;
+  std::uint64_t period_ns_ = 0;
+  long double factor_ = 1;
+  bool two_values_ = false;
+  std::vector<mapping_rec> mappings_;
+  std::unordered_map<std::string, std::uint64_t> mapping_ids_;
+  std::vector<std::uint64_t> frame_location_;  // per frame index: its one-frame location id (0: none yet)
+  std::vector<location_rec> locations_;
+  std::unordered_map<std::string, std::uint64_t> location_ids_;
+  std::vector<function_rec> functions_;
+  std::unordered_map<std::string, std::uint64_t> function_ids_;
+  std::vector<sample_rec> samples_;
+  std::unordered_map<std::string, std::size_t> sample_ids_;
+};
+
+// The raw (not gzipped) profile.proto bytes of a profile.
+inline std::string encode_pprof(const profile& p) { return pprof_builder(p).encode(); }
+
+}  // namespace detail
+
+// The pprof bytes of a profile: gzipped unless `opts.gzip` is false.
+inline std::string write_pprof(const profile& p, const pprof_options& opts = {}) {
+  std::string raw = detail::encode_pprof(p);
+  return opts.gzip ? detail::gzip_compress(raw) : raw;
+}
+
+}  // namespace selfprof
+// ---- end selfprof/output/pprof.hpp ----
+// ---- begin selfprof/output/sink.hpp ----
+// The file sink: writes a profile's bytes to a path atomically (temp file + rename), mode 0600, never
+// through a symbolic link and, unless told otherwise, never into a directory other users can write.
+// Context: any thread except the signal handler (the collector thread on a dump, or the CLI).
+//
+// Policy, in the order it is checked (every refusal names the path and the reason):
+//  1. The directory is opened once (O_DIRECTORY) and every later step works relative to that
+//     descriptor, so a directory path swapped underneath us cannot redirect the write.
+//  2. The target itself must not be a symbolic link, even a dangling one, nor anything but a regular
+//     file (a FIFO, a device or a directory is refused): we replace files, we do not write into them.
+//  3. A *shared* directory is one writable by "other" users, or writable by its group when that group
+//     is not our effective group (with user-private groups and umask 002 a user's own 0775 directory
+//     is not shared). In a shared directory:
+//       - without the sticky bit anyone may rename or delete our file after we wrote it, or replace it
+//         between our checks: refused unless `sink_options::allow_shared_dir`;
+//       - with the sticky bit (/tmp, /var/tmp) other users cannot touch our files, so the write is
+//         allowed, but an existing target owned by someone else is refused (someone planted it;
+//         Linux's fs.protected_regular would refuse it as well).
+//  4. The bytes go to a fresh temp file ".<name>.tmp-<pid>-<n>" in the same directory, created with
+//     O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC and mode 0600 (and fchmod 0600, whatever the umask), written
+//     with a full write loop that retries EINTR, fsync'ed, closed (close errors count: NFS reports
+//     write-back failures there), then renamed over the target. The directory is fsync'ed afterwards.
+//  5. On any failure the temp file is removed and the old target (if any) is left untouched.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+
+namespace selfprof {
+
+struct sink_options {
+  // Write into a directory that other users can write without the sticky bit (see the policy above).
+  bool allow_shared_dir = false;
+  // fsync the file before the rename and the directory after it. Off only for tests and benchmarks.
+  bool sync = true;
+};
+
+namespace detail {
+
+// "selfprof: cannot write PATH: REASON"
+inline status sink_error(const std::string& path, const std::string& reason) {
+  return status::error("selfprof: cannot write " + path + ": " + reason);
+}
+
+inline std::string errno_text(int err) {
+  char buf[256];
+  // GNU strerror_r returns the message pointer (which may or may not be buf).
+#if defined(__GLIBC__) && defined(_GNU_SOURCE)
+  const char* text = ::strerror_r(err, buf, sizeof buf);
+  return text ? std::string(text) : std::string("error ") + std::to_string(err);
+#else
+  if (::strerror_r(err, buf, sizeof buf) != 0) return "error " + std::to_string(err);
+  return std::string(buf);
+#endif
+}
+
+// Splits "a/b/c" into "a/b" and "c"; "c" into "." and "c"; "/c" into "/" and "c".
+inline void split_path(const std::string& path, std::string& dir, std::string& base) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) {
+    dir = ".";
+    base = path;
+  } else {
+    dir = slash == 0 ? std::string("/") : path.substr(0, slash);
+    base = path.substr(slash + 1);
+  }
+}
+
+// True when users other than us may create, rename or delete entries of a directory with this stat.
+inline bool dir_is_shared(const struct stat& st) {
+  if (st.st_mode & S_IWOTH) return true;
+  if ((st.st_mode & S_IWGRP) && st.st_gid != ::getegid()) return true;
+  return false;
+}
+
+// Owns a descriptor opened through the seam and closes it through the seam.
+class sink_fd {
+ public:
+  explicit sink_fd(int fd) : fd_(fd) {}
+  sink_fd(const sink_fd&) = delete;
+  sink_fd& operator=(const sink_fd&) = delete;
+  ~sink_fd() { reset(); }
+  int get() const { return fd_; }
+  // Closes now and returns close()'s result (0 when there was nothing to close).
+  int reset() {
+    int rc = 0;
+    if (fd_ >= 0) rc = sys().close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+// Writes all of `bytes`, retrying EINTR and short writes. Returns 0 or an errno value.
+inline int write_all(int fd, std::string_view bytes) {
+  const char* p = bytes.data();
+  std::size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EIO;  // a regular file never returns 0 for a non-empty write
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  return 0;
+}
+
+inline std::string temp_name_for(const std::string& base, unsigned attempt) {
+  static std::atomic<unsigned> counter{0};
+  const unsigned n = counter.fetch_add(1, std::memory_order_relaxed);
+  // A long name keeps its first 200 bytes so the temp name stays under NAME_MAX (255).
+  return "." + base.substr(0, 200) + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(n) + "-" +
+         std::to_string(attempt);
+}
+
+// Writes `bytes` to `path` atomically, following the policy at the top of this file.
+inline status write_file_atomic(const std::string& path, std::string_view bytes,
+                                const sink_options& opts = {}) {
+  if (path.empty()) return status::error("selfprof: cannot write an empty path");
+  std::string dir, base;
+  split_path(path, dir, base);
+  if (base.empty() || base == "." || base == "..")
+    return sink_error(path, "not a file name (the path ends in '/', '.' or '..')");
+
+  sink_fd dirfd(sys().open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0));
+  if (dirfd.get() < 0) return sink_error(path, "directory " + dir + ": " + errno_text(errno));
+
+  struct stat dst {};
+  if (::fstat(dirfd.get(), &dst) != 0) return sink_error(path, "directory " + dir + ": " + errno_text(errno));
+  const bool shared = dir_is_shared(dst);
+  const bool sticky = (dst.st_mode & S_ISVTX) != 0;
+  if (shared && !sticky && !opts.allow_shared_dir)
+    return sink_error(path, "directory " + dir +
+                                " is writable by other users and has no sticky bit (refusing; "
+                                "allow_shared_dir overrides)");
+
+  struct stat tst {};
+  if (::fstatat(dirfd.get(), base.c_str(), &tst, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (S_ISLNK(tst.st_mode))
+      return sink_error(path, "the target is a symbolic link (refusing to follow it)");
+    if (!S_ISREG(tst.st_mode)) return sink_error(path, "the target exists and is not a regular file");
+    if (shared && tst.st_uid != ::geteuid() && !opts.allow_shared_dir)
+      return sink_error(path, "the target exists in a shared directory and belongs to another user (uid " +
+                                  std::to_string(tst.st_uid) + ")");
+  } else if (errno != ENOENT) {
+    return sink_error(path, errno_text(errno));
+  }
+
+  std::string temp;
+  int tfd = -1;
+  for (unsigned attempt = 0; attempt < 100; ++attempt) {
+    temp = temp_name_for(base, attempt);
+    tfd = sys().openat(dirfd.get(), temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (tfd >= 0 || errno != EEXIST) break;
+  }
+  if (tfd < 0) return sink_error(path, errno_text(errno));
+  sink_fd file(tfd);
+
+  auto fail = [&](int err, const char* step) {
+    file.reset();
+    ::unlinkat(dirfd.get(), temp.c_str(), 0);
+    std::string reason = errno_text(err);
+    if (step) reason += std::string(" (") + step + ")";
+    return sink_error(path, reason);
+  };
+
+  if (::fchmod(file.get(), 0600) != 0) return fail(errno, "fchmod");
+  if (const int err = write_all(file.get(), bytes)) return fail(err, "write");
+  if (opts.sync && ::fsync(file.get()) != 0) return fail(errno, "fsync");
+  if (file.reset() != 0) return fail(errno, "close");
+  if (::renameat(dirfd.get(), temp.c_str(), dirfd.get(), base.c_str()) != 0) return fail(errno, "rename");
+  if (opts.sync) ::fsync(dirfd.get());  // best effort: the file is complete either way
+  return status::ok();
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/output/sink.hpp ----
+// ---- begin selfprof/output/top.hpp ----
+// The top-list writer (`.txt`): the flat ranking `perf report --no-children` prints, self and total
+// per function (optionally per module too), under a header with the profile's sampling metadata.
+// Context: any thread except the signal handler (a pure function of the profile).
+//
+// Definitions: self = samples whose leaf is the function; total = samples whose stack contains the
+// function, counted once per stack even when it recurses; percentages are of all samples in the
+// profile's stacks. Functions are identified by their folded name (so the kinds' `_[k]` `_[j]` `_[i]`
+// show and hostile characters are made safe as in the folded output); thread-root markers are not
+// functions and are skipped. Rows are sorted by self, then total (both descending), then name
+// (bytewise). Numbers are formatted without the C locale's help, so the bytes never depend on it.
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+
+namespace selfprof {
+
+struct top_options {
+  std::size_t limit = 0;   // rows per table; 0 = all
+  bool by_module = false;  // add a table ranking modules the same way
+};
+
+namespace detail {
+
+struct top_row {
+  std::string name;
+  std::uint64_t self = 0, total = 0;
+};
+
+// Module label of a frame for the per-module table.
+inline std::string top_module_name(const frame& f) {
+  if (!f.module.empty()) {
+    std::string safe;
+    append_folded_name(safe, f.module);
+    return safe;
+  }
+  switch (f.kind) {
+    case frame_kind::kernel:
+      return "[kernel]";
+    case frame_kind::jit:
+      return "[jit]";
+    case frame_kind::marker:
+      return "[selfprof]";
+    default:
+      return "[unknown]";
+  }
+}
+
+// Self/total rows keyed by `key_of(frame index)`; an index past the frame table counts as "[unknown]".
+template <typename KeyOf>
+std::vector<top_row> top_rows(const profile& p, std::uint64_t& grand_total, KeyOf key_of) {
+  std::unordered_map<std::string, std::size_t> index;
+  std::vector<top_row> rows;
+  std::vector<std::size_t> seen_mark;  // per row: last stack number that counted it (+1)
+  auto row_for = [&](const std::string& key) -> std::size_t {
+    auto [it, fresh] = index.try_emplace(key, rows.size());
+    if (fresh) {
+      rows.push_back({key, 0, 0});
+      seen_mark.push_back(0);
+    }
+    return it->second;
+  };
+  grand_total = 0;
+  std::size_t stack_number = 0;
+  for (const auto& s : p.stacks) {
+    if (s.count == 0) continue;
+    ++stack_number;
+    add_saturating(grand_total, s.count);
+    std::size_t leaf = static_cast<std::size_t>(-1);
+    for (const auto fi : s.frames) {
+      const frame* f = frame_at(p, fi);
+      if (f && f->kind == frame_kind::marker && is_thread_root_name(f->name)) continue;
+      const std::size_t r = row_for(key_of(f));
+      if (seen_mark[r] != stack_number) {
+        seen_mark[r] = stack_number;
+        add_saturating(rows[r].total, s.count);
+      }
+      leaf = r;
+    }
+    if (leaf == static_cast<std::size_t>(-1)) {
+      leaf = row_for(std::string(unknown_frame));
+      add_saturating(rows[leaf].total, s.count);
+    }
+    add_saturating(rows[leaf].self, s.count);
+  }
+  std::sort(rows.begin(), rows.end(), [](const top_row& a, const top_row& b) {
+    if (a.self != b.self) return a.self > b.self;
+    if (a.total != b.total) return a.total > b.total;
+    return a.name < b.name;
+  });
+  return rows;
+}
+
+inline std::string top_percent(std::uint64_t part, std::uint64_t whole) {
+  const double pct = whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+  return format_fixed(pct, 2) + "%";
+}
+
+inline std::string pad_left(const std::string& s, std::size_t width) {
+  return s.size() >= width ? s : std::string(width - s.size(), ' ') + s;
+}
+
+inline void append_top_table(std::string& out, const std::vector<top_row>& rows, std::uint64_t total,
+                             const char* what, std::size_t limit) {
+  std::size_t width = 5;
+  for (const auto& r : rows) width = std::max(width, std::to_string(r.total).size());
+  out += pad_left("self%", 7) + " " + pad_left("total%", 7) + "  " + pad_left("self", width) + "  " +
+         pad_left("total", width) + "  " + what + "\n";
+  const std::size_t shown = limit && limit < rows.size() ? limit : rows.size();
+  for (std::size_t i = 0; i < shown; ++i) {
+    const auto& r = rows[i];
+    out += pad_left(top_percent(r.self, total), 7) + " " + pad_left(top_percent(r.total, total), 7) + "  " +
+           pad_left(std::to_string(r.self), width) + "  " + pad_left(std::to_string(r.total), width) + "  " +
+           r.name + "\n";
+  }
+  if (shown < rows.size())
+    out += "... " + std::to_string(rows.size() - shown) + " more (limit " + std::to_string(limit) + ")\n";
+}
+
+}  // namespace detail
+
+// The top list of a profile (see the definitions at the top of this file).
+inline std::string write_top(const profile& p, const top_options& opts = {}) {
+  std::uint64_t total = 0;
+  const auto functions = detail::top_rows(p, total, [](const frame* f) {
+    return f ? detail::folded_frame_name(*f) : std::string(detail::unknown_frame);
+  });
+  const auto& info = p.info;
+  std::string out =
+      "# selfprof " SELFPROF_VERSION_STRING " top: self and total per function (perf report --no-children)\n";
+  out += "# mode: " + info.mode + "  unit: " + info.unit +
+         "  source: " + (info.source.empty() ? "-" : info.source) +
+         "  hz: " + detail::format_compact(info.hz) +
+         "  duration: " + detail::format_fixed(info.duration_s, 3) + " s\n";
+  out += "# samples: " + std::to_string(total) + "  dropped: " + std::to_string(info.dropped) +
+         "  truncated: " + std::to_string(info.truncated) + "\n";
+  if (!info.view.empty()) out += "# view: " + info.view + "\n";  // [frames]
+  for (const auto& loop : info.frame_loops) {
+    out += "# frames: ";
+    detail::append_printable(out, frame_stats_line(loop));
+    out += "\n";
+  }
+  for (const auto& note : info.notes) {
+    out += "# note: ";
+    detail::append_printable(out, note);
+    out += "\n";
+  }
+  out += "\n";
+  if (total == 0) return out + "(no samples)\n";
+  detail::append_top_table(out, functions, total, "function", opts.limit);
+  if (opts.by_module) {
+    std::uint64_t module_total = 0;
+    const auto modules = detail::top_rows(p, module_total, [](const frame* f) {
+      return f ? detail::top_module_name(*f) : std::string("[unknown]");
+    });
+    out += "\n";
+    detail::append_top_table(out, modules, module_total, "module", opts.limit);
+  }
+  return out;
+}
+
+}  // namespace selfprof
+// ---- end selfprof/output/top.hpp ----
+
+namespace selfprof {
+
+enum class output_format { folded, top, pprof, svg };
+
+// Options of every writer, for render() to pick from.
+struct output_options {
+  folded_options folded;
+  top_options top;
+  pprof_options pprof;
+  svg_options svg;
+};
+
+struct format_lookup {
+  output_format format = output_format::folded;
+  status result;  // an error naming the path when the extension is unknown
+};
+
+inline const char* format_name(output_format f) {
+  switch (f) {
+    case output_format::folded:
+      return "folded";
+    case output_format::top:
+      return "top";
+    case output_format::pprof:
+      return "pprof";
+    case output_format::svg:
+      return "svg";
+  }
+  return "?";
+}
+
+namespace detail {
+inline bool ends_with_ci(const std::string& s, const char* suffix) {
+  const std::string suf(suffix);
+  if (s.size() < suf.size()) return false;
+  for (std::size_t i = 0; i < suf.size(); ++i) {
+    char c = s[s.size() - suf.size() + i];
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    if (c != suf[i]) return false;
+  }
+  return true;
+}
+}  // namespace detail
+
+// The format a path asks for by its extension.
+inline format_lookup format_for_path(const std::string& path) {
+  format_lookup r;
+  const auto slash = path.find_last_of('/');
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  struct entry {
+    const char* ext;
+    output_format format;
+  };
+  static const entry table[] = {{".folded", output_format::folded}, {".collapsed", output_format::folded},
+                                {".txt", output_format::top},       {".pb.gz", output_format::pprof},
+                                {".pprof", output_format::pprof},   {".svg", output_format::svg}};
+  for (const auto& e : table) {
+    if (name.size() > std::string(e.ext).size() && detail::ends_with_ci(name, e.ext)) {
+      r.format = e.format;
+      return r;
+    }
+  }
+  r.result = status::error("selfprof: cannot write " + path +
+                           ": unknown output format (use .folded, .collapsed, .txt, .pb.gz, .pprof or .svg)");
+  return r;
+}
+
+// The bytes of a profile in a format.
+inline std::string render(const profile& p, output_format f, const output_options& opts = {}) {
+  switch (f) {
+    case output_format::folded:
+      return write_folded(p, opts.folded);
+    case output_format::top:
+      return write_top(p, opts.top);
+    case output_format::pprof:
+      return write_pprof(p, opts.pprof);
+    case output_format::svg:
+      return detail::write_svg(p, opts.svg);
+  }
+  return {};
+}
+
+// Renders `p` in the format of `path`'s extension and writes it atomically (see sink.hpp). On failure
+// nothing at `path` changes and the message names the path and the reason.
+inline status write_profile_file(const profile& p, const std::string& path, const output_options& opts = {},
+                                 const sink_options& sink = {}) {
+  const format_lookup lookup = format_for_path(path);
+  if (!lookup.result) return lookup.result;
+  return detail::write_file_atomic(path, render(p, lookup.format, opts), sink);
+}
+
+}  // namespace selfprof
+// ---- end selfprof/output/format.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// %p pid, %t unix time, %n dump number, %% a percent sign.
+inline std::string expand_path_template(const std::string& tmpl, unsigned long dump_number) {
+  std::string out;
+  for (std::size_t i = 0; i < tmpl.size(); ++i) {
+    if (tmpl[i] != '%' || i + 1 == tmpl.size()) {
+      out += tmpl[i];
+      continue;
+    }
+    char c = tmpl[++i];
+    if (c == 'p')
+      out += std::to_string(::getpid());
+    else if (c == 't')
+      out += std::to_string(static_cast<long long>(std::time(nullptr)));
+    else if (c == 'n')
+      out += std::to_string(dump_number);
+    else if (c == '%')
+      out += '%';
+    else {
+      out += '%';
+      out += c;
+    }
+  }
+  return out;
+}
+
+inline std::vector<std::string> split_paths(const std::string& list) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    std::size_t comma = list.find(',', start);
+    std::string part = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!part.empty()) out.push_back(part);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// What a dump of this process writes: the SVG titled with the program's name and pid, the profile's
+// remarks (a refused tick source, kernel time not sampled) as its subtitle.
+inline output_options dump_output_options(const profile& p) {
+  output_options oo;
+  std::string comm;
+  std::FILE* f = std::fopen("/proc/self/comm", "r");
+  if (f) {
+    char buf[64] = {0};
+    if (std::fgets(buf, sizeof buf, f)) comm = buf;
+    std::fclose(f);
+  }
+  while (!comm.empty() && (comm.back() == '\n' || comm.back() == ' ')) comm.pop_back();
+  const std::string& mode = p.info.mode;
+  oo.svg.title = (mode == "cpu"      ? std::string("CPU profile of ")
+                  : mode == "wall"   ? std::string("Wall-clock profile of ")
+                  : mode == "offcpu" ? std::string("Off-CPU time of ")
+                                     : mode + " profile of ") +
+                 (comm.empty() ? std::string("this process") : comm) + " (pid " + std::to_string(::getpid()) +
+                 ")";
+  if (mode == "offcpu") oo.svg.colors = palette::io;  // Gregg's off-CPU convention: blue frames
+  if (!p.info.unit.empty() && p.info.unit != "samples") oo.svg.count_name = p.info.unit;
+  for (const auto& n : p.info.notes) {
+    if (n.find("not sampled") == std::string::npos) continue;
+    oo.svg.subtitle += (oo.svg.subtitle.empty() ? "" : "; ") + n;
+  }
+  return oo;
+}
+
+inline unsigned long next_dump_number() {
+  static std::atomic<unsigned long> n{0};
+  return n.fetch_add(1) + 1;
+}
+
+// Writes one profile to every path of a comma-separated list; errors of all paths are joined.
+inline status write_profile(const profile& p, const std::string& paths, const output_options& oo,
+                            const sink_options& sink = {}) {
+  std::vector<std::string> list = split_paths(paths);
+  if (list.empty()) return status::error("selfprof: no output path given");
+  unsigned long number = next_dump_number();
+  std::string errors;
+  for (const std::string& tmpl : list) {
+    std::string path = expand_path_template(tmpl, number);
+    status st = write_profile_file(p, path, oo, sink);
+    if (!st) errors += (errors.empty() ? "" : "\n") + st.message();
+  }
+  return errors.empty() ? status::ok() : status::error(errors);
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/output/dump_paths.hpp ----
+// ---- begin selfprof/signal/dump_request.hpp ----
+// Signal-handler code: the dump signal (SIGUSR2 by default) only counts a request and wakes the
+// collector through its eventfd; the collector does the work (peers.md pitfall 24).
+// Context: signal handler (async-signal-safe: one atomic add and one write(2)).
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <errno.h>
+#include <atomic>
+#include <cstdint>
+
+namespace selfprof {
+namespace detail {
+
+struct dump_request_globals {
+  std::atomic<std::uint64_t> requests{0};  // dump signals received
+  std::atomic<int> wake_fd{-1};            // the collector's eventfd, -1 when no collector runs
+};
+
+inline dump_request_globals g_dump_requests;
+
+inline void dump_signal_handler(int, siginfo_t*, void*) {
+  const int saved_errno = errno;
+  g_dump_requests.requests.fetch_add(1, std::memory_order_acq_rel);
+  int fd = g_dump_requests.wake_fd.load(std::memory_order_acquire);
+  if (fd >= 0) {
+    std::uint64_t one = 1;
+    ssize_t r = ::write(fd, &one, sizeof one);  // write(2) is async-signal-safe
+    (void)r;
+  }
+  errno = saved_errno;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/dump_request.hpp ----
 
 namespace selfprof {
 namespace detail {
@@ -10610,6 +8798,322 @@ inline std::uintptr_t main_stack_end() {
 #include <tuple>
 #include <vector>
 
+// ---- begin selfprof/signal/unwind_dwarf.hpp ----
+// Signal-handler code: the mixed unwinder that follows pre-built CFI rows (parsed from .eh_frame off the
+// signal path) and falls back to one frame-pointer step where a module has no row for the pc.
+// Context: signal handler (async-signal-safe: no locks, no allocation; stack reads bounded and probed).
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+// ---- begin selfprof/signal/unwind_fp.hpp ----
+// Signal-handler code: the frame-pointer unwinder, with every read bounds-checked and probed.
+// Context: signal handler (async-signal-safe: no locks, no allocation, no libc state).
+
+#include <cstddef>
+#include <cstdint>
+
+
+namespace selfprof {
+namespace detail {
+
+// Every bound of the walk, with its reason.
+// A single frame larger than this is taken for a corrupted chain (async-profiler uses 256 KiB too).
+constexpr std::uintptr_t kMaxFrameSize = 256 * 1024;
+// How far above sp the walk may go when the thread's stack end is unknown (main-thread default
+// RLIMIT_STACK is 8 MiB; deeper stacks are still walked when the thread's end is known).
+constexpr std::uintptr_t kMaxStackSpan = 16 * 1024 * 1024;
+// A known thread stack larger than this is not trusted as a bound (guards against a bogus descriptor).
+constexpr std::uintptr_t kMaxKnownStack = 1024ull * 1024 * 1024;
+// Frame records are 16-byte aligned in ABI-conforming x86-64 code; 8 tolerates hand-written assembly.
+constexpr std::uintptr_t kFrameAlign = 8;
+// Return addresses below this are not code: the chain ended in zeroed memory.
+constexpr std::uintptr_t kMinCodeAddress = 4096;
+constexpr std::uintptr_t kPageSize = 4096;
+
+// Remembers the highest page range already shown readable, so each page is probed once per walk.
+struct read_guard {
+  std::uintptr_t ok_lo = 1, ok_hi = 0;  // empty
+
+  bool readable(std::uintptr_t addr, std::size_t len) {
+    std::uintptr_t end = addr + len;
+    if (end < addr) return false;
+    if (addr >= ok_lo && end <= ok_hi) return true;
+    std::uintptr_t first = addr & ~(kPageSize - 1);
+    std::uintptr_t last = (end - 1) & ~(kPageSize - 1);
+    for (std::uintptr_t page = first;; page += kPageSize) {
+      if (!(page >= ok_lo && page + kPageSize <= ok_hi) && !raw_readable(page)) return false;
+      if (page == last) break;
+    }
+    if (ok_lo <= ok_hi && first >= ok_lo && first <= ok_hi) {
+      if (last + kPageSize > ok_hi) ok_hi = last + kPageSize;  // contiguous: extend
+    } else {
+      ok_lo = first;
+      ok_hi = last + kPageSize;
+    }
+    return true;
+  }
+};
+
+// Reads of the interrupted thread's stack and code: bounds-checked and probed by the walkers, and not
+// instrumented, since a sanitizer would take a read of another frame's saved registers for a bug.
+#if defined(__clang__) || defined(__GNUC__)
+#define SELFPROF_DETAIL_NO_SANITIZE __attribute__((no_sanitize("address", "thread", "undefined")))
+#else
+#define SELFPROF_DETAIL_NO_SANITIZE
+#endif
+
+SELFPROF_DETAIL_NO_SANITIZE inline std::uint64_t load_word(std::uintptr_t addr) {
+  return *reinterpret_cast<const volatile std::uint64_t*>(addr);
+}
+SELFPROF_DETAIL_NO_SANITIZE inline unsigned char load_byte(std::uintptr_t addr) {
+  return *reinterpret_cast<const volatile unsigned char*>(addr);
+}
+
+// The highest address the current thread's frames may occupy, or 0 when unknown.
+// glibc places a thread's descriptor (what %fs:0x10 points to) at the top of its stack block.
+inline std::uintptr_t current_thread_stack_end(std::uintptr_t sp, std::uintptr_t main_end, bool is_main) {
+  if (is_main && main_end > sp && main_end - sp <= kMaxKnownStack) return main_end;
+#if defined(__x86_64__) && defined(__GLIBC__)
+  std::uintptr_t self;
+  __asm__("mov %%fs:0x10, %0" : "=r"(self));
+  if (self > sp && self - sp <= kMaxKnownStack) return self;
+#endif
+  return 0;
+}
+
+struct unwind_result {
+  std::size_t depth = 0;
+  bool truncated = false;
+  bool leaf_fixed = false;
+};
+
+// x86-64 prologue/epilogue bytes at the interrupted pc (async-profiler's heuristics): at a function's first
+// byte (push %rbp, endbr64) or on `ret` the return address is at [sp], right after `push %rbp` at [sp+8];
+// %rbp still holds the caller's frame. Used by both walkers for a leaf without a frame record. The slot of
+// the return address, or 0 when the bytes say nothing.
+inline std::uintptr_t leaf_return_slot(std::uintptr_t pc, std::uintptr_t sp) {
+#if defined(__x86_64__)
+  read_guard code_guard;
+  if (pc < kMinCodeAddress || !code_guard.readable(pc, 4)) return 0;
+  const unsigned char code[4] = {load_byte(pc), load_byte(pc + 1), load_byte(pc + 2), load_byte(pc + 3)};
+  const unsigned char b0 = code[0];
+  if (b0 == 0x55 || b0 == 0xC3 || (b0 == 0xF3 && code[1] == 0x0F && code[2] == 0x1E && code[3] == 0xFA))
+    return sp;
+  if (b0 == 0x48 && code[1] == 0x89 && code[2] == 0xE5) return sp + 8;
+#else
+  (void)pc;
+  (void)sp;
+#endif
+  return 0;
+}
+
+// Walks from an interrupted context. out[0] = pc, then return addresses, leaf first.
+inline unwind_result unwind_fp(std::uintptr_t pc, std::uintptr_t sp, std::uintptr_t fp,
+                               std::uintptr_t stack_end, std::uint64_t* out, std::size_t max_depth) {
+  unwind_result r;
+  if (max_depth == 0) return r;
+  out[r.depth++] = pc;
+  std::uintptr_t hi = sp + kMaxStackSpan;
+  if (hi < sp) hi = ~std::uintptr_t(0);
+  if (stack_end != 0 && stack_end < hi) hi = stack_end;
+  read_guard guard;
+
+  // Prologue/epilogue: the caller's return address may not be in a frame record yet (or any more).
+  if (max_depth > 1) {
+    const std::uintptr_t ra_slot = leaf_return_slot(pc, sp);
+    if (ra_slot != 0 && ra_slot % 8 == 0 && ra_slot + 8 <= hi && guard.readable(ra_slot, 8)) {
+      std::uintptr_t ra = load_word(ra_slot);
+      if (ra >= kMinCodeAddress) {
+        out[r.depth++] = ra;
+        r.leaf_fixed = true;
+      }
+    }
+  }
+
+  std::uintptr_t prev = sp;
+  while (true) {
+    if (fp < prev || fp % kFrameAlign != 0 || fp - prev > kMaxFrameSize) break;
+    if (fp + 16 > hi || fp + 16 < fp) break;
+    if (!guard.readable(fp, 16)) break;
+    std::uintptr_t next = load_word(fp);
+    std::uintptr_t ra = load_word(fp + 8);
+    if (ra < kMinCodeAddress) break;
+    if (r.depth == max_depth) {
+      r.truncated = true;  // a valid frame exists beyond the limit
+      break;
+    }
+    out[r.depth++] = ra;
+    if (next <= fp) break;  // the chain must grow towards the stack end
+    prev = fp;
+    fp = next;
+  }
+  return r;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/unwind_fp.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// How the canonical frame address (CFA: the caller's sp, just above the return address) is computed
+// at one pc, and what the row means for the walk.
+enum unwind_row_kind : std::uint8_t {
+  row_cfa_rsp = 0,    // CFA = rsp + cfa_off
+  row_cfa_rbp = 1,    // CFA = rbp + cfa_off
+  row_cfa_plt = 2,    // PLT entry: CFA = rsp + cfa_off, +8 more once (pc & 15) >= plt_threshold
+  row_unknown = 3,    // CFI this walker does not model (expressions, other registers): one FP step
+  row_outermost = 4,  // the return address is undefined: the thread's first frame, stop here
+  row_no_info = 5,    // a gap between FDEs: no CFI covers the pc, one FP step
+};
+
+// One row of a module's table: valid from `pc` (offset from the module's start) to the next row.
+// The return address is always at CFA-8 (x86-64); rows where it is not are row_unknown.
+struct unwind_row {
+  std::uint32_t pc;
+  std::int32_t cfa_off;
+  std::int16_t fp_off;  // the caller's rbp is saved at CFA + fp_off; 0: rbp still holds it
+  std::uint8_t kind;    // unwind_row_kind
+  std::uint8_t plt_threshold;
+};
+static_assert(sizeof(unwind_row) == 12, "rows are packed: libc alone has ~30,000 of them");
+
+// The rows of one module, covering the runtime addresses [start, end).
+struct unwind_module {
+  std::uintptr_t start;
+  std::uintptr_t end;
+  const unwind_row* rows;  // sorted by pc; the last one is row_no_info at `end - start`
+  std::size_t count;
+};
+
+// Every module's rows, sorted by start and not overlapping. Immutable once published.
+struct unwind_table_set {
+  const unwind_module* modules;
+  std::size_t count;
+};
+
+// The set the handler reads; published by collect/unwind_tables.hpp, never freed while profiling runs.
+inline std::atomic<const unwind_table_set*> g_unwind_tables{nullptr};
+
+// The row in effect at `pc`, or nullptr when no CFI covers it. Binary searches; reads only the set.
+inline const unwind_row* find_unwind_row(const unwind_table_set* set, std::uintptr_t pc) {
+  if (set == nullptr || set->count == 0) return nullptr;
+  std::size_t lo = 0, hi = set->count;  // first module with start > pc
+  while (lo < hi) {
+    std::size_t mid = lo + (hi - lo) / 2;
+    if (set->modules[mid].start <= pc)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0) return nullptr;
+  const unwind_module& m = set->modules[lo - 1];
+  if (pc >= m.end || m.count == 0) return nullptr;
+  const std::uint32_t off = static_cast<std::uint32_t>(pc - m.start);
+  lo = 0;
+  hi = m.count;  // first row with pc > off
+  while (lo < hi) {
+    std::size_t mid = lo + (hi - lo) / 2;
+    if (m.rows[mid].pc <= off)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0) return nullptr;
+  const unwind_row* row = &m.rows[lo - 1];
+  return row->kind == row_no_info ? nullptr : row;
+}
+
+// The CFA `row` gives at (pc, sp, fp), or 0 when that is no step up the stack: it wraps around, is
+// misaligned, leaves no room for the return address above sp, or makes a frame over kMaxFrameSize.
+inline std::uintptr_t row_cfa(const unwind_row* row, std::uintptr_t pc, std::uintptr_t sp,
+                              std::uintptr_t fp) {
+  std::uintptr_t base = row->kind == row_cfa_rbp ? fp : sp;
+  std::intptr_t off = row->cfa_off;
+  if (row->kind == row_cfa_plt && (pc & 15) >= row->plt_threshold) off += 8;
+  std::uintptr_t cfa = base + static_cast<std::uintptr_t>(off);
+  if ((off >= 0) != (cfa >= base)) return 0;  // wrapped around
+  if (cfa < sp + 8 || cfa % 8 != 0 || cfa - sp > kMaxFrameSize) return 0;
+  return cfa;
+}
+
+// Walks from an interrupted context with `set` (nullptr: frame pointers only). Same contract and bounds
+// as unwind_fp: out[0] = pc, then return addresses, leaf first; every stack read lies in
+// [sp, min(stack_end, sp + kMaxStackSpan)), is 8-aligned, probed, and each frame moves sp up by at most
+// kMaxFrameSize.
+inline unwind_result unwind_with_tables(const unwind_table_set* set, std::uintptr_t pc, std::uintptr_t sp,
+                                        std::uintptr_t fp, std::uintptr_t stack_end, std::uint64_t* out,
+                                        std::size_t max_depth) {
+  unwind_result r;
+  if (max_depth == 0) return r;
+  out[r.depth++] = pc;
+  std::uintptr_t hi = sp + kMaxStackSpan;
+  if (hi < sp) hi = ~std::uintptr_t(0);
+  if (stack_end != 0 && stack_end < hi) hi = stack_end;
+  read_guard guard;
+  bool leaf = true;
+  while (true) {
+    // A return address points after its call: look up pc-1, inside the calling instruction.
+    const unwind_row* row = find_unwind_row(set, leaf ? pc : pc - 1);
+    std::uintptr_t ra = 0, next_sp = 0, next_fp = fp;
+    bool fixed_leaf = false;
+    if (row != nullptr && row->kind == row_outermost) break;
+    if (row != nullptr && row->kind != row_unknown) {
+      const std::uintptr_t cfa = row_cfa(row, pc, sp, fp);
+      if (cfa == 0 || cfa > hi) break;
+      if (!guard.readable(cfa - 8, 8)) break;
+      ra = load_word(cfa - 8);
+      if (row->fp_off != 0) {
+        std::uintptr_t slot = cfa + static_cast<std::uintptr_t>(static_cast<std::intptr_t>(row->fp_off));
+        if (slot < sp || slot + 8 > cfa - 8 || slot % 8 != 0 || !guard.readable(slot, 8)) break;
+        next_fp = load_word(slot);
+      }
+      next_sp = cfa;
+    } else {
+      std::uintptr_t slot = leaf && max_depth > 1 ? leaf_return_slot(pc, sp) : 0;
+      if (slot != 0) {  // entry or exit of a function without CFI: rbp still belongs to the caller
+        if (slot % 8 != 0 || slot + 8 > hi || !guard.readable(slot, 8)) break;
+        ra = load_word(slot);
+        next_sp = slot + 8;
+        fixed_leaf = true;
+      } else {  // one frame-pointer step: [fp] = caller's rbp, [fp+8] = return address
+        if (fp < sp || fp % kFrameAlign != 0 || fp - sp > kMaxFrameSize) break;
+        if (fp + 16 > hi || fp + 16 < fp || !guard.readable(fp, 16)) break;
+        next_fp = load_word(fp);
+        ra = load_word(fp + 8);
+        next_sp = fp + 16;
+      }
+    }
+    if (ra < kMinCodeAddress) break;
+    if (r.depth == max_depth) {
+      r.truncated = true;  // a valid frame exists beyond the limit
+      break;
+    }
+    out[r.depth++] = ra;
+    if (fixed_leaf) r.leaf_fixed = true;
+    if (next_sp <= sp) break;  // the walk must move towards the stack end
+    sp = next_sp;
+    fp = next_fp;
+    pc = ra;
+    leaf = false;
+  }
+  return r;
+}
+
+// The handler's entry point: unwind_fp's signature, using the published tables when there are any.
+inline unwind_result unwind_mixed(std::uintptr_t pc, std::uintptr_t sp, std::uintptr_t fp,
+                                  std::uintptr_t stack_end, std::uint64_t* out, std::size_t max_depth) {
+  const unwind_table_set* set = g_unwind_tables.load(std::memory_order_acquire);
+  if (set == nullptr) return unwind_fp(pc, sp, fp, stack_end, out, max_depth);
+  return unwind_with_tables(set, pc, sp, fp, stack_end, out, max_depth);
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/unwind_dwarf.hpp ----
 // ---- begin selfprof/symbols/eh_frame.hpp ----
 // The .eh_frame / .eh_frame_hdr reader: turns a module's call frame information (CIEs and FDEs, as GCC,
 // clang and glibc emit them) into the compact sorted unwind rows the signal handler follows.
@@ -11554,6 +10058,1502 @@ class window_tables {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/collect/windows.hpp ----
+// ---- begin selfprof/signal/handler.hpp ----
+// Signal-handler code: the profiling signal handler and the lock-free globals it reads.
+// Context: signal handler (async-signal-safe only: no malloc, no locks, no lazy TLS, errno preserved).
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <ucontext.h>
+
+#include <errno.h>
+#include <time.h>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+
+namespace selfprof {
+namespace detail {
+
+// Everything the handler reads or counts. Constant-initialized: no constructor runs, so it is valid in
+// any thread at any time, before main and after exit.
+struct handler_globals {
+  std::atomic<bool> active{false};  // samples are taken only while set
+  std::atomic<int> in_flight{0};    // handlers running now (stop waits for zero)
+  std::atomic<sample_ring*> ring{nullptr};
+  std::atomic<int> signal_number{0};
+  std::atomic<std::uint32_t> max_depth{0};
+  std::atomic<std::uint32_t> main_tid{0};
+  std::atomic<std::uintptr_t> main_stack_end{0};
+  std::atomic<int> wake_fd{-1};             // the collector's eventfd: written when the ring is half full
+  std::atomic<bool> weight_overruns{true};  // CPU timers: weight a sample by 1 + si_overrun
+  // Thread births and deaths, seen from the samples: while ticks arrive, one handler in every
+  // kThreadCheckNs fstat()s /proc/self/task (its link count is 2 + the number of threads) and wakes the
+  // collector when the count differs from the one of its last scan. The collector then need not wake on
+  // a short timer to find new threads (a wake-up costs ~60 us of CPU in a VM).
+  std::atomic<int> task_dir_fd{-1};                 // /proc/self/task, opened by the collector
+  std::atomic<std::uint64_t> task_links{0};         // its link count when the collector last scanned
+  std::atomic<std::uint64_t> next_thread_check{0};  // CLOCK_MONOTONIC ns of the next check (0: none)
+  std::atomic<std::uint64_t> thread_checks{0};      // checks made (stats)
+  std::atomic<std::uint64_t> thread_wakes{0};  // checks that found the count changed and woke the collector
+  // Counters, read by the collector.
+  std::atomic<std::uint64_t> taken{0};             // records written to the ring
+  std::atomic<std::uint64_t> dropped_full{0};      // samples lost because the ring was full
+  std::atomic<std::uint64_t> dropped_inactive{0};  // ticks that arrived while stopping
+  std::atomic<std::uint64_t> foreign{0};           // signals sent by kill/tgkill/sigqueue, ignored
+  std::atomic<std::uint64_t> truncated{0};         // samples cut at max_depth
+  // perf_event fds opened by selfprof (one bit per fd below kPerfFdBits): their overflow disables the
+  // event (PERF_EVENT_IOC_REFRESH 1) and the handler re-arms it after sampling.
+  static constexpr int kPerfFdBits = 65536;
+  std::atomic<std::uint64_t> perf_fds[kPerfFdBits / 64]{};
+};
+
+inline handler_globals g_handler;  // one per process (see profiler.hpp for two copies in one process)
+
+// The value CPU-timer signals carry in si_value, so they can be told from a foreign sigqueue().
+inline void* timer_cookie() { return static_cast<void*>(&g_handler); }
+
+// Is this delivery one of our ticks? The kernel's perf_event and itimer signals have si_code > 0;
+// POSIX timers say SI_TIMER and carry our cookie; anything else was sent by someone (kill, tgkill).
+inline bool is_our_tick(const siginfo_t* info) {
+  if (info == nullptr) return false;
+  if (info->si_code > 0) return true;
+  return info->si_code == SI_TIMER && info->si_value.sival_ptr == timer_cookie();
+}
+
+// PERF_EVENT_IOC_REFRESH from <linux/perf_event.h>: _IO('$', 2).
+constexpr unsigned long kPerfIocRefresh = 0x2402;
+constexpr int kPollHup = 6;  // si_code of a perf_event signal whose event_limit ran out (POLL_HUP)
+
+inline bool owns_perf_fd(handler_globals& g, int fd) {
+  if (fd < 0 || fd >= handler_globals::kPerfFdBits) return false;
+  return (g.perf_fds[fd / 64].load(std::memory_order_acquire) >> (fd % 64)) & 1u;
+}
+
+inline void rearm_perf_event(handler_globals& g, const siginfo_t* info) {
+  if (info->si_code == kPollHup && owns_perf_fd(g, info->si_fd))
+    raw_syscall3(SYS_ioctl, info->si_fd, static_cast<long>(kPerfIocRefresh), 1);
+}
+
+constexpr std::uint64_t kThreadCheckNs = 20000000;  // 20 ms: new threads are found within ~20 ms
+
+// See handler_globals::task_dir_fd. One fstat of a kept fd (no path walk), at most once per 20 ms per
+// process, whatever the number of threads and the rate.
+inline void check_thread_count(handler_globals& g, std::uint64_t now_ns) {
+  std::uint64_t due = g.next_thread_check.load(std::memory_order_relaxed);
+  if (due == 0 || now_ns < due) return;
+  if (!g.next_thread_check.compare_exchange_strong(due, now_ns + kThreadCheckNs, std::memory_order_relaxed))
+    return;  // another thread's handler took this check
+  const int dir = g.task_dir_fd.load(std::memory_order_acquire);
+  const int wake = g.wake_fd.load(std::memory_order_acquire);
+  if (dir < 0 || wake < 0) return;
+  g.thread_checks.fetch_add(1, std::memory_order_relaxed);
+  struct stat st;
+  if (raw_syscall3(SYS_fstat, dir, reinterpret_cast<long>(&st), 0) != 0) return;
+  if (static_cast<std::uint64_t>(st.st_nlink) == g.task_links.load(std::memory_order_relaxed)) return;
+  const std::uint64_t one = 1;
+  raw_syscall3(SYS_write, wake, reinterpret_cast<long>(&one), sizeof one);
+  g.thread_wakes.fetch_add(1, std::memory_order_relaxed);
+}
+
+inline void sample_signal_handler(int, siginfo_t* info, void* context) {
+  const int saved_errno = errno;
+  handler_globals& g = g_handler;
+  g.in_flight.fetch_add(1, std::memory_order_acquire);
+  do {
+    if (!is_our_tick(info)) {
+      g.foreign.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    if (!g.active.load(std::memory_order_acquire)) {
+      g.dropped_inactive.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    rearm_perf_event(g, info);  // first, so the next period starts counting now
+    sample_ring* ring = g.ring.load(std::memory_order_acquire);
+    if (ring == nullptr || context == nullptr) break;
+    std::uint64_t pos = 0;
+    ring_slot* slot = ring->claim(pos);
+    if (slot == nullptr) {
+      g.dropped_full.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    const ucontext_t* uc = static_cast<const ucontext_t*>(context);
+    std::uintptr_t pc = 0, sp = 0, fp = 0;
+#if defined(__x86_64__)
+    pc = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
+    sp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RSP]);
+    fp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RBP]);
+#elif defined(__aarch64__)
+    pc = static_cast<std::uintptr_t>(uc->uc_mcontext.pc);
+    sp = static_cast<std::uintptr_t>(uc->uc_mcontext.sp);
+    fp = static_cast<std::uintptr_t>(uc->uc_mcontext.regs[29]);
+#endif
+    const std::uint32_t tid = raw_gettid();
+    const bool is_main = tid == g.main_tid.load(std::memory_order_relaxed);
+    const std::uintptr_t end =
+        current_thread_stack_end(sp, g.main_stack_end.load(std::memory_order_relaxed), is_main);
+    const std::size_t max_depth = ring->max_depth();
+    unwind_result u = unwind_mixed(pc, sp, fp, end, slot->pcs(),
+                                   max_depth);  // CFI rows when published, else frame pointers
+
+    sample_header& h = slot->header;
+    h.tid = tid;
+    h.depth = static_cast<std::uint16_t>(u.depth);
+    h.flags = static_cast<std::uint16_t>((u.truncated ? sample_truncated : 0) |
+                                         (u.leaf_fixed ? sample_leaf_fixed : 0));
+    std::uint32_t weight = 1;
+    if (info->si_code == SI_TIMER && info->si_overrun > 0 &&
+        g.weight_overruns.load(std::memory_order_relaxed))
+      weight += static_cast<std::uint32_t>(info->si_overrun);
+    h.weight = weight;
+    h.aux = 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe (POSIX.1-2008 list)
+    const std::uint64_t now_ns =
+        static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+    h.time_ns = now_ns;
+    h.tag = frame_tag_for(tid);  // [frames] the frame this thread is in (0: no frame marks)
+    if (u.truncated) g.truncated.fetch_add(1, std::memory_order_relaxed);
+    sample_ring::publish(slot, pos);
+    check_thread_count(g, now_ns);
+    // Every half ring of samples, wake the collector (while samples arrive it sleeps up to 500 ms).
+    const std::uint64_t half = ring->capacity() / 2;
+    if (half != 0 && pos % half == half - 1) {
+      const int fd = g.wake_fd.load(std::memory_order_acquire);
+      if (fd >= 0) {
+        const std::uint64_t one = 1;
+        raw_syscall3(SYS_write, fd, reinterpret_cast<long>(&one), sizeof one);
+      }
+    }
+    g.taken.fetch_add(1, std::memory_order_relaxed);
+  } while (false);
+  g.in_flight.fetch_sub(1, std::memory_order_release);
+  errno = saved_errno;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/handler.hpp ----
+// ---- begin selfprof/sources/select.hpp ----
+// Picks the tick source: `auto` takes the cheapest mechanism that honours the request (rate, kernel
+// time, even coverage of threads) and records why each earlier one was refused.
+// Context: setup only.
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+// ---- begin selfprof/sources/cpu_timer.hpp ----
+// Tick source: one POSIX CPU-time timer per thread (timer_create on the thread's CPU clock, SIGEV_THREAD_ID),
+// armed for every thread from one thread, so no code has to run in the target thread.
+// Context: setup only and the collector thread.
+
+#include <signal.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+
+namespace selfprof {
+namespace detail {
+
+class cpu_timer_source final : public tick_source {
+ public:
+  ~cpu_timer_source() override { close(); }
+  source_kind kind() const override { return source_kind::timer; }
+  std::string describe() const override { return "POSIX CPU-time timer per thread"; }
+  bool per_thread() const override { return true; }
+  bool counts_kernel_time() const override { return true; }
+  double effective_hz() const override { return std::min(config_.hz, kernel_tick_hz()); }
+  std::size_t armed_count() const override { return timers_.size(); }
+
+  status open(const source_config& config) override {
+    config_ = config;
+    // Probe: a timer on the calling thread's clock must be creatable (ENOSYS/EPERM under seccomp).
+    timer_t probe{};
+    if (create(static_cast<pid_t>(raw_gettid()), &probe) != 0)
+      return status::error(std::string("timer_create on a thread CPU clock failed: ") + std::strerror(errno));
+    sys().timer_delete(probe);
+    return status::ok();
+  }
+
+  status arm(pid_t tid) override {
+    if (timers_.count(tid)) return status::ok();
+    timer_t id{};
+    if (create(tid, &id) != 0) return status::error(std::string("timer_create: ") + std::strerror(errno));
+    struct itimerspec spec {};
+    std::int64_t ns = period_ns_for(config_.hz);
+    spec.it_interval.tv_sec = static_cast<time_t>(ns / 1000000000);
+    spec.it_interval.tv_nsec = static_cast<long>(ns % 1000000000);
+    spec.it_value = spec.it_interval;
+    if (sys().timer_settime(id, 0, &spec, nullptr) != 0) {
+      int e = errno;
+      sys().timer_delete(id);
+      return status::error(std::string("timer_settime: ") + std::strerror(e));
+    }
+    timers_.emplace(tid, id);
+    return status::ok();
+  }
+
+  // [frames] A new period for one thread's timer (the kernel still delivers at most one tick per jiffy;
+  // the overrun count weights the sample).
+  status set_thread_rate(pid_t tid, double hz) override {
+    auto it = timers_.find(tid);
+    if (it == timers_.end()) return status::error("timer: thread " + std::to_string(tid) + " is not armed");
+    struct itimerspec spec {};
+    std::int64_t ns = period_ns_for(hz);
+    spec.it_interval.tv_sec = static_cast<time_t>(ns / 1000000000);
+    spec.it_interval.tv_nsec = static_cast<long>(ns % 1000000000);
+    spec.it_value = spec.it_interval;
+    if (sys().timer_settime(it->second, 0, &spec, nullptr) != 0)
+      return status::error(std::string("timer_settime: ") + std::strerror(errno));
+    return status::ok();
+  }
+  // [/frames]
+
+  void disarm(pid_t tid) override {
+    auto it = timers_.find(tid);
+    if (it == timers_.end()) return;
+    sys().timer_delete(it->second);  // also discards a queued tick of this timer
+    timers_.erase(it);
+  }
+
+  void close() override {
+    for (auto& t : timers_) sys().timer_delete(t.second);
+    timers_.clear();
+  }
+
+  // POSIX timers are not inherited by fork(2): the child has nothing to release.
+  void abandon_after_fork() override { timers_.clear(); }
+
+ private:
+  int create(pid_t tid, timer_t* out) {
+    struct sigevent sev;
+    std::memset(&sev, 0, sizeof sev);
+    sev.sigev_notify = SIGEV_THREAD_ID;
+    sev.sigev_signo = config_.signal_number;
+    sev.sigev_value.sival_ptr = timer_cookie();
+    sev._sigev_un._tid = tid;  // glibc's spelling of sigev_notify_thread_id
+    return sys().timer_create(thread_cpu_clock(tid), &sev, out);
+  }
+
+  source_config config_;
+  std::unordered_map<pid_t, timer_t> timers_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/sources/cpu_timer.hpp ----
+// ---- begin selfprof/sources/itimer.hpp ----
+// Tick source: the process-wide setitimer(ITIMER_PROF), the last resort (one signal per tick for the whole
+// process, delivered to whichever thread is running: uneven across threads, see peers.md pitfall 1).
+// Context: setup only and the collector thread.
+
+#include <sys/time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+
+namespace selfprof {
+namespace detail {
+
+class itimer_source final : public tick_source {
+ public:
+  ~itimer_source() override { close(); }
+  source_kind kind() const override { return source_kind::itimer; }
+  std::string describe() const override { return "process-wide setitimer(ITIMER_PROF)"; }
+  bool per_thread() const override { return false; }
+  bool counts_kernel_time() const override { return true; }
+  double effective_hz() const override { return std::min(config_.hz, kernel_tick_hz()); }
+  std::size_t armed_count() const override { return armed_ ? 1 : 0; }
+
+  status open(const source_config& config) override {
+    config_ = config;
+    if (config.signal_number != SIGPROF)
+      return status::error("setitimer(ITIMER_PROF) can only deliver SIGPROF, which is taken");
+    struct itimerval v {};
+    std::int64_t ns = period_ns_for(config.hz);
+    v.it_interval.tv_sec = static_cast<time_t>(ns / 1000000000);
+    v.it_interval.tv_usec = static_cast<suseconds_t>((ns % 1000000000) / 1000);
+    if (v.it_interval.tv_sec == 0 && v.it_interval.tv_usec == 0) v.it_interval.tv_usec = 1;
+    v.it_value = v.it_interval;
+    if (sys().setitimer(ITIMER_PROF, &v, nullptr) != 0)
+      return status::error(std::string("setitimer(ITIMER_PROF): ") + std::strerror(errno));
+    armed_ = true;
+    return status::ok();
+  }
+  status arm(pid_t) override { return status::ok(); }
+  void disarm(pid_t) override {}
+  void close() override {
+    if (!armed_) return;
+    struct itimerval off {};
+    sys().setitimer(ITIMER_PROF, &off, nullptr);
+    armed_ = false;
+  }
+  // Interval timers are not inherited by fork(2).
+  void abandon_after_fork() override { armed_ = false; }
+
+ private:
+  source_config config_;
+  bool armed_ = false;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/sources/itimer.hpp ----
+// ---- begin selfprof/sources/perf_event.hpp ----
+// Tick source: one perf_event per thread (software task clock, or hardware cycles where a PMU exists)
+// whose overflow signal is delivered to that thread (F_SETOWN_EX F_OWNER_TID).
+// Context: setup only and the collector thread.
+
+#include <linux/perf_event.h>
+#include <sys/ioctl.h>
+#include <sys/utsname.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+
+namespace selfprof {
+namespace detail {
+
+// Linux 6.16 and 6.17 hang in the hrtimer path when PERF_EVENT_IOC_REFRESH re-arms a software event
+// from its overflow signal (async-profiler issue 1578); selfprof refuses perf_event there.
+inline bool kernel_has_refresh_hang() {
+  struct utsname u {};
+  if (uname(&u) != 0) return false;
+  int major = 0, minor = 0;
+  if (std::sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
+  return major == 6 && (minor == 16 || minor == 17);
+}
+
+class perf_event_source final : public tick_source {
+ public:
+  ~perf_event_source() override { close(); }
+  source_kind kind() const override { return source_kind::perf; }
+  bool per_thread() const override { return true; }
+  bool counts_kernel_time() const override { return !user_only_; }
+  double effective_hz() const override { return config_.hz; }
+  std::size_t armed_count() const override { return fds_.size(); }
+  std::string describe() const override {
+    std::string s = "perf_event ";
+    s += hardware_ ? "cpu-cycles" : "task-clock";
+    s += user_only_ ? " (user only: time in the kernel is not sampled)" : " (user+kernel)";
+    return s;
+  }
+  int last_errno() const { return last_errno_; }
+
+  status open(const source_config& config) override {
+    config_ = config;
+    if (kernel_has_refresh_hang())
+      return status::error("perf_event refused on Linux 6.16/6.17 (PERF_EVENT_IOC_REFRESH hang)");
+    raise_fd_limit();
+    // Probe the calling thread: hardware cycles first, then the software task clock; kernel time
+    // included unless the caller accepts user-only events.
+    pid_t self = static_cast<pid_t>(raw_gettid());
+    int first_errno = 0;
+    const bool user_clock = config.user_clock_only;
+    for (int user = user_clock ? 1 : 0; user <= (config.allow_user_only || user_clock ? 1 : 0); ++user) {
+      for (int hw = user_clock ? 0 : 1; hw >= 0; --hw) {
+        hardware_ = hw == 1;
+        user_only_ = user == 1;
+        int fd = open_event(self);
+        if (fd >= 0) {
+          sys().close(fd);
+          return status::ok();
+        }
+        if (hw == 0 && (user == 0 || user_clock)) first_errno = errno;  // the software event says most
+      }
+    }
+    last_errno_ = first_errno;
+    std::string why = std::string("perf_event_open(task-clock) failed: ") + std::strerror(first_errno);
+    if (first_errno == EACCES || first_errno == EPERM)
+      why += config.allow_user_only || user_clock
+                 ? " (kernel.perf_event_paranoid or seccomp forbids it)"
+                 : " (an event including kernel time needs root or kernel.perf_event_paranoid <= 1)";
+    return status::error(why);
+  }
+
+  status arm(pid_t tid) override {
+    if (fds_.count(tid)) return status::ok();
+    int fd = open_event(tid);
+    if (fd < 0) {
+      last_errno_ = errno;
+      return status::error(std::string("perf_event_open: ") + std::strerror(errno));
+    }
+    struct f_owner_ex owner {};
+    owner.type = F_OWNER_TID;
+    owner.pid = tid;
+    if (fd >= handler_globals::kPerfFdBits || sys().fcntl_int(fd, F_SETFL, O_ASYNC) != 0 ||
+        sys().fcntl_int(fd, F_SETSIG, config_.signal_number) != 0 || ::fcntl(fd, F_SETOWN_EX, &owner) != 0) {
+      last_errno_ = fd >= handler_globals::kPerfFdBits ? EMFILE : errno;
+      sys().close(fd);
+      return status::error(std::string("perf_event fd setup: ") + std::strerror(last_errno_));
+    }
+    set_bit(fd, true);
+    // Overflow disables the event (event_limit 1) until the handler refreshes it: no re-entrant ticks.
+    if (::ioctl(fd, PERF_EVENT_IOC_REFRESH, 1) != 0) {
+      last_errno_ = errno;
+      set_bit(fd, false);
+      sys().close(fd);
+      return status::error(std::string("PERF_EVENT_IOC_REFRESH: ") + std::strerror(last_errno_));
+    }
+    fds_.emplace(tid, fd);
+    return status::ok();
+  }
+
+  // [frames] A new period (task-clock ns) or frequency (cycles) for one thread's event.
+  status set_thread_rate(pid_t tid, double hz) override {
+    auto it = fds_.find(tid);
+    if (it == fds_.end()) return status::error("perf: thread " + std::to_string(tid) + " is not armed");
+    std::uint64_t value = hardware_ ? static_cast<std::uint64_t>(hz > 1 ? hz : 1)
+                                    : static_cast<std::uint64_t>(period_ns_for(hz));
+    if (::ioctl(it->second, PERF_EVENT_IOC_PERIOD, &value) != 0)
+      return status::error(std::string("PERF_EVENT_IOC_PERIOD: ") + std::strerror(errno));
+    return status::ok();
+  }
+  // [/frames]
+
+  void disarm(pid_t tid) override {
+    auto it = fds_.find(tid);
+    if (it == fds_.end()) return;
+    release(it->second, true);
+    fds_.erase(it);
+  }
+
+  void close() override {
+    for (auto& f : fds_) release(f.second, true);
+    fds_.clear();
+  }
+
+  // The child's fds are copies that still point at the parent's events: close them without disabling.
+  void abandon_after_fork() override {
+    for (auto& f : fds_) release(f.second, false);
+    fds_.clear();
+  }
+
+ private:
+  int open_event(pid_t tid) {
+    struct perf_event_attr attr;
+    std::memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;
+    if (hardware_) {
+      attr.type = PERF_TYPE_HARDWARE;
+      attr.config = PERF_COUNT_HW_CPU_CYCLES;
+      attr.freq = 1;
+      attr.sample_freq = static_cast<std::uint64_t>(config_.hz > 1 ? config_.hz : 1);
+    } else {
+      attr.type = PERF_TYPE_SOFTWARE;
+      attr.config = PERF_COUNT_SW_TASK_CLOCK;
+      attr.sample_period = static_cast<std::uint64_t>(period_ns_for(config_.hz));
+    }
+    attr.disabled = 1;
+    attr.exclude_kernel = user_only_ ? 1 : 0;
+    attr.exclude_hv = 1;
+    attr.wakeup_events = 1;
+    long fd = sys().perf_event_open(&attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
+    return static_cast<int>(fd);
+  }
+
+  void set_bit(int fd, bool on) {
+    if (fd < 0 || fd >= handler_globals::kPerfFdBits) return;
+    std::uint64_t bit = std::uint64_t(1) << (fd % 64);
+    if (on)
+      g_handler.perf_fds[fd / 64].fetch_or(bit, std::memory_order_release);
+    else
+      g_handler.perf_fds[fd / 64].fetch_and(~bit, std::memory_order_release);
+  }
+
+  void release(int fd, bool disable) {
+    set_bit(fd, false);
+    if (disable) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+    sys().close(fd);
+  }
+
+  // One fd per thread: raise the soft RLIMIT_NOFILE to the hard limit (peers.md pitfall 7).
+  static void raise_fd_limit() {
+    struct rlimit rl {};
+    if (sys().getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      sys().setrlimit(RLIMIT_NOFILE, &rl);
+    }
+  }
+
+  source_config config_;
+  bool hardware_ = false, user_only_ = false;
+  int last_errno_ = 0;
+  std::unordered_map<pid_t, int> fds_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/sources/perf_event.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+struct source_choice {
+  std::unique_ptr<tick_source> source;
+  std::string reason;                // why this one was taken
+  std::vector<std::string> refused;  // why earlier ones were not
+};
+
+inline std::unique_ptr<tick_source> make_source(source_kind k) {
+  switch (k) {
+    case source_kind::perf:
+      return std::unique_ptr<tick_source>(new perf_event_source());
+    case source_kind::timer:
+      return std::unique_ptr<tick_source>(new cpu_timer_source());
+    case source_kind::itimer:
+      return std::unique_ptr<tick_source>(new itimer_source());
+    default:
+      return nullptr;
+  }
+}
+
+// The decision, from measurements on a 2-core x86-64 VM (bench/overhead.cpp reproduces them): a
+// CPU-timer tick costs ~1 us, a perf_event tick ~28 us (hrtimer interrupts in a VM). Up to the kernel
+// tick rate both deliver the requested rate and count kernel time, so the timer wins. Above it a CPU
+// timer fires at most once per tick (the rest only show up as si_overrun), so perf_event is taken:
+// with kernel time when it opens; user-only otherwise, which delivers the rate but cannot see time spent
+// in syscalls (said in the reason). The itimer is the last resort: one signal per tick for the whole
+// process, uneven across threads.
+inline source_choice choose_source(source_kind requested, source_config cfg) {
+  source_choice out;
+  char buf[160];
+  const double tick = kernel_tick_hz();
+  std::vector<std::pair<source_kind, bool>> order;  // kind, allow user-only perf
+  if (requested == source_kind::automatic) {
+    if (cfg.hz <= tick)
+      order = {{source_kind::timer, false}, {source_kind::perf, false}, {source_kind::itimer, false}};
+    else
+      order = {{source_kind::perf, false},
+               {source_kind::perf, true},
+               {source_kind::timer, false},
+               {source_kind::itimer, false}};
+  } else {
+    order = {{requested, requested == source_kind::perf}};
+  }
+  for (auto& o : order) {
+    auto src = make_source(o.first);
+    cfg.allow_user_only = o.second;
+    status st = src->open(cfg);
+    if (!st) {
+      std::string name = source_name(o.first);
+      if (o.first == source_kind::perf) name += o.second ? " (user-only)" : " (with kernel time)";
+      out.refused.push_back(name + ": " + st.message());
+      continue;
+    }
+    if (requested != source_kind::automatic) {
+      out.reason = std::string("forced by SELFPROF_SOURCE/options");
+    } else if (o.first == source_kind::timer && cfg.hz <= tick) {
+      std::snprintf(buf, sizeof buf,
+                    "cheapest source that honours %g Hz (<= kernel tick %g Hz) and counts kernel time",
+                    cfg.hz, tick);
+      out.reason = buf;
+    } else if (o.first == source_kind::perf) {
+      std::snprintf(buf, sizeof buf, "%g Hz is above the kernel tick (%g Hz) that limits CPU timers", cfg.hz,
+                    tick);
+      out.reason = buf;
+      if (src->counts_kernel_time() == false)
+        out.reason += "; user-only event: time in the kernel is not sampled";
+    } else if (o.first == source_kind::timer) {
+      std::snprintf(buf, sizeof buf,
+                    "perf_event unavailable; timer ticks are limited to %g Hz and weighted by overruns",
+                    tick);
+      out.reason = buf;
+    } else {
+      out.reason = "last resort: per-thread sources unavailable (samples are uneven across threads)";
+    }
+    out.source = std::move(src);
+    return out;
+  }
+  return out;
+}
+
+// Wall mode (wall/sampler.hpp): on-CPU stacks come only from a user-only software task clock, whose
+// ticks never land in the kernel, so they cannot turn a blocking call into EINTR. CPU timers and the
+// itimer can, and are refused even when asked for. No usable event: no signals at all (CPU time is then
+// counted without stacks), which the reason says.
+inline source_choice choose_wall_source(source_kind requested, source_config cfg) {
+  source_choice out;
+  if (requested == source_kind::timer || requested == source_kind::itimer) {
+    out.refused.push_back(std::string(source_name(requested)) +
+                          ": refused in wall mode (it can fire while a thread is in the kernel on its way to "
+                          "sleep, and the blocking call then fails with EINTR)");
+    return out;
+  }
+  cfg.user_clock_only = true;
+  auto src = make_source(source_kind::perf);
+  status st = src->open(cfg);
+  if (!st) {
+    out.refused.push_back("perf (user-only task clock): " + st.message());
+    return out;
+  }
+  out.reason = "wall mode: a user-only task clock never interrupts a blocking call";
+  out.source = std::move(src);
+  return out;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/sources/select.hpp ----
+// ---- begin selfprof/sources/signal_setup.hpp ----
+// Choosing and installing the profiling signal: never replaces an application's handler silently, and
+// recognises another copy of selfprof in the same process by a marker in its handler's sa_mask.
+// Context: setup only.
+
+#include <signal.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+// Every selfprof handler blocks SIGRTMAX while it runs; no application handler is likely to look like
+// that together with SA_SIGINFO|SA_RESTART, and it costs nothing: it is how one copy of selfprof sees
+// another copy (a different version, or a hidden-visibility build in another shared library).
+inline int selfprof_marker_signal() { return SIGRTMAX; }
+
+inline bool is_selfprof_action(const struct sigaction& a) {
+  return (a.sa_flags & SA_SIGINFO) && (a.sa_flags & SA_RESTART) &&
+         sigismember(&a.sa_mask, selfprof_marker_signal()) == 1;
+}
+
+inline bool is_free_action(const struct sigaction& a) {
+  if (a.sa_flags & SA_SIGINFO) return false;
+  return a.sa_handler == SIG_DFL || a.sa_handler == SIG_IGN;
+}
+
+struct installed_signal {
+  int number = 0;
+  struct sigaction previous {};
+};
+
+// Signals tried when none is requested: SIGPROF, then real-time signals from the top (glibc keeps the
+// first ones for itself; SIGRTMAX is our marker). Standard signals do not queue, which is what we want
+// for ticks; RT ones do, which is harmless at these rates.
+inline std::vector<int> sample_signal_candidates() {
+  std::vector<int> c{SIGPROF};
+  for (int s = SIGRTMAX - 1; s >= SIGRTMAX - 8 && s > SIGRTMIN + 2; --s) c.push_back(s);
+  return c;
+}
+
+inline status check_no_other_copy() {
+  for (int s : sample_signal_candidates()) {
+    struct sigaction cur {};
+    if (sys().sigaction(s, nullptr, &cur) != 0) continue;
+    if (is_selfprof_action(cur) && cur.sa_sigaction != &sample_signal_handler)
+      return status::error(
+          "another copy of selfprof (another build in this process) already profiles it on signal " +
+          std::to_string(s) + "; this copy defers to it");
+  }
+  return status::ok();
+}
+
+inline status install_sample_handler(int requested, installed_signal& out, std::vector<std::string>& notes) {
+  status other = check_no_other_copy();
+  if (!other) return other;
+  std::vector<int> candidates = requested > 0 ? std::vector<int>{requested} : sample_signal_candidates();
+  for (int s : candidates) {
+    struct sigaction cur {};
+    if (sys().sigaction(s, nullptr, &cur) != 0) continue;
+    if (!is_free_action(cur)) {
+      notes.push_back("signal " + std::to_string(s) + (s == SIGPROF ? " (SIGPROF)" : "") +
+                      " already has a handler installed by the application: left alone");
+      continue;
+    }
+    struct sigaction act {};
+    act.sa_sigaction = &sample_signal_handler;
+    act.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&act.sa_mask);
+    sigaddset(&act.sa_mask, selfprof_marker_signal());
+    if (sys().sigaction(s, &act, &out.previous) != 0) {
+      notes.push_back("sigaction(" + std::to_string(s) + "): " + std::strerror(errno));
+      continue;
+    }
+    out.number = s;
+    g_handler.signal_number.store(s, std::memory_order_release);
+    return status::ok();
+  }
+  std::string why = requested > 0
+                        ? "the requested sampling signal " + std::to_string(requested) + " is in use"
+                        : "every candidate sampling signal is in use";
+  return status::error("selfprof: " + why + " (set SELFPROF_SAMPLE_SIGNAL to a free signal)");
+}
+
+// Discards pending ticks (setting SIG_IGN drops them, POSIX sigaction), waits for running handlers, then
+// restores the application's previous action.
+inline void restore_sample_handler(installed_signal& s) {
+  if (s.number == 0) return;
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  sys().sigaction(s.number, &ign, nullptr);
+  while (g_handler.in_flight.load(std::memory_order_acquire) != 0) sched_yield();
+  sys().sigaction(s.number, &s.previous, nullptr);
+  s.number = 0;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/sources/signal_setup.hpp ----
+// ---- begin selfprof/wall/sampler.hpp ----
+// The wall-clock sampler (SELFPROF_MODE=wall): every thread's time, running or not, without ever
+// interrupting a blocking call.
+// Context: its own thread ("selfprof-wall"); start/stop from setup only (the profiler core).
+//
+// Why no EINTR. A signal that arrives while a thread sleeps in poll, epoll_wait, select, nanosleep, a
+// timed futex or a socket read with a timeout makes the call fail with EINTR even under SA_RESTART
+// (signal(7)); a write may return short. So this mode never sends a signal to a thread that could be in
+// the kernel:
+//  - On-CPU stacks come from a per-thread perf_event task clock that counts *user* time only
+//    (exclude_kernel). Its overflow is raised from the timer interrupt only when that interrupt landed in
+//    user mode, and the signal is delivered on the way back to that same user code: the thread is never
+//    inside a system call when it arrives. (A kernel-inclusive event, a CPU-time timer or an itimer can
+//    all fire while the thread is in the kernel on its way to sleep; the sleep then sees the pending
+//    signal and returns EINTR. Wall mode refuses them.)
+//  - Off-CPU stacks are read from outside. This thread looks at up to kWallThreadsPerTick threads per
+//    tick (round robin), each with one clock_gettime of its CPU clock. A thread whose CPU time has not
+//    moved since the last look is still blocked where it was: the stack found then is counted again
+//    (no other work). Otherwise /proc/self/task/<tid>/syscall says "running" or gives the system call,
+//    sp and pc of a blocked thread (the kernel fills it only once the thread is off the CPU); the stack
+//    above sp is copied with process_vm_readv (a short read, never a fault, if it goes away) and unwound
+//    from the copy with the CFI rows the handler uses (unwind_stack_copy). The CPU clock is read again
+//    after the copy: if it moved, the thread ran meanwhile and the copy is not used.
+//  Without a user-only perf_event (perf_event_paranoid 3, seccomp, no fds) no signal is sent at all:
+//  CPU time is still counted, from the CPU clocks, as `[running]` without a stack.
+//
+// Weights are microseconds of wall time. At each look the time since the previous look splits into the
+// thread's CPU time (on-CPU samples, from the signals, stand for it) and the rest, which is off-CPU: it
+// goes to where the thread is blocked now, to where it was blocked before when it has woken since, half
+// to each when it was blocked at both looks and ran in between, and to `[off-cpu]` when it was running at
+// both looks (it blocked and woke unseen, or waited for a CPU). Counted this way, a thread's samples add up
+// to its wall time whatever the number of threads, only more coarsely placed when there are many.
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <new>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+// ---- begin selfprof/wall/copy_unwind.hpp ----
+// Unwinding a thread that is blocked in the kernel, from a copy of its stack: the pc and sp come from
+// /proc/self/task/<tid>/syscall, the frames from the same CFI rows the signal handler uses. The kernel
+// does not tell rbp, so the first frame that needs it is found by scanning the copy for a frame record.
+// Context: the wall sampler thread (never the signal handler).
+
+#include <link.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+// A copy of part of a thread's stack: `size` bytes that were at [base, base + size).
+struct stack_copy {
+  std::uintptr_t base = 0;
+  const unsigned char* data = nullptr;
+  std::size_t size = 0;
+
+  bool read(std::uintptr_t addr, std::uint64_t& out) const {
+    if (addr < base || addr - base > size || size - (addr - base) < 8) return false;
+    std::memcpy(&out, data + (addr - base), 8);
+    return true;
+  }
+  std::uintptr_t end() const { return base + size; }
+};
+
+// The executable segments of every loaded module (dl_iterate_phdr), to tell a return address from data.
+class code_ranges {
+ public:
+  void refresh() {
+    ranges_.clear();
+    dl_iterate_phdr(
+        [](struct dl_phdr_info* info, std::size_t, void* self) {
+          auto* r = static_cast<std::vector<std::pair<std::uintptr_t, std::uintptr_t>>*>(self);
+          for (int i = 0; i < info->dlpi_phnum; ++i) {
+            const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+            if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X) || ph.p_memsz == 0) continue;
+            std::uintptr_t start = info->dlpi_addr + ph.p_vaddr;
+            r->emplace_back(start, start + ph.p_memsz);
+          }
+          return 0;
+        },
+        &ranges_);
+    std::sort(ranges_.begin(), ranges_.end());
+  }
+  bool contains(std::uintptr_t addr) const {
+    auto it = std::upper_bound(ranges_.begin(), ranges_.end(), std::make_pair(addr, ~std::uintptr_t(0)));
+    return it != ranges_.begin() && addr < std::prev(it)->second;
+  }
+  bool empty() const { return ranges_.empty(); }
+
+ private:
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges_;
+};
+
+// Frame records are 16-byte aligned in ABI-conforming x86-64 code (rsp is 16-aligned after `push %rbp`);
+// scanning only those halves the chance of taking data for a record.
+constexpr std::uintptr_t kFrameRecordAlign = 16;
+
+// Does the pair at `a` look like a frame record: a saved rbp that points further up the stack (or is 0,
+// the outermost frame) next to a return address into code?
+inline bool plausible_frame_record(const stack_copy& mem, std::uintptr_t a, const code_ranges& code) {
+  std::uint64_t saved = 0, ra = 0;
+  if (!mem.read(a, saved) || !mem.read(a + 8, ra)) return false;
+  if (!code.contains(static_cast<std::uintptr_t>(ra))) return false;
+  if (saved == 0) return true;
+  return saved > a + 8 && saved % 8 == 0 && saved - a <= kMaxStackSpan;
+}
+
+struct copy_unwind_result {
+  std::size_t depth = 0;
+  bool truncated = false;
+  bool scanned = false;  // a frame record was found by scanning (rbp was not known)
+  bool clean = false;    // the walk ended where a stack ends (outermost CFI row, null frame, depth limit)
+};
+
+// Candidates for a scanned frame record tried per walk: stale records of earlier calls lie below the
+// live one, so the first plausible pair is not always right; the one whose walk ends cleanly is.
+constexpr int kMaxRecordCandidates = 32;
+
+struct copy_walker {
+  const unwind_table_set* set;
+  const stack_copy& mem;
+  const code_ranges& code;
+  std::uint64_t* out;
+  std::size_t max_depth;
+
+  // Continues a walk at (pc, sp, fp) with out[0..r.depth) filled. `scan`: try several frame records
+  // where rbp is unknown (false inside such a trial: the first plausible record is taken).
+  copy_unwind_result walk(copy_unwind_result r, std::uintptr_t pc, std::uintptr_t sp, std::uintptr_t fp,
+                          bool fp_known, bool leaf, bool scan) const {
+    for (;;) {
+      const unwind_row* row = find_unwind_row(set, leaf ? pc : pc - 1);
+      if (row != nullptr && row->kind == row_outermost) {
+        r.clean = true;
+        return r;
+      }
+      const bool cfi = row != nullptr && row->kind != row_unknown;
+      if (!fp_known && (!cfi || row->kind == row_cfa_rbp)) return scan_record(r, pc, sp, leaf, scan);
+      std::uint64_t ra = 0, next_fp = fp;
+      std::uintptr_t next_sp = 0;
+      bool next_fp_known = fp_known;
+      if (cfi) {
+        const std::uintptr_t cfa = row_cfa(row, pc, sp, fp);
+        if (cfa == 0) return r;
+        if (!mem.read(cfa - 8, ra)) return ran_off_copy(r, cfa - 8);
+        if (row->fp_off != 0) {
+          std::uintptr_t slot = cfa + static_cast<std::uintptr_t>(static_cast<std::intptr_t>(row->fp_off));
+          if (!mem.read(slot, next_fp)) return ran_off_copy(r, slot);
+          next_fp_known = true;
+        }
+        next_sp = cfa;
+      } else {  // no CFI here: one frame-pointer step
+        if (fp < sp || fp % 8 != 0 || fp - sp > kMaxFrameSize) return r;
+        if (!mem.read(fp, next_fp) || !mem.read(fp + 8, ra)) return ran_off_copy(r, fp);
+        next_fp_known = true;
+        next_sp = fp + 16;
+      }
+      if (ra < kMinCodeAddress) {
+        r.clean = ra == 0;  // a zeroed return address ends the chain
+        return r;
+      }
+      if (r.depth == max_depth) {
+        r.truncated = r.clean = true;
+        return r;
+      }
+      out[r.depth++] = ra;
+      if (next_sp <= sp) return r;  // the walk must move towards the stack end
+      sp = next_sp;
+      fp = static_cast<std::uintptr_t>(next_fp);
+      fp_known = next_fp_known;
+      pc = static_cast<std::uintptr_t>(ra);
+      leaf = false;
+    }
+  }
+
+  // The copy ended before the stack did (a deep stack): what was walked is right, just not all of it.
+  copy_unwind_result ran_off_copy(copy_unwind_result r, std::uintptr_t addr) const {
+    r.clean = addr >= mem.end();
+    return r;
+  }
+
+  // rbp is not known at this frame: find its frame record above sp. Candidates are tried upwards from
+  // sp; the first whose walk ends cleanly wins, else the deepest walk. A stale record left in this
+  // frame's locals by an earlier, deeper call can still win (it chains into the live frames above): the
+  // price of a kernel that reports sp and pc but not rbp. It takes a frame-pointer function between the
+  // caller and the system call to leave one there (libc's wrappers use none; ASan's interceptors do).
+  copy_unwind_result scan_record(copy_unwind_result r, std::uintptr_t pc, std::uintptr_t sp, bool leaf,
+                                 bool scan) const {
+    r.scanned = true;
+    copy_unwind_result best = r;
+    std::uintptr_t best_fp = 0;
+    int tried = 0;
+    std::uintptr_t a = (sp + kFrameRecordAlign - 1) & ~(kFrameRecordAlign - 1);
+    for (; a >= sp && a - sp <= kMaxFrameSize && a + 16 <= mem.end(); a += kFrameRecordAlign) {
+      if (!plausible_frame_record(mem, a, code)) continue;
+      copy_unwind_result t = walk(r, pc, sp, a, true, leaf, false);
+      if (!scan || t.clean) return scan ? walk(r, pc, sp, a, true, leaf, true) : t;
+      if (t.depth > best.depth) {
+        best = t;
+        best_fp = a;
+      }
+      if (++tried == kMaxRecordCandidates) break;
+    }
+    if (best_fp == 0) return r;
+    return walk(r, pc, sp, best_fp, true, leaf, true);  // refill out[] with the best walk
+  }
+};
+
+// Walks a blocked thread's frames from `pc` (its user pc: out[0], looked up as is) and the copy's base
+// (its sp), with `set`'s CFI rows where they cover a pc and frame records elsewhere; every read lies in
+// the copy. out[1..depth) are return addresses, leaf first, as the signal handler records them.
+inline copy_unwind_result unwind_stack_copy(const unwind_table_set* set, std::uintptr_t pc,
+                                            const stack_copy& mem, const code_ranges& code,
+                                            std::uint64_t* out, std::size_t max_depth) {
+  copy_unwind_result r;
+  if (max_depth == 0) return r;
+  out[r.depth++] = pc;
+  copy_walker w{set, mem, code, out, max_depth};
+  return w.walk(r, pc, mem.base, 0, false, true, true);
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/wall/copy_unwind.hpp ----
+// ---- begin selfprof/wall/task_state.hpp ----
+// What the wall-clock sampler learns about another thread of this process without touching it: its
+// CPU time, whether and where it is blocked (/proc/self/task/<tid>/syscall), and a copy of its stack.
+// Context: the wall sampler thread (never the signal handler).
+
+#include <fcntl.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+
+namespace selfprof {
+namespace detail {
+
+// CPU time used so far by thread `tid`, in ns; false when the thread is gone.
+inline bool thread_cpu_ns(pid_t tid, std::uint64_t& out) {
+  struct timespec ts;
+  if (clock_gettime(thread_cpu_clock(tid), &ts) != 0) return false;
+  out = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+  return true;
+}
+
+// A thread's state as /proc/self/task/<tid>/syscall gives it. The kernel fills the file only once the
+// thread is off the CPU (it waits for that, briefly), so "blocked" is exact at the time of the read.
+struct task_syscall {
+  enum kind_t { gone, running, in_syscall, blocked_other } kind = gone;
+  long nr = -1;           // system call number (in_syscall)
+  std::uintptr_t sp = 0;  // user stack pointer at the call
+  std::uintptr_t pc = 0;  // user pc: the instruction after the system call
+};
+
+// Parses the file's text: "running", "-1 <sp> <pc>", or "<nr> <6 args> <sp> <pc>" (numbers in hex
+// after the first). Anything else is `gone` (the thread exited, or the kernel said something new).
+inline task_syscall parse_task_syscall(const char* text) {
+  task_syscall t;
+  if (std::strncmp(text, "running", 7) == 0) {
+    t.kind = task_syscall::running;
+    return t;
+  }
+  char* end = nullptr;
+  errno = 0;
+  long nr = std::strtol(text, &end, 10);
+  if (end == text || errno != 0) return t;
+  unsigned long long v[8];
+  int n = 0;
+  const char* p = end;
+  while (n < 8) {
+    while (*p == ' ') ++p;
+    if (*p == '\0' || *p == '\n') break;
+    char* e = nullptr;
+    v[n] = std::strtoull(p, &e, 16);
+    if (e == p) return t;
+    ++n;
+    p = e;
+  }
+  while (*p == ' ') ++p;
+  if (*p != '\0' && *p != '\n') return t;  // more than the kernel writes
+  if (nr == -1 && n == 2) {
+    t.kind = task_syscall::blocked_other;
+  } else if (nr >= 0 && n == 8) {
+    t.kind = task_syscall::in_syscall;
+  } else {
+    return t;
+  }
+  t.nr = nr;
+  t.sp = static_cast<std::uintptr_t>(v[n - 2]);
+  t.pc = static_cast<std::uintptr_t>(v[n - 1]);
+  return t;
+}
+
+// Opens /proc/self/task/<tid>/syscall through `task_dir` (an open fd of /proc/self/task); -1 if gone.
+inline int open_task_syscall(int task_dir, pid_t tid) {
+  char path[32];
+  std::snprintf(path, sizeof path, "%d/syscall", static_cast<int>(tid));
+  return ::openat(task_dir, path, O_RDONLY | O_CLOEXEC);
+}
+
+// Reads the file afresh from an fd open_task_syscall gave (procfs regenerates it at offset 0, so one
+// fd serves every look: half the cost of open + read + close).
+inline task_syscall read_task_syscall(int fd) {
+  char buf[256];
+  ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return task_syscall{};
+  buf[n] = '\0';
+  return parse_task_syscall(buf);
+}
+
+// Copies up to `len` bytes of this process's memory from `addr` into `out`; returns the bytes copied
+// (fewer where an unmapped page begins). Never faults: the kernel does the reading (process_vm_readv,
+// else /proc/self/mem), so a thread that exits and unmaps its stack meanwhile costs a short read only.
+inline std::size_t copy_own_memory(std::uintptr_t addr, void* out, std::size_t len) {
+  struct iovec local {
+    out, len
+  };
+  struct iovec remote {
+    reinterpret_cast<void*>(addr), len
+  };
+  ssize_t n = ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0);
+  if (n >= 0) return static_cast<std::size_t>(n);
+  if (errno != ENOSYS && errno != EPERM) return 0;
+  int fd = ::open("/proc/self/mem", O_RDONLY | O_CLOEXEC);  // seccomp may forbid process_vm_readv alone
+  if (fd < 0) return 0;
+  std::size_t done = 0;
+  while (done < len) {
+    ssize_t r = ::pread(fd, static_cast<char*>(out) + done, len - done, static_cast<off_t>(addr + done));
+    if (r <= 0) break;
+    done += static_cast<std::size_t>(r);
+  }
+  ::close(fd);
+  return done;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/wall/task_state.hpp ----
+
+namespace selfprof {
+
+// What the wall sampler did (stats::wall).
+struct wall_stats {
+  std::uint64_t ticks = 0;       // sampler wake-ups
+  std::uint64_t looks = 0;       // thread looks (at most kWallThreadsPerTick per tick)
+  std::uint64_t unchanged = 0;   // looks that found the CPU clock unmoved and reused the stack
+  std::uint64_t proc_reads = 0;  // /proc/self/task/<tid>/syscall reads
+  std::uint64_t copies = 0;      // blocked stacks copied and unwound
+  std::uint64_t raced = 0;       // copies dropped because the thread ran while they were taken
+  std::uint64_t scanned = 0;     // unwinds that had to find a frame record by scanning
+  std::uint64_t deferred = 0;    // thread looks left to a later tick by the per-tick bound
+  std::uint64_t dropped = 0;     // records lost: the ring was full
+  std::uint64_t offcpu_us = 0;   // off-CPU time recorded
+  std::uint64_t cpu_ns = 0;      // CPU time of the sampler thread itself
+};
+
+namespace detail {
+
+// Threads looked at per tick: bounds the sampler's cost whatever the number of threads (async-profiler
+// signals 8 per tick; a look here costs ~1 us for an unchanged thread, ~20 us for a changed one).
+constexpr std::size_t kWallThreadsPerTick = 16;
+// Bytes of a blocked thread's stack copied per look: deep enough for 128 typical frames.
+constexpr std::size_t kWallStackCopy = 64 * 1024;
+// /proc/self/task/<tid>/syscall fds kept open between looks (beyond this, opened per look).
+constexpr std::size_t kWallCachedFds = 1024;
+// A thread that was running at the last look and was off the CPU for less than 1/this of the time
+// since is taken to be running still, without reading /proc (a busy thread costs one clock read).
+constexpr std::uint64_t kWallBusyRatio = 20;
+
+struct wall_config {
+  double hz = 99;
+  bool oncpu_signals = true;  // on-CPU time comes as signal samples (else counted here as [running])
+  sample_ring* ring = nullptr;
+  std::size_t threads_per_tick = kWallThreadsPerTick;
+  // The threads to sample (not selfprof's own): fills `out` and returns true when the set changed since
+  // `generation` (which it updates), else returns false; so an unchanged set costs nothing per tick.
+  std::function<bool(std::uint64_t& generation, std::vector<pid_t>& out)> list_threads;
+  std::function<void()> wake_collector;  // the ring is half full
+};
+
+class wall_sampler {
+ public:
+  wall_sampler() = default;
+  wall_sampler(const wall_sampler&) = delete;
+  wall_sampler& operator=(const wall_sampler&) = delete;
+  ~wall_sampler() { stop(); }
+
+  status start(const wall_config& cfg) {
+    stop();
+    cfg_ = cfg;
+    if (cfg_.threads_per_tick == 0) cfg_.threads_per_tick = 1;
+    task_dir_ = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (task_dir_ < 0) return status::error("selfprof: wall mode needs /proc/self/task: " + errno_text());
+    stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (stop_fd_ < 0) {
+      ::close(task_dir_);
+      task_dir_ = -1;
+      return status::error("selfprof: eventfd: " + errno_text());
+    }
+    code_.refresh();
+    states_.clear();
+    cached_fds_ = 0;
+    order_.clear();
+    list_generation_ = ~std::uint64_t(0);
+    cursor_ = 0;
+    pcs_.assign(cfg_.ring ? cfg_.ring->max_depth() : 128, 0);
+    copy_.assign(kWallStackCopy, 0);
+    reset_counters();
+    tid_.store(0);
+    thread_ = std::thread([this] { loop(); });
+    while (tid_.load() == 0) std::this_thread::yield();  // known before the next thread scan: not sampled
+    return status::ok();
+  }
+
+  void stop() {
+    if (!thread_.joinable()) return;
+    std::uint64_t one = 1;
+    ssize_t n = ::write(stop_fd_, &one, sizeof one);
+    (void)n;
+    thread_.join();
+    ::close(stop_fd_);
+    ::close(task_dir_);
+    stop_fd_ = task_dir_ = -1;
+    for (auto& st : states_) close_fd(st.second);
+    states_.clear();
+  }
+
+  // In a forked child: the thread does not exist there; forget it without joining.
+  void abandon_after_fork() {
+    if (thread_.joinable()) {
+      new (&thread_) std::thread();  // the old object names a thread of the parent: leaked on purpose
+      if (stop_fd_ >= 0) ::close(stop_fd_);
+      if (task_dir_ >= 0) ::close(task_dir_);
+      stop_fd_ = task_dir_ = -1;
+      for (auto& st : states_) close_fd(st.second);  // this process's copies of the fds
+      states_.clear();
+    }
+    tid_.store(0);
+  }
+
+  pid_t tid() const { return tid_.load(); }
+
+  wall_stats counters() const {
+    wall_stats c;
+    c.ticks = n_ticks_.load(std::memory_order_relaxed);
+    c.looks = n_looks_.load(std::memory_order_relaxed);
+    c.unchanged = n_unchanged_.load(std::memory_order_relaxed);
+    c.proc_reads = n_proc_reads_.load(std::memory_order_relaxed);
+    c.copies = n_copies_.load(std::memory_order_relaxed);
+    c.raced = n_raced_.load(std::memory_order_relaxed);
+    c.scanned = n_scanned_.load(std::memory_order_relaxed);
+    c.deferred = n_deferred_.load(std::memory_order_relaxed);
+    c.dropped = n_dropped_.load(std::memory_order_relaxed);
+    c.offcpu_us = n_offcpu_us_.load(std::memory_order_relaxed);
+    c.cpu_ns = n_cpu_ns_.load(std::memory_order_relaxed);
+    return c;
+  }
+
+ private:
+  struct thread_state {
+    std::uint64_t last_ns = 0;   // CLOCK_MONOTONIC of the last look (0: never looked at)
+    std::uint64_t last_cpu = 0;  // its CPU clock then
+    std::uint64_t carry_ns = 0;  // off-CPU time below one microsecond, kept for the next record
+    bool blocked = false;        // blocked at the last look; stack/flags say where
+    std::uint16_t flags = 0;
+    std::uint32_t aux = 0;
+    std::vector<std::uint64_t> stack;
+    bool listed = true;
+    int fd = -1;  // its /proc/self/task/<tid>/syscall, kept open
+  };
+
+  static std::string errno_text() { return std::strerror(errno); }
+
+  void reset_counters() {
+    for (auto* c : {&n_ticks_, &n_looks_, &n_unchanged_, &n_proc_reads_, &n_copies_, &n_raced_, &n_scanned_,
+                    &n_deferred_, &n_dropped_, &n_offcpu_us_, &n_cpu_ns_})
+      c->store(0, std::memory_order_relaxed);
+  }
+  static void bump(std::atomic<std::uint64_t>& c, std::uint64_t by = 1) {
+    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);  // one writer
+  }
+
+  void loop() {
+    pthread_setname_np(pthread_self(), "selfprof-wall");
+    tid_.store(static_cast<pid_t>(raw_gettid()));
+    const std::uint64_t period = static_cast<std::uint64_t>(1e9 / (cfg_.hz > 0 ? cfg_.hz : 99));
+    std::uint64_t next = monotonic_ns() + period;
+    std::uint64_t generation = loader_generation();
+    for (;;) {
+      std::uint64_t now = monotonic_ns();
+      if (now < next) {
+        struct timespec wait {
+          static_cast<time_t>((next - now) / 1000000000ull), static_cast<long>((next - now) % 1000000000ull)
+        };
+        struct pollfd p {};
+        p.fd = stop_fd_;
+        p.events = POLLIN;
+        int r = ::ppoll(&p, 1, &wait, nullptr);
+        if (r > 0) break;  // stop
+        continue;
+      }
+      next += period;
+      if (next < now) next = now + period;  // fell behind (suspended, overloaded): do not catch up
+      bump(n_ticks_);
+      std::uint64_t g = loader_generation();
+      if (g != generation) {
+        generation = g;
+        code_.refresh();
+      }
+      tick(now);
+      struct timespec cpu;
+      if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
+        n_cpu_ns_.store(
+            static_cast<std::uint64_t>(cpu.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(cpu.tv_nsec),
+            std::memory_order_relaxed);
+    }
+  }
+
+  void refresh_order() {
+    fresh_.clear();
+    if (!cfg_.list_threads || !cfg_.list_threads(list_generation_, fresh_)) return;
+    order_.swap(fresh_);
+    pid_t self = tid_.load();
+    order_.erase(std::remove(order_.begin(), order_.end(), self), order_.end());
+    std::sort(order_.begin(), order_.end());
+    for (auto& s : states_) s.second.listed = false;
+    for (pid_t t : order_) states_[t].listed = true;
+    for (auto it = states_.begin(); it != states_.end();) {
+      if (it->second.listed) {
+        ++it;
+        continue;
+      }
+      close_fd(it->second);
+      it = states_.erase(it);
+    }
+  }
+
+  void tick(std::uint64_t now) {
+    refresh_order();
+    if (order_.empty()) return;
+    std::size_t n = std::min(cfg_.threads_per_tick, order_.size());
+    if (order_.size() > n) bump(n_deferred_, order_.size() - n);
+    if (cursor_ >= order_.size()) cursor_ = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      pid_t tid = order_[(cursor_ + i) % order_.size()];
+      look(tid, states_[tid], now);
+    }
+    cursor_ = (cursor_ + n) % order_.size();
+  }
+
+  void look(pid_t tid, thread_state& st, std::uint64_t now) {
+    bump(n_looks_);
+    std::uint64_t cpu = 0;
+    if (!thread_cpu_ns(tid, cpu)) return;  // gone; dropped at the next list refresh
+    const bool first = st.last_ns == 0;
+    const std::uint64_t wall = first || now < st.last_ns ? 0 : now - st.last_ns;
+    const std::uint64_t ran = cpu >= st.last_cpu ? cpu - st.last_cpu : 0;
+    const std::uint64_t off = first ? 0 : wall > ran ? wall - ran : 0;
+    st.last_ns = now;
+    st.last_cpu = cpu;
+    if (!first && ran == 0 && st.blocked) {  // still where it was: count it again, nothing else to do
+      bump(n_unchanged_);
+      emit_offcpu(tid, st, st, off, now);
+      return;
+    }
+    if (!first && ran > 0 && !cfg_.oncpu_signals) emit_running(tid, ran, now);
+    if (!first && !st.blocked && off * kWallBusyRatio < wall) {  // busy: still running
+      emit_offcpu(tid, st, unseen(), off, now);
+      return;
+    }
+    bump(n_proc_reads_);
+    task_syscall ts = read_syscall_file(tid, st);
+    thread_state before;  // where it was blocked at the last look, if it was
+    const bool was_blocked = st.blocked;
+    if (was_blocked) {
+      before.flags = st.flags;
+      before.aux = st.aux;
+      before.stack.swap(st.stack);
+    }
+    st.blocked = false;
+    if (ts.kind == task_syscall::in_syscall || ts.kind == task_syscall::blocked_other)
+      st.blocked = capture_blocked(tid, ts, cpu, st);
+    if (first) return;
+    if (st.blocked && was_blocked) {  // woke from one wait, ran, and waits again: half to each
+      emit_offcpu(tid, st, before, off / 2, now);
+      emit_offcpu(tid, st, st, off - off / 2, now);
+    } else if (st.blocked) {
+      emit_offcpu(tid, st, st, off, now);
+    } else if (was_blocked) {
+      emit_offcpu(tid, st, before, off, now);
+    } else {
+      emit_offcpu(tid, st, unseen(), off, now);
+    }
+  }
+
+  void close_fd(thread_state& st) {
+    if (st.fd >= 0) {
+      ::close(st.fd);
+      --cached_fds_;
+    }
+    st.fd = -1;
+  }
+
+  task_syscall read_syscall_file(pid_t tid, thread_state& st) {
+    if (st.fd >= 0) return read_task_syscall(st.fd);
+    int fd = open_task_syscall(task_dir_, tid);
+    if (fd < 0) return task_syscall{};
+    task_syscall ts = read_task_syscall(fd);
+    if (cached_fds_ < kWallCachedFds) {
+      st.fd = fd;
+      ++cached_fds_;
+    } else {
+      ::close(fd);
+    }
+    return ts;
+  }
+
+  // Where off-CPU time goes when the sampler did not see where: no stack, no call ([off-cpu]).
+  static const thread_state& unseen() {
+    static const thread_state where = [] {
+      thread_state w;
+      w.flags = sample_offcpu;
+      return w;
+    }();
+    return where;
+  }
+
+  // Copies and unwinds the stack of a thread blocked at `ts`; false when it ran meanwhile.
+  bool capture_blocked(pid_t tid, const task_syscall& ts, std::uint64_t cpu, thread_state& st) {
+    std::size_t got = ts.sp ? copy_own_memory(ts.sp, copy_.data(), copy_.size()) : 0;
+    std::uint64_t cpu_after = 0;
+    if (!thread_cpu_ns(tid, cpu_after) || cpu_after != cpu) {
+      bump(n_raced_);
+      return false;
+    }
+    bump(n_copies_);
+    stack_copy mem;
+    mem.base = ts.sp;
+    mem.data = copy_.data();
+    mem.size = got;
+    copy_unwind_result u = unwind_stack_copy(g_unwind_tables.load(std::memory_order_acquire), ts.pc, mem,
+                                             code_, pcs_.data(), pcs_.size());
+    if (u.scanned) bump(n_scanned_);
+    st.stack.assign(pcs_.begin(), pcs_.begin() + static_cast<std::ptrdiff_t>(u.depth));
+    std::uint32_t call = ts.kind == task_syscall::in_syscall && ts.nr >= 0 && ts.nr < 0xFFE
+                             ? static_cast<std::uint32_t>(ts.nr + 1)
+                             : 0;
+    st.aux = call;
+    st.flags = static_cast<std::uint16_t>(sample_offcpu | (u.truncated ? sample_truncated : 0) |
+                                          (call << kSampleCallShift));
+    return true;
+  }
+
+  void emit_offcpu(pid_t tid, thread_state& st, const thread_state& where, std::uint64_t off_ns,
+                   std::uint64_t now) {
+    st.carry_ns += off_ns;
+    std::uint64_t us = st.carry_ns / 1000;
+    if (us == 0) return;
+    st.carry_ns -= us * 1000;
+    if (us > 0xFFFFFFFFu) us = 0xFFFFFFFFu;
+    bump(n_offcpu_us_, us);
+    push(tid, where.stack.data(), where.stack.size(), where.flags, static_cast<std::uint32_t>(us), where.aux,
+         now);
+  }
+
+  void emit_running(pid_t tid, std::uint64_t ran_ns, std::uint64_t now) {
+    std::uint64_t us = ran_ns / 1000;
+    if (us == 0) return;
+    if (us > 0xFFFFFFFFu) us = 0xFFFFFFFFu;
+    push(tid, nullptr, 0, sample_running, static_cast<std::uint32_t>(us), 0, now);
+  }
+
+  void push(pid_t tid, const std::uint64_t* pcs, std::size_t depth, std::uint16_t flags, std::uint32_t weight,
+            std::uint32_t aux, std::uint64_t now) {
+    sample_ring* ring = cfg_.ring;
+    if (ring == nullptr) return;
+    std::uint64_t pos = 0;
+    ring_slot* slot = ring->claim(pos);
+    if (slot == nullptr) {
+      bump(n_dropped_);
+      return;
+    }
+    if (depth > ring->max_depth()) depth = ring->max_depth();
+    if (depth) std::memcpy(slot->pcs(), pcs, depth * sizeof(std::uint64_t));
+    sample_header& h = slot->header;
+    h.tid = static_cast<std::uint32_t>(tid);
+    h.depth = static_cast<std::uint16_t>(depth);
+    h.flags = flags;
+    h.weight = weight;
+    h.aux = aux;
+    h.time_ns = now;
+    h.tag = 0;
+    sample_ring::publish(slot, pos);
+    const std::uint64_t half = ring->capacity() / 2;
+    if (half != 0 && pos % half == half - 1 && cfg_.wake_collector) cfg_.wake_collector();
+  }
+
+  wall_config cfg_;
+  std::thread thread_;
+  std::atomic<pid_t> tid_{0};
+  int task_dir_ = -1, stop_fd_ = -1;
+  std::size_t cached_fds_ = 0;
+  code_ranges code_;
+  std::unordered_map<pid_t, thread_state> states_;
+  std::vector<pid_t> order_, fresh_;
+  std::uint64_t list_generation_ = 0;
+  std::size_t cursor_ = 0;
+  std::vector<std::uint64_t> pcs_;
+  std::vector<unsigned char> copy_;
+  std::atomic<std::uint64_t> n_ticks_{0}, n_looks_{0}, n_unchanged_{0}, n_proc_reads_{0}, n_copies_{0},
+      n_raced_{0}, n_scanned_{0}, n_deferred_{0}, n_dropped_{0}, n_offcpu_us_{0}, n_cpu_ns_{0};
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/wall/sampler.hpp ----
 
 namespace selfprof {
 

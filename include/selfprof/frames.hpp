@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "signal/frame_tags.hpp"
-#include "signal/raw_syscall.hpp"
+#include "selfprof/signal/frame_tags.hpp"
+#include "selfprof/signal/raw_syscall.hpp"
 
 namespace selfprof {
 namespace detail {

@@ -16,10 +16,10 @@
 #include <string>
 #include <string_view>
 
-#include "jit/options.hpp"
-#include "jit/runtime.hpp"
-#include "profile.hpp"
-#include "status.hpp"
+#include "selfprof/jit/options.hpp"
+#include "selfprof/jit/runtime.hpp"
+#include "selfprof/profile.hpp"
+#include "selfprof/status.hpp"
 
 namespace selfprof {
 namespace jit {

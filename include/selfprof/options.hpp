@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "sources/source.hpp"
+#include "selfprof/sources/source.hpp"
 
 namespace selfprof {
 

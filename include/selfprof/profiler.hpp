@@ -9,17 +9,17 @@
 #include <string>
 #include <vector>
 
-#include "collect/collector.hpp"
-#include "frames.hpp"
-#include "jit.hpp"
-#include "options.hpp"
-#include "output/diff.hpp"
-#include "output/dump_paths.hpp"
-#include "output/format.hpp"
-#include "output/markers.hpp"
-#include "output/sink.hpp"
-#include "profile.hpp"
-#include "status.hpp"
+#include "selfprof/collect/collector.hpp"
+#include "selfprof/frames.hpp"
+#include "selfprof/jit.hpp"
+#include "selfprof/options.hpp"
+#include "selfprof/output/diff.hpp"
+#include "selfprof/output/dump_paths.hpp"
+#include "selfprof/output/format.hpp"
+#include "selfprof/output/markers.hpp"
+#include "selfprof/output/sink.hpp"
+#include "selfprof/profile.hpp"
+#include "selfprof/status.hpp"
 
 namespace selfprof {
 

@@ -22,20 +22,20 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../detail/process.hpp"
-#include "../jit.hpp"
-#include "../options.hpp"
-#include "../signal/handler.hpp"
-#include "../sources/select.hpp"
-#include "../sources/signal_setup.hpp"
-#include "../wall/sampler.hpp"
-#include "dumps.hpp"
-#include "frame_tracker.hpp"
-#include "stack_table.hpp"
-#include "symbolize.hpp"
-#include "threads.hpp"
-#include "unwind_tables.hpp"
-#include "windows.hpp"
+#include "selfprof/collect/dumps.hpp"
+#include "selfprof/collect/frame_tracker.hpp"
+#include "selfprof/collect/stack_table.hpp"
+#include "selfprof/collect/symbolize.hpp"
+#include "selfprof/collect/threads.hpp"
+#include "selfprof/collect/unwind_tables.hpp"
+#include "selfprof/collect/windows.hpp"
+#include "selfprof/detail/process.hpp"
+#include "selfprof/jit.hpp"
+#include "selfprof/options.hpp"
+#include "selfprof/signal/handler.hpp"
+#include "selfprof/sources/select.hpp"
+#include "selfprof/sources/signal_setup.hpp"
+#include "selfprof/wall/sampler.hpp"
 
 namespace selfprof {
 

@@ -18,14 +18,14 @@
 #include <thread>
 #include <vector>
 
-#include "../detail/sys.hpp"
-#include "../options.hpp"
-#include "../output/dump_paths.hpp"
-#include "../output/markers.hpp"
-#include "../signal/dump_request.hpp"
-#include "../signal/raw_syscall.hpp"
-#include "frame_tracker.hpp"
-#include "symbolize.hpp"
+#include "selfprof/collect/frame_tracker.hpp"
+#include "selfprof/collect/symbolize.hpp"
+#include "selfprof/detail/sys.hpp"
+#include "selfprof/options.hpp"
+#include "selfprof/output/dump_paths.hpp"
+#include "selfprof/output/markers.hpp"
+#include "selfprof/signal/dump_request.hpp"
+#include "selfprof/signal/raw_syscall.hpp"
 
 namespace selfprof {
 namespace detail {

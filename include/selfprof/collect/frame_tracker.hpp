@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "../profile.hpp"
-#include "../signal/frame_tags.hpp"
-#include "../signal/ring.hpp"
-#include "stack_table.hpp"
+#include "selfprof/collect/stack_table.hpp"
+#include "selfprof/profile.hpp"
+#include "selfprof/signal/frame_tags.hpp"
+#include "selfprof/signal/ring.hpp"
 
 namespace selfprof {
 namespace detail {

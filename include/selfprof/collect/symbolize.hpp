@@ -10,12 +10,12 @@
 #include <utility>
 #include <vector>
 
-#include "../output/markers.hpp"
-#include "../profile.hpp"
-#include "../signal/ring.hpp"
-#include "../symbols/symbolizer.hpp"
-#include "../wall/syscalls.hpp"
-#include "stack_table.hpp"
+#include "selfprof/collect/stack_table.hpp"
+#include "selfprof/output/markers.hpp"
+#include "selfprof/profile.hpp"
+#include "selfprof/signal/ring.hpp"
+#include "selfprof/symbols/symbolizer.hpp"
+#include "selfprof/wall/syscalls.hpp"
 
 namespace selfprof {
 namespace detail {

@@ -17,9 +17,9 @@
 #include <tuple>
 #include <vector>
 
-#include "../signal/unwind_dwarf.hpp"
-#include "../status.hpp"
-#include "../symbols/eh_frame.hpp"
+#include "selfprof/signal/unwind_dwarf.hpp"
+#include "selfprof/status.hpp"
+#include "selfprof/symbols/eh_frame.hpp"
 
 namespace selfprof {
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <string_view>
 
-#include "../detail/sys.hpp"
-#include "../status.hpp"
-#include "safe_file.hpp"
+#include "selfprof/detail/sys.hpp"
+#include "selfprof/jit/safe_file.hpp"
+#include "selfprof/status.hpp"
 
 namespace selfprof {
 namespace detail {

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "../profile.hpp"
+#include "selfprof/profile.hpp"
 
 namespace selfprof {
 namespace detail {

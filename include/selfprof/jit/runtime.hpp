@@ -22,13 +22,13 @@
 #include <thread>
 #include <vector>
 
-#include "../detail/process.hpp"
-#include "../status.hpp"
-#include "jitdump_writer.hpp"
-#include "name.hpp"
-#include "options.hpp"
-#include "perf_map_writer.hpp"
-#include "registry.hpp"
+#include "selfprof/detail/process.hpp"
+#include "selfprof/jit/jitdump_writer.hpp"
+#include "selfprof/jit/name.hpp"
+#include "selfprof/jit/options.hpp"
+#include "selfprof/jit/perf_map_writer.hpp"
+#include "selfprof/jit/registry.hpp"
+#include "selfprof/status.hpp"
 
 namespace selfprof {
 namespace detail {

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <string>
 
-#include "../detail/sys.hpp"
-#include "../status.hpp"
+#include "selfprof/detail/sys.hpp"
+#include "selfprof/status.hpp"
 
 namespace selfprof {
 namespace detail {

@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "../profile.hpp"
-#include "flame_tree.hpp"
-#include "svg.hpp"
+#include "selfprof/output/flame_tree.hpp"
+#include "selfprof/output/svg.hpp"
+#include "selfprof/profile.hpp"
 
 namespace selfprof {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "format.hpp"
+#include "selfprof/output/format.hpp"
 
 namespace selfprof {
 namespace detail {

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "../profile.hpp"
+#include "selfprof/profile.hpp"
 
 namespace selfprof {
 namespace detail {

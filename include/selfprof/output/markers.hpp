@@ -6,8 +6,8 @@
 #include <map>
 #include <string>
 
-#include "../profile.hpp"
-#include "folded.hpp"
+#include "selfprof/output/folded.hpp"
+#include "selfprof/profile.hpp"
 
 namespace selfprof {
 namespace detail {

@@ -9,13 +9,13 @@
 #include <string_view>
 #include <vector>
 
-#include "../profile.hpp"
-#include "../status.hpp"
-#include "../version.hpp"
-#include "flame_tree.hpp"
-#include "palette.hpp"
-#include "svg_script.hpp"
-#include "svg_text.hpp"
+#include "selfprof/output/flame_tree.hpp"
+#include "selfprof/output/palette.hpp"
+#include "selfprof/output/svg_script.hpp"
+#include "selfprof/output/svg_text.hpp"
+#include "selfprof/profile.hpp"
+#include "selfprof/status.hpp"
+#include "selfprof/version.hpp"
 
 namespace selfprof {
 

@@ -12,11 +12,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "frame_tags.hpp"
-#include "raw_syscall.hpp"
-#include "ring.hpp"
-#include "unwind_dwarf.hpp"
-#include "unwind_fp.hpp"
+#include "selfprof/signal/frame_tags.hpp"
+#include "selfprof/signal/raw_syscall.hpp"
+#include "selfprof/signal/ring.hpp"
+#include "selfprof/signal/unwind_dwarf.hpp"
+#include "selfprof/signal/unwind_fp.hpp"
 
 namespace selfprof {
 namespace detail {

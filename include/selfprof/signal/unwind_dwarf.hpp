@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "unwind_fp.hpp"
+#include "selfprof/signal/unwind_fp.hpp"
 
 namespace selfprof {
 namespace detail {

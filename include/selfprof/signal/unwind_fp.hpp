@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "raw_syscall.hpp"
+#include "selfprof/signal/raw_syscall.hpp"
 
 namespace selfprof {
 namespace detail {

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <string>
 
-#include "../detail/sys.hpp"
-#include "source.hpp"
+#include "selfprof/detail/sys.hpp"
+#include "selfprof/sources/source.hpp"
 
 namespace selfprof {
 namespace detail {

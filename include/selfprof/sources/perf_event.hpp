@@ -13,9 +13,9 @@
 #include <string>
 #include <unordered_map>
 
-#include "../detail/sys.hpp"
-#include "../signal/handler.hpp"
-#include "source.hpp"
+#include "selfprof/detail/sys.hpp"
+#include "selfprof/signal/handler.hpp"
+#include "selfprof/sources/source.hpp"
 
 namespace selfprof {
 namespace detail {

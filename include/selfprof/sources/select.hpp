@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "cpu_timer.hpp"
-#include "itimer.hpp"
-#include "perf_event.hpp"
-#include "source.hpp"
+#include "selfprof/sources/cpu_timer.hpp"
+#include "selfprof/sources/itimer.hpp"
+#include "selfprof/sources/perf_event.hpp"
+#include "selfprof/sources/source.hpp"
 
 namespace selfprof {
 namespace detail {

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "../detail/sys.hpp"
-#include "../signal/handler.hpp"
-#include "../status.hpp"
+#include "selfprof/detail/sys.hpp"
+#include "selfprof/signal/handler.hpp"
+#include "selfprof/status.hpp"
 
 namespace selfprof {
 namespace detail {

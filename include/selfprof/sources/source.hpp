@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "../status.hpp"
+#include "selfprof/status.hpp"
 
 namespace selfprof {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "elf.hpp"
-#include "mapped_file.hpp"
+#include "selfprof/symbols/elf.hpp"
+#include "selfprof/symbols/mapped_file.hpp"
 
 namespace selfprof {
 namespace detail {

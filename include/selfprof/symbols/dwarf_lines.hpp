@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "../config.hpp"
-#include "modules.hpp"
+#include "selfprof/config.hpp"
+#include "selfprof/symbols/modules.hpp"
 
 #if SELFPROF_HAS_LIBDW
 #include <dwarf.h>  // DW_TAG_* and DW_AT_* (elfutils' copy, installed with libdw-dev)
@@ -34,11 +34,11 @@
 #include <unordered_map>
 #include <utility>
 
-#include "../detail/sys.hpp"
-#include "debug_file.hpp"
-#include "demangle.hpp"
-#include "elf.hpp"
-#include "mapped_file.hpp"
+#include "selfprof/detail/sys.hpp"
+#include "selfprof/symbols/debug_file.hpp"
+#include "selfprof/symbols/demangle.hpp"
+#include "selfprof/symbols/elf.hpp"
+#include "selfprof/symbols/mapped_file.hpp"
 #endif
 
 namespace selfprof {

@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../signal/unwind_dwarf.hpp"
+#include "selfprof/signal/unwind_dwarf.hpp"
 
 namespace selfprof {
 namespace detail {

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "../status.hpp"
+#include "selfprof/status.hpp"
 
 namespace selfprof {
 namespace detail {

@@ -12,8 +12,8 @@
 #include <string>
 #include <utility>
 
-#include "../detail/sys.hpp"
-#include "../status.hpp"
+#include "selfprof/detail/sys.hpp"
+#include "selfprof/status.hpp"
 
 namespace selfprof {
 namespace detail {

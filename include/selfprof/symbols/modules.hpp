@@ -21,11 +21,11 @@
 #include <utility>
 #include <vector>
 
-#include "debug_file.hpp"
-#include "elf.hpp"
-#include "mapped_file.hpp"
-#include "proc_maps.hpp"
-#include "symbol_table.hpp"
+#include "selfprof/symbols/debug_file.hpp"
+#include "selfprof/symbols/elf.hpp"
+#include "selfprof/symbols/mapped_file.hpp"
+#include "selfprof/symbols/proc_maps.hpp"
+#include "selfprof/symbols/symbol_table.hpp"
 
 namespace selfprof {
 namespace detail {

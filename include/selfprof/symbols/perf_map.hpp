@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "../detail/sys.hpp"
+#include "selfprof/detail/sys.hpp"
 
 namespace selfprof {
 namespace detail {

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "../detail/sys.hpp"
+#include "selfprof/detail/sys.hpp"
 
 namespace selfprof {
 namespace detail {

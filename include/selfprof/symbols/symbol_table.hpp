@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
-#include "demangle.hpp"
-#include "elf.hpp"
+#include "selfprof/symbols/demangle.hpp"
+#include "selfprof/symbols/elf.hpp"
 
 namespace selfprof {
 namespace detail {

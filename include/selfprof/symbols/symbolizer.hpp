@@ -12,11 +12,11 @@
 #include <utility>
 #include <vector>
 
-#include "../jit.hpp"
-#include "../profile.hpp"
-#include "dwarf_lines.hpp"
-#include "modules.hpp"
-#include "perf_map.hpp"
+#include "selfprof/jit.hpp"
+#include "selfprof/profile.hpp"
+#include "selfprof/symbols/dwarf_lines.hpp"
+#include "selfprof/symbols/modules.hpp"
+#include "selfprof/symbols/perf_map.hpp"
 
 namespace selfprof {
 

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "../signal/unwind_dwarf.hpp"
+#include "selfprof/signal/unwind_dwarf.hpp"
 
 namespace selfprof {
 namespace detail {

@@ -46,13 +46,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../detail/process.hpp"
-#include "../signal/raw_syscall.hpp"
-#include "../signal/ring.hpp"
-#include "../signal/unwind_dwarf.hpp"
-#include "../status.hpp"
-#include "copy_unwind.hpp"
-#include "task_state.hpp"
+#include "selfprof/detail/process.hpp"
+#include "selfprof/signal/raw_syscall.hpp"
+#include "selfprof/signal/ring.hpp"
+#include "selfprof/signal/unwind_dwarf.hpp"
+#include "selfprof/status.hpp"
+#include "selfprof/wall/copy_unwind.hpp"
+#include "selfprof/wall/task_state.hpp"
 
 namespace selfprof {
 

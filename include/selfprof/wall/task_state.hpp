@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "../sources/source.hpp"
+#include "selfprof/sources/source.hpp"
 
 namespace selfprof {
 namespace detail {
