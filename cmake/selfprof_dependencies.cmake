@@ -1,4 +1,4 @@
-# Optional libraries of selfprof: detects libdw, libunwind and zlib when their SELFPROF_WITH_* option is
+# Optional libraries of selfprof: detects libdw and zlib when their SELFPROF_WITH_* option is
 # ON, links what it finds to the `selfprof` target and defines SELFPROF_HAS_<LIB> to 1 or 0 on it.
 # Also fills SELFPROF_PC_REQUIRES / SELFPROF_PC_CFLAGS for selfprof.pc.
 
@@ -27,7 +27,6 @@ function(_selfprof_optional name option module)
 endfunction()
 
 _selfprof_optional(LIBDW SELFPROF_WITH_LIBDW libdw)
-_selfprof_optional(LIBUNWIND SELFPROF_WITH_LIBUNWIND libunwind)
 
 set(SELFPROF_HAS_ZLIB 0)
 if(SELFPROF_WITH_ZLIB)
@@ -47,5 +46,4 @@ target_compile_definitions(selfprof INTERFACE SELFPROF_HAS_ZLIB=${SELFPROF_HAS_Z
 string(APPEND SELFPROF_PC_CFLAGS " -DSELFPROF_HAS_ZLIB=${SELFPROF_HAS_ZLIB}")
 
 string(STRIP "${SELFPROF_PC_REQUIRES}" SELFPROF_PC_REQUIRES)
-message(STATUS "selfprof: SELFPROF_HAS_LIBDW=${SELFPROF_HAS_LIBDW} SELFPROF_HAS_LIBUNWIND="
-               "${SELFPROF_HAS_LIBUNWIND} SELFPROF_HAS_ZLIB=${SELFPROF_HAS_ZLIB}")
+message(STATUS "selfprof: SELFPROF_HAS_LIBDW=${SELFPROF_HAS_LIBDW} SELFPROF_HAS_ZLIB=${SELFPROF_HAS_ZLIB}")

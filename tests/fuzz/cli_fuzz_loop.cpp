@@ -2,7 +2,8 @@
 // a few folded seeds with a fixed-seed generator (byte flips, inserted separators, duplicated and cut
 // lines) and feeds each mutant to both CLI fuzz targets. Same inputs on every run; no clock involved.
 // Build:
-//   g++ -std=c++17 -O1 -fsanitize=address,undefined -Iinclude tests/fuzz/cli_fuzz_loop.cpp -o cli_fuzz_loop
+//   g++ -std=c++17 -O1 -fsanitize=address,undefined -Iinclude -Itools/selfprof tests/fuzz/cli_fuzz_loop.cpp
+//     -o cli_fuzz_loop
 // Run (defaults: 3000 iterations, built-in seeds):
 //   ./cli_fuzz_loop [ITERATIONS] [SEED_FILE...]
 #include <cstdint>

@@ -1,7 +1,7 @@
 // libFuzzer target for the perf-script collapser: any bytes must collapse to folded text without a
 // crash, and every output line must be "stack count" with a non-empty stack.
 // Build:
-//   clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude
+//   clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Itools/selfprof
 //     tests/fuzz/cli_perf_script_fuzz.cpp -o cli_perf_script_fuzz
 // Run (the first directory receives new inputs; the fixtures only seed it):
 //   mkdir -p /tmp/corpus && ./cli_perf_script_fuzz -max_total_time=60 /tmp/corpus tests/cli/fixtures/
@@ -12,11 +12,11 @@
 #include <string>
 #include <string_view>
 
-#include "selfprof/cli/perf_collapse.hpp"
+#include "perf_collapse.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data), size);
-  selfprof::perf_collapse_options o;
+  selfprof_cli::perf_collapse_options o;
   if (size > 0) {  // the first byte picks the options
     const unsigned char b = data[0];
     o.pid = b & 1;
@@ -26,7 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     o.addrs = b & 16;
     if (b & 32) o.event_filter = "cycles";
   }
-  selfprof::perf_collapser c(o);
+  selfprof_cli::perf_collapser c(o);
   c.feed_text(text);
   const std::string out = c.result();
   std::size_t pos = 0;

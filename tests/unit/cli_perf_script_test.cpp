@@ -1,14 +1,14 @@
-// Unit tests of the perf-script collapser (include/selfprof/cli/perf_collapse.hpp): the regex
+// Unit tests of the perf-script collapser (tools/selfprof/perf_collapse.hpp): the regex
 // emulations and edge cases, each expectation checked against stackcollapse-perf.pl's real output.
 #include <doctest/doctest.h>
 
 #include <string>
 
-#include "selfprof/cli/args.hpp"
-#include "selfprof/cli/perf_collapse.hpp"
+#include "args.hpp"
+#include "perf_collapse.hpp"
 
-using selfprof::perf_collapse_options;
-using selfprof::perf_collapser;
+using selfprof_cli::perf_collapse_options;
+using selfprof_cli::perf_collapser;
 
 namespace {
 std::string collapse(const std::string& text, perf_collapse_options o = {}) {
@@ -106,34 +106,34 @@ TEST_CASE("perf collapse: inline chains, empty parts and regex backtracking corn
 }
 
 TEST_CASE("perf script line matchers") {
-  namespace detail = selfprof::detail;
-  detail::perf_event_match ev;
-  REQUIRE(detail::match_perf_event_line("kworker/0:1 123 [000] 1.0: 5 cycles:", ev));
+  namespace cli = selfprof_cli;
+  cli::perf_event_match ev;
+  REQUIRE(cli::match_perf_event_line("kworker/0:1 123 [000] 1.0: 5 cycles:", ev));
   CHECK(ev.comm == "kworker/0:1");
   CHECK(ev.pid == "123");
   CHECK(ev.tid.empty());
-  CHECK_FALSE(detail::match_perf_event_line("\tffff foo (bar)", ev));
-  CHECK_FALSE(detail::match_perf_event_line("x", ev));
+  CHECK_FALSE(cli::match_perf_event_line("\tffff foo (bar)", ev));
+  CHECK_FALSE(cli::match_perf_event_line("x", ev));
 
-  detail::perf_period_match pm;
-  REQUIRE(detail::match_perf_period("sh 31036  1877.944109:    1001001 cpu-clock:ppp: ", pm));
+  cli::perf_period_match pm;
+  REQUIRE(cli::match_perf_period("sh 31036  1877.944109:    1001001 cpu-clock:ppp: ", pm));
   CHECK(pm.period == "1001001");
   CHECK(pm.event == "cpu-clock:ppp");
-  REQUIRE(detail::match_perf_period("java 1 2.0: cycles:", pm));
+  REQUIRE(cli::match_perf_period("java 1 2.0: cycles:", pm));
   CHECK(pm.period.empty());
-  CHECK_FALSE(detail::match_perf_period("perf 1 1.0: 1 sched:sched_switch: prev=1", pm));
+  CHECK_FALSE(cli::match_perf_period("perf 1 1.0: 1 sched:sched_switch: prev=1", pm));
 
-  detail::perf_stack_match st;
-  REQUIRE(detail::match_perf_stack_line("\t    7f00 foo (bar) (/lib/x.so)", st));
+  cli::perf_stack_match st;
+  REQUIRE(cli::match_perf_stack_line("\t    7f00 foo (bar) (/lib/x.so)", st));
   CHECK(st.pc == "7f00");
   CHECK(st.rawfunc == "foo (bar)");
   CHECK(st.module == "/lib/x.so");
-  CHECK_FALSE(detail::match_perf_stack_line("\t7f00 foo", st));
+  CHECK_FALSE(cli::match_perf_stack_line("\t7f00 foo", st));
 
-  CHECK(detail::strip_symbol_offset("main+0x1f") == "main");
-  CHECK(detail::strip_symbol_offset("main+0x1F") == "main+0x1F");  // uppercase is not stripped
-  CHECK(detail::looks_like_go_method("net/http.(*Client).Do"));
-  CHECK_FALSE(detail::looks_like_go_method("f(int).x"));
+  CHECK(cli::strip_symbol_offset("main+0x1f") == "main");
+  CHECK(cli::strip_symbol_offset("main+0x1F") == "main+0x1F");  // uppercase is not stripped
+  CHECK(cli::looks_like_go_method("net/http.(*Client).Do"));
+  CHECK_FALSE(cli::looks_like_go_method("f(int).x"));
 }
 
 TEST_CASE("perf collapse: memory follows distinct stacks, not samples") {
@@ -145,7 +145,7 @@ TEST_CASE("perf collapse: memory follows distinct stacks, not samples") {
 }
 
 TEST_CASE("cli args: long, short, prefixes, values and errors") {
-  using namespace selfprof::detail;
+  using namespace selfprof_cli;
   const std::vector<option_spec> specs = {
       {"colors", 0, true}, {"countname", 0, true}, {"inverted", 'i', false}, {"output", 'o', true}};
   auto run = [&](std::vector<const char*> v, parsed_args& a) {

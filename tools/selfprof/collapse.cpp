@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "args.hpp"
 #include "commands.hpp"
-#include "selfprof/cli/args.hpp"
-#include "selfprof/cli/input.hpp"
-#include "selfprof/cli/perf_collapse.hpp"
+#include "input.hpp"
+#include "perf_collapse.hpp"
 #include "selfprof/output/sink.hpp"
 
 namespace selfprof_cli {
@@ -70,7 +70,7 @@ int run_collapse(int argc, char** argv) {
     std::fputs(collapse_help, stdout);
     return 0;
   }
-  selfprof::perf_collapse_options o;
+  perf_collapse_options o;
   o.pid = a.has("pid");
   o.tid = a.has("tid");
   o.kernel = a.has("kernel") || a.has("all");
@@ -82,7 +82,7 @@ int run_collapse(int argc, char** argv) {
   for (auto& r : a.rest) inputs.push_back(r);
   if (inputs.empty()) inputs.push_back("-");
 
-  selfprof::perf_collapser c(o);
+  perf_collapser c(o);
   std::size_t reported = 0;
   for (const std::string& path : inputs) {
     input_reader in;

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "selfprof/cli/input.hpp"
+#include "input.hpp"
 #include "selfprof/output/folded_parse.hpp"
 #include "selfprof/status.hpp"
 
@@ -65,7 +65,7 @@ inline selfprof::status load_folded(const char* cmd, const std::vector<std::stri
                                     const load_options& o, selfprof::folded_parse_result& out) {
   for (const std::string& path : paths) {
     std::string text;
-    selfprof::status st = selfprof::detail::read_all(path, text);
+    selfprof::status st = read_all(path, text);
     if (!st) return st;
     const std::string name = path == "-" ? std::string("<stdin>") : path;
     selfprof::folded_parse_result r = selfprof::parse_folded(text, name);

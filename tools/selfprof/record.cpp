@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "args.hpp"
 #include "commands.hpp"
-#include "selfprof/cli/args.hpp"
 
 namespace selfprof_cli {
 namespace {
@@ -45,8 +45,9 @@ const char* const record_help =
     "\n"
     "The library is found next to the selfprof executable, or in ../lib/selfprof/ relative to it;\n"
     "SELFPROF_PRELOAD=/path/to/libselfprof-preload.so overrides. Statically linked programs and\n"
-    "set-user-ID programs ignore LD_PRELOAD and cannot be recorded this way; a program that ends with\n"
-    "_exit() or a fatal signal writes no exit profile (use --interval or kill -USR2 before).\n"
+    "set-user-ID programs ignore LD_PRELOAD and cannot be recorded this way. A program that ends with\n"
+    "_exit() still writes its profile (the library interposes _exit); one killed by a signal writes\n"
+    "none (use --interval or kill -USR2 before).\n"
     "\n"
     "example:\n"
     "  selfprof record -F 199 -o app-%p.svg -- ./app --serve\n";
@@ -96,7 +97,6 @@ std::string expand_pid(const std::string& tmpl, pid_t pid) {
 }  // namespace
 
 int run_record(int argc, char** argv) {
-  using namespace selfprof::detail;
   static const std::vector<option_spec> specs = {
       {"freq", 'F', true}, {"output", 'o', true},   {"follow-exec", 0, false}, {"interval", 0, true},
       {"mode", 0, true},   {"verbose", 'v', false}, {"quiet", 'q', false},     {"help", 'h', false},
@@ -171,7 +171,8 @@ int run_record(int argc, char** argv) {
         std::fprintf(stderr, "selfprof record: profile written to %s\n", path.c_str());
       else if (rc != 126 && rc != 127)
         std::fprintf(
-            stderr, "selfprof record: no profile at %s (did the program end with _exit, a signal or exec?)\n",
+            stderr,
+            "selfprof record: no profile at %s (was the program killed by a signal, or did it exec?)\n",
             path.c_str());
     }
   }

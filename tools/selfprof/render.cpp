@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "args.hpp"
 #include "commands.hpp"
 #include "folded_input.hpp"
-#include "selfprof/cli/args.hpp"
 #include "selfprof/output/diff.hpp"
 #include "selfprof/output/palette.hpp"
 #include "selfprof/output/pprof.hpp"

@@ -50,7 +50,7 @@ int main() {
 #else
   spin();
 #endif
-  std::printf("consumer: selfprof %s, SELFPROF_HAS_LIBDW=%d SELFPROF_HAS_LIBUNWIND=%d SELFPROF_HAS_ZLIB=%d\n",
-              SELFPROF_VERSION_STRING, SELFPROF_HAS_LIBDW, SELFPROF_HAS_LIBUNWIND, SELFPROF_HAS_ZLIB);
+  std::printf("consumer: selfprof %s, SELFPROF_HAS_LIBDW=%d SELFPROF_HAS_ZLIB=%d\n", SELFPROF_VERSION_STRING,
+              SELFPROF_HAS_LIBDW, SELFPROF_HAS_ZLIB);
   return 0;
 }

@@ -13,8 +13,7 @@
 #include <string>
 #include <string_view>
 
-namespace selfprof {
-namespace detail {
+namespace selfprof_cli {
 
 inline bool perl_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
@@ -180,5 +179,4 @@ inline void cut_at_parenthesis(std::string& f) {
   }
 }
 
-}  // namespace detail
-}  // namespace selfprof
+}  // namespace selfprof_cli

@@ -18,9 +18,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "selfprof/cli/perf_script_line.hpp"
+#include "perf_script_line.hpp"
 
-namespace selfprof {
+namespace selfprof_cli {
 
 struct perf_collapse_options {
   bool pid = false;          // --pid: root frame "comm-PID"
@@ -35,8 +35,6 @@ struct perf_collapse_issue {
   std::size_t line = 0;  // 1-based
   std::string text;      // the line, cut to 200 bytes
 };
-
-namespace detail {
 
 // A Perl scalar holding a sum of sample periods: UV while exact, NV (double) after an overflow.
 struct perl_count {
@@ -68,8 +66,6 @@ struct perl_count {
   }
 };
 
-}  // namespace detail
-
 class perf_collapser {
  public:
   explicit perf_collapser(perf_collapse_options o = {}) : opts_(std::move(o)) { event_ = opts_.event_filter; }
@@ -79,10 +75,10 @@ class perf_collapser {
     ++lines_;
     if (!line.empty() && line[0] == '#') return;
     if (line.empty()) return end_of_event();
-    detail::perf_event_match ev;
-    if (detail::match_perf_event_line(line, ev)) return event_line(line, ev);
-    detail::perf_stack_match st;
-    if (detail::match_perf_stack_line(line, st)) return stack_line(st);
+    perf_event_match ev;
+    if (match_perf_event_line(line, ev)) return event_line(line, ev);
+    perf_stack_match st;
+    if (match_perf_stack_line(line, st)) return stack_line(st);
     ++unrecognized_;
     if (issues_.size() < max_issues) issues_.push_back({lines_, std::string(line.substr(0, 200))});
   }
@@ -100,7 +96,7 @@ class perf_collapser {
 
   // The folded text: "stack count\n" per distinct stack, sorted bytewise.
   std::string result() const {
-    std::vector<const std::pair<const std::string, detail::perl_count>*> rows;
+    std::vector<const std::pair<const std::string, perl_count>*> rows;
     rows.reserve(stacks_.size());
     std::size_t bytes = 0;
     for (const auto& kv : stacks_) {
@@ -140,7 +136,7 @@ class perf_collapser {
       key_.append(frames_, b, frame_ends_[i] - b);
     }
     auto it = stacks_.find(key_);
-    if (it == stacks_.end()) it = stacks_.emplace(key_, detail::perl_count{}).first;
+    if (it == stacks_.end()) it = stacks_.emplace(key_, perl_count{}).first;
     it->second.add(period_uv_, period_is_nv_, period_nv_);
     ++samples_;
     frames_.clear();
@@ -148,15 +144,15 @@ class perf_collapser {
     have_pname_ = false;
   }
 
-  void event_line(std::string_view line, const detail::perf_event_match& ev) {
+  void event_line(std::string_view line, const perf_event_match& ev) {
     std::string_view pid = ev.pid, tid = ev.tid;
     if (tid.empty() || tid == "0") {  // Perl: `if (not $tid)`; "0" is false too
       tid = pid;
       pid = "?";
     }
     std::string_view period;
-    detail::perf_period_match pm;
-    if (detail::match_perf_period(line, pm)) {
+    perf_period_match pm;
+    if (match_perf_period(line, pm)) {
       period = pm.period;
       if (event_.empty()) {
         event_.assign(pm.event);  // by default only the first event type seen is kept
@@ -203,9 +199,9 @@ class perf_collapser {
     period_uv_ = v;
   }
 
-  void stack_line(const detail::perf_stack_match& st) {
+  void stack_line(const perf_stack_match& st) {
     if (!have_pname_) return;
-    std::string_view raw = detail::strip_symbol_offset(st.rawfunc);
+    std::string_view raw = strip_symbol_offset(st.rawfunc);
     if (!raw.empty() && raw[0] == '(') return;
     // split /->/ (trailing empty fields dropped), parts pushed in reverse so that the final reversal
     // of the whole stack puts them back in order after their caller.
@@ -232,8 +228,7 @@ class perf_collapser {
     }
   }
 
-  void tidy(std::string_view part, const detail::perf_stack_match& st, bool inlined, bool kernel_mod,
-            bool jit_mod) {
+  void tidy(std::string_view part, const perf_stack_match& st, bool inlined, bool kernel_mod, bool jit_mod) {
     func_.clear();
     if (part == "[unknown]") {
       func_ += '[';
@@ -253,7 +248,7 @@ class perf_collapser {
       func_.assign(part);
     }
     std::replace(func_.begin(), func_.end(), ';', ':');
-    if (!detail::looks_like_go_method(func_)) detail::cut_at_parenthesis(func_);
+    if (!looks_like_go_method(func_)) cut_at_parenthesis(func_);
     func_.erase(std::remove_if(func_.begin(), func_.end(), [](char c) { return c == '"' || c == '\''; }),
                 func_.end());
     if (java_ && !func_.empty() && func_[0] == 'L' && func_.find('/') != std::string::npos) func_.erase(0, 1);
@@ -276,14 +271,14 @@ class perf_collapser {
     static constexpr std::string_view pre = "/tmp/perf-";
     for (std::size_t p = m.find(pre); p != std::string_view::npos; p = m.find(pre, p + 1)) {
       std::size_t i = p + pre.size(), d = i;
-      while (d < m.size() && detail::perl_digit(m[d])) ++d;
+      while (d < m.size() && perl_digit(m[d])) ++d;
       if (d > i && m.substr(d, 4) == ".map") return true;
     }
     return false;
   }
 
   perf_collapse_options opts_;
-  std::unordered_map<std::string, detail::perl_count> stacks_;
+  std::unordered_map<std::string, perl_count> stacks_;
   std::string pname_, key_, frames_, func_, event_, filtered_event_;
   std::vector<std::size_t> frame_ends_;
   std::vector<std::string_view> parts_;
@@ -295,4 +290,4 @@ class perf_collapser {
   std::size_t lines_ = 0, samples_ = 0, unrecognized_ = 0;
 };
 
-}  // namespace selfprof
+}  // namespace selfprof_cli

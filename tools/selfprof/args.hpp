@@ -10,8 +10,7 @@
 
 #include "selfprof/status.hpp"
 
-namespace selfprof {
-namespace detail {
+namespace selfprof_cli {
 
 struct option_spec {
   const char* name;  // long name without dashes ("title")
@@ -46,8 +45,8 @@ struct parsed_args {
 // Parses argv[first..argc). Options may be mixed with positional arguments (except after `--`); a
 // lone `-` is positional (stdin). With `stop_at_first_positional`, the first positional argument and
 // all that follow are positional (for `record cmd args`).
-inline status parse_args(int argc, char** argv, int first, const std::vector<option_spec>& specs,
-                         parsed_args& out, bool stop_at_first_positional = false) {
+inline selfprof::status parse_args(int argc, char** argv, int first, const std::vector<option_spec>& specs,
+                                   parsed_args& out, bool stop_at_first_positional = false) {
   for (int i = first; i < argc; ++i) {
     std::string_view a = argv[i];
     if (a == "--") {
@@ -92,24 +91,25 @@ inline status parse_args(int argc, char** argv, int first, const std::vector<opt
       if (!hit && prefix.size() > 1) {
         std::string names;
         for (const auto* s : prefix) names += std::string(names.empty() ? "" : ", ") + "--" + s->name;
-        return status::error("option '" + std::string(a) + "' is ambiguous (" + names + ")");
+        return selfprof::status::error("option '" + std::string(a) + "' is ambiguous (" + names + ")");
       }
     }
-    if (!hit) return status::error("unknown option '" + std::string(a) + "' (see --help)");
+    if (!hit) return selfprof::status::error("unknown option '" + std::string(a) + "' (see --help)");
     parsed_option po;
     po.name = hit->name;
     if (hit->takes_value) {
       if (!has_value) {
-        if (i + 1 >= argc) return status::error("option --" + std::string(hit->name) + " needs a value");
+        if (i + 1 >= argc)
+          return selfprof::status::error("option --" + std::string(hit->name) + " needs a value");
         value = argv[++i];
       }
       po.value = std::string(value);
     } else if (has_value) {
-      return status::error("option --" + std::string(hit->name) + " takes no value");
+      return selfprof::status::error("option --" + std::string(hit->name) + " takes no value");
     }
     out.options.push_back(std::move(po));
   }
-  return status::ok();
+  return selfprof::status::ok();
 }
 
 // Parses a whole non-negative number with bounds; false when `text` is not one.
@@ -128,5 +128,4 @@ inline bool parse_double_arg(const std::string& text, double lo, double hi, doub
   return end && *end == '\0' && v >= lo && v <= hi;
 }
 
-}  // namespace detail
-}  // namespace selfprof
+}  // namespace selfprof_cli

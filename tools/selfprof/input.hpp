@@ -22,8 +22,7 @@
 #include <zlib.h>
 #endif
 
-namespace selfprof {
-namespace detail {
+namespace selfprof_cli {
 
 // Reads one input ("-" is stdin) block by block. Gzip input is recognised by its magic bytes.
 class input_reader {
@@ -33,7 +32,7 @@ class input_reader {
   input_reader& operator=(const input_reader&) = delete;
   ~input_reader() { close(); }
 
-  status open(const std::string& path) {
+  selfprof::status open(const std::string& path) {
     close();
     name_ = path == "-" ? std::string("<stdin>") : path;
     if (path == "-") {
@@ -41,11 +40,11 @@ class input_reader {
       own_fd_ = false;
     } else {
       fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd_ < 0) return status::error(path + ": cannot open: " + std::strerror(errno));
+      if (fd_ < 0) return selfprof::status::error(path + ": cannot open: " + std::strerror(errno));
       own_fd_ = true;
       struct stat st {};
       if (::fstat(fd_, &st) == 0) {
-        if (S_ISDIR(st.st_mode)) return status::error(path + ": is a directory");
+        if (S_ISDIR(st.st_mode)) return selfprof::status::error(path + ": is a directory");
         if (S_ISREG(st.st_mode)) size_ = static_cast<std::uint64_t>(st.st_size);
       }
     }
@@ -55,7 +54,7 @@ class input_reader {
     while (got < 2) {
       ssize_t n = ::read(fd_, &pending_[got], 2 - got);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return status::error(name_ + ": read error: " + std::strerror(errno));
+      if (n < 0) return selfprof::status::error(name_ + ": read error: " + std::strerror(errno));
       if (n == 0) break;
       got += static_cast<std::size_t>(n);
     }
@@ -66,16 +65,16 @@ class input_reader {
       gz_ = true;
       std::memset(&zs_, 0, sizeof zs_);
       if (inflateInit2(&zs_, 15 + 32) != Z_OK)
-        return status::error(name_ + ": cannot start the gzip decoder");
+        return selfprof::status::error(name_ + ": cannot start the gzip decoder");
       zs_open_ = true;
 #else
-      return status::error(name_ +
-                           ": gzip-compressed input, but this selfprof was built without zlib "
-                           "(SELFPROF_HAS_ZLIB=0); decompress it first, e.g. `zcat " +
-                           name_ + " | selfprof ...`");
+      return selfprof::status::error(name_ +
+                                     ": gzip-compressed input, but this selfprof was built without zlib "
+                                     "(SELFPROF_HAS_ZLIB=0); decompress it first, e.g. `zcat " +
+                                     name_ + " | selfprof ...`");
 #endif
     }
-    return status::ok();
+    return selfprof::status::ok();
   }
 
   // Appends up to about `max` bytes of (decompressed) input to `out`; false at the end or on error.
@@ -236,7 +235,8 @@ class progress_meter {
 // Calls `on_line(std::string_view)` for every line of the input (LF removed; a last line without LF
 // is passed too). Memory: one block plus the longest line.
 template <typename OnLine>
-inline status for_each_line(input_reader& in, OnLine&& on_line, progress_meter* progress = nullptr) {
+inline selfprof::status for_each_line(input_reader& in, OnLine&& on_line,
+                                      progress_meter* progress = nullptr) {
   std::string buf;
   std::size_t start = 0;
   while (true) {
@@ -258,20 +258,19 @@ inline status for_each_line(input_reader& in, OnLine&& on_line, progress_meter* 
   }
   if (start < buf.size()) on_line(std::string_view(buf.data() + start, buf.size() - start));
   if (progress) progress->finish();
-  if (!in.error().empty()) return status::error(in.error());
-  return status::ok();
+  if (!in.error().empty()) return selfprof::status::error(in.error());
+  return selfprof::status::ok();
 }
 
 // The whole (decompressed) content of an input.
-inline status read_all(const std::string& path, std::string& out) {
+inline selfprof::status read_all(const std::string& path, std::string& out) {
   input_reader in;
-  status st = in.open(path);
+  selfprof::status st = in.open(path);
   if (!st) return st;
   while (in.read_block(out)) {
   }
-  if (!in.error().empty()) return status::error(in.error());
-  return status::ok();
+  if (!in.error().empty()) return selfprof::status::error(in.error());
+  return selfprof::status::ok();
 }
 
-}  // namespace detail
-}  // namespace selfprof
+}  // namespace selfprof_cli
