@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "selfprof/detail/sys.hpp"
 #include "selfprof/jit/safe_file.hpp"
@@ -96,8 +97,12 @@ class jitdump_writer {
   ~jitdump_writer() { close(); }
 
   static std::string path_for(const std::string& dir, long pid) {
-    std::string d = dir.empty() ? "." : dir;
-    return d + (d.back() != '/' ? "/" : "") + "jit-" + std::to_string(pid) + ".dump";
+    std::string path = dir.empty() ? "." : dir;
+    if (path.back() != '/') path += '/';
+    path += "jit-";
+    path += std::to_string(pid);
+    path += ".dump";
+    return path;
   }
   const std::string& path() const { return path_; }
   bool is_open() const { return fd_ >= 0; }
@@ -122,9 +127,12 @@ class jitdump_writer {
     if (m == MAP_FAILED) {
       int e = errno;
       sys().close(f.fd);
-      return status::error("selfprof: cannot map the jitdump " + path_ +
-                           " PROT_EXEC (perf would not see it): " + std::strerror(e) +
-                           (e == EPERM ? " (noexec mount? set SELFPROF_JITDUMP_DIR)" : ""));
+      std::string m = "selfprof: cannot map the jitdump ";
+      m += path_;
+      m += " PROT_EXEC (perf would not see it): ";
+      m += std::strerror(e);
+      if (e == EPERM) m += " (noexec mount? set SELFPROF_JITDUMP_DIR)";
+      return status::error(std::move(m));
     }
     mapping_ = m;
     fd_ = f.fd;

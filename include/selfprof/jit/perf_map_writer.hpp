@@ -48,7 +48,12 @@ class perf_map_writer {
   ~perf_map_writer() { close(); }
 
   static std::string path_for(const std::string& dir, long pid) {
-    return dir + (dir.empty() || dir.back() != '/' ? "/" : "") + "perf-" + std::to_string(pid) + ".map";
+    std::string path = dir;
+    if (path.empty() || path.back() != '/') path += '/';
+    path += "perf-";
+    path += std::to_string(pid);
+    path += ".map";
+    return path;
   }
   const std::string& path() const { return path_; }
   bool is_open() const { return fd_ >= 0; }

@@ -291,9 +291,10 @@ class jit_registry {
     runs_.push_back(std::move(fresh));
     while (runs_.size() >= 2 && runs_[runs_.size() - 2].size() <= 2 * runs_.back().size()) {
       run& a = runs_[runs_.size() - 2];
-      std::size_t mid = a.size();
-      a.insert(a.end(), runs_.back().begin(), runs_.back().end());
-      std::inplace_merge(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(mid), a.end(), by_start);
+      const run& b = runs_.back();
+      run merged(a.size() + b.size());
+      std::merge(a.begin(), a.end(), b.begin(), b.end(), merged.begin(), by_start);
+      a.swap(merged);
       runs_.pop_back();
     }
     run& last = runs_.back();

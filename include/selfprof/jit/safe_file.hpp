@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "selfprof/detail/sys.hpp"
 #include "selfprof/status.hpp"
@@ -28,6 +29,19 @@ struct safe_file {
 //   wrap) or from before an exec; it is unlinked and the file created again with O_EXCL (as QEMU does);
 // - a symlink, anything not a regular file, a file owned by another user or with other hard links: refused,
 //   nothing is opened, followed, truncated or removed. `what` names the file in messages.
+// "<head><what> <path>: <reason>", the shape of every message below.
+inline status file_error(const char* head, const char* what, const std::string& path, const char* reason,
+                         const char* more = "") {
+  std::string m = head;
+  m += what;
+  m += ' ';
+  m += path;
+  m += ": ";
+  m += reason;
+  m += more;
+  return status::error(std::move(m));
+}
+
 inline status create_safe_file(const std::string& path, int extra_flags, const char* what, safe_file& out) {
   out = safe_file{};
   const int flags = O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | extra_flags;
@@ -42,8 +56,7 @@ inline status create_safe_file(const std::string& path, int extra_flags, const c
     }
     int e = errno;
     if (e != EEXIST || attempt == 1) {
-      return status::error(std::string("selfprof: cannot create ") + what + " " + path + ": " +
-                           std::strerror(e));
+      return file_error("selfprof: cannot create ", what, path, std::strerror(e));
     }
     struct stat st;
     if (::lstat(path.c_str(), &st) != 0) continue;  // gone meanwhile: try again
@@ -53,24 +66,27 @@ inline status create_safe_file(const std::string& path, int extra_flags, const c
     } else if (!S_ISREG(st.st_mode)) {
       refuse = "it is not a regular file";
     } else if (st.st_uid != ::geteuid()) {
-      refuse = "it is owned by uid " + std::to_string(st.st_uid) + ", not by this process's user (uid " +
-               std::to_string(::geteuid()) + ")";
+      refuse = "it is owned by uid ";
+      refuse += std::to_string(st.st_uid);
+      refuse += ", not by this process's user (uid ";
+      refuse += std::to_string(::geteuid());
+      refuse += ')';
     } else if (st.st_nlink != 1) {
-      refuse = "it has " + std::to_string(st.st_nlink) + " hard links";
+      refuse = "it has ";
+      refuse += std::to_string(st.st_nlink);
+      refuse += " hard links";
     }
     if (!refuse.empty()) {
-      return status::error(std::string("selfprof: refusing to write ") + what + " " + path + ": " + refuse +
-                           " (a stale or hostile file); remove it or set another directory. Nothing was "
-                           "written to it");
+      return file_error("selfprof: refusing to write ", what, path, refuse.c_str(),
+                        " (a stale or hostile file); remove it or set another directory. Nothing was "
+                        "written to it");
     }
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-      return status::error(std::string("selfprof: cannot replace the stale ") + what + " " + path + ": " +
-                           std::strerror(errno));
+      return file_error("selfprof: cannot replace the stale ", what, path, std::strerror(errno));
     }
     out.replaced_stale = true;
   }
-  return status::error(std::string("selfprof: cannot create ") + what + " " + path +
-                       ": something keeps re-creating it");
+  return file_error("selfprof: cannot create ", what, path, "something keeps re-creating it");
 }
 
 // Writes all of [data, data+size) to fd, retrying on EINTR and short writes.
@@ -79,7 +95,11 @@ inline status write_all(int fd, const char* data, std::size_t size, const std::s
     ssize_t n = ::write(fd, data, size);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return status::error("selfprof: writing " + path + " failed: " + std::strerror(errno));
+      std::string m = "selfprof: writing ";
+      m += path;
+      m += " failed: ";
+      m += std::strerror(errno);
+      return status::error(std::move(m));
     }
     data += n;
     size -= static_cast<std::size_t>(n);

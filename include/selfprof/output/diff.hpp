@@ -5,33 +5,17 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <string_view>
-#include <utility>
+#include <unordered_map>
 #include <vector>
 
+#include "selfprof/output/diff_options.hpp"
 #include "selfprof/output/flame_tree.hpp"
 #include "selfprof/output/svg.hpp"
 #include "selfprof/profile.hpp"
 
 namespace selfprof {
-
-// Which count sets a frame's width in the differential SVG.
-enum class diff_width : std::uint8_t {
-  larger,  // max(before, after) per stack (default): stacks that vanished stay visible
-  after,   // the new profile, as flamegraph.pl draws difffolded output
-  before,  // the baseline
-};
-
-struct diff_options {
-  bool normalize = false;  // difffolded -n: scale "before" counts by total_after/total_before (truncated)
-  bool strip_hex = false;  // difffolded -s: every 0x[0-9a-fA-F]+ becomes 0x... before matching stacks
-  bool negate = false;     // flamegraph.pl --negate: swap the hues and the sign shown
-  bool inclusive = false;  // colour by each frame's inclusive change instead of its self change
-  diff_width widths = diff_width::larger;
-};
-
 namespace detail {
 
 // A frame name in folded text: annotated, `;` -> `:`, CR/LF/NUL removed, never empty.
@@ -67,9 +51,21 @@ inline std::string strip_hex_numbers(std::string_view s) {
   return out;
 }
 
-// Adds each stack of `p` as a folded key into `counts` (channel 0: before, 1: after); returns the total.
-inline std::uint64_t fold_into(std::map<std::string, std::pair<std::uint64_t, std::uint64_t>>& counts,
-                               const profile& p, int channel, bool strip_hex) {
+// One stack of either profile by its folded text, with its count in each.
+struct diff_row {
+  std::string stack;
+  std::uint64_t before = 0, after = 0;
+};
+
+struct diff_table {
+  std::vector<diff_row> rows;                       // sorted by stack bytes
+  std::uint64_t total_before = 0, total_after = 0;  // after normalisation
+};
+
+// Adds each stack of `p` as a folded key to `rows` (channel 0: before, 1: after), `index` finding the
+// row of a key; returns the total.
+inline std::uint64_t fold_into(std::unordered_map<std::string, std::size_t>& index,
+                               std::vector<diff_row>& rows, const profile& p, int channel, bool strip_hex) {
   std::vector<std::string> names(p.frames.size());
   std::vector<bool> named(p.frames.size(), false);
   std::uint64_t total = 0;
@@ -88,34 +84,45 @@ inline std::uint64_t fold_into(std::map<std::string, std::pair<std::uint64_t, st
     }
     if (key.empty()) key = "[unknown]";
     if (strip_hex) key = strip_hex_numbers(key);
-    auto& c = counts[key];
-    (channel == 0 ? c.first : c.second) += s.count;
+    auto [it, fresh] = index.try_emplace(key, rows.size());
+    if (fresh) rows.push_back(diff_row{key, 0, 0});
+    diff_row& r = rows[it->second];
+    (channel == 0 ? r.before : r.after) += s.count;
     total += s.count;
   }
   return total;
 }
 
-struct diff_table {
-  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> counts;  // stack -> (before, after), sorted
-  std::uint64_t total_before = 0, total_after = 0;                        // after normalisation
-};
-
 inline diff_table diff_counts(const profile& before, const profile& after, const diff_options& o) {
   diff_table t;
-  std::uint64_t t1 = fold_into(t.counts, before, 0, o.strip_hex);
-  std::uint64_t t2 = fold_into(t.counts, after, 1, o.strip_hex);
-  t.total_after = t2;
-  if (o.normalize && t1 != t2 && t1 != 0) {
-    const std::uint64_t original = t1;
-    t1 = 0;
-    for (auto& kv : t.counts) {  // as difffolded: int(c1 * total2 / total1), in double arithmetic
-      double scaled =
-          static_cast<double>(kv.second.first) * static_cast<double>(t2) / static_cast<double>(original);
-      kv.second.first = static_cast<std::uint64_t>(scaled);
-      t1 += kv.second.first;
+  std::vector<diff_row> rows;
+  {
+    std::unordered_map<std::string, std::size_t> index;
+    std::uint64_t t1 = fold_into(index, rows, before, 0, o.strip_hex);
+    std::uint64_t t2 = fold_into(index, rows, after, 1, o.strip_hex);
+    t.total_after = t2;
+    if (o.normalize && t1 != t2 && t1 != 0) {
+      const std::uint64_t original = t1;
+      t1 = 0;
+      for (auto& r : rows) {  // as difffolded: int(c1 * total2 / total1), in double arithmetic
+        double scaled =
+            static_cast<double>(r.before) * static_cast<double>(t2) / static_cast<double>(original);
+        r.before = static_cast<std::uint64_t>(scaled);
+        t1 += r.before;
+      }
     }
+    t.total_before = t1;
   }
-  t.total_before = t1;
+  std::vector<std::uint32_t> order = identity_order(rows.size());
+  sort_indices(
+      order,
+      [](const void* all, std::uint32_t a, std::uint32_t b) {
+        const auto& r = *static_cast<const std::vector<diff_row>*>(all);
+        return r[a].stack < r[b].stack;
+      },
+      &rows);
+  t.rows.reserve(rows.size());
+  for (std::uint32_t i : order) t.rows.push_back(std::move(rows[i]));
   return t;
 }
 
@@ -123,12 +130,12 @@ inline diff_table diff_counts(const profile& before, const profile& after, const
 inline std::string write_diff_folded(const profile& before, const profile& after, const diff_options& o) {
   diff_table t = diff_counts(before, after, o);
   std::string out;
-  for (const auto& kv : t.counts) {
-    out += kv.first;
+  for (const diff_row& r : t.rows) {
+    out += r.stack;
     out += ' ';
-    out += std::to_string(kv.second.first);
+    out += std::to_string(r.before);
     out += ' ';
-    out += std::to_string(kv.second.second);
+    out += std::to_string(r.after);
     out += '\n';
   }
   return out;
@@ -142,8 +149,8 @@ inline std::string write_diff_svg(const profile& before, const profile& after, c
   diff_table t = diff_counts(before, after, o);
   flame_tree tree;
   std::vector<std::uint32_t> path;
-  for (const auto& kv : t.counts) {
-    const std::string& key = kv.first;
+  for (const diff_row& r : t.rows) {
+    const std::string& key = r.stack;
     path.clear();
     std::size_t start = 0;
     while (start <= key.size()) {
@@ -153,7 +160,7 @@ inline std::string write_diff_svg(const profile& before, const profile& after, c
       start = semi + 1;
     }
     if (so.reverse) std::reverse(path.begin(), path.end());
-    std::uint64_t c1 = kv.second.first, c2 = kv.second.second;
+    std::uint64_t c1 = r.before, c2 = r.after;
     std::uint64_t w = o.widths == diff_width::after    ? c2
                       : o.widths == diff_width::before ? c1
                                                        : std::max(c1, c2);
@@ -162,12 +169,14 @@ inline std::string write_diff_svg(const profile& before, const profile& after, c
   tree.build(true);
   svg_options opt = so;
   if (opt.title.empty()) opt.title = "Differential Flame Graph";
-  if (opt.subtitle.empty())
-    opt.subtitle = std::string(o.negate ? "blue: grew, red: shrank" : "red: grew, blue: shrank") +
-                   (o.inclusive ? " (inclusive change)" : " (self change)") + "; widths: " +
-                   (o.widths == diff_width::after    ? "after"
+  if (opt.subtitle.empty()) {
+    opt.subtitle = o.negate ? "blue: grew, red: shrank" : "red: grew, blue: shrank";
+    opt.subtitle += o.inclusive ? " (inclusive change)" : " (self change)";
+    opt.subtitle += "; widths: ";
+    opt.subtitle += o.widths == diff_width::after    ? "after"
                     : o.widths == diff_width::before ? "before"
-                                                     : "larger of before and after");
+                                                     : "larger of before and after";
+  }
   if (tree.total_width() == 0) return render_error_svg(opt, "ERROR: No stack counts found");
   svg_input in;
   in.tree = &tree;

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "selfprof/output/text.hpp"
 #include "selfprof/profile.hpp"
 
 namespace selfprof {
@@ -91,12 +92,9 @@ class flame_tree {
 
   // Interns a frame name (annotated) and returns its id.
   std::uint32_t intern(std::string name) {
-    auto it = name_ids_.find(name);
-    if (it != name_ids_.end()) return it->second;
-    auto id = static_cast<std::uint32_t>(names_.size());
-    name_ids_.emplace(name, id);
-    names_.push_back(std::move(name));
-    return id;
+    auto [it, fresh] = name_ids_.try_emplace(name, names_.size());
+    if (fresh) names_.push_back(std::move(name));
+    return static_cast<std::uint32_t>(it->second);
   }
 
   // Queues one stack (root first) with its values; build() merges the queue into the tree.
@@ -117,27 +115,22 @@ class flame_tree {
   void build(bool sorted) {
     std::vector<std::uint32_t> key(names_.size());  // what paths are compared by
     if (sorted) {
-      std::vector<std::uint32_t> by_name(names_.size());
-      for (std::uint32_t i = 0; i < by_name.size(); ++i) by_name[i] = i;
-      std::sort(by_name.begin(), by_name.end(),
-                [this](std::uint32_t a, std::uint32_t b) { return names_[a] < names_[b]; });
+      std::vector<std::uint32_t> by_name = identity_order(names_.size());
+      sort_indices(
+          by_name,
+          [](const void* tree, std::uint32_t a, std::uint32_t b) {
+            const auto& names = static_cast<const flame_tree*>(tree)->names_;
+            return names[a] < names[b];
+          },
+          this);
       for (std::uint32_t r = 0; r < by_name.size(); ++r) key[by_name[r]] = r;
     } else {
       for (std::uint32_t i = 0; i < key.size(); ++i) key[i] = i;
     }
-    std::vector<std::uint32_t> order(pending_.size());
-    for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::vector<std::uint32_t> order = identity_order(pending_.size());
     if (sorted) {
       for (auto& id : path_ids_) id = key[id];  // compare ranks, then map back below
-      std::stable_sort(order.begin(), order.end(), [this](std::uint32_t a, std::uint32_t b) {
-        const pending& x = pending_[a];
-        const pending& y = pending_[b];
-        return std::lexicographical_compare(
-            path_ids_.begin() + static_cast<std::ptrdiff_t>(x.offset),
-            path_ids_.begin() + static_cast<std::ptrdiff_t>(x.offset + x.length),
-            path_ids_.begin() + static_cast<std::ptrdiff_t>(y.offset),
-            path_ids_.begin() + static_cast<std::ptrdiff_t>(y.offset + y.length));
-      });
+      sort_indices(order, path_less, this);
       std::vector<std::uint32_t> unrank(key.size());
       for (std::uint32_t i = 0; i < key.size(); ++i) unrank[key[i]] = i;
       for (auto& id : path_ids_) id = unrank[id];
@@ -228,6 +221,19 @@ class flame_tree {
     std::uint64_t before = 0, after = 0, width = 0;
   };
 
+  // Orders queued stacks by their paths (ranks of names), equal paths by queue order (a stable sort).
+  static bool path_less(const void* tree, std::uint32_t a, std::uint32_t b) {
+    const flame_tree& t = *static_cast<const flame_tree*>(tree);
+    const pending& x = t.pending_[a];
+    const pending& y = t.pending_[b];
+    const std::uint32_t* p = t.path_ids_.data();
+    const std::size_t n = x.length < y.length ? x.length : y.length;
+    for (std::size_t i = 0; i < n; ++i)
+      if (p[x.offset + i] != p[y.offset + i]) return p[x.offset + i] < p[y.offset + i];
+    if (x.length != y.length) return x.length < y.length;
+    return a < b;
+  }
+
   static void fill_values(laid_frame& f, const flame_node& n) {
     f.before = n.before;
     f.after = n.after;
@@ -251,7 +257,7 @@ class flame_tree {
   }
 
   std::vector<std::string> names_;
-  std::unordered_map<std::string, std::uint32_t> name_ids_;
+  std::unordered_map<std::string, std::size_t> name_ids_;  // the writers' one string-keyed map type
   std::vector<flame_node> nodes_;
   std::vector<pending> pending_;
   std::vector<std::uint32_t> path_ids_;

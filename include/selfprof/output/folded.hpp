@@ -25,7 +25,6 @@
 //    the `[truncated]` marker instead; a single frame longer than the limit is cut at a UTF-8 boundary.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -117,9 +116,15 @@ inline std::string thread_root_name(std::uint32_t tid, const std::string& name) 
   if (!name.empty()) {
     std::string safe;
     append_folded_name(safe, name);
-    if (safe != unknown_frame) out += safe + " ";
+    if (safe != unknown_frame) {
+      out += safe;
+      out += ' ';
+    }
   }
-  return out + "tid=" + std::to_string(tid) + "]";
+  out += "tid=";
+  out += std::to_string(tid);
+  out += ']';
+  return out;
 }
 
 inline bool is_thread_root_name(std::string_view name) {
@@ -211,16 +216,23 @@ inline std::string folded_stack_text(const profile& p, const stack& s, const std
     cut_utf8(leaf, budget > head.size() + 1 ? budget - head.size() - 1 : 0);
     while (!leaf.empty() && leaf.back() == ' ') leaf.pop_back();
     if (leaf.empty()) return out;
-    return out + ";" + leaf;
+    out += ';';
+    out += leaf;
+    return out;
   }
   for (std::size_t i = keep_from; i < parts.size(); ++i)
     (out += ';').append(parts[i].data(), parts[i].size());
   return out;
 }
 
-// (stack text, count) pairs, merged by name and sorted bytewise.
-inline std::vector<std::pair<std::string, std::uint64_t>> folded_lines(const profile& p,
-                                                                       const folded_options& opts = {}) {
+// Stack texts merged by name, with their counts; `order` lists them sorted bytewise.
+struct folded_table {
+  std::vector<std::string> texts;
+  std::vector<std::uint64_t> counts;
+  std::vector<std::uint32_t> order;
+};
+
+inline folded_table folded_lines(const profile& p, const folded_options& opts = {}) {
   std::vector<std::string> names;
   names.reserve(p.frames.size());
   for (const auto& f : p.frames) names.push_back(folded_frame_name(f, opts.annotate));
@@ -232,38 +244,49 @@ inline std::vector<std::pair<std::string, std::uint64_t>> folded_lines(const pro
   }
   std::unordered_map<std::uint32_t, std::string> roots;  // tid → `[name tid=N]`
   static const std::string no_root;
-  std::unordered_map<std::string, std::uint64_t> merged;
-  merged.reserve(p.stacks.size());
+  folded_table t;
+  std::unordered_map<std::string, std::size_t> index;  // text -> its place in t.texts
+  index.reserve(p.stacks.size());
   for (const auto& s : p.stacks) {
     if (s.count == 0) continue;
     const std::string* root = &no_root;
     if (opts.thread_roots && s.tid != 0) {
-      auto [it, fresh] = roots.try_emplace(s.tid);
-      if (fresh) it->second = thread_root_name(s.tid, p.thread_name(s.tid));
-      root = &it->second;
+      std::string& text = roots[s.tid];  // never empty once made
+      if (text.empty()) text = thread_root_name(s.tid, p.thread_name(s.tid));
+      root = &text;
     }
-    add_saturating(merged[folded_stack_text(p, s, *root, names, budget)], s.count);
+    std::string text = folded_stack_text(p, s, *root, names, budget);
+    auto [it, fresh] = index.try_emplace(text, t.texts.size());
+    if (fresh) {
+      t.texts.push_back(std::move(text));
+      t.counts.push_back(0);
+    }
+    add_saturating(t.counts[it->second], s.count);
   }
-  std::vector<std::pair<std::string, std::uint64_t>> lines;
-  lines.reserve(merged.size());
-  for (auto& kv : merged) lines.emplace_back(kv.first, kv.second);
-  std::sort(lines.begin(), lines.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  return lines;
+  t.order = identity_order(t.texts.size());
+  sort_indices(
+      t.order,
+      [](const void* texts, std::uint32_t a, std::uint32_t b) {
+        const auto& x = *static_cast<const std::vector<std::string>*>(texts);
+        return x[a] < x[b];
+      },
+      &t.texts);
+  return t;
 }
 
 }  // namespace detail
 
 // The folded text of a profile (see the promises at the top of this file).
 inline std::string write_folded(const profile& p, const folded_options& opts = {}) {
-  const auto lines = detail::folded_lines(p, opts);
+  const detail::folded_table lines = detail::folded_lines(p, opts);
   std::size_t size = 0;
-  for (const auto& line : lines) size += line.first.size() + 22;
+  for (const auto& text : lines.texts) size += text.size() + 22;
   std::string out;
   out.reserve(size);
-  for (const auto& [text, count] : lines) {
-    out += text;
+  for (const std::uint32_t i : lines.order) {
+    out += lines.texts[i];
     out += ' ';
-    out += std::to_string(count);
+    out += std::to_string(lines.counts[i]);
     out += '\n';
   }
   return out;

@@ -155,15 +155,15 @@ class folded_parser {
   std::uint32_t intern(std::string_view name, frame_kind kind) {
     std::string key(1, static_cast<char>('0' + static_cast<int>(kind)));
     key.append(name.data(), name.size());
-    auto [it, fresh] = frames_.try_emplace(std::move(key), 0u);
+    auto [it, fresh] = frames_.try_emplace(std::move(key), std::size_t{0});
     if (fresh) {
-      it->second = static_cast<std::uint32_t>(r_.prof.frames.size());
+      it->second = r_.prof.frames.size();
       frame f;
       f.name = std::string(name);
       f.kind = kind;
       r_.prof.frames.push_back(std::move(f));
     }
-    return it->second;
+    return static_cast<std::uint32_t>(it->second);
   }
 
   void add_stack(std::string_view text, std::uint64_t count, std::uint64_t before) {
@@ -195,7 +195,7 @@ class folded_parser {
       ++index;
       pos = semi + 1;
     }
-    stacks_.emplace(std::string(text), r_.prof.stacks.size());
+    stacks_.try_emplace(std::string(text), r_.prof.stacks.size());
     r_.prof.stacks.push_back(std::move(s));
     r_.before_counts.push_back(before);
   }
@@ -208,7 +208,7 @@ class folded_parser {
         tid > UINT32_MAX || tid == 0)
       return;
     s.tid = static_cast<std::uint32_t>(tid);
-    if (thread_seen_.emplace(s.tid, true).second) {
+    if (thread_index_.emplace(s.tid, r_.prof.threads.size()).second) {
       thread_info t;
       t.tid = s.tid;
       if (pos > 2) t.name = std::string(root.substr(1, pos - 2));
@@ -218,9 +218,10 @@ class folded_parser {
 
   folded_parse_result& r_;
   const std::string& source_;
-  std::unordered_map<std::string, std::uint32_t> frames_;
-  std::unordered_map<std::string, std::size_t> stacks_;
-  std::unordered_map<std::uint32_t, bool> thread_seen_;
+  // Map types shared with the writers and the collector: no instantiation of their own.
+  std::unordered_map<std::string, std::size_t> frames_;            // kind digit + name -> frame index
+  std::unordered_map<std::string, std::size_t> stacks_;            // line text -> stack index
+  std::unordered_map<std::uint32_t, std::uint64_t> thread_index_;  // tid -> index in prof.threads
 };
 
 }  // namespace detail

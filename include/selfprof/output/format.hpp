@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "selfprof/output/folded.hpp"
 #include "selfprof/output/pprof.hpp"
@@ -51,12 +52,12 @@ inline const char* format_name(output_format f) {
 
 namespace detail {
 inline bool ends_with_ci(const std::string& s, const char* suffix) {
-  const std::string suf(suffix);
-  if (s.size() < suf.size()) return false;
-  for (std::size_t i = 0; i < suf.size(); ++i) {
-    char c = s[s.size() - suf.size() + i];
+  const std::size_t n = std::char_traits<char>::length(suffix);
+  if (s.size() < n) return false;
+  for (std::size_t i = 0; i < n; ++i) {
+    char c = s[s.size() - n + i];
     if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    if (c != suf[i]) return false;
+    if (c != suffix[i]) return false;
   }
   return true;
 }
@@ -75,13 +76,15 @@ inline format_lookup format_for_path(const std::string& path) {
                                 {".txt", output_format::top},       {".pb.gz", output_format::pprof},
                                 {".pprof", output_format::pprof},   {".svg", output_format::svg}};
   for (const auto& e : table) {
-    if (name.size() > std::string(e.ext).size() && detail::ends_with_ci(name, e.ext)) {
+    if (name.size() > std::char_traits<char>::length(e.ext) && detail::ends_with_ci(name, e.ext)) {
       r.format = e.format;
       return r;
     }
   }
-  r.result = status::error("selfprof: cannot write " + path +
-                           ": unknown output format (use .folded, .collapsed, .txt, .pb.gz, .pprof or .svg)");
+  std::string message = "selfprof: cannot write ";
+  message += path;
+  message += ": unknown output format (use .folded, .collapsed, .txt, .pb.gz, .pprof or .svg)";
+  r.result = status::error(std::move(message));
   return r;
 }
 

@@ -26,7 +26,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -56,18 +55,16 @@ class pprof_builder {
     for (const auto& s : p_.stacks) add_stack(s);
 
     proto_writer out;
-    for (const auto& [type, unit] : sample_types_) {
+    for (std::size_t i = 0; i < sample_type_count_; ++i) {
       proto_writer vt;
-      vt.varint_field_nz(1, static_cast<std::uint64_t>(intern(type)));
-      vt.varint_field_nz(2, static_cast<std::uint64_t>(intern(unit)));
+      vt.varint_field_nz(1, static_cast<std::uint64_t>(intern(sample_types_[i].type)));
+      vt.varint_field_nz(2, static_cast<std::uint64_t>(intern(sample_types_[i].unit)));
       out.message_field(1, vt);
     }
     for (const auto& s : samples_) {
       proto_writer m;
       m.packed_field(1, s.locations);
-      std::vector<std::uint64_t> values;
-      for (const auto v : s.values) values.push_back(static_cast<std::uint64_t>(v));
-      m.packed_field(2, values);
+      m.packed_field(2, s.values);
       if (s.tid != 0) {
         proto_writer l;
         l.varint_field_nz(1, static_cast<std::uint64_t>(intern("thread_id")));
@@ -121,8 +118,8 @@ class pprof_builder {
     }
     // Strings used only by the trailing fields must be interned before the table is written.
     const std::int64_t period_type = intern(period_type_name_), period_unit = intern("nanoseconds");
-    std::vector<std::int64_t> comments;
-    for (const auto& c : comment_lines()) comments.push_back(intern(c));
+    std::vector<std::uint64_t> comments;
+    for (const auto& c : comment_lines()) comments.push_back(static_cast<std::uint64_t>(intern(c)));
     for (const auto& s : strings_) out.bytes_field(6, s);
     out.int64_field_nz(9, static_cast<std::int64_t>(p_.info.start_unix_ns & 0x7FFFFFFFFFFFFFFFull));
     out.int64_field_nz(10, clamp_i64(p_.info.duration_s * 1e9));
@@ -131,7 +128,7 @@ class pprof_builder {
     pt.varint_field_nz(2, static_cast<std::uint64_t>(period_unit));
     out.message_field(11, pt);
     out.int64_field_nz(12, static_cast<std::int64_t>(period_ns_));
-    for (const auto c : comments) out.varint_field(13, static_cast<std::uint64_t>(c));
+    for (const auto c : comments) out.varint_field(13, c);
     return out.take();
   }
 
@@ -148,9 +145,12 @@ class pprof_builder {
   struct function_rec {
     std::int64_t name = 0, filename = 0;
   };
+  struct value_type {
+    std::string type, unit;
+  };
   struct sample_rec {
     std::vector<std::uint64_t> locations;  // leaf first
-    std::vector<std::int64_t> values;
+    std::vector<std::uint64_t> values;     // int64 values, all in [0, INT64_MAX]
     std::uint32_t tid = 0;
   };
 
@@ -161,43 +161,58 @@ class pprof_builder {
   }
 
   std::int64_t intern(const std::string& s) {
-    auto [it, fresh] = string_ids_.try_emplace(s, static_cast<std::int64_t>(strings_.size()));
+    auto [it, fresh] = string_ids_.try_emplace(s, strings_.size());
     if (fresh) strings_.push_back(s);
-    return it->second;
+    return static_cast<std::int64_t>(it->second);
   }
 
   void value_setup() {
-    const std::string& mode = p_.info.mode;
-    const std::string time_type = mode == "wall" ? "wall" : mode == "offcpu" ? "offcpu" : "cpu";
+    const std::string time_type = mode_name(p_.info.mode);
     period_type_name_ = time_type;
     period_ns_ = p_.info.period_ns;
     if (period_ns_ == 0 && p_.info.hz > 0)
       period_ns_ = static_cast<std::uint64_t>(std::llround(1e9 / p_.info.hz));
     const std::string& unit = p_.info.unit;
     if (unit.empty() || unit == "samples") {
-      sample_types_ = {{"samples", "count"}, {time_type, "nanoseconds"}};
+      sample_types_[0] = {"samples", "count"};
+      sample_types_[1] = {time_type, "nanoseconds"};
+      sample_type_count_ = 2;
       factor_ = static_cast<long double>(period_ns_);
       two_values_ = true;
     } else if (unit == "ns" || unit == "nanoseconds" || unit == "us" || unit == "microseconds" ||
                unit == "ms" || unit == "milliseconds" || unit == "s" || unit == "seconds") {
       const char c = unit[0];
       factor_ = c == 'n' ? 1.0L : c == 'u' ? 1e3L : c == 'm' ? 1e6L : 1e9L;
-      sample_types_ = {{time_type, "nanoseconds"}};
+      sample_types_[0] = {time_type, "nanoseconds"};
+      sample_type_count_ = 1;
     } else {
       factor_ = 1;
-      sample_types_ = {{unit, "count"}};
+      sample_types_[0] = {unit, "count"};
+      sample_type_count_ = 1;
     }
   }
 
   std::vector<std::string> comment_lines() const {
     std::vector<std::string> c;
-    c.push_back(std::string("selfprof ") + SELFPROF_VERSION_STRING);
-    std::string line = "mode=" + p_.info.mode + " unit=" + p_.info.unit;
-    if (!p_.info.source.empty()) line += " source=" + p_.info.source;
-    line += " hz=" + format_compact(p_.info.hz) + " samples=" + std::to_string(p_.info.samples) +
-            " dropped=" + std::to_string(p_.info.dropped) + " truncated=" + std::to_string(p_.info.truncated);
-    c.push_back(line);
-    if (!p_.info.view.empty()) c.push_back("view=" + p_.info.view);  // [frames]
+    c.emplace_back("selfprof " SELFPROF_VERSION_STRING);
+    std::string line = "mode=";
+    line += mode_name(p_.info.mode);
+    line += " unit=";
+    line += p_.info.unit;
+    if (!p_.info.source.empty()) {
+      line += " source=";
+      line += p_.info.source;
+    }
+    line += " hz=";
+    line += format_compact(p_.info.hz);
+    line += " samples=";
+    line += std::to_string(p_.info.samples);
+    line += " dropped=";
+    line += std::to_string(p_.info.dropped);
+    line += " truncated=";
+    line += std::to_string(p_.info.truncated);
+    c.push_back(std::move(line));
+    if (!p_.info.view.empty()) c.push_back("view=" + p_.info.view);
     for (const auto& l : p_.info.frame_loops) c.push_back("frames: " + frame_stats_line(l));
     for (const auto& n : p_.info.notes) c.push_back(n);
     return c;
@@ -249,7 +264,7 @@ class pprof_builder {
       if (!loc.mapping_id) loc.mapping_id = m;
     }
     for (auto it = group.rbegin(); it != group.rend(); ++it)
-      loc.lines.emplace_back(function_for((*it)->name, (*it)->file), (*it)->line);
+      loc.lines.push_back({function_for((*it)->name, (*it)->file), (*it)->line});
     std::string key;
     append_key(key, loc.mapping_id);
     append_key(key, loc.address);
@@ -290,18 +305,21 @@ class pprof_builder {
       group.push_back(f);
     }
     flush();
-    if (s.truncated && !marker_present) root_first.insert(root_first.begin(), location_for({&truncated}));
-    if (root_first.empty()) root_first.push_back(location_for({&unknown}));
+    std::uint64_t truncated_id = 0;  // location ids start at 1
+    if (s.truncated && !marker_present) truncated_id = location_for({&truncated});
+    if (root_first.empty() && truncated_id == 0) root_first.push_back(location_for({&unknown}));
 
-    sample_rec rec;
-    rec.locations.assign(root_first.rbegin(), root_first.rend());
+    sample_rec rec;  // leaf first: root_first backwards, then the [truncated] root
+    rec.locations.reserve(root_first.size() + 1);
+    for (std::size_t i = root_first.size(); i-- > 0;) rec.locations.push_back(root_first[i]);
+    if (truncated_id != 0) rec.locations.push_back(truncated_id);
     rec.tid = s.tid;
     std::string key;
     append_key(key, s.tid);
     for (const auto id : rec.locations) append_key(key, id);
     auto [it, fresh] = sample_ids_.try_emplace(std::move(key), samples_.size());
     if (fresh) {
-      rec.values.assign(sample_types_.size(), 0);
+      rec.values.assign(sample_type_count_, 0);
       samples_.push_back(std::move(rec));
     }
     auto& values = samples_[it->second].values;
@@ -323,14 +341,18 @@ class pprof_builder {
     key += static_cast<char>(v);
   }
 
-  static std::int64_t add_clamped(std::int64_t a, std::int64_t b) {
-    return a > INT64_MAX - b ? INT64_MAX : a + b;
+  // a + b capped at INT64_MAX, for a in [0, INT64_MAX] and b >= 0.
+  static std::uint64_t add_clamped(std::uint64_t a, std::int64_t b) {
+    return a > static_cast<std::uint64_t>(INT64_MAX - b) ? static_cast<std::uint64_t>(INT64_MAX)
+                                                         : a + static_cast<std::uint64_t>(b);
   }
 
   const profile& p_;
   std::vector<std::string> strings_;
-  std::unordered_map<std::string, std::int64_t> string_ids_;
-  std::vector<std::pair<std::string, std::string>> sample_types_;
+  // Every index by bytes below is this one map type (one instantiation for all the writers).
+  std::unordered_map<std::string, std::size_t> string_ids_;
+  value_type sample_types_[2];
+  std::size_t sample_type_count_ = 0;
   std::string period_type_name_;
   std::uint64_t period_ns_ = 0;
   long double factor_ = 1;

@@ -31,6 +31,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "selfprof/detail/sys.hpp"
 #include "selfprof/status.hpp"
@@ -48,7 +49,11 @@ namespace detail {
 
 // "selfprof: cannot write PATH: REASON"
 inline status sink_error(const std::string& path, const std::string& reason) {
-  return status::error("selfprof: cannot write " + path + ": " + reason);
+  std::string message = "selfprof: cannot write ";
+  message += path;
+  message += ": ";
+  message += reason;
+  return status::error(std::move(message));
 }
 
 inline std::string errno_text(int err) {
@@ -123,8 +128,15 @@ inline std::string temp_name_for(const std::string& base, unsigned attempt) {
   static std::atomic<unsigned> counter{0};
   const unsigned n = counter.fetch_add(1, std::memory_order_relaxed);
   // A long name keeps its first 200 bytes so the temp name stays under NAME_MAX (255).
-  return "." + base.substr(0, 200) + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(n) + "-" +
-         std::to_string(attempt);
+  std::string name = ".";
+  name.append(base, 0, 200);
+  name += ".tmp-";
+  name += std::to_string(::getpid());
+  name += '-';
+  name += std::to_string(n);
+  name += '-';
+  name += std::to_string(attempt);
+  return name;
 }
 
 // Writes `bytes` to `path` atomically, following the policy at the top of this file.
@@ -137,10 +149,13 @@ inline status write_file_atomic(const std::string& path, std::string_view bytes,
     return sink_error(path, "not a file name (the path ends in '/', '.' or '..')");
 
   sink_fd dirfd(sys().open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0));
-  if (dirfd.get() < 0) return sink_error(path, "directory " + dir + ": " + errno_text(errno));
+  auto dir_error = [&path, &dir](int err) {
+    return sink_error(path, "directory " + dir + ": " + errno_text(err));
+  };
+  if (dirfd.get() < 0) return dir_error(errno);
 
   struct stat dst {};
-  if (::fstat(dirfd.get(), &dst) != 0) return sink_error(path, "directory " + dir + ": " + errno_text(errno));
+  if (::fstat(dirfd.get(), &dst) != 0) return dir_error(errno);
   const bool shared = dir_is_shared(dst);
   const bool sticky = (dst.st_mode & S_ISVTX) != 0;
   if (shared && !sticky && !opts.allow_shared_dir)
@@ -174,7 +189,11 @@ inline status write_file_atomic(const std::string& path, std::string_view bytes,
     file.reset();
     ::unlinkat(dirfd.get(), temp.c_str(), 0);
     std::string reason = errno_text(err);
-    if (step) reason += std::string(" (") + step + ")";
+    if (step) {
+      reason += " (";
+      reason += step;
+      reason += ')';
+    }
     return sink_error(path, reason);
   };
 

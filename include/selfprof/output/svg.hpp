@@ -107,33 +107,53 @@ inline std::string css_font_family(std::string_view font) {
 }
 
 inline std::string format_duration(double s) {
-  if (s >= 100) return fixed(s, 0) + " s";
-  if (s >= 1) return fixed(s, 2) + " s";
-  return fixed(s * 1000, 1) + " ms";
+  std::string out = s >= 100 ? fixed(s, 0) : s >= 1 ? fixed(s, 2) : fixed(s * 1000, 1);
+  out += s >= 1 ? " s" : " ms";
+  return out;
 }
 
 // The footer line: what was sampled, how, and how much was lost.
 inline std::string footer_text(const profile_info& info, std::uint64_t total, const std::string& count_name) {
-  std::string s = info.mode.empty() ? std::string("profile") : info.mode + " profile";
+  std::string s = mode_name(info.mode);
+  s += " profile";
   if (info.hz > 0) {
     s += " | ";
     append_trimmed(s, info.hz, 2);
     s += " Hz";
   }
-  if (info.duration_s > 0) s += " | " + format_duration(info.duration_s);
+  if (info.duration_s > 0) {
+    s += " | ";
+    s += format_duration(info.duration_s);
+  }
   std::uint64_t samples = info.samples ? info.samples : total;
-  s += " | " + with_commas(samples) + " " + (info.unit.empty() ? count_name : info.unit);
-  s += " | " + with_commas(info.dropped) + " dropped";
-  if (info.truncated) s += " | " + with_commas(info.truncated) + " truncated";
-  if (!info.source.empty()) s += " | source: " + info.source;
-  if (!info.view.empty()) s += " | view: " + info.view;  // [frames]
+  s += " | ";
+  s += with_commas(samples);
+  s += ' ';
+  s += info.unit.empty() ? count_name : info.unit;
+  s += " | ";
+  s += with_commas(info.dropped);
+  s += " dropped";
+  if (info.truncated) {
+    s += " | ";
+    s += with_commas(info.truncated);
+    s += " truncated";
+  }
+  if (!info.source.empty()) {
+    s += " | source: ";
+    s += info.source;
+  }
+  if (!info.view.empty()) {
+    s += " | view: ";
+    s += info.view;
+  }
   if (info.start_unix_ns) {
     std::time_t t = static_cast<std::time_t>(info.start_unix_ns / 1000000000ULL);
     std::tm tm{};
     if (gmtime_r(&t, &tm)) {
       char buf[40];
       std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
-      s += std::string(" | started ") + buf;
+      s += " | started ";
+      s += buf;
     }
   }
   s += " | selfprof " SELFPROF_VERSION_STRING;
@@ -191,20 +211,35 @@ inline void append_tooltip(std::string& out, const svg_input& in, const laid_fra
   }
   out += ')';
   if (f.node == no_node) {
-    if (in.diff) out += "\nbefore " + with_commas(f.before) + ", after " + with_commas(f.after);
+    if (in.diff) {
+      out += "\nbefore ";
+      out += with_commas(f.before);
+      out += ", after ";
+      out += with_commas(f.after);
+    }
     return;
   }
   if (in.diff) {
-    out += "\nbefore " + with_commas(f.before) + " (";
+    out += "\nbefore ";
+    out += with_commas(f.before);
+    out += " (";
     append_pct(out, f.before, in.before_total);
-    out += "), after " + with_commas(f.after) + " (";
+    out += "), after ";
+    out += with_commas(f.after);
+    out += " (";
     append_pct(out, f.after, in.value_total);
-    out += ")\nself before " + with_commas(f.self_before) + ", after " + with_commas(f.self_after);
+    out += ")\nself before ";
+    out += with_commas(f.self_before);
+    out += ", after ";
+    out += with_commas(f.self_after);
     return;
   }
   // Only the self count is stored (when not zero): the script derives % of total, % of parent and
   // depth from it on hover, which keeps large graphs no larger than flamegraph.pl's.
-  if (f.self_after) out += "\nself " + with_commas(f.self_after);
+  if (f.self_after) {
+    out += "\nself ";
+    out += with_commas(f.self_after);
+  }
 }
 
 inline std::string frame_fill(const svg_input& in, const laid_frame& f, std::string_view annotated,
@@ -274,9 +309,11 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
 
   background bg;
   resolve_background(o.bg_colors, o.colors, bg);
-  out += "<defs><linearGradient id=\"background\" y1=\"0\" y2=\"1\" x1=\"0\" x2=\"0\"><stop stop-color=\"" +
-         bg.top + "\" offset=\"5%\"/><stop stop-color=\"" + bg.bottom +
-         "\" offset=\"95%\"/></linearGradient></defs>\n";
+  out += "<defs><linearGradient id=\"background\" y1=\"0\" y2=\"1\" x1=\"0\" x2=\"0\"><stop stop-color=\"";
+  out += bg.top;
+  out += "\" offset=\"5%\"/><stop stop-color=\"";
+  out += bg.bottom;
+  out += "\" offset=\"95%\"/></linearGradient></defs>\n";
 
   out += "<style type=\"text/css\">\ntext{font-family:";
   out += xml_escape(css_font_family(o.font));
@@ -284,23 +321,30 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
   append_num(out, f, 2);
   out += "px;fill:rgb(0,0,0)}\n#title{font-size:";
   append_num(out, f + 5, 2);
-  out += "px}\n#title,#subtitle,#details,#unzoom,#search,#ignorecase,#matched{fill:" + ui +
-         "}\n#footer{font-size:";
+  out += "px}\n#title,#subtitle,#details,#unzoom,#search,#ignorecase,#matched{fill:";
+  out += ui;
+  out += "}\n#footer{font-size:";
   append_num(out, f > 3 ? f - 2 : f, 2);
   out += "px}\n";
-  if (is_hex_color(o.stroke_color)) out += "#frames rect{stroke:" + o.stroke_color + ";stroke-width:0.5}\n";
+  if (is_hex_color(o.stroke_color)) {
+    out += "#frames rect{stroke:";
+    out += o.stroke_color;
+    out += ";stroke-width:0.5}\n";
+  }
   out += svg_static_css;
   out += "</style>\n";
 
   if (o.javascript) {
-    out += "<script type=\"text/ecmascript\"><![CDATA[\nvar nametype = " + js_string(o.name_type) +
-           ";\nvar fontsize = ";
+    out += "<script type=\"text/ecmascript\"><![CDATA[\nvar nametype = ";
+    out += js_string(o.name_type);
+    out += ";\nvar fontsize = ";
     append_num(out, f, 2);
     out += ";\nvar fontwidth = ";
     append_num(out, o.font_width > 0 ? o.font_width : 0.59, 4);
     out += ";\nvar xpad = 10;\nvar inverted = ";
     out += o.inverted ? "true" : "false";
-    out += ";\nvar searchcolor = " + js_string(is_hex_color(o.search_color) ? o.search_color : "#e600e6");
+    out += ";\nvar searchcolor = ";
+    out += js_string(is_hex_color(o.search_color) ? o.search_color : "#e600e6");
     out += ";\nvar fluiddrawing = ";
     out += o.fluid ? "true" : "false";
     out += ";\nvar truncate_text_right = ";
@@ -319,11 +363,15 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
   append_num(out, H, 0);
   out += "\" fill=\"url(#background)\"/>\n<text id=\"title\" x=\"50%\" y=\"";
   append_num(out, f * 2, 2);
-  out += "\">" + xml_escape(title) + "</text>\n";
+  out += "\">";
+  out += xml_escape(title);
+  out += "</text>\n";
   if (!o.subtitle.empty()) {
     out += "<text id=\"subtitle\" x=\"50%\" y=\"";
     append_num(out, f * 4, 2);
-    out += "\">" + xml_escape(o.subtitle) + "</text>\n";
+    out += "\">";
+    out += xml_escape(o.subtitle);
+    out += "</text>\n";
   }
   const double bottom_line = H - g.footer_h - (g.ypad2 - g.footer_h) / 2;
   out += "<text id=\"details\" x=\"10\" y=\"";
@@ -346,12 +394,16 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
   if (o.footer && in.info) {
     out += "<text id=\"footer\" x=\"10\" y=\"";
     append_num(out, H - 6, 2);
-    out += "\">" + xml_escape(footer_text(*in.info, in.value_total, o.count_name)) + "</text>\n";
+    out += "\">";
+    out += xml_escape(footer_text(*in.info, in.value_total, o.count_name));
+    out += "</text>\n";
   }
 
   out += "<svg id=\"frames\" x=\"10\" width=\"";
   append_num(out, frames_w, 0);
-  out += "\" total_samples=\"" + std::to_string(in.total) + "\">\n";
+  out += "\" total_samples=\"";
+  out += std::to_string(in.total);
+  out += "\">\n";
 
   const auto& names = in.tree->names();
   std::vector<std::string> fill_cache(names.size());
@@ -363,7 +415,9 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
     std::string_view annotated;
     std::string_view display;
     if (fr.node == no_node) {
-      agg_name = "[" + std::to_string(fr.elided) + " elided frames]";
+      agg_name = "[";
+      agg_name += std::to_string(fr.elided);
+      agg_name += " elided frames]";
       annotated = display = agg_name;
     } else if (fr.parent == no_node) {
       annotated = display = "all";
@@ -461,9 +515,11 @@ inline std::string write_svg(const profile& p, const svg_options& o) {
   in.frames = tree.layout(min_width_samples(o, in.total));
   in.frames[0].width = in.total;  // the root spans the whole width, also with a larger `total`
   if (p.info.frame_loops.empty()) return render_svg(in, o);
-  svg_options with_frames = o;  // [frames] frame statistics under the title
-  for (const auto& l : p.info.frame_loops)
-    with_frames.subtitle += (with_frames.subtitle.empty() ? "" : "; ") + frame_stats_line(l);
+  svg_options with_frames = o;  // game-frame statistics under the title
+  for (const auto& l : p.info.frame_loops) {
+    if (!with_frames.subtitle.empty()) with_frames.subtitle += "; ";
+    with_frames.subtitle += frame_stats_line(l);
+  }
   return render_svg(in, with_frames);
 }
 

@@ -1,12 +1,15 @@
 // Locale-independent number formatting and UTF-8 checks for the text writers (printf's %f follows LC_NUMERIC,
-// which a host program may have set to a locale with a decimal comma; our bytes must not depend on it).
+// which a host program may have set to a locale with a decimal comma; our bytes must not depend on it),
+// and the one index sort every writer uses.
 // Context: any thread except the signal handler.
 #pragma once
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace selfprof {
 namespace detail {
@@ -14,14 +17,16 @@ namespace detail {
 // `v` rounded to `decimals` places (0..9), with '.' as the decimal point: 2.5 → "2.500".
 // NaN and infinities print as "nan", "inf", "-inf"; magnitudes past 2^63 lose precision.
 inline std::string format_fixed(double v, int decimals) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+  if (v != v) return "nan";
+  if (v > std::numeric_limits<double>::max() || v < -std::numeric_limits<double>::max())
+    return v < 0 ? "-inf" : "inf";
   if (decimals < 0) decimals = 0;
   if (decimals > 9) decimals = 9;
   std::uint64_t scale = 1;
   for (int i = 0; i < decimals; ++i) scale *= 10;
   const bool negative = v < 0;
-  const long double scaled = std::fabs(static_cast<long double>(v)) * scale + 0.5L;
+  const long double scaled =
+      (negative ? -static_cast<long double>(v) : static_cast<long double>(v)) * scale + 0.5L;
   const std::uint64_t n = scaled >= 18446744073709551615.0L ? UINT64_MAX : static_cast<std::uint64_t>(scaled);
   std::string out = std::to_string(n / scale);
   if (decimals > 0) {
@@ -30,7 +35,8 @@ inline std::string format_fixed(double v, int decimals) {
     out.append(static_cast<std::size_t>(decimals) - frac.size(), '0');
     out += frac;
   }
-  return negative && n != 0 ? "-" + out : out;
+  if (negative && n != 0) out.insert(out.begin(), '-');
+  return out;
 }
 
 // Integral values without decimals ("99"), others with up to `decimals` places, trailing zeros cut.
@@ -95,6 +101,28 @@ inline void append_printable(std::string& out, std::string_view s) {
     out += (u < 0x20 || u == 0x7F) ? ' ' : s[i];
     ++i;
   }
+}
+
+// Sorts `order` (indices into something `context` points to) by `less`. The writers sort rows, lines and
+// paths through this one function so that the program holds a single std::sort of indices instead of one
+// per comparator (each is a few kilobytes of code to compile). Ties keep no particular order: a `less`
+// that must be stable breaks them by index.
+using index_less = bool (*)(const void* context, std::uint32_t a, std::uint32_t b);
+
+inline void sort_indices(std::vector<std::uint32_t>& order, index_less less, const void* context) {
+  struct by_less {
+    index_less less;
+    const void* context;
+    bool operator()(std::uint32_t a, std::uint32_t b) const { return less(context, a, b); }
+  };
+  std::sort(order.begin(), order.end(), by_less{less, context});
+}
+
+// 0, 1, ..., n-1.
+inline std::vector<std::uint32_t> identity_order(std::size_t n) {
+  std::vector<std::uint32_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<std::uint32_t>(i);
+  return order;
 }
 
 }  // namespace detail

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -54,16 +55,22 @@ inline std::string top_module_name(const frame& f) {
   }
 }
 
-// Self/total rows keyed by `key_of(frame index)`; an index past the frame table counts as "[unknown]".
-template <typename KeyOf>
-std::vector<top_row> top_rows(const profile& p, std::uint64_t& grand_total, KeyOf key_of) {
+// The row key of a frame: its folded name, or its module with `by_module`; no frame is "[unknown]".
+inline std::string top_key(const frame* f, bool by_module) {
+  if (f == nullptr) return std::string(unknown_frame);
+  return by_module ? top_module_name(*f) : folded_frame_name(*f);
+}
+
+// Self/total rows per function (per module with `by_module`); an index past the frame table counts as
+// "[unknown]". Sorted by self, then total (both descending), then name.
+inline std::vector<top_row> top_rows(const profile& p, std::uint64_t& grand_total, bool by_module) {
   std::unordered_map<std::string, std::size_t> index;
   std::vector<top_row> rows;
   std::vector<std::size_t> seen_mark;  // per row: last stack number that counted it (+1)
-  auto row_for = [&](const std::string& key) -> std::size_t {
+  auto row_for = [&](std::string key) -> std::size_t {
     auto [it, fresh] = index.try_emplace(key, rows.size());
     if (fresh) {
-      rows.push_back({key, 0, 0});
+      rows.push_back({std::move(key), 0, 0});
       seen_mark.push_back(0);
     }
     return it->second;
@@ -78,7 +85,7 @@ std::vector<top_row> top_rows(const profile& p, std::uint64_t& grand_total, KeyO
     for (const auto fi : s.frames) {
       const frame* f = frame_at(p, fi);
       if (f && f->kind == frame_kind::marker && is_thread_root_name(f->name)) continue;
-      const std::size_t r = row_for(key_of(f));
+      const std::size_t r = row_for(top_key(f, by_module));
       if (seen_mark[r] != stack_number) {
         seen_mark[r] = stack_number;
         add_saturating(rows[r].total, s.count);
@@ -91,38 +98,71 @@ std::vector<top_row> top_rows(const profile& p, std::uint64_t& grand_total, KeyO
     }
     add_saturating(rows[leaf].self, s.count);
   }
-  std::sort(rows.begin(), rows.end(), [](const top_row& a, const top_row& b) {
-    if (a.self != b.self) return a.self > b.self;
-    if (a.total != b.total) return a.total > b.total;
-    return a.name < b.name;
-  });
-  return rows;
+  std::vector<std::uint32_t> order = identity_order(rows.size());
+  sort_indices(
+      order,
+      [](const void* all, std::uint32_t ia, std::uint32_t ib) {
+        const top_row& a = (*static_cast<const std::vector<top_row>*>(all))[ia];
+        const top_row& b = (*static_cast<const std::vector<top_row>*>(all))[ib];
+        if (a.self != b.self) return a.self > b.self;
+        if (a.total != b.total) return a.total > b.total;
+        return a.name < b.name;
+      },
+      &rows);
+  std::vector<top_row> sorted;
+  sorted.reserve(rows.size());
+  for (std::uint32_t i : order) sorted.push_back(std::move(rows[i]));
+  return sorted;
 }
 
 inline std::string top_percent(std::uint64_t part, std::uint64_t whole) {
   const double pct = whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
-  return format_fixed(pct, 2) + "%";
+  std::string s = format_fixed(pct, 2);
+  s += '%';
+  return s;
 }
 
-inline std::string pad_left(const std::string& s, std::size_t width) {
-  return s.size() >= width ? s : std::string(width - s.size(), ' ') + s;
+// Appends `s` right-aligned in `width` columns.
+inline void append_padded(std::string& out, std::string_view s, std::size_t width) {
+  if (s.size() < width) out.append(width - s.size(), ' ');
+  out += s;
 }
 
 inline void append_top_table(std::string& out, const std::vector<top_row>& rows, std::uint64_t total,
                              const char* what, std::size_t limit) {
   std::size_t width = 5;
   for (const auto& r : rows) width = std::max(width, std::to_string(r.total).size());
-  out += pad_left("self%", 7) + " " + pad_left("total%", 7) + "  " + pad_left("self", width) + "  " +
-         pad_left("total", width) + "  " + what + "\n";
+  append_padded(out, "self%", 7);
+  out += ' ';
+  append_padded(out, "total%", 7);
+  out += "  ";
+  append_padded(out, "self", width);
+  out += "  ";
+  append_padded(out, "total", width);
+  out += "  ";
+  out += what;
+  out += '\n';
   const std::size_t shown = limit && limit < rows.size() ? limit : rows.size();
   for (std::size_t i = 0; i < shown; ++i) {
     const auto& r = rows[i];
-    out += pad_left(top_percent(r.self, total), 7) + " " + pad_left(top_percent(r.total, total), 7) + "  " +
-           pad_left(std::to_string(r.self), width) + "  " + pad_left(std::to_string(r.total), width) + "  " +
-           r.name + "\n";
+    append_padded(out, top_percent(r.self, total), 7);
+    out += ' ';
+    append_padded(out, top_percent(r.total, total), 7);
+    out += "  ";
+    append_padded(out, std::to_string(r.self), width);
+    out += "  ";
+    append_padded(out, std::to_string(r.total), width);
+    out += "  ";
+    out += r.name;
+    out += '\n';
   }
-  if (shown < rows.size())
-    out += "... " + std::to_string(rows.size() - shown) + " more (limit " + std::to_string(limit) + ")\n";
+  if (shown < rows.size()) {
+    out += "... ";
+    out += std::to_string(rows.size() - shown);
+    out += " more (limit ";
+    out += std::to_string(limit);
+    out += ")\n";
+  }
 }
 
 }  // namespace detail
@@ -130,19 +170,32 @@ inline void append_top_table(std::string& out, const std::vector<top_row>& rows,
 // The top list of a profile (see the definitions at the top of this file).
 inline std::string write_top(const profile& p, const top_options& opts = {}) {
   std::uint64_t total = 0;
-  const auto functions = detail::top_rows(p, total, [](const frame* f) {
-    return f ? detail::folded_frame_name(*f) : std::string(detail::unknown_frame);
-  });
+  const auto functions = detail::top_rows(p, total, false);
   const auto& info = p.info;
   std::string out =
       "# selfprof " SELFPROF_VERSION_STRING " top: self and total per function (perf report --no-children)\n";
-  out += "# mode: " + info.mode + "  unit: " + info.unit +
-         "  source: " + (info.source.empty() ? "-" : info.source) +
-         "  hz: " + detail::format_compact(info.hz) +
-         "  duration: " + detail::format_fixed(info.duration_s, 3) + " s\n";
-  out += "# samples: " + std::to_string(total) + "  dropped: " + std::to_string(info.dropped) +
-         "  truncated: " + std::to_string(info.truncated) + "\n";
-  if (!info.view.empty()) out += "# view: " + info.view + "\n";  // [frames]
+  out += "# mode: ";
+  out += mode_name(info.mode);
+  out += "  unit: ";
+  out += info.unit;
+  out += "  source: ";
+  out += info.source.empty() ? "-" : info.source;
+  out += "  hz: ";
+  out += detail::format_compact(info.hz);
+  out += "  duration: ";
+  out += detail::format_fixed(info.duration_s, 3);
+  out += " s\n# samples: ";
+  out += std::to_string(total);
+  out += "  dropped: ";
+  out += std::to_string(info.dropped);
+  out += "  truncated: ";
+  out += std::to_string(info.truncated);
+  out += '\n';
+  if (!info.view.empty()) {
+    out += "# view: ";
+    out += info.view;
+    out += '\n';
+  }
   for (const auto& loop : info.frame_loops) {
     out += "# frames: ";
     detail::append_printable(out, frame_stats_line(loop));
@@ -158,9 +211,7 @@ inline std::string write_top(const profile& p, const top_options& opts = {}) {
   detail::append_top_table(out, functions, total, "function", opts.limit);
   if (opts.by_module) {
     std::uint64_t module_total = 0;
-    const auto modules = detail::top_rows(p, module_total, [](const frame* f) {
-      return f ? detail::top_module_name(*f) : std::string("[unknown]");
-    });
+    const auto modules = detail::top_rows(p, module_total, true);
     out += "\n";
     detail::append_top_table(out, modules, module_total, "module", opts.limit);
   }

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "selfprof/symbols/elf.hpp"
@@ -35,8 +36,15 @@ inline std::vector<std::string> build_id_debug_paths(const std::vector<std::stri
                                                      const std::string& build_id) {
   std::vector<std::string> out;
   if (build_id.size() < 3) return out;
-  for (const auto& root : roots)
-    out.push_back(root + "/.build-id/" + build_id.substr(0, 2) + "/" + build_id.substr(2) + ".debug");
+  for (const auto& root : roots) {
+    std::string path = root;
+    path += "/.build-id/";
+    path.append(build_id, 0, 2);
+    path += '/';
+    path.append(build_id, 2, std::string::npos);
+    path += ".debug";
+    out.push_back(std::move(path));
+  }
   return out;
 }
 
@@ -48,8 +56,12 @@ inline std::vector<std::string> debuglink_paths(const std::vector<std::string>& 
   std::string::size_type slash = module_path.rfind('/');
   std::string dir = module_path.substr(0, slash + 1);  // with its trailing slash
   out.push_back(dir + link);
-  out.push_back(dir + ".debug/" + link);
-  for (const auto& root : roots) out.push_back(root + dir + link);
+  out.push_back(dir + ".debug/");
+  out.back() += link;
+  for (const auto& root : roots) {
+    out.push_back(root + dir);
+    out.back() += link;
+  }
   return out;
 }
 

@@ -30,7 +30,6 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <queue>
 #include <unordered_map>
 #include <utility>
 
@@ -145,13 +144,19 @@ struct dwarf_cu_index {
       return a.depth != b.depth ? a.depth < b.depth
                                 : a.low < b.low;  // ties: the later start is the inner one
     };
-    std::priority_queue<interval, std::vector<interval>, decltype(shallower)> active(shallower);
+    std::vector<interval> active;  // a heap, the deepest on top (what std::priority_queue would do)
     std::size_t next = 0;
     for (Dwarf_Addr b : bounds) {
-      while (next < intervals.size() && intervals[next].low <= b) active.push(intervals[next++]);
-      while (!active.empty() && active.top().high <= b) active.pop();  // lazily drops ended intervals
+      while (next < intervals.size() && intervals[next].low <= b) {
+        active.push_back(intervals[next++]);
+        std::push_heap(active.begin(), active.end(), shallower);
+      }
+      while (!active.empty() && active.front().high <= b) {  // lazily drops ended intervals
+        std::pop_heap(active.begin(), active.end(), shallower);
+        active.pop_back();
+      }
       // An ended interval under a deeper active one is dropped when it surfaces: check the top only.
-      std::int32_t owner = active.empty() ? -1 : active.top().function;
+      std::int32_t owner = active.empty() ? -1 : active.front().function;
       if (segments.empty() || segments.back().owner != owner) segments.push_back(segment{b, owner});
     }
   }

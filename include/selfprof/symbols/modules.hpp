@@ -14,10 +14,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <map>
+#include <cstring>
 #include <memory>
 #include <string>
-#include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -119,11 +119,51 @@ class module_registry {
   std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
   std::uint64_t scans() const { return scans_; }  // times the maps text changed and was applied
   std::uint64_t reads() const { return reads_; }  // times the maps file was read
-  std::size_t parsed_files() const { return symbols_cache_.size(); }
+  std::size_t parsed_files() const { return parsed_.size(); }
 
  private:
-  using mapping_key = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t, std::string>;
-  using file_key = std::tuple<std::uint32_t, std::uint32_t, std::uint64_t, std::string>;
+  // Keys are bytes: fixed-width numbers, then the path. (One string-keyed map type serves every index
+  // here and in the writers, rather than a std::map per std::tuple of fields.)
+  static void append_key(std::string& key, std::uint64_t v) {
+    char bytes[sizeof v];
+    std::memcpy(bytes, &v, sizeof v);
+    key.append(bytes, sizeof v);
+  }
+
+  // Identifies a mapping: start, end, offset, inode, path (anonymous memory: no path).
+  static std::string mapping_key(std::uint64_t start, std::uint64_t end, std::uint64_t offset,
+                                 std::uint64_t inode, const std::string& path) {
+    std::string key;
+    key.reserve(32 + path.size());
+    append_key(key, start);
+    append_key(key, end);
+    append_key(key, offset);
+    append_key(key, inode);
+    key += path;
+    return key;
+  }
+
+  // Identifies a file: device, inode, path.
+  static std::string file_key(const maps_entry& e) {
+    std::string key;
+    key.reserve(24 + e.path.size());
+    append_key(key, e.dev_major);
+    append_key(key, e.dev_minor);
+    append_key(key, e.inode);
+    key += e.path;
+    return key;
+  }
+
+  // Orders indices into modules_: by start address, or for unmapped ones the latest unmapped first.
+  struct module_order {
+    const std::vector<module>* modules;
+    bool latest_unmapped_first;
+    bool operator()(std::size_t a, std::size_t b) const {
+      const module& x = (*modules)[a];
+      const module& y = (*modules)[b];
+      return latest_unmapped_first ? x.unmapped_seq > y.unmapped_seq : x.start < y.start;
+    }
+  };
 
   static std::pair<unsigned long long, unsigned long long> loader_counters() {
     std::pair<unsigned long long, unsigned long long> out{0, 0};
@@ -157,10 +197,19 @@ class module_registry {
 
   void warn(std::string message) { warnings_.push_back(std::move(message)); }
 
+  void warn_no_symbols(const std::string& path, const status& why) {
+    std::string m = "selfprof: no symbols for ";
+    m += path;
+    m += ": ";
+    m += why.message();
+    m += "; its frames are named [module+0xoffset]";
+    warn(std::move(m));
+  }
+
   void apply(const std::string& text) {
     std::vector<module> next;
     std::vector<bool> seen(modules_.size(), false);
-    std::map<mapping_key, std::size_t> index;
+    std::unordered_map<std::string, std::size_t> index;
     for (std::size_t i = 0; i < modules_.size(); ++i) index.emplace(key_of(modules_[i]), i);
 
     std::size_t pos = 0;
@@ -169,7 +218,7 @@ class module_registry {
       if (eol == std::string::npos) eol = text.size();
       maps_entry e;
       if (parse_maps_line(std::string_view(text).substr(pos, eol - pos), e) && e.executable) {
-        auto found = index.find(mapping_key{e.start, e.end, e.offset, e.inode, e.path});
+        auto found = index.find(mapping_key(e.start, e.end, e.offset, e.inode, e.path));
         if (found != index.end()) {
           seen[found->second] = true;
           next.push_back(modules_[found->second]);
@@ -192,16 +241,14 @@ class module_registry {
     mapped_.clear();
     unmapped_.clear();
     for (std::size_t i = 0; i < modules_.size(); ++i) (modules_[i].mapped ? mapped_ : unmapped_).push_back(i);
-    std::sort(mapped_.begin(), mapped_.end(),
-              [this](std::size_t a, std::size_t b) { return modules_[a].start < modules_[b].start; });
-    std::sort(unmapped_.begin(), unmapped_.end(), [this](std::size_t a, std::size_t b) {
-      return modules_[a].unmapped_seq > modules_[b].unmapped_seq;
-    });
+    std::sort(mapped_.begin(), mapped_.end(), module_order{&modules_, false});
+    std::sort(unmapped_.begin(), unmapped_.end(), module_order{&modules_, true});
   }
 
-  static mapping_key key_of(const module& m) {
-    return mapping_key{m.start, m.end, m.offset, m.inode,
-                       m.kind == module_kind::anonymous && m.path == "//anon" ? std::string() : m.path};
+  static std::string key_of(const module& m) {
+    static const std::string no_path;
+    return mapping_key(m.start, m.end, m.offset, m.inode,
+                       m.kind == module_kind::anonymous && m.path == "//anon" ? no_path : m.path);
   }
 
   module make_module(const maps_entry& e) {
@@ -237,11 +284,10 @@ class module_registry {
   }
 
   std::shared_ptr<module_symbols> file_symbols(const maps_entry& e) {
-    file_key key{e.dev_major, e.dev_minor, e.inode, e.path};
-    auto cached = symbols_cache_.find(key);
-    if (cached != symbols_cache_.end()) return cached->second;
+    auto [cached, fresh] = parsed_index_.try_emplace(file_key(e), parsed_.size());
+    if (!fresh) return parsed_[cached->second];
     auto result = std::make_shared<module_symbols>();
-    symbols_cache_.emplace(key, result);
+    parsed_.push_back(result);
 
     // Deleted files and memfds are reachable through /proc/self/map_files (opening its entries needs
     // CAP_SYS_ADMIN, or CAP_CHECKPOINT_RESTORE since Linux 5.9; see proc(5)), else through a descriptor
@@ -258,8 +304,7 @@ class module_registry {
     // Overlay file systems can report another inode in the maps than fstat does: last, trust the path.
     if (!st && !hidden) st = file.open(e.path);
     if (!st) {
-      warn("selfprof: no symbols for " + e.path + ": " + st.message() +
-           "; its frames are named [module+0xoffset]");
+      warn_no_symbols(e.path, st);
       return result;
     }
     load_elf(byte_view{file.data(), file.size()}, e.path, hidden, *result);
@@ -302,8 +347,7 @@ class module_registry {
     elf_image image;
     status st = image.parse(bytes, path);
     if (!st) {
-      warn("selfprof: no symbols for " + path + ": " + st.message() +
-           "; its frames are named [module+0xoffset]");
+      warn_no_symbols(path, st);
       return;
     }
     out.elf_ok = true;
@@ -329,9 +373,10 @@ class module_registry {
 
   module_registry_options options_;
   std::vector<module> modules_;
-  std::vector<std::size_t> mapped_;    // indices into modules_, by start address
-  std::vector<std::size_t> unmapped_;  // indices into modules_, latest unmapped first
-  std::map<file_key, std::shared_ptr<module_symbols>> symbols_cache_;
+  std::vector<std::size_t> mapped_;                            // indices into modules_, by start address
+  std::vector<std::size_t> unmapped_;                          // indices into modules_, latest unmapped first
+  std::vector<std::shared_ptr<module_symbols>> parsed_;        // each file's symbols, parsed once
+  std::unordered_map<std::string, std::size_t> parsed_index_;  // file_key -> index in parsed_
   std::vector<std::string> warnings_;
   std::string last_text_;
   std::pair<unsigned long long, unsigned long long> last_counters_{0, 0};

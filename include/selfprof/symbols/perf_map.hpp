@@ -9,8 +9,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
-#include <iterator>
-#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,7 +31,12 @@ class perf_map {
 
   explicit perf_map(std::string path = default_path(::getpid())) : path_(std::move(path)) {}
 
-  static std::string default_path(long pid) { return "/tmp/perf-" + std::to_string(pid) + ".map"; }
+  static std::string default_path(long pid) {
+    std::string path = "/tmp/perf-";
+    path += std::to_string(pid);
+    path += ".map";
+    return path;
+  }
   const std::string& path() const { return path_; }
 
   // Re-reads the file when its identity, size or modification time changed since the last read.
@@ -89,27 +92,41 @@ class perf_map {
       lines.push_back(raw{start, end, names_.size()});
       names_.emplace_back(line);
     }
-    // Paint from the last line back: a range only takes the parts no later line covered.
-    std::map<std::uint64_t, std::pair<std::uint64_t, std::size_t>> painted;  // start -> (end, name)
-    for (auto r = lines.rbegin(); r != lines.rend(); ++r) {
-      std::uint64_t cur = r->start;
-      auto it = painted.upper_bound(cur);
-      if (it != painted.begin() && std::prev(it)->second.first > cur) cur = std::prev(it)->second.first;
-      while (cur < r->end) {
-        std::uint64_t next = it == painted.end() ? ~std::uint64_t{0} : it->first;
-        if (next > cur) {
-          std::uint64_t gap_end = std::min(r->end, next);
-          painted.emplace_hint(it, cur, std::make_pair(gap_end, r->name));
-          cur = gap_end;
-        }
-        if (it == painted.end() || it->first >= r->end) break;
-        cur = std::max(cur, it->second.first);
-        ++it;
-      }
-    }
+    // The last line wins: every address goes to the latest line covering it, and each run of addresses
+    // with the same latest line becomes one entry. One sweep in address order, with a heap of the lines
+    // covering the current address (latest on top; lines that ended leave it when they reach the top).
+    std::vector<std::size_t> by_start(lines.size());
+    for (std::size_t i = 0; i < by_start.size(); ++i) by_start[i] = i;
+    std::sort(by_start.begin(), by_start.end(),
+              [&lines](std::size_t a, std::size_t b) { return lines[a].start < lines[b].start; });
     entries_.clear();
-    entries_.reserve(painted.size());
-    for (const auto& p : painted) entries_.push_back(entry{p.first, p.second.first, p.second.second});
+    std::vector<std::size_t> covering;  // a max-heap of line numbers
+    std::size_t next = 0;               // in by_start: the first line not yet in the heap
+    std::uint64_t at = next < by_start.size() ? lines[by_start[next]].start : 0;
+    for (;;) {
+      for (; next < by_start.size() && lines[by_start[next]].start <= at; ++next) {
+        covering.push_back(by_start[next]);
+        std::push_heap(covering.begin(), covering.end());
+      }
+      while (!covering.empty() && lines[covering.front()].end <= at) {
+        std::pop_heap(covering.begin(), covering.end());
+        covering.pop_back();
+      }
+      const bool more = next < by_start.size();
+      if (covering.empty()) {
+        if (!more) break;
+        at = lines[by_start[next]].start;
+        continue;
+      }
+      const raw& top = lines[covering.front()];
+      const std::uint64_t until = more ? std::min(top.end, lines[by_start[next]].start) : top.end;
+      if (!entries_.empty() && entries_.back().name == top.name && entries_.back().end == at)
+        entries_.back().end = until;
+      else
+        entries_.push_back(entry{at, until, top.name});
+      at = until;
+    }
+    entries_.shrink_to_fit();
   }
 
   bool lookup(std::uint64_t address, hit& out) const {
