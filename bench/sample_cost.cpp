@@ -63,7 +63,7 @@ struct ring_holder {
 };
 
 struct job {
-  bool mixed = false;  // unwind_mixed (CFI rows when published) instead of unwind_fp
+  bool mixed = false;  // unwind_interrupted (CFI rows when published) instead of unwind_live without tables
   long iterations = 0;
   int reps = 7;
   std::vector<double> ns;  // per iteration, one entry per rep
@@ -89,8 +89,8 @@ void unwind_loop(void* arg) {
     for (long i = 0; i < j.iterations; ++i) {
       std::uint64_t pos = 0;
       d::ring_slot* slot = ring.claim(pos);
-      d::unwind_result u = j.mixed ? d::unwind_mixed(pc, sp, fp, end, slot->pcs(), kMaxDepth)
-                                   : d::unwind_fp(pc, sp, fp, end, slot->pcs(), kMaxDepth);
+      d::unwind_result u = j.mixed ? d::unwind_interrupted(pc, sp, fp, end, slot->pcs(), kMaxDepth)
+                                   : d::unwind_live(nullptr, pc, sp, fp, end, slot->pcs(), kMaxDepth);
       slot->header.depth = static_cast<std::uint16_t>(u.depth);
       slot->header.flags = u.truncated ? 1 : 0;
       slot->header.weight = 1;

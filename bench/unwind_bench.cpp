@@ -1,5 +1,6 @@
-// Cost of one stack walk: unwind_fp vs unwind_mixed (CFI tables) on a real stack of 16, 64 and 128 frames,
-// and unwind_mixed through glibc code without frame pointers (qsort's comparator), in ns per walk.
+// Cost of one stack walk: frame pointers only (unwind_live without tables) vs unwind_interrupted (CFI tables)
+// on a real stack of 16, 64 and 128 frames, and through glibc code without frame pointers (qsort's
+// comparator), in ns per walk.
 // Build: g++ -std=c++17 -O2 -fno-omit-frame-pointer -Iinclude bench/unwind_bench.cpp -o /tmp/unwind_bench
 #include <ucontext.h>
 
@@ -7,8 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include <selfprof/collect/unwind_tables.hpp>
-#include <selfprof/signal/unwind_dwarf.hpp>
+#include <selfprof/signal/unwind.hpp>
+#include <selfprof/unwind/tables.hpp>
 
 using namespace selfprof::detail;
 
@@ -26,8 +27,8 @@ double time_walks(const ucontext_t& uc, bool mixed, std::size_t max_depth, std::
   for (int rep = 0; rep < 5; ++rep) {
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < kWalks; ++i) {
-      unwind_result r = mixed ? unwind_mixed(pc, sp, fp, end, g_out, max_depth)
-                              : unwind_fp(pc, sp, fp, end, g_out, max_depth);
+      unwind_result r = mixed ? unwind_interrupted(pc, sp, fp, end, g_out, max_depth)
+                              : unwind_live(nullptr, pc, sp, fp, end, g_out, max_depth);
       depth = r.depth;
       g_sink = g_sink + r.depth;
     }

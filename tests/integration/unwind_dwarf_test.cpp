@@ -1,5 +1,6 @@
 // The CFI unwinder on real samples: a test signal handler on per-thread CPU timers walks every sample with
-// both unwind_fp and unwind_mixed (same registers), so each test compares the two on identical samples.
+// frame pointers only (unwind_live without tables) and with the published tables (unwind_interrupted), from
+// the same registers, so each test compares the two on identical samples.
 // Covers: a caller's share of CPU under glibc's malloc/free (no frame pointers) against the truth measured
 // with the thread CPU clock; a frameless assembly leaf; C code built with -fomit-frame-pointer; samples
 // landing in the dynamic loader and in malloc while the tables are rebuilt (no deadlock).
@@ -26,10 +27,10 @@
 #include <thread>
 #include <vector>
 
-#include <selfprof/collect/unwind_tables.hpp>
 #include <selfprof/signal/raw_syscall.hpp>
-#include <selfprof/signal/unwind_dwarf.hpp>
+#include <selfprof/signal/unwind.hpp>
 #include <selfprof/symbols/symbolizer.hpp>
+#include <selfprof/unwind/tables.hpp>
 
 #if defined(__clang__)
 #define UT_NOINLINE __attribute__((noinline))
@@ -95,10 +96,10 @@ void test_handler(int, siginfo_t*, void* context) {
       std::uintptr_t fp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RBP]);
       std::uintptr_t end = selfprof::detail::current_thread_stack_end(sp, 0, false);
       s.tid[i] = selfprof::detail::raw_gettid();
-      s.fp_depth[i] =
-          static_cast<std::uint16_t>(selfprof::detail::unwind_fp(pc, sp, fp, end, s.fp[i], kDepth).depth);
-      s.dw_depth[i] =
-          static_cast<std::uint16_t>(selfprof::detail::unwind_mixed(pc, sp, fp, end, s.dw[i], kDepth).depth);
+      s.fp_depth[i] = static_cast<std::uint16_t>(
+          selfprof::detail::unwind_live(nullptr, pc, sp, fp, end, s.fp[i], kDepth).depth);
+      s.dw_depth[i] = static_cast<std::uint16_t>(
+          selfprof::detail::unwind_interrupted(pc, sp, fp, end, s.dw[i], kDepth).depth);
     }
   }
   const std::int64_t spent = thread_cpu_ns() - t0;
@@ -303,8 +304,8 @@ TEST_CASE("a caller's share under glibc malloc/free matches the truth within 1 p
   }
   double truth_pct = 100.0 * double(truth.in_caller) / double(truth.total);
   double fp_pct = 100.0 * fp_hits / total, dw_pct = 100.0 * dw_hits / total;
-  MESSAGE("test handler (unwind_fp + unwind_mixed + 2 clock reads): " << truth.handler / total
-                                                                      << " ns per sample");
+  MESSAGE("test handler (fp-only walk + CFI walk + 2 clock reads): " << truth.handler / total
+                                                                     << " ns per sample");
   MESSAGE("samples " << total << ", truth " << truth_pct << "%, frame pointers " << fp_pct << "%, CFI tables "
                      << dw_pct << "% (samples in libc: " << in_libc << ", caller kept in " << dw_libc_kept
                      << ")");

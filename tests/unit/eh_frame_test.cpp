@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include <selfprof/collect/unwind_tables.hpp>
-#include <selfprof/symbols/eh_frame.hpp>
+#include <selfprof/unwind/eh_frame.hpp>
+#include <selfprof/unwind/tables.hpp>
 
 using selfprof::detail::eh_frame_hdr_info;
 using selfprof::detail::eh_frame_input;

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <vector>
 
-#include <selfprof/collect/unwind_tables.hpp>
-#include <selfprof/signal/unwind_dwarf.hpp>
+#include <selfprof/signal/unwind.hpp>
+#include <selfprof/unwind/tables.hpp>
 
 using selfprof::detail::current_thread_stack_end;
 using selfprof::detail::find_unwind_row;
@@ -21,8 +21,8 @@ using selfprof::detail::row_cfa_rsp;
 using selfprof::detail::row_no_info;
 using selfprof::detail::row_outermost;
 using selfprof::detail::row_unknown;
-using selfprof::detail::unwind_fp;
-using selfprof::detail::unwind_mixed;
+using selfprof::detail::unwind_interrupted;
+using selfprof::detail::unwind_live;
 using selfprof::detail::unwind_module;
 using selfprof::detail::unwind_result;
 using selfprof::detail::unwind_row;
@@ -77,7 +77,7 @@ TEST_CASE("a frameless leaf keeps its caller; rsp- and rbp-based frames and the 
   s.words[30] = 0;
   s.words[31] = kA + 0x401;  // ends in an outermost function (its row says: stop)
   std::uint64_t out[16];
-  unwind_result r = unwind_with_tables(&kSet, kA + 0x10, s.at(0), s.at(10), 0, out, 16);
+  unwind_result r = unwind_live(&kSet, kA + 0x10, s.at(0), s.at(10), 0, out, 16);
   REQUIRE(r.depth == 6);
   CHECK(out[0] == kA + 0x10);
   CHECK(out[1] == kA + 0x121);
@@ -88,17 +88,17 @@ TEST_CASE("a frameless leaf keeps its caller; rsp- and rbp-based frames and the 
   CHECK_FALSE(r.truncated);
 
   // Frame pointers alone lose the leaf's caller (kA+0x121) and the rsp-based frame's return address.
-  unwind_result f = unwind_fp(kA + 0x10, s.at(0), s.at(10), 0, out, 16);
+  unwind_result f = unwind_live(nullptr, kA + 0x10, s.at(0), s.at(10), 0, out, 16);
   CHECK(f.depth < r.depth);
 
   // The depth limit: truncated only when a frame is left.
-  r = unwind_with_tables(&kSet, kA + 0x10, s.at(0), s.at(10), 0, out, 3);
+  r = unwind_live(&kSet, kA + 0x10, s.at(0), s.at(10), 0, out, 3);
   CHECK(r.depth == 3);
   CHECK(r.truncated);
-  r = unwind_with_tables(&kSet, kA + 0x10, s.at(0), s.at(10), 0, out, 6);
+  r = unwind_live(&kSet, kA + 0x10, s.at(0), s.at(10), 0, out, 6);
   CHECK(r.depth == 6);
   CHECK_FALSE(r.truncated);
-  CHECK(unwind_with_tables(&kSet, kA + 0x10, s.at(0), s.at(10), 0, out, 0).depth == 0);
+  CHECK(unwind_live(&kSet, kA + 0x10, s.at(0), s.at(10), 0, out, 0).depth == 0);
 }
 
 TEST_CASE("PLT rows add 8 past the push, by pc & 15") {
@@ -106,10 +106,10 @@ TEST_CASE("PLT rows add 8 past the push, by pc & 15") {
   s.words[0] = kA + 0x801;  // return address when CFA = sp+8
   s.words[1] = kA + 0x811;  // return address when CFA = sp+16 (after the PLT's push)
   std::uint64_t out[4];
-  unwind_result r = unwind_with_tables(&kSet, kA + 0x300 + 6, s.at(0), 0, 0, out, 2);
+  unwind_result r = unwind_live(&kSet, kA + 0x300 + 6, s.at(0), 0, 0, out, 2);
   REQUIRE(r.depth == 2);
   CHECK(out[1] == kA + 0x801);
-  r = unwind_with_tables(&kSet, kA + 0x300 + 11, s.at(0), 0, 0, out, 2);
+  r = unwind_live(&kSet, kA + 0x300 + 11, s.at(0), 0, 0, out, 2);
   REQUIRE(r.depth == 2);
   CHECK(out[1] == kA + 0x811);
 }
@@ -119,26 +119,26 @@ TEST_CASE("bounds: CFA past the stack end, oversized, misaligned, saved rbp outs
   std::uint64_t out[8];
   s.words[3] = kA + 0x801;
   // rsp+32 frame: CFA = word 4, return address in word 3; a stack end below the CFA stops the walk.
-  CHECK(unwind_with_tables(&kSet, kA + 0x100, s.at(0), 0, s.at(3), out, 8).depth == 1);
-  CHECK(unwind_with_tables(&kSet, kA + 0x100, s.at(0), 0, s.at(4), out, 8).depth >= 2);
+  CHECK(unwind_live(&kSet, kA + 0x100, s.at(0), 0, s.at(3), out, 8).depth == 1);
+  CHECK(unwind_live(&kSet, kA + 0x100, s.at(0), 0, s.at(4), out, 8).depth >= 2);
   // rbp-based frame with rbp below sp, or far above it.
-  CHECK(unwind_with_tables(&kSet, kA + 0x200, s.at(8), s.at(2), 0, out, 8).depth == 1);
-  CHECK(unwind_with_tables(&kSet, kA + 0x200, s.at(0), s.at(0) + kMaxFrameSize + 64, 0, out, 8).depth == 1);
+  CHECK(unwind_live(&kSet, kA + 0x200, s.at(8), s.at(2), 0, out, 8).depth == 1);
+  CHECK(unwind_live(&kSet, kA + 0x200, s.at(0), s.at(0) + kMaxFrameSize + 64, 0, out, 8).depth == 1);
   // Misaligned rbp.
-  CHECK(unwind_with_tables(&kSet, kA + 0x200, s.at(0), s.at(10) + 4, 0, out, 8).depth == 1);
+  CHECK(unwind_live(&kSet, kA + 0x200, s.at(0), s.at(10) + 4, 0, out, 8).depth == 1);
   // A return address in the zero page ends the walk.
   s.words[0] = 12;
-  CHECK(unwind_with_tables(&kSet, kA + 0x10, s.at(0), 0, 0, out, 8).depth == 1);
-  // An "unknown" row falls back to a frame-pointer step, checked like unwind_fp.
+  CHECK(unwind_live(&kSet, kA + 0x10, s.at(0), 0, 0, out, 8).depth == 1);
+  // An "unknown" row falls back to the frame-pointer row, checked like a walk without tables.
   s.words[10] = 0;
   s.words[11] = kNoCfi + 0x30;
-  unwind_result r = unwind_with_tables(&kSet, kA + 0x510, s.at(0), s.at(10), 0, out, 8);
+  unwind_result r = unwind_live(&kSet, kA + 0x510, s.at(0), s.at(10), 0, out, 8);
   REQUIRE(r.depth == 2);
   CHECK(out[1] == kNoCfi + 0x30);
-  CHECK(unwind_with_tables(&kSet, kA + 0x510, s.at(12), s.at(10), 0, out, 8).depth == 1);  // fp below sp
+  CHECK(unwind_live(&kSet, kA + 0x510, s.at(12), s.at(10), 0, out, 8).depth == 1);  // fp below sp
 }
 
-TEST_CASE("unwind_mixed without published tables is unwind_fp") {
+TEST_CASE("unwind_interrupted without published tables is the walk without tables") {
   REQUIRE(g_unwind_tables.load() == nullptr);
   fake_stack s;
   s.words[10] = s.at(20);
@@ -146,8 +146,8 @@ TEST_CASE("unwind_mixed without published tables is unwind_fp") {
   s.words[20] = 0;
   s.words[21] = kNoCfi + 2;
   std::uint64_t a[8], b[8];
-  unwind_result x = unwind_mixed(kNoCfi, s.at(0), s.at(10), 0, a, 8);
-  unwind_result y = unwind_fp(kNoCfi, s.at(0), s.at(10), 0, b, 8);
+  unwind_result x = unwind_interrupted(kNoCfi, s.at(0), s.at(10), 0, a, 8);
+  unwind_result y = unwind_live(nullptr, kNoCfi, s.at(0), s.at(10), 0, b, 8);
   REQUIRE(x.depth == y.depth);
   CHECK(x.depth == 3);
   CHECK(std::memcmp(a, b, x.depth * sizeof a[0]) == 0);
@@ -166,7 +166,7 @@ __attribute__((noinline)) void walk_here() {
   std::uintptr_t pc = static_cast<std::uintptr_t>(uc.uc_mcontext.gregs[REG_RIP]);
   std::uintptr_t sp = static_cast<std::uintptr_t>(uc.uc_mcontext.gregs[REG_RSP]);
   std::uintptr_t fp = static_cast<std::uintptr_t>(uc.uc_mcontext.gregs[REG_RBP]);
-  g_result = unwind_mixed(pc, sp, fp, current_thread_stack_end(sp, 0, false), g_out, 64);
+  g_result = unwind_interrupted(pc, sp, fp, current_thread_stack_end(sp, 0, false), g_out, 64);
   __asm__ volatile("" ::: "memory");
 }
 __attribute__((noinline)) void level2() {

@@ -12,11 +12,12 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "selfprof/signal/frame_tags.hpp"
+#include "selfprof/signal/arch_x86_64.hpp"
+#include "selfprof/signal/clock.hpp"
+#include "selfprof/signal/game_frames.hpp"
 #include "selfprof/signal/raw_syscall.hpp"
 #include "selfprof/signal/ring.hpp"
-#include "selfprof/signal/unwind_dwarf.hpp"
-#include "selfprof/signal/unwind_fp.hpp"
+#include "selfprof/signal/unwind.hpp"
 
 namespace selfprof {
 namespace detail {
@@ -54,7 +55,7 @@ struct handler_globals {
   std::atomic<std::uint64_t> perf_fds[kPerfFdBits / 64]{};
 };
 
-inline handler_globals g_handler;  // one per process (see profiler.hpp for two copies in one process)
+inline handler_globals g_handler;  // one per copy of selfprof (sources/signal_setup.hpp: two copies)
 
 // The value CPU-timer signals carry in si_value, so they can be told from a foreign sigqueue().
 inline void* timer_cookie() { return static_cast<void*>(&g_handler); }
@@ -124,24 +125,14 @@ inline void sample_signal_handler(int, siginfo_t* info, void* context) {
       g.dropped_full.fetch_add(1, std::memory_order_relaxed);
       break;
     }
-    const ucontext_t* uc = static_cast<const ucontext_t*>(context);
-    std::uintptr_t pc = 0, sp = 0, fp = 0;
-#if defined(__x86_64__)
-    pc = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
-    sp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RSP]);
-    fp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RBP]);
-#elif defined(__aarch64__)
-    pc = static_cast<std::uintptr_t>(uc->uc_mcontext.pc);
-    sp = static_cast<std::uintptr_t>(uc->uc_mcontext.sp);
-    fp = static_cast<std::uintptr_t>(uc->uc_mcontext.regs[29]);
-#endif
+    const frame_regs regs = context_regs(static_cast<const ucontext_t*>(context));
     const std::uint32_t tid = raw_gettid();
     const bool is_main = tid == g.main_tid.load(std::memory_order_relaxed);
     const std::uintptr_t end =
-        current_thread_stack_end(sp, g.main_stack_end.load(std::memory_order_relaxed), is_main);
+        current_thread_stack_end(regs.sp, g.main_stack_end.load(std::memory_order_relaxed), is_main);
     const std::size_t max_depth = ring->max_depth();
-    unwind_result u = unwind_mixed(pc, sp, fp, end, slot->pcs(),
-                                   max_depth);  // CFI rows when published, else frame pointers
+    unwind_result u = unwind_interrupted(regs.pc, regs.sp, regs.fp, end, slot->pcs(),
+                                         max_depth);  // CFI rows when published, else frame pointers
 
     sample_header& h = slot->header;
     h.tid = tid;
@@ -153,17 +144,13 @@ inline void sample_signal_handler(int, siginfo_t* info, void* context) {
         g.weight_overruns.load(std::memory_order_relaxed))
       weight += static_cast<std::uint32_t>(info->si_overrun);
     h.weight = weight;
-    h.aux = 0;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe (POSIX.1-2008 list)
-    const std::uint64_t now_ns =
-        static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+    const std::uint64_t now_ns = monotonic_ns();
     h.time_ns = now_ns;
-    h.tag = frame_tag_for(tid);  // [frames] the frame this thread is in (0: no frame marks)
+    h.tag = game_frame_tag_for(tid);  // the game frame this thread is in (0: it marks none)
     if (u.truncated) g.truncated.fetch_add(1, std::memory_order_relaxed);
     sample_ring::publish(slot, pos);
     check_thread_count(g, now_ns);
-    // Every half ring of samples, wake the collector (while samples arrive it sleeps up to 500 ms).
+    // Every half ring of samples, wake the collector (while samples arrive it sleeps long).
     const std::uint64_t half = ring->capacity() / 2;
     if (half != 0 && pos % half == half - 1) {
       const int fd = g.wake_fd.load(std::memory_order_acquire);

@@ -30,7 +30,6 @@ struct sample_header {
   std::uint16_t depth;
   std::uint16_t flags;
   std::uint32_t weight;   // ticks this sample stands for (1 + timer overruns)
-  std::uint32_t aux;      // wall mode: blocking system call number + 1 (0: none)
   std::uint64_t time_ns;  // CLOCK_MONOTONIC when taken
   std::uint64_t tag;      // frame marker of the thread (game frames), 0 if none
 };

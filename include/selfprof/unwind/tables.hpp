@@ -17,9 +17,10 @@
 #include <tuple>
 #include <vector>
 
-#include "selfprof/signal/unwind_dwarf.hpp"
+#include "selfprof/signal/arch_x86_64.hpp"
+#include "selfprof/signal/unwind_rows.hpp"
 #include "selfprof/status.hpp"
-#include "selfprof/symbols/eh_frame.hpp"
+#include "selfprof/unwind/eh_frame.hpp"
 
 namespace selfprof {
 
@@ -58,10 +59,8 @@ class unwind_tables_state {
   // Re-reads the module list when dlopen/dlclose changed it (or `force`), parses new modules and
   // publishes a new set. Cheap when nothing changed: one dl_iterate_phdr that stops at the first module.
   status build(bool force) {
-#if !defined(__x86_64__)
-    (void)force;
-    return status::error("selfprof: DWARF unwinding is implemented for x86-64 only; using frame pointers");
-#else
+    if (!kCfiRowsSupported)
+      return status::error("selfprof: DWARF unwinding is implemented for x86-64 only; using frame pointers");
     std::lock_guard<std::mutex> lock(mu_);
     counts now = read_counts();
     if (!force && have_counts_ && now.adds == counts_.adds && now.subs == counts_.subs &&
@@ -100,13 +99,12 @@ class unwind_tables_state {
     info_.last_build_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return status::ok();
-#endif
   }
 
   // Unpublishes the tables and frees the sets. Only once no handler can be running (after the profiling
   // signal is restored and g_handler.in_flight reached zero), since a handler may hold a pointer into any
   // set. The parsed rows of modules still loaded are kept for the next start (parsing every module again
-  // cost ~3.5 ms of CPU per start): at the next build each is used only if its .eh_frame_hdr bytes hash
+  // is the costly part of a start): at the next build each is used only if its .eh_frame_hdr bytes hash
   // as when it was parsed, so a library unloaded and another loaded at the same address is parsed anew.
   void release() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -177,7 +175,7 @@ class unwind_tables_state {
   static key key_of(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
     return key{module_name(info), info->dlpi_addr, info->dlpi_addr + eh->p_vaddr};
   }
-  // FNV-1a over the module's .eh_frame_hdr (its search table lists every FDE): ~0.1 ms for libc.
+  // FNV-1a over the module's .eh_frame_hdr (its search table lists every FDE): far cheaper than a parse.
   static std::uint64_t hdr_hash(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
     eh_frame_input hdr = segment_from(info, info->dlpi_addr + eh->p_vaddr);
     if (hdr.size > eh->p_memsz) hdr.size = eh->p_memsz;

@@ -10,7 +10,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "selfprof/signal/unwind_dwarf.hpp"
+#include "selfprof/signal/arch_x86_64.hpp"
+#include "selfprof/signal/unwind_rows.hpp"
 
 namespace selfprof {
 namespace detail {
@@ -33,8 +34,6 @@ struct eh_frame_table {
   std::string error;        // the first problem, with its offset; empty when none
 };
 
-// DWARF register numbers of x86-64 (System V psABI, figure 3.36).
-constexpr unsigned kDwarfRbp = 6, kDwarfRsp = 7, kDwarfRa = 16;
 // remember_state nesting kept; deeper nesting makes the rest of that FDE row_unknown.
 constexpr std::size_t kMaxRememberDepth = 16;
 // A module whose FDEs span more than this cannot be expressed with 32-bit row offsets.
@@ -153,7 +152,7 @@ struct cfa_state {
   std::int64_t fp_off = 0;  // 0: rbp unchanged
   bool fp_unknown = false;  // rbp saved somewhere this walker does not follow
   bool ra_undefined = false;
-  bool ra_unusual = false;  // return address not at CFA-8
+  bool ra_unusual = false;  // return address not at CFA + kReturnAddressAtCfa
 
   unwind_row row(std::uint32_t pc) const {
     unwind_row r{pc, 0, 0, row_unknown, 0};
@@ -215,7 +214,7 @@ inline bool run_cfa_program(eh_cursor c, std::size_t end, const eh_cie& cie, con
   };
   auto set_offset = [&](std::uint64_t reg, std::int64_t off) {
     if (reg == kDwarfRbp) state.fp_off = off, state.fp_unknown = false;
-    if (reg == cie.ra_reg) state.ra_unusual = off != -8, state.ra_undefined = false;
+    if (reg == cie.ra_reg) state.ra_unusual = off != kReturnAddressAtCfa, state.ra_undefined = false;
   };
   auto other_rule = [&](std::uint64_t reg) {  // register / expression rules we do not follow
     if (reg == kDwarfRbp) state.fp_unknown = true, state.fp_off = 0;

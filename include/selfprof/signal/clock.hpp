@@ -1,0 +1,21 @@
+// Signal-handler code: the one clock every sample, game frame and collector decision is stamped with.
+// Context: signal handler (clock_gettime is async-signal-safe, and a vDSO call without a system call),
+// also any other thread.
+#pragma once
+
+#include <time.h>
+
+#include <cstdint>
+
+namespace selfprof {
+namespace detail {
+
+// CLOCK_MONOTONIC in nanoseconds.
+inline std::uint64_t monotonic_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+}  // namespace detail
+}  // namespace selfprof
