@@ -1,5 +1,5 @@
 // Frame-marker benchmark: what selfprof::frame_mark costs per call in the marking thread (after the
-// first call, which claims the slot), and what the handler's frame_tag_for lookup costs with 1 and with
+// first call, which claims the slot), and what the handler's game_frame_tag_for lookup costs with 1 and with
 // 64 marked threads. Reports the median of several runs; frame_mark must stay under 50 ns.
 // Context: benchmark program (not a test). Build:
 //   g++ -std=c++17 -O2 -Iinclude bench/frames_bench.cpp -o /tmp/frames_bench -pthread -ldl &&
@@ -37,7 +37,7 @@ double median_ns_per_call(F f, int calls, int runs = 9) {
 
 // Keeps the marking thread's closed-frame ring from filling (as the collector would): reads it in place.
 void drain_own_slot() {
-  selfprof::detail::frame_slot* s = selfprof::detail::frame_marker().slot;
+  selfprof::detail::game_frame_slot* s = selfprof::detail::this_thread_game_frames().slot;
   if (s) s->tail.store(s->head.load(std::memory_order_acquire), std::memory_order_release);
 }
 
@@ -61,7 +61,7 @@ int main() {
 
   const std::uint32_t me = selfprof::detail::raw_gettid();
   std::atomic<std::uint64_t> sink{0};
-  double tag1 = median_ns_per_call([&] { sink += selfprof::detail::frame_tag_for(me); }, 100000);
+  double tag1 = median_ns_per_call([&] { sink += selfprof::detail::game_frame_tag_for(me); }, 100000);
   // Fill the table with 63 more marking threads that stay alive while we look up the last one.
   std::atomic<int> ready{0};
   std::atomic<bool> done{false};
@@ -76,7 +76,7 @@ int main() {
     });
   while (ready < 63) std::this_thread::yield();
   const std::uint32_t worst = 0xFFFFFFF0u;  // no such thread: a full scan of every used slot
-  double tag64 = median_ns_per_call([&] { sink += selfprof::detail::frame_tag_for(worst); }, 100000);
+  double tag64 = median_ns_per_call([&] { sink += selfprof::detail::game_frame_tag_for(worst); }, 100000);
   done = true;
   for (auto& t : threads) t.join();
 
@@ -84,7 +84,7 @@ int main() {
       "frame_mark: %.1f ns/call (median of 9 x %d), steady state p50 %.1f ns, p99 %.1f ns over %zu batches\n",
       mark, calls, batches[batches.size() / 2], batches[batches.size() * 99 / 100], batches.size());
   std::printf("clock_gettime(CLOCK_MONOTONIC) alone: %.1f ns/call\n", clock);
-  std::printf("frame_tag_for (handler): %.1f ns with 1 marked thread, %.1f ns scanning 64 slots\n", tag1,
+  std::printf("game_frame_tag_for (handler): %.1f ns with 1 marked thread, %.1f ns scanning 64 slots\n", tag1,
               tag64);
   std::printf("frame_mark under 50 ns: %s\n", batches[batches.size() / 2] < 50 ? "yes" : "NO");
   return sink.load() == 42 ? 2 : 0;

@@ -1,6 +1,6 @@
 // JIT registration benchmark: selfprof::jit::add/remove throughput from one thread (the issue asks for at
 // least one million registrations per second, amortised, with the perf map being written), the same with
-// the perf map off, and the collector hook translate_pc on JIT and non-JIT pcs.
+// the perf map off, and the collector hook jit_translate_pc on JIT and non-JIT pcs.
 // Times are process CPU time (the adding thread plus selfprof's flush thread: the amortised cost) and
 // wall time; on a loaded machine trust the CPU figure.
 // Context: benchmark program. Build and run:
@@ -86,25 +86,25 @@ int main(int argc, char** argv) {
   // The collector hook over the registry just built (2n regions): JIT pcs, then native pcs.
   std::uint64_t now = selfprof::detail::monotonic_ns(), hits = 0;
   std::uint64_t warm = base;
-  selfprof::jit::detail::translate_pc(warm, now);  // builds the lookup index once
+  selfprof::detail::jit_translate_pc(warm, now);  // builds the lookup index once
   t0 = now_stamp();
   for (std::uint64_t i = 0; i < n; ++i) {
     std::uint64_t pc = base + ((i * 2654435761u) % n) * 64 + 5;
-    hits += selfprof::jit::detail::translate_pc(pc, now);
+    hits += selfprof::detail::jit_translate_pc(pc, now);
   }
-  report("translate_pc, JIT pc, any of all regions", n, t0);
+  report("jit_translate_pc, JIT pc, any of all regions", n, t0);
   t0 = now_stamp();
   for (std::uint64_t i = 0; i < n; ++i) {
     std::uint64_t pc = base + (i % 64) * 64 + 5;  // samples land in a few hot functions
-    hits += selfprof::jit::detail::translate_pc(pc, now);
+    hits += selfprof::detail::jit_translate_pc(pc, now);
   }
-  report("translate_pc, JIT pc, 64 hot regions", n, t0);
+  report("jit_translate_pc, JIT pc, 64 hot regions", n, t0);
   t0 = now_stamp();
   for (std::uint64_t i = 0; i < n; ++i) {
     std::uint64_t pc = 0x555555554000ull + i;  // below every region: the lock-free early return
-    hits += selfprof::jit::detail::translate_pc(pc, now);
+    hits += selfprof::detail::jit_translate_pc(pc, now);
   }
-  report("translate_pc, native pc", n, t0);
+  report("jit_translate_pc, native pc", n, t0);
 
   // Perf map off: the registry alone (a runtime of its own, as the global one is configured already).
   {

@@ -554,7 +554,7 @@ block run_block_inner(pool& workers, long rounds, const config& cfg) {
     b.cpu_ns = process_cpu_ns() - c0;
     b.control_cpu_ns = (m1 - m0) + (thread_cpu_ns() - m2);
     selfprof::stats s = selfprof::get_stats();
-    b.detail = s.source + ": " + s.source_detail;
+    b.detail = std::string(selfprof::source_name(s.source)) + ": " + s.source_detail;
     b.records = double(s.records);
     b.weighted = double(s.samples);
     b.collector_wakes = double(s.collector_wakes);
@@ -802,7 +802,7 @@ int main(int argc, char** argv) {
       o.hz = hz;
       o.dump_signal = 0;
       if (selfprof::start(o)) {
-        auto_source[hz] = selfprof::get_stats().source;
+        auto_source[hz] = selfprof::source_name(selfprof::get_stats().source);
         selfprof::stop();
       }
     }

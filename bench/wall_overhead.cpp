@@ -67,7 +67,7 @@ block run_block(long units, bool profiled, double hz) {
   double c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID), w0 = clock_s(CLOCK_MONOTONIC);
   if (profiled) {
     selfprof::options o;
-    o.mode = "wall";
+    o.mode = selfprof::profile_mode::wall;
     o.hz = hz;
     o.dump_signal = 0;
     if (!selfprof::start(o)) std::exit(1);

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Checks the header rules of include/: every header opens with a comment whose first lines carry a
 `Context:` line and has `#pragma once`; files under include/selfprof/signal/ include only what is safe
-in a signal handler. Prints each violation as file:line: message and exits 1 if there is any.
+in a signal handler; each part includes only the parts before it in the pipeline (MAY_INCLUDE below,
+the table of docs/architecture.md), and only in the form "selfprof/<folder>/<file>.hpp". Prints each
+violation as file:line: message and exits 1 if there is any.
 """
 import os
 import re
@@ -18,7 +20,70 @@ SIGNAL_ALLOWED_SYSTEM = {"atomic", "csignal", "cstdint", "cstddef", "ucontext.h"
                          "sys/syscall.h", "sys/stat.h", "signal.h", "time.h", "errno.h", "cerrno"}
 SIGNAL_ALLOWED_OWN = {os.path.join(INCLUDE, "selfprof", "config.hpp")}
 CONTEXT_WITHIN = 8  # lines of the opening comment searched for "Context:"
+
+# The parts of the pipeline, in order: a folder of include/selfprof/, or a group of top-level headers.
+TOP_LEVEL = {"config.hpp": "values", "version.hpp": "values", "status.hpp": "values", "options.hpp": "values", "modes.hpp": "values",
+             "profile.hpp": "values", "stats.hpp": "values", "frames.hpp": "api", "jit.hpp": "api",
+             "profiler.hpp": "api"}
+VALUES = {"values"}
+MAY_INCLUDE = {
+    "signal": {"signal"} | VALUES,  # config.hpp only (the allow-list below is stricter)
+    "values": VALUES,
+    "detail": {"signal"} | VALUES,
+    "jit": {"detail", "signal"} | VALUES,
+    "output": {"detail"} | VALUES,
+    "symbols": {"jit", "detail", "signal"} | VALUES,
+    "unwind": {"detail", "signal"} | VALUES,
+    "sources": {"detail", "signal"} | VALUES,
+    "wall": {"unwind", "detail", "signal"} | VALUES,
+    "game": {"detail", "signal"} | VALUES,
+    "collect": {"game", "wall", "sources", "unwind", "symbols", "jit", "detail", "signal"} | VALUES,
+    "dump": {"collect", "game", "wall", "symbols", "output", "jit", "detail", "signal"} | VALUES,
+    "core": {"dump", "collect", "game", "wall", "sources", "unwind", "symbols", "output", "jit", "detail",
+             "signal"} | VALUES,
+    "api": {"api", "core", "dump", "collect", "game", "wall", "sources", "unwind", "symbols", "output", "jit",
+            "detail", "signal"} | VALUES,
+}
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
+
+
+def part_of(path):
+    """The pipeline part a header of include/ belongs to, or None for the umbrella."""
+    rel = os.path.relpath(path, os.path.join(INCLUDE, "selfprof"))
+    if rel.startswith(".."):
+        return None
+    if os.sep in rel:
+        return rel.split(os.sep)[0]
+    return TOP_LEVEL.get(rel, "unknown:" + rel)
+
+
+def check_direction(path, lines, problems):
+    rel = os.path.relpath(path, ROOT)
+    part = part_of(path)
+    if part is None:
+        return
+    if part not in MAY_INCLUDE:
+        problems.append(f"{rel}:1: part '{part}' is not in scripts/check_headers.py's MAY_INCLUDE (and "
+                        "docs/architecture.md): say where it sits in the pipeline")
+        return
+    for n, line in enumerate(lines, 1):
+        m = INCLUDE_RE.match(line)
+        if not m:
+            continue
+        kind, name = m.groups()
+        if kind == '"' and not name.startswith("selfprof/"):
+            problems.append(f'{rel}:{n}: include selfprof headers as "selfprof/<folder>/<file>.hpp", not "{name}"')
+            continue
+        if not name.startswith("selfprof/"):
+            continue
+        target = os.path.join(INCLUDE, name)
+        if not os.path.isfile(target):
+            problems.append(f"{rel}:{n}: includes {name}, which does not exist")
+            continue
+        to = part_of(target)
+        if to != part and to not in MAY_INCLUDE[part]:
+            problems.append(f"{rel}:{n}: {part}/ may not include {to}/ ({name}): the pipeline goes one way "
+                            "(docs/architecture.md)")
 
 
 def check(path, problems):
@@ -37,6 +102,7 @@ def check(path, problems):
                         "collector thread, any thread or setup only)")
     if not any(re.match(r"\s*#\s*pragma\s+once\b", line) for line in lines):
         problems.append(f"{rel}:1: missing #pragma once")
+    check_direction(path, lines, problems)
     if os.path.commonpath([path, SIGNAL_DIR]) != SIGNAL_DIR:
         return
     for n, line in enumerate(lines, 1):

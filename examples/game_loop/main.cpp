@@ -90,12 +90,11 @@ int main(int argc, char** argv) {
 
   for (const auto& loop : selfprof::frame_stats())
     std::printf("%s\n", selfprof::frame_stats_line(loop).c_str());
-  const std::string all = dir + "/game-all.svg", slow = dir + "/game-slow.svg",
-                    worst = dir + "/game-worst.svg";
+  // dump() writes game.svg/.txt (every frame) and, since frames were marked, game-slow.svg/.txt (only
+  // the samples of slow frames), like every automatic dump.
+  const std::string all = dir + "/game.svg", slow = dir + "/game-slow.svg", worst = dir + "/game-worst.svg";
   int rc = 0;
-  for (auto st : {selfprof::dump(all + "," + dir + "/game-all.txt"),
-                  selfprof::dump_slow_frames(slow + "," + dir + "/game-slow.txt"),
-                  selfprof::dump_worst_frames(worst, 3)}) {
+  for (auto st : {selfprof::dump(all + "," + dir + "/game.txt"), selfprof::dump_worst_frames(worst, 3)}) {
     if (!st) {
       std::fprintf(stderr, "%s\n", st.message().c_str());
       rc = 1;

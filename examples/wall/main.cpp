@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   double seconds = argc > 1 ? std::atof(argv[1]) : 3;
   std::string prefix = argc > 2 ? argv[2] : "wall";
   selfprof::options o = selfprof::options_from_env();
-  o.mode = "wall";
+  o.mode = selfprof::profile_mode::wall;
   if (selfprof::status st = selfprof::start(o); !st) {
     std::fprintf(stderr, "%s\n", st.message().c_str());
     return 1;
@@ -65,9 +65,9 @@ int main(int argc, char** argv) {
   for (const auto& r : rows)
     std::printf("  %10.1f ms  %s\n", static_cast<double>(r.us) / 1e3, r.where.c_str());
 
+  // A wall profile's dump also writes its off-CPU part: <prefix>-offcpu.svg and .folded.
   std::string paths = prefix + ".svg," + prefix + ".folded";
   selfprof::status st = selfprof::dump(paths);
-  if (st) st = selfprof::dump_offcpu(prefix + "-offcpu.svg," + prefix + "-offcpu.folded");
   if (!st) {
     std::fprintf(stderr, "%s\n", st.message().c_str());
     return 1;

@@ -3,11 +3,10 @@
 // Context: any thread (the thread that runs the loop); costs no system call.
 #pragma once
 
-#include <time.h>
-
 #include <cstdint>
 
-#include "selfprof/signal/frame_tags.hpp"
+#include "selfprof/signal/clock.hpp"
+#include "selfprof/signal/game_frames.hpp"
 #include "selfprof/signal/raw_syscall.hpp"
 
 namespace selfprof {
@@ -15,23 +14,17 @@ namespace detail {
 
 // The calling thread's slot, cached in a thread_local of the *application* thread (the signal handler
 // never touches it). The destructor gives the slot back when the thread exits.
-struct frame_marker_tls {
-  frame_slot* slot = nullptr;
+struct game_frame_marker {
+  game_frame_slot* slot = nullptr;
   bool refused = false;  // every slot was taken when this thread first marked: stay silent, stay cheap
-  ~frame_marker_tls() {
-    if (slot) retire_frame_slot(*slot);
+  ~game_frame_marker() {
+    if (slot) retire_game_frame_slot(*slot);
   }
 };
 
-inline frame_marker_tls& frame_marker() {
-  static thread_local frame_marker_tls tls;
+inline game_frame_marker& this_thread_game_frames() {
+  static thread_local game_frame_marker tls;
   return tls;
-}
-
-inline std::uint64_t frame_clock_ns() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no system call
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
 }  // namespace detail
@@ -42,16 +35,16 @@ inline std::uint64_t frame_clock_ns() {
 // forever, whether the profiler runs or not: a few clock reads and stores, no system call, no allocation
 // after the first call.
 inline void frame_mark(const char* name = "frame") {
-  detail::frame_marker_tls& m = detail::frame_marker();
+  detail::game_frame_marker& m = detail::this_thread_game_frames();
   if (m.slot == nullptr) {
     if (m.refused) return;
-    m.slot = detail::claim_frame_slot(detail::raw_gettid(), name ? name : "frame");
+    m.slot = detail::claim_game_frame_slot(detail::raw_gettid(), name ? name : "frame");
     if (m.slot == nullptr) {
       m.refused = true;
       return;
     }
   }
-  detail::close_frame(*m.slot, detail::frame_clock_ns());
+  detail::close_game_frame(*m.slot, detail::monotonic_ns());
 }
 
 }  // namespace selfprof

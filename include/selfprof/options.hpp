@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "selfprof/sources/source.hpp"
+#include "selfprof/modes.hpp"
 
 namespace selfprof {
 
@@ -18,22 +18,19 @@ struct options {
   double hz = 99;                               // SELFPROF_HZ: samples per CPU-second per thread
   source_kind source = source_kind::automatic;  // SELFPROF_SOURCE: auto|perf|timer|itimer
   std::string out;                              // SELFPROF_OUT: dump path template(s), comma-separated
-  int dump_signal = SIGUSR2;      // SELFPROF_SIGNAL: USR2 (default), USR1, a number, or none (0)
-  std::string mode = "cpu";       // SELFPROF_MODE: cpu|wall
-  double interval_s = 0;          // SELFPROF_INTERVAL: seconds between periodic dumps (0: off)
-  double window_s = 0;            // SELFPROF_WINDOW: dumps hold only the last N seconds (0: all)
-  bool allow_shared_dir = false;  // SELFPROF_ALLOW_SHARED_DIR: write into others-writable dirs
-  unsigned max_depth = 128;       // SELFPROF_MAX_DEPTH: frames kept per sample (2..1024)
-  int sample_signal = 0;          // SELFPROF_SAMPLE_SIGNAL: 0 picks SIGPROF or a free RT signal
-  std::string unwind = "auto";    // SELFPROF_UNWIND: fp|dwarf|auto (dwarf when the tables build)
-  bool thread_roots = false;      // SELFPROF_THREAD_ROOTS: per-thread root frames in output
-  bool verbose = false;           // SELFPROF_VERBOSE: echo the configuration once on start
-  unsigned thread_scan_ms = 20;   // how often new threads are looked for
-  std::size_t ring_slots = 0;     // sample ring capacity (0: sized from hz)
-  // [frames] game/engine frames (frames.hpp)
-  double frame_budget_ms = 16.7;  // SELFPROF_FRAME_BUDGET_MS: a frame longer than this is slow
-  double frame_hz = 0;            // SELFPROF_FRAME_HZ: rate on threads that mark frames (0: hz)
-  // [/frames]
+  int dump_signal = SIGUSR2;              // SELFPROF_SIGNAL: USR2 (default), USR1, a number, or none (0)
+  profile_mode mode = profile_mode::cpu;  // SELFPROF_MODE: cpu|wall
+  double interval_s = 0;                  // SELFPROF_INTERVAL: seconds between periodic dumps (0: off)
+  double window_s = 0;                    // SELFPROF_WINDOW: dumps hold only the last N seconds (0: all)
+  bool allow_shared_dir = false;          // SELFPROF_ALLOW_SHARED_DIR: write into others-writable dirs
+  unsigned max_depth = 128;               // SELFPROF_MAX_DEPTH: frames kept per sample (2..1024)
+  int sample_signal = 0;                  // SELFPROF_SAMPLE_SIGNAL: 0 picks SIGPROF or a free RT signal
+  unwind_mode unwind = unwind_mode::automatic;  // SELFPROF_UNWIND: fp|dwarf|auto
+  bool thread_roots = false;                    // SELFPROF_THREAD_ROOTS: per-thread root frames in output
+  bool verbose = false;                         // SELFPROF_VERBOSE: echo the configuration once on start
+  std::size_t ring_slots = 0;                   // sample ring capacity (0: sized from hz)
+  double frame_budget_ms = 16.7;  // SELFPROF_FRAME_BUDGET_MS: a game frame longer than this is slow
+  double frame_hz = 0;            // SELFPROF_FRAME_HZ: rate on threads that mark game frames (0: hz)
 };
 
 namespace detail {
@@ -55,6 +52,36 @@ inline bool parse_bool(const char* text, bool& out) {
   return false;
 }
 
+// Signals selfprof never takes for sampling or dumps: the kernel raises the fault signals for the
+// program's own faults (a handler of ours would turn a crash into an endless loop), SIGKILL and SIGSTOP
+// cannot be caught, and the others mean something to every process (children, job control, abort).
+inline bool reserved_signal(int s) {
+  switch (s) {
+    case SIGSEGV:
+    case SIGBUS:
+    case SIGFPE:
+    case SIGILL:
+    case SIGTRAP:
+    case SIGSYS:
+    case SIGABRT:
+    case SIGCHLD:
+    case SIGKILL:
+    case SIGSTOP:
+    case SIGCONT:
+    case SIGTSTP:
+    case SIGTTIN:
+    case SIGTTOU:
+    case SIGINT:
+    case SIGQUIT:
+    case SIGTERM:
+    case SIGHUP:
+    case SIGPIPE:
+      return true;
+    default:
+      return false;
+  }
+}
+
 inline bool parse_signal(const char* text, bool allow_none, int& out) {
   std::string s = text ? text : "";
   if (allow_none && (s == "none" || s == "0")) return out = 0, true;
@@ -64,7 +91,8 @@ inline bool parse_signal(const char* text, bool allow_none, int& out) {
   if (s == "PROF") return out = SIGPROF, true;
   if (s == "VTALRM") return out = SIGVTALRM, true;
   double v = 0;
-  if (parse_double(s.c_str(), 1, SIGRTMAX, v) && v == static_cast<int>(v) && v != SIGKILL && v != SIGSTOP)
+  if (parse_double(s.c_str(), 1, SIGRTMAX, v) && v == static_cast<int>(v) &&
+      !reserved_signal(static_cast<int>(v)))
     return out = static_cast<int>(v), true;
   return false;
 }
@@ -107,12 +135,15 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
     if (detail::parse_signal(v, true, sig))
       o.dump_signal = sig;
     else
-      bad("SELFPROF_SIGNAL", v, "USR1, USR2, a signal number or none");
+      bad("SELFPROF_SIGNAL", v,
+          "USR1, USR2, a signal number (not a fault, job-control or termination signal) or none");
   }
   if (const char* v = std::getenv("SELFPROF_MODE")) {
     std::string s = v;
-    if (s == "cpu" || s == "wall")
-      o.mode = s;
+    if (s == "cpu")
+      o.mode = profile_mode::cpu;
+    else if (s == "wall")
+      o.mode = profile_mode::wall;
     else
       bad("SELFPROF_MODE", v, "cpu or wall");
   }
@@ -144,12 +175,17 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
     if (detail::parse_signal(v, false, sig))
       o.sample_signal = sig;
     else
-      bad("SELFPROF_SAMPLE_SIGNAL", v, "PROF, a signal number");
+      bad("SELFPROF_SAMPLE_SIGNAL", v,
+          "PROF, a signal number (not a fault, job-control or termination signal)");
   }
   if (const char* v = std::getenv("SELFPROF_UNWIND")) {
     std::string s = v;
-    if (s == "fp" || s == "dwarf" || s == "auto")
-      o.unwind = s;
+    if (s == "fp")
+      o.unwind = unwind_mode::fp;
+    else if (s == "dwarf")
+      o.unwind = unwind_mode::dwarf;
+    else if (s == "auto")
+      o.unwind = unwind_mode::automatic;
     else
       bad("SELFPROF_UNWIND", v, "fp, dwarf or auto");
   }
@@ -165,7 +201,6 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
     else
       bad("SELFPROF_VERBOSE", v, "0 or 1");
   }
-  // [frames]
   if (const char* v = std::getenv("SELFPROF_FRAME_BUDGET_MS")) {
     if (detail::parse_double(v, 0.01, 3600000, d))
       o.frame_budget_ms = d;
@@ -178,7 +213,6 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
     else
       bad("SELFPROF_FRAME_HZ", v, "a rate in Hz from 0 (same as SELFPROF_HZ) to 100000");
   }
-  // [/frames]
   return o;
 }
 

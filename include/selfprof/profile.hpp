@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "selfprof/modes.hpp"
+
 namespace selfprof {
 
 // What kind of code a frame is in; writers map it to the folded annotations of
@@ -68,17 +70,18 @@ inline std::string frame_stats_line(const frame_loop_stats& s) {
 }
 
 struct profile_info {
-  std::string mode = "cpu";         // cpu | wall | offcpu (the off-CPU part of a wall profile)
-  std::string unit = "samples";     // what stack::count counts
-  std::string source;               // tick source that produced the samples (perf, timer, itimer, file)
-  double hz = 0;                    // requested sampling rate
-  double duration_s = 0;            // wall time covered by the profile
-  std::uint64_t period_ns = 0;      // CPU time one sample stands for
-  std::uint64_t samples = 0;        // samples counted in the stacks (sum of weights)
-  std::uint64_t dropped = 0;        // samples lost (ring full, unwinder refused, ...)
-  std::uint64_t truncated = 0;      // samples whose stack hit the depth limit
-  std::uint64_t start_unix_ns = 0;  // when the profile started
-  std::vector<std::string> notes;   // human-readable remarks (why a source was refused, ...)
+  profile_mode mode = profile_mode::cpu;  // cpu, wall, or offcpu (the off-CPU part of a wall profile)
+  std::string unit = "samples";           // what stack::count counts
+  std::string source;                     // tick source that produced the samples (perf, timer, itimer, file)
+  double hz = 0;                          // requested sampling rate
+  double duration_s = 0;                  // wall time covered by the profile
+  std::uint64_t period_ns = 0;            // CPU time one sample stands for
+  std::uint64_t samples = 0;              // samples counted in the stacks (sum of weights)
+  std::uint64_t dropped = 0;              // samples lost (ring full, unwinder refused, ...)
+  std::uint64_t truncated = 0;            // samples whose stack hit the depth limit
+  std::uint64_t start_unix_ns = 0;        // when the profile started
+  bool kernel_time = true;                // samples include time spent in the kernel (false: user-only ticks)
+  std::vector<std::string> notes;         // human-readable remarks (why a source was refused, ...)
   std::string view;  // what the stacks hold: "" all samples, "slow frames", "frame ..." one frame
   std::vector<frame_loop_stats> frame_loops;  // game/engine loops marked with frame_mark (empty: none)
 };

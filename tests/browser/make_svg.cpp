@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
     d.add({root, main_, run, frame_, update, d.frame("script::callback_" + std::to_string(i))}, 1);
   std::uint64_t total = 0;
   for (const auto& s : d.p.stacks) total += s.count;
-  d.p.info.mode = "cpu";
+  d.p.info.mode = selfprof::profile_mode::cpu;
   d.p.info.source = "perf";
   d.p.info.hz = 999;
   d.p.info.duration_s = total / 999.0 / 2;

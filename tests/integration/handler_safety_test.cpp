@@ -9,6 +9,7 @@
 
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 
 #include <atomic>
@@ -30,7 +31,9 @@
 #endif
 
 // ---- a counting malloc: counts calls made while a selfprof handler runs on the calling thread ----
-// selfprof's handler blocks SIGRTMAX while it runs (its marker); this binary never blocks it otherwise.
+// selfprof's handler blocks SIGRTMAX while it runs (its marker); this binary's own threads never block it
+// otherwise. selfprof's background threads ("selfprof*") block every asynchronous signal and allocate
+// freely: they are not handlers and are told apart by their name (prctl: no allocation).
 #if !SELFPROF_TEST_SANITIZED
 extern "C" void* __libc_malloc(size_t);
 extern "C" void* __libc_calloc(size_t, size_t);
@@ -43,9 +46,12 @@ void note_allocation() {
   g_mallocs_total.fetch_add(1, std::memory_order_relaxed);
   sigset_t cur;
   // raw syscall: no allocation, no recursion
-  if (syscall(SYS_rt_sigprocmask, SIG_BLOCK, nullptr, &cur, sizeof(long)) == 0 &&
-      sigismember(&cur, SIGRTMAX) == 1)
-    g_mallocs_in_handler.fetch_add(1, std::memory_order_relaxed);
+  if (syscall(SYS_rt_sigprocmask, SIG_BLOCK, nullptr, &cur, sizeof(long)) != 0 ||
+      sigismember(&cur, SIGRTMAX) != 1)
+    return;
+  char name[16] = {0};
+  if (prctl(PR_GET_NAME, name, 0, 0, 0) == 0 && std::strncmp(name, "selfprof", 8) == 0) return;
+  g_mallocs_in_handler.fetch_add(1, std::memory_order_relaxed);
 }
 }  // namespace
 extern "C" void* malloc(size_t n) {

@@ -80,7 +80,7 @@ TEST_CASE("one thread: the known split and full-depth stacks at 250 Hz") {
   REQUIRE(selfprof::stop());
   selfprof::profile p = selfprof::snapshot();
   selfprof::stats st = selfprof::get_stats();
-  MESSAGE("source " << st.source << ": " << st.source_reason);
+  MESSAGE("source " << selfprof::source_name(st.source) << ": " << st.source_reason);
   check_split(p, t, 5.0);
   check_deep_stacks(p);
   // ~250 samples per CPU-second (±15%: tick jitter, and the clock reads in the workload).

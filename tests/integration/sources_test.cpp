@@ -66,7 +66,7 @@ TEST_CASE("forced CPU timer: samples, kernel time counted, 99 Hz") {
   wl::apply_test_environment();
   run_result r = run_with(selfprof::source_kind::timer, 99, 1500000000LL);
   REQUIRE(r.started);
-  CHECK(r.st.source == "timer");
+  CHECK(r.st.source == selfprof::source_kind::timer);
   CHECK(r.st.kernel_time);
   double rate = double(r.st.samples) / (double(r.cpu_ns) / 1e9);
   MESSAGE("timer: " << rate << " samples/CPU-s");
@@ -79,7 +79,7 @@ TEST_CASE("forced itimer: samples with SIGPROF, kernel time counted") {
   wl::apply_test_environment();
   run_result r = run_with(selfprof::source_kind::itimer, 99, 1500000000LL);
   REQUIRE(r.started);
-  CHECK(r.st.source == "itimer");
+  CHECK(r.st.source == selfprof::source_kind::itimer);
   CHECK(r.st.sample_signal == SIGPROF);
   double rate = double(r.st.samples) / (double(r.cpu_ns) / 1e9);
   MESSAGE("itimer: " << rate << " samples/CPU-s");
@@ -99,7 +99,7 @@ TEST_CASE("forced perf_event: with kernel time as root, user-only otherwise, a c
     return;
   }
   REQUIRE(r.started);
-  CHECK(r.st.source == "perf");
+  CHECK(r.st.source == selfprof::source_kind::perf);
   CHECK(r.st.kernel_time == perf_with_kernel_expected());
   CHECK(r.st.source_detail.find(perf_with_kernel_expected() ? "user+kernel" : "user only") !=
         std::string::npos);
@@ -113,7 +113,7 @@ TEST_CASE("auto at 99 Hz takes the CPU timer and says why") {
   wl::apply_test_environment();
   run_result r = run_with(selfprof::source_kind::automatic, 99, 300000000LL);
   REQUIRE(r.started);
-  CHECK(r.st.source == "timer");
+  CHECK(r.st.source == selfprof::source_kind::timer);
   CHECK(r.st.source_reason.find("kernel tick") != std::string::npos);
   CHECK(r.st.samples > 0);
 }
@@ -128,13 +128,13 @@ TEST_CASE("auto at 99 Hz: threads that wait for a CPU move from the CPU timer to
   selfprof::options o;
   o.hz = 99;
   REQUIRE(selfprof::start(o));
-  CHECK(selfprof::get_stats().source == "timer");
+  CHECK(selfprof::get_stats().source == selfprof::source_kind::timer);
   for (unsigned i = 0; i < 2 * cpus + 1; ++i)
     busy.emplace_back([&] {
       while (!done.load()) wl::spin_units(1);
     });
   auto decided = [](const selfprof::stats& st) {
-    if (st.source == "perf") return true;
+    if (st.source == selfprof::source_kind::perf) return true;
     for (const auto& n : st.notes)
       if (n.find("no perf_event with kernel time") != std::string::npos) return true;
     return false;
@@ -149,7 +149,7 @@ TEST_CASE("auto at 99 Hz: threads that wait for a CPU move from the CPU timer to
   done.store(true);
   for (auto& t : busy) t.join();
   REQUIRE(selfprof::stop());
-  MESSAGE("source " << st.source << ": " << st.source_reason);
+  MESSAGE("source " << selfprof::source_name(st.source) << ": " << st.source_reason);
   for (const auto& n : st.notes) MESSAGE("note: " << n);
   MESSAGE("decided after " << records_at_switch << " samples, " << st.collector_wakes << " collector wakes");
   REQUIRE(decided(st));
@@ -158,13 +158,14 @@ TEST_CASE("auto at 99 Hz: threads that wait for a CPU move from the CPU timer to
   // Counted in samples, which follow CPU time, so a slow machine does not change it much.
   CHECK(records_at_switch < 250);
   if (perf_with_kernel_expected()) {
-    CHECK(st.source == "perf");
+    CHECK(st.source == selfprof::source_kind::perf);
     CHECK(st.kernel_time);
     CHECK(st.source_reason.find("switched from the CPU timer") != std::string::npos);
     CHECK(st.threads_armed >= 2 * cpus + 1);
     CHECK(later.records > records_at_switch + 20);  // the moved threads are sampled by their events
   } else {
-    CHECK(st.source == "timer");  // no event with kernel time: the timer stays, and a note says why
+    CHECK(st.source ==
+          selfprof::source_kind::timer);  // no event with kernel time: the timer stays, and a note says why
     CHECK(later.records > records_at_switch + 20);
   }
 }
@@ -175,14 +176,15 @@ TEST_CASE("auto at 1 kHz: perf_event delivers the rate; without perf, CPU timers
   REQUIRE(r.started);
   double weighted = double(r.st.samples) / (double(r.cpu_ns) / 1e9);
   double distinct = double(r.st.records) / (double(r.cpu_ns) / 1e9);
-  MESSAGE("auto 1 kHz -> " << r.st.source << " (" << r.st.source_detail << "): " << weighted << " weighted, "
-                           << distinct << " distinct samples/CPU-s; effective " << r.st.effective_hz);
+  MESSAGE("auto 1 kHz -> " << selfprof::source_name(r.st.source) << " (" << r.st.source_detail
+                           << "): " << weighted << " weighted, " << distinct
+                           << " distinct samples/CPU-s; effective " << r.st.effective_hz);
   if (perf_user_only_expected()) {
-    CHECK(r.st.source == "perf");
+    CHECK(r.st.source == selfprof::source_kind::perf);
     CHECK(r.st.kernel_time == perf_with_kernel_expected());
     CHECK(distinct > 1000 * 0.9);
   } else {
-    CHECK(r.st.source == "timer");
+    CHECK(r.st.source == selfprof::source_kind::timer);
     REQUIRE(r.st.refused.size() >= 1);
     CHECK(r.st.refused[0].find("perf") != std::string::npos);
     CHECK(r.st.effective_hz < 1000);
@@ -197,7 +199,7 @@ TEST_CASE("perf_event_open failing with EACCES through the seam: auto falls back
   selfprof::detail::sys().perf_event_open = wl::failing_perf_event_open;
   run_result r = run_with(selfprof::source_kind::automatic, 1000, 300000000LL);
   REQUIRE(r.started);
-  CHECK(r.st.source == "timer");
+  CHECK(r.st.source == selfprof::source_kind::timer);
   REQUIRE(r.st.refused.size() >= 2);
   CHECK(r.st.refused[0].find("Permission denied") != std::string::npos);
   run_result forced = run_with(selfprof::source_kind::perf, 99, 1000000LL);
@@ -218,7 +220,7 @@ TEST_CASE("no per-thread sources at all: itimer is the last resort") {
   selfprof::detail::sys().timer_create = failing_timer_create;
   run_result r = run_with(selfprof::source_kind::automatic, 99, 500000000LL);
   REQUIRE(r.started);
-  CHECK(r.st.source == "itimer");
+  CHECK(r.st.source == selfprof::source_kind::itimer);
   CHECK(r.st.refused.size() >= 2);
   CHECK(r.st.samples > 0);
 }
@@ -243,7 +245,7 @@ TEST_CASE("EMFILE while arming perf events: the remaining threads get CPU timers
   selfprof::detail::sys().perf_event_open = perf_open_then_emfile;
   run_result r = run_with(selfprof::source_kind::perf, 99, 400000000LL, 4);
   REQUIRE(r.started);
-  CHECK(r.st.source == "perf");
+  CHECK(r.st.source == selfprof::source_kind::perf);
   CHECK(r.st.threads_fallback >= 2);
   CHECK(r.st.samples_by_thread.size() >= 4);
 }

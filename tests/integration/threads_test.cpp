@@ -101,7 +101,8 @@ TEST_CASE("500 short threads at 1 kHz: no crash, no leaked descriptors or timers
   selfprof::stats during = selfprof::get_stats();
   REQUIRE(selfprof::stop());
   selfprof::stats st = selfprof::get_stats();
-  MESSAGE("source " << st.source << ", threads seen " << during.threads_seen << ", samples " << st.samples);
+  MESSAGE("source " << selfprof::source_name(st.source) << ", threads seen " << during.threads_seen
+                    << ", samples " << st.samples);
   CHECK(st.samples > 0);
   CHECK(during.threads_seen >= 2);
   CHECK(wl::count_dir("/proc/self/fd") == fds_before);

@@ -198,7 +198,7 @@ TEST_CASE("wall mode at 99 Hz and at 997 Hz: no blocking call fails with EINTR")
     int feed[2];
     REQUIRE(::pipe(feed) == 0);
     selfprof::options o;
-    o.mode = "wall";
+    o.mode = selfprof::profile_mode::wall;
     o.hz = hz;
     o.dump_signal = 0;
     REQUIRE(selfprof::start(o));
@@ -219,6 +219,6 @@ TEST_CASE("wall mode at 99 Hz and at 997 Hz: no blocking call fails with EINTR")
     CHECK(s.wall.copies > 0);  // blocked threads were sampled
     // The signals were really there: the burst threads ran on the CPU under a perf_event (unless the
     // suite runs with perf_event_open failing, where wall mode sends no signal at all).
-    if (!wl::perf_disabled_by_environment() && s.source == "perf") CHECK(s.records > 20);
+    if (!wl::perf_disabled_by_environment() && s.source == selfprof::source_kind::perf) CHECK(s.records > 20);
   }
 }

@@ -34,7 +34,7 @@ namespace {
 
 selfprof::options wall_options(double hz = 99) {
   selfprof::options o;
-  o.mode = "wall";
+  o.mode = selfprof::profile_mode::wall;
   o.hz = hz;
   o.dump_signal = 0;
   return o;
@@ -88,14 +88,14 @@ TEST_CASE("wall: the request waits on the lock and on the pipe, 2:1, and nothing
   REQUIRE(selfprof::stop());
   CHECK(served > 10);
   selfprof::stats st = selfprof::get_stats();
-  CHECK(st.mode == "wall");
-  if (!wl::perf_disabled_by_environment()) CHECK(st.source == "perf");
+  CHECK(st.mode == selfprof::profile_mode::wall);
+  if (!wl::perf_disabled_by_environment()) CHECK(st.source == selfprof::source_kind::perf);
 
   selfprof::profile wall = selfprof::snapshot();
-  CHECK(wall.info.mode == "wall");
+  CHECK(wall.info.mode == selfprof::profile_mode::wall);
   CHECK(wall.info.unit == "us");
   selfprof::profile off = selfprof::snapshot_offcpu();
-  CHECK(off.info.mode == "offcpu");
+  CHECK(off.info.mode == selfprof::profile_mode::offcpu);
 
   std::uint64_t lock_us = 0, read_us = 0, other_us = 0, request_on_us = 0;
   std::uint64_t worker_on_us = 0;
@@ -198,6 +198,7 @@ TEST_CASE("wall: an idle thread pool shows as idle threads, each under its own r
     CHECK(static_cast<double>(b.second) <= 1.01 * duration_us);
   }
   std::remove("wall_pool.folded");
+  std::remove("wall_pool-offcpu.folded");
 }
 
 TEST_CASE("wall: SVGs draw off-CPU time in the io palette, counts in microseconds") {
@@ -206,10 +207,12 @@ TEST_CASE("wall: SVGs draw off-CPU time in the io palette, counts in microsecond
   wall_scenario::requests r;
   r.run(1);
   REQUIRE(selfprof::stop());
-  REQUIRE(selfprof::dump("wall_out.svg,wall_out.folded"));
-  REQUIRE(selfprof::dump_offcpu("wall_out-offcpu.svg"));
+  REQUIRE(selfprof::dump("wall_out.svg,wall_out.folded"));  // also writes the -offcpu companions
+  REQUIRE(selfprof::dump_offcpu("wall_api-offcpu.svg"));
   const std::string svg = read_file("wall_out.svg");
   const std::string off = read_file("wall_out-offcpu.svg");
+  CHECK(off == read_file("wall_api-offcpu.svg"));  // the companion is what dump_offcpu() writes
+  CHECK_FALSE(read_file("wall_out-offcpu.folded").empty());
   CHECK(svg.find("Wall-clock profile of") != std::string::npos);
   CHECK(off.find("Off-CPU time of") != std::string::npos);
   CHECK(svg.find(" us") != std::string::npos);
@@ -234,7 +237,9 @@ TEST_CASE("wall: SVGs draw off-CPU time in the io palette, counts in microsecond
   std::istringstream lines(folded);
   for (std::string line; std::getline(lines, line);) total += std::stoull(line.substr(line.rfind(' ') + 1));
   CHECK(total > 2 * 1000 * 1000);  // main, request, worker, timer: ~1 s each
-  for (const char* f : {"wall_out.svg", "wall_out.folded", "wall_out-offcpu.svg"}) std::remove(f);
+  for (const char* f : {"wall_out.svg", "wall_out.folded", "wall_out-offcpu.svg", "wall_out-offcpu.folded",
+                        "wall_api-offcpu.svg"})
+    std::remove(f);
 }
 
 TEST_CASE("wall: CPU timers and the itimer are refused (they can interrupt a blocking call)") {
@@ -259,7 +264,7 @@ TEST_CASE("wall: without perf_event no signal is sent; CPU time is counted as [r
   while (wall_scenario::now_ms() - t0 < 800) wl::spin_units(20000);
   REQUIRE(selfprof::stop());
   selfprof::stats s = selfprof::get_stats();
-  CHECK(s.source == "wall");
+  CHECK(s.source == selfprof::source_kind::none);
   CHECK(s.records == 0);  // the handler never ran
   selfprof::profile p = selfprof::snapshot();
   std::uint64_t running = 0;

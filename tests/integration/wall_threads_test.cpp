@@ -48,7 +48,7 @@ struct measured {
 measured profile_idle(int n, double seconds) {
   idle_pool pool(n);
   selfprof::options o;
-  o.mode = "wall";
+  o.mode = selfprof::profile_mode::wall;
   o.dump_signal = 0;
   REQUIRE(selfprof::start(o));
   struct timespec d {

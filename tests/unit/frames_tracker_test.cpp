@@ -4,28 +4,29 @@
 
 #include <thread>
 
-#include <selfprof/collect/frame_tracker.hpp>
+#include <selfprof/dump/dump.hpp>
 #include <selfprof/frames.hpp>
+#include <selfprof/game/tracker.hpp>
 #include <selfprof/profile.hpp>
 
 namespace {
 
-using selfprof::detail::claim_frame_slot;
+using selfprof::detail::claim_game_frame_slot;
 using selfprof::detail::duration_histogram;
-using selfprof::detail::frame_sequence;
-using selfprof::detail::frame_slot;
-using selfprof::detail::frame_slot_free;
-using selfprof::detail::frame_tag_for;
-using selfprof::detail::frame_tag_seq;
-using selfprof::detail::frame_tag_slot;
-using selfprof::detail::frame_tracker;
-using selfprof::detail::g_frame_slots;
+using selfprof::detail::g_game_frames;
+using selfprof::detail::game_frame_free;
+using selfprof::detail::game_frame_sequence;
+using selfprof::detail::game_frame_slot;
+using selfprof::detail::game_frame_tag_for;
+using selfprof::detail::game_frame_tag_seq;
+using selfprof::detail::game_frame_tag_slot;
+using selfprof::detail::game_frame_tracker;
 using selfprof::detail::held_sample;
 using selfprof::detail::insert_before_extension;
-using selfprof::detail::kClosedFrameRing;
-using selfprof::detail::kept_frame;
-using selfprof::detail::kFrameSlots;
-using selfprof::detail::kFrameTagSlotShift;
+using selfprof::detail::kClosedGameFrameRing;
+using selfprof::detail::kept_game_frame;
+using selfprof::detail::kGameFrameSlots;
+using selfprof::detail::kGameFrameTagShift;
 using selfprof::detail::raw_gettid;
 using selfprof::detail::sample_header;
 
@@ -35,7 +36,7 @@ sample_header header_for(std::uint32_t tid, std::uint64_t time_ns) {
   h.depth = 2;
   h.weight = 1;
   h.time_ns = time_ns;
-  h.tag = frame_tag_for(tid);
+  h.tag = game_frame_tag_for(tid);
   return h;
 }
 
@@ -51,21 +52,21 @@ void on_thread(F body) {
 TEST_CASE("frames: a thread's tag is 0 before its first mark, then names slot and frame") {
   on_thread([] {
     const std::uint32_t tid = raw_gettid();
-    CHECK(frame_tag_for(tid) == 0);
+    CHECK(game_frame_tag_for(tid) == 0);
     selfprof::frame_mark("tags");
-    std::uint64_t t1 = frame_tag_for(tid);
+    std::uint64_t t1 = game_frame_tag_for(tid);
     REQUIRE(t1 != 0);
-    CHECK(frame_tag_seq(t1) == 1);
+    CHECK(game_frame_tag_seq(t1) == 1);
     selfprof::frame_mark("tags");
-    std::uint64_t t2 = frame_tag_for(tid);
-    CHECK(frame_tag_seq(t2) == 2);
-    CHECK(frame_tag_slot(t2) == frame_tag_slot(t1));
-    CHECK(frame_tag_for(tid + 1000000) == 0);  // an unmarked thread
+    std::uint64_t t2 = game_frame_tag_for(tid);
+    CHECK(game_frame_tag_seq(t2) == 2);
+    CHECK(game_frame_tag_slot(t2) == game_frame_tag_slot(t1));
+    CHECK(game_frame_tag_for(tid + 1000000) == 0);  // an unmarked thread
   });
 }
 
 TEST_CASE("frames: a thread that exits gives its slot back after the tracker read it") {
-  frame_tracker tr;
+  game_frame_tracker tr;
   tr.configure(10, 0);
   std::uint32_t tid = 0;
   on_thread([&] {
@@ -73,7 +74,7 @@ TEST_CASE("frames: a thread that exits gives its slot back after the tracker rea
     selfprof::frame_mark("exiting");
     selfprof::frame_mark("exiting");
   });
-  CHECK(frame_tag_for(tid) == 0);  // retired: samples are no longer tagged
+  CHECK(game_frame_tag_for(tid) == 0);  // retired: samples are no longer tagged
   tr.collect_closed();
   tr.process_closed();
   auto stats = tr.stats();
@@ -81,32 +82,32 @@ TEST_CASE("frames: a thread that exits gives its slot back after the tracker rea
   for (auto& s : stats)
     if (s.name == "exiting" && s.tid == tid) found = s.count == 1;
   CHECK(found);
-  for (std::size_t i = 0; i < kFrameSlots; ++i)
+  for (std::size_t i = 0; i < kGameFrameSlots; ++i)
     CHECK_FALSE(
-        (g_frame_slots.slots[i].tid.load() == tid && g_frame_slots.slots[i].state.load() != frame_slot_free));
+        (g_game_frames.slots[i].tid.load() == tid && g_game_frames.slots[i].state.load() != game_frame_free));
 }
 
 TEST_CASE("frames: samples of a slow frame go to the slow table, those of a fast frame do not") {
   on_thread([] {
     const std::uint32_t tid = raw_gettid();
-    frame_tracker tr;
+    game_frame_tracker tr;
     tr.configure(5.0, 0);  // 5 ms budget
     std::uint64_t pcs_fast[2] = {0x1000, 0x2000}, pcs_slow[2] = {0x3000, 0x4000};
-    frame_slot* slot = claim_frame_slot(tid, "unit");
+    game_frame_slot* slot = claim_game_frame_slot(tid, "unit");
     REQUIRE(slot != nullptr);
     const std::uint64_t ms = 1000000;
-    close_frame(*slot, 100 * ms);  // starts frame 1
-    tr.collect_closed();           // the tracker sees the slot
+    close_game_frame(*slot, 100 * ms);  // starts frame 1
+    tr.collect_closed();                // the tracker sees the slot
     tr.process_closed();
     // Frame 1: 2 ms, fast. Frame 2: 9 ms, slow.
     sample_header h = header_for(tid, 101 * ms);
     CHECK(tr.add_sample(h, pcs_fast, 2, 0));
-    close_frame(*slot, 102 * ms);
+    close_game_frame(*slot, 102 * ms);
     h = header_for(tid, 103 * ms);
     tr.add_sample(h, pcs_slow, 2, 0);
     h = header_for(tid, 104 * ms);
     tr.add_sample(h, pcs_slow, 2, 0);
-    close_frame(*slot, 111 * ms);
+    close_game_frame(*slot, 111 * ms);
     tr.collect_closed();
     tr.process_closed();
     CHECK(tr.slow_table().total() == 2);
@@ -127,7 +128,7 @@ TEST_CASE("frames: samples of a slow frame go to the slow table, those of a fast
     sample_header late{};
     late.tid = tid;
     late.weight = 1;
-    late.tag = (std::uint64_t(frame_tag_slot(frame_tag_for(tid)) + 1) << kFrameTagSlotShift) | 2;
+    late.tag = (std::uint64_t(game_frame_tag_slot(game_frame_tag_for(tid)) + 1) << kGameFrameTagShift) | 2;
     tr.add_sample(late, pcs_slow, 2, 0);
     CHECK(tr.late_samples() == 1);
     CHECK(tr.slow_table().total() == 3);
@@ -135,7 +136,7 @@ TEST_CASE("frames: samples of a slow frame go to the slow table, those of a fast
     sample_header none{};
     none.tid = tid + 1000000;
     CHECK_FALSE(tr.add_sample(none, pcs_fast, 2, 0));
-    retire_frame_slot(*slot);
+    retire_game_frame_slot(*slot);
     tr.collect_closed();
     tr.process_closed();
   });
@@ -144,16 +145,16 @@ TEST_CASE("frames: samples of a slow frame go to the slow table, those of a fast
 TEST_CASE("frames: losses before the tracker saw the slot are not the profile's") {
   on_thread([] {
     const std::uint32_t tid = raw_gettid();
-    frame_slot* slot = claim_frame_slot(tid, "before");
+    game_frame_slot* slot = claim_game_frame_slot(tid, "before");
     REQUIRE(slot != nullptr);
-    for (std::uint64_t i = 1; i <= kClosedFrameRing + 6; ++i) close_frame(*slot, i * 1000);
-    frame_tracker tr;
+    for (std::uint64_t i = 1; i <= kClosedGameFrameRing + 6; ++i) close_game_frame(*slot, i * 1000);
+    game_frame_tracker tr;
     tr.configure(1, 0);
     tr.collect_closed();
     tr.process_closed();
     for (auto& s : tr.stats())
       if (s.tid == tid) CHECK(s.lost == 0);
-    retire_frame_slot(*slot);
+    retire_game_frame_slot(*slot);
     tr.collect_closed();
     tr.process_closed();
   });
@@ -162,20 +163,20 @@ TEST_CASE("frames: losses before the tracker saw the slot are not the profile's"
 TEST_CASE("frames: frames that began before the profile started are not counted") {
   on_thread([] {
     const std::uint32_t tid = raw_gettid();
-    frame_slot* slot = claim_frame_slot(tid, "early");
+    game_frame_slot* slot = claim_game_frame_slot(tid, "early");
     REQUIRE(slot != nullptr);
-    close_frame(*slot, 1000);
-    close_frame(*slot, 5000);  // frame 1: [1000, 5000), before the start
-    frame_tracker tr;
+    close_game_frame(*slot, 1000);
+    close_game_frame(*slot, 5000);  // frame 1: [1000, 5000), before the start
+    game_frame_tracker tr;
     tr.configure(1, 4000);
-    close_frame(*slot, 9000);  // frame 2: [5000, 9000)
+    close_game_frame(*slot, 9000);  // frame 2: [5000, 9000)
     tr.collect_closed();
     tr.process_closed();
     std::uint64_t count = 0;
     for (auto& s : tr.stats())
       if (s.tid == tid) count = s.count;
     CHECK(count == 1);
-    retire_frame_slot(*slot);
+    retire_game_frame_slot(*slot);
     tr.collect_closed();
     tr.process_closed();
   });
@@ -184,21 +185,21 @@ TEST_CASE("frames: frames that began before the profile started are not counted"
 TEST_CASE("frames: the closed-frame ring counts what it has no room for") {
   on_thread([] {
     const std::uint32_t tid = raw_gettid();
-    frame_slot* slot = claim_frame_slot(tid, "burst");
+    game_frame_slot* slot = claim_game_frame_slot(tid, "burst");
     REQUIRE(slot != nullptr);
-    frame_tracker tr;
+    game_frame_tracker tr;
     tr.configure(1, 0);
     tr.collect_closed();  // the tracker knows the slot before the burst
     tr.process_closed();
-    for (std::uint64_t i = 1; i <= kClosedFrameRing + 11; ++i) close_frame(*slot, i * 1000);
+    for (std::uint64_t i = 1; i <= kClosedGameFrameRing + 11; ++i) close_game_frame(*slot, i * 1000);
     tr.collect_closed();
     tr.process_closed();
     for (auto& s : tr.stats())
       if (s.tid == tid) {
-        CHECK(s.count == kClosedFrameRing);
-        CHECK(s.lost == 10);  // the first mark opened frame 1: kClosedFrameRing + 10 closed
+        CHECK(s.count == kClosedGameFrameRing);
+        CHECK(s.lost == 10);  // the first mark opened frame 1: kClosedGameFrameRing + 10 closed
       }
-    retire_frame_slot(*slot);
+    retire_game_frame_slot(*slot);
     tr.collect_closed();
     tr.process_closed();
   });
@@ -218,7 +219,7 @@ TEST_CASE("frames: duration histogram quantiles are within 1% and max is exact")
 }
 
 TEST_CASE("frames: a frame sequence keeps time order and rebuilds it from symbolized stacks") {
-  kept_frame k;
+  kept_game_frame k;
   auto sample = [](std::uint64_t pc, std::uint32_t w) {
     held_sample s;
     s.pcs = {pc, 0x9000};
@@ -226,7 +227,7 @@ TEST_CASE("frames: a frame sequence keeps time order and rebuilds it from symbol
     return s;
   };
   k.samples = {sample(0xA, 1), sample(0xB, 2), sample(0xA, 1)};
-  frame_sequence seq = make_frame_sequence(k);
+  game_frame_sequence seq = make_game_frame_sequence(k);
   CHECK(seq.table.unique() == 2);
   REQUIRE(seq.order.size() == 3);
   CHECK(seq.order[0].first == 0);
@@ -236,7 +237,7 @@ TEST_CASE("frames: a frame sequence keeps time order and rebuilds it from symbol
   p.stacks.resize(2);
   p.stacks[0].frames = {7};
   p.stacks[1].frames = {8};
-  reorder_frame_profile(p, seq);
+  reorder_game_frame_profile(p, seq);
   REQUIRE(p.stacks.size() == 3);
   CHECK(p.stacks[0].frames[0] == 7);
   CHECK(p.stacks[1].frames[0] == 8);
@@ -248,7 +249,7 @@ TEST_CASE("frames: a frame sequence keeps time order and rebuilds it from symbol
 TEST_CASE("frames: output paths get a tag before the extension") {
   CHECK(insert_before_extension("cpu.svg", "-slow") == "cpu-slow.svg");
   CHECK(insert_before_extension("out/cpu.pb.gz", "-slow") == "out/cpu-slow.pb.gz");
-  CHECK(insert_before_extension("a.folded,b.txt", "-slow") == "a-slow.folded,b-slow.txt");
+  CHECK(selfprof::detail::companion_paths("a.folded,b.txt", "-slow") == "a-slow.folded,b-slow.txt");
   CHECK(insert_before_extension("dir.d/noext", "-frame1") == "dir.d/noext-frame1");
   CHECK(insert_before_extension("p-%p.svg", "-frame2") == "p-%p-frame2.svg");
 }

@@ -239,7 +239,7 @@ bool configure_global_once() {
 }
 }  // namespace
 
-TEST_CASE("jit api: hooks translate_pc/name_tagged name real code registered without profiling") {
+TEST_CASE("jit api: hooks jit_translate_pc/jit_name_tagged name real code registered without profiling") {
   REQUIRE(configure_global_once());
   static const unsigned char code_a[64] = {0xc3};
   static const unsigned char code_b[64] = {0xc3};
@@ -256,21 +256,21 @@ TEST_CASE("jit api: hooks translate_pc/name_tagged name real code registered wit
   CHECK_FALSE(selfprof::jit::configure(selfprof::jit::options()));  // too late now
 
   std::uint64_t pc = pc_of(code_a, 5);
-  REQUIRE(selfprof::jit::detail::translate_pc(pc, t1));
+  REQUIRE(selfprof::detail::jit_translate_pc(pc, t1));
   selfprof::frame f;
-  REQUIRE(selfprof::jit::detail::name_tagged(pc, f));
+  REQUIRE(selfprof::detail::jit_name_tagged(pc, f));
   CHECK(f.name == "jit_api_a");
   CHECK(f.address == pc_of(code_a, 5));
   pc = pc_of(code_a, 5);
-  REQUIRE(selfprof::jit::detail::translate_pc(pc, t2));
-  REQUIRE(selfprof::jit::detail::name_tagged(pc - 1, f));  // as looked up for a return address
+  REQUIRE(selfprof::detail::jit_translate_pc(pc, t2));
+  REQUIRE(selfprof::detail::jit_name_tagged(pc - 1, f));  // as looked up for a return address
   CHECK(f.name == "jit_api_a2");
   CHECK(f.address == pc_of(code_a, 4));
   pc = pc_of(code_a, 5);
-  CHECK_FALSE(selfprof::jit::detail::translate_pc(pc, t0 - 1));  // before any registration there
+  CHECK_FALSE(selfprof::detail::jit_translate_pc(pc, t0 - 1));  // before any registration there
   std::uint64_t native = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&count_lines));
-  CHECK_FALSE(selfprof::jit::detail::translate_pc(native, t2));
-  CHECK_FALSE(selfprof::jit::detail::name_tagged(native, f));
+  CHECK_FALSE(selfprof::detail::jit_translate_pc(native, t2));
+  CHECK_FALSE(selfprof::detail::jit_name_tagged(native, f));
   REQUIRE(selfprof::jit::flush());
   std::string text = jit_test::read_file(selfprof::jit::perf_map_path());
   CHECK(text.find(" 40 jit_api_a\n") != std::string::npos);

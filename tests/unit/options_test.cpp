@@ -56,10 +56,14 @@ TEST_CASE("out of range numbers are refused") {
   CHECK(o.hz == 99);
 }
 
-TEST_CASE("output path templates expand %p %t %n and %%") {
-  std::string s = selfprof::detail::expand_path_template("cpu-%p-%n-%%.folded", 7);
+TEST_CASE("output path templates expand %p %t %n %f and %%") {
+  selfprof::detail::path_fields f = selfprof::detail::fields_now(7);
+  std::string s = selfprof::detail::expand_path_template("cpu-%p-%n-%%.folded", f);
   CHECK(s == "cpu-" + std::to_string(getpid()) + "-7-%.folded");
-  CHECK(selfprof::detail::expand_path_template("a%t", 1).size() > 5);
+  CHECK(selfprof::detail::expand_path_template("a%t", f) == "a" + std::to_string(f.unix_time));
+  CHECK(selfprof::detail::expand_path_template("w%f.svg", f) == "w%f.svg");  // no rank in this dump
+  f.rank = "2";
+  CHECK(selfprof::detail::expand_path_template("w%f-%%f.svg", f) == "w2-%f.svg");
   auto parts = selfprof::detail::split_paths("a.svg,b.folded,,c.txt");
   REQUIRE(parts.size() == 3);
   CHECK(parts[2] == "c.txt");

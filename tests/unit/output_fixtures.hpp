@@ -127,7 +127,7 @@ inline selfprof::profile basic_profile() {
   add_stack(p, {run, hot1}, 6, 101, true);                    // unwinder hit the depth limit
   add_stack(p, {start, main_, unk}, 0, 100);                  // zero: never written
   add_stack(p, {start, main_, run, run, run, hot1}, 3, 100);  // recursion
-  p.info.mode = "cpu";
+  p.info.mode = selfprof::profile_mode::cpu;
   p.info.unit = "samples";
   p.info.source = "timer";
   p.info.hz = 99;

@@ -288,7 +288,7 @@ TEST_CASE("pprof: the same profile gives the same bytes; gzip and raw agree") {
 
 TEST_CASE("pprof: wall and time-unit profiles, bad indices, empty profile") {
   auto p = basic_profile();
-  p.info.mode = "wall";
+  p.info.mode = selfprof::profile_mode::wall;
   p.info.period_ns = 0;
   p.info.hz = 20;
   decoded top = decode(selfprof::detail::encode_pprof(p));
@@ -296,7 +296,7 @@ TEST_CASE("pprof: wall and time-unit profiles, bad indices, empty profile") {
   CHECK(top.ints.find(12)->second == 50000000u);  // 1e9 / 20 Hz
 
   selfprof::profile q;
-  q.info.mode = "offcpu";
+  q.info.mode = selfprof::profile_mode::offcpu;
   q.info.unit = "us";
   add_frame(q, "read", "", 0);
   add_stack(q, {0, 42}, 3);  // index 42 does not exist

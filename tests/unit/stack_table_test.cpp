@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include <selfprof/collect/stack_table.hpp>
+#include <selfprof/detail/stack_table.hpp>
 
 using selfprof::detail::stack_table;
 

@@ -21,6 +21,9 @@
 #include <new>
 #include <string>
 
+// The preload holds its own copy of the implementation, hidden (-fvisibility=hidden), even where the build
+// is in compiled mode: a program that embeds selfprof keeps its own.
+#define SELFPROF_IMPLEMENTATION
 #include <selfprof.hpp>
 
 namespace {
@@ -109,6 +112,7 @@ extern "C" __attribute__((visibility("default"))) int pthread_create(pthread_t* 
                                                                      void* (*start)(void*), void* arg) {
   create_fn real = real_pthread_create();
   if (!real) return EAGAIN;
+  if (selfprof::detail::worker::is_entry(start)) return real(thread, attr, start, arg);  // selfprof's own
   auto* a = new (std::nothrow) start_args{start, arg};
   if (!a) return real(thread, attr, start, arg);
   const int rc = real(thread, attr, &armed_start, a);

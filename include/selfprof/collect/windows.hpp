@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <deque>
 
-#include "selfprof/collect/stack_table.hpp"
+#include "selfprof/detail/stack_table.hpp"
 
 namespace selfprof {
 namespace detail {

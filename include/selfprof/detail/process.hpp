@@ -1,23 +1,27 @@
-// Two facts about this process that several background threads read: the clock samples are stamped
-// with, and how many times the dynamic loader has added or removed a library.
+// Facts about this process that several parts read: the dynamic loader's generation, the threads in
+// /proc/self/task (names, blocked signals, scheduler statistics), the main thread's stack end and the
+// CPUs the process may use.
 // Context: any thread except the signal handler (dl_iterate_phdr takes the loader's lock).
 #pragma once
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <link.h>
+#include <sched.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "selfprof/signal/clock.hpp"
 
 namespace selfprof {
 namespace detail {
-
-// CLOCK_MONOTONIC in ns: the clock the signal handler stamps samples with.
-inline std::uint64_t monotonic_ns() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
 
 // Libraries loaded plus unloaded so far (dl_iterate_phdr's counters): changes on dlopen/dlclose.
 inline std::uint64_t loader_generation() {
@@ -30,6 +34,90 @@ inline std::uint64_t loader_generation() {
       },
       &gen);
   return gen;
+}
+
+// The whole of a small file (at most `limit` bytes), or "" when it cannot be read.
+inline std::string read_small_file(const std::string& path, std::size_t limit = std::size_t(1) << 20) {
+  std::string out;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+    if (out.size() >= limit) break;
+  }
+  ::close(fd);
+  return out;
+}
+
+// The threads of this process now (/proc/self/task).
+inline std::vector<pid_t> list_threads() {
+  std::vector<pid_t> tids;
+  DIR* dir = ::opendir("/proc/self/task");
+  if (dir == nullptr) return tids;
+  while (struct dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    tids.push_back(static_cast<pid_t>(std::strtol(e->d_name, nullptr, 10)));
+  }
+  ::closedir(dir);
+  return tids;
+}
+
+inline std::string thread_name(pid_t tid) {
+  std::string s = read_small_file("/proc/self/task/" + std::to_string(tid) + "/comm");
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\0')) s.pop_back();
+  return s;
+}
+
+// True when the thread currently blocks `sig` (SigBlk in /proc/self/task/<tid>/status).
+inline bool thread_blocks_signal(pid_t tid, int sig) {
+  std::string s = read_small_file("/proc/self/task/" + std::to_string(tid) + "/status");
+  std::size_t at = s.find("SigBlk:");
+  if (at == std::string::npos || sig <= 0 || sig > 64) return false;
+  unsigned long long mask = std::strtoull(s.c_str() + at + 7, nullptr, 16);
+  return (mask >> (sig - 1)) & 1ull;
+}
+
+// A thread's time on the CPU and time spent waiting for one (/proc/self/task/<tid>/schedstat), in ns.
+inline bool read_schedstat(pid_t tid, std::uint64_t& run_ns, std::uint64_t& delay_ns) {
+  std::string text = read_small_file("/proc/self/task/" + std::to_string(tid) + "/schedstat");
+  unsigned long long r = 0, d = 0;
+  if (std::sscanf(text.c_str(), "%llu %llu", &r, &d) != 2) return false;
+  run_ns = r;
+  delay_ns = d;
+  return true;
+}
+
+// The CPU clock of one thread by tid: the kernel's CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD encoding
+// (what pthread_getcpuclockid returns, without needing the pthread_t; see clock_getcpuclockid(3)).
+inline clockid_t thread_cpu_clock(pid_t tid) {
+  return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
+}
+
+// CPUs the process may run on (its affinity mask), at least 1.
+inline int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+// Upper end of the main thread's stack ([stack] in /proc/self/maps, read whole: the line can come after
+// many thousands of mappings), or 0.
+inline std::uintptr_t main_stack_end() {
+  std::string maps = read_small_file("/proc/self/maps", ~std::size_t(0));
+  std::size_t at = maps.find("[stack]");
+  if (at == std::string::npos) return 0;
+  std::size_t line = maps.rfind('\n', at);
+  line = line == std::string::npos ? 0 : line + 1;
+  const char* p = maps.c_str() + line;
+  char* end = nullptr;
+  std::strtoull(p, &end, 16);
+  if (end == nullptr || *end != '-') return 0;
+  return static_cast<std::uintptr_t>(std::strtoull(end + 1, nullptr, 16));
 }
 
 }  // namespace detail

@@ -1,5 +1,8 @@
-// The one thin seam every system call of selfprof (outside the signal handler) goes through, so tests
-// can inject failures such as EACCES, ENOSYS or EMFILE. Functions follow libc: -1 and errno on failure.
+// The seam for the system calls tests inject failures into (EACCES, ENOSYS, EMFILE, ...): opening and
+// closing tick sources (perf_event_open, timer_*, setitimer, fcntl), taking signals (sigaction), creating
+// output files (open, openat, close) and resource limits. Other calls (ioctl on a perf fd, reads of
+// /proc, eventfd, poll) go to libc directly; their failures are handled where they happen.
+// Functions follow libc: -1 and errno on failure.
 // Context: any thread except the signal handler (the handler makes its few raw syscalls directly).
 #pragma once
 

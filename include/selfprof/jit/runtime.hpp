@@ -10,8 +10,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -19,15 +17,15 @@
 #include <new>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
-#include "selfprof/detail/process.hpp"
+#include "selfprof/detail/worker.hpp"
 #include "selfprof/jit/jitdump_writer.hpp"
 #include "selfprof/jit/name.hpp"
 #include "selfprof/jit/options.hpp"
 #include "selfprof/jit/perf_map_writer.hpp"
 #include "selfprof/jit/registry.hpp"
+#include "selfprof/signal/clock.hpp"
 #include "selfprof/status.hpp"
 
 namespace selfprof {
@@ -48,15 +46,7 @@ class jit_runtime {
   jit_runtime(const jit_runtime&) = delete;
   jit_runtime& operator=(const jit_runtime&) = delete;
   ~jit_runtime() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (flusher_ != nullptr) {
-      flusher_->join();
-      delete flusher_;
-    }
+    flusher_.stop();
     flush();
   }
 
@@ -79,8 +69,8 @@ class jit_runtime {
       std::size_t after = pending_map_.size() + pending_dump_.size();
       if (after == 0) return true;
       if (before == 0) oldest_pending_ns_ = now;
-      if (opts_.background_flush && flusher_ == nullptr && !no_flusher_) start_flusher_locked();
-      if (flusher_ != nullptr) {
+      if (opts_.background_flush && !flusher_.running() && !no_flusher_) start_flusher_locked();
+      if (flusher_.running()) {
         notify = before == 0 || (before < opts_.flush_bytes && after >= opts_.flush_bytes);
         write_now = after >= jit_pending_hard_limit;  // the thread is behind: push back on the JIT
       } else {
@@ -88,7 +78,7 @@ class jit_runtime {
             after >= opts_.flush_bytes || now - oldest_pending_ns_ >= opts_.flush_delay_ms * 1000000ull;
       }
     }
-    if (notify) cv_.notify_one();
+    if (notify) flusher_.wake();
     if (write_now) flush();
     return true;
   }
@@ -128,6 +118,7 @@ class jit_runtime {
   }
 
   jit_registry& registry() { return registry_; }
+  pid_t flusher_tid() const { return flusher_.tid(); }
   std::string perf_map_path() {
     std::lock_guard<std::mutex> w(write_mu_);
     return map_.path();
@@ -149,9 +140,8 @@ class jit_runtime {
   }
   void atfork_child() {
     registry_.reset_lookup_after_fork();
-    flusher_ = nullptr;  // that thread does not exist here; its std::thread is leaked on purpose
-    no_flusher_ = true;  // no thread behind the child's back: thresholds, flush() and exit write
-    stop_ = false;
+    flusher_.abandon_after_fork();  // that thread does not exist here
+    no_flusher_ = true;             // no thread behind the child's back: thresholds, flush() and exit write
     pending_map_.clear();
     pending_dump_.clear();
     write_map_.clear();
@@ -182,27 +172,27 @@ class jit_runtime {
   }
 
   void start_flusher_locked() {
-    try {
-      flusher_ = new std::thread([this] { flusher_loop(); });
-    } catch (...) {  // no thread (EAGAIN, a sandbox): thresholds, flush() and exit still write
-      flusher_ = nullptr;
-      no_flusher_ = true;
-    }
+    // No thread (EAGAIN, a sandbox): thresholds, flush() and exit still write.
+    if (!flusher_.start("selfprof-jit", &jit_runtime::flusher_main, this)) no_flusher_ = true;
   }
 
+  static void flusher_main(void* self) { static_cast<jit_runtime*>(self)->flusher_loop(); }
+
+  // Woken by add() when bytes are pending; lets a burst of registrations gather into one write (until
+  // flush_bytes are pending or flush_delay_ms passed), then writes.
   void flusher_loop() {
-    pthread_setname_np(pthread_self(), "selfprof-jit");
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !pending_map_.empty() || !pending_dump_.empty(); });
-      if (stop_) return;
-      // Let a burst of registrations gather into one write.
-      cv_.wait_for(lock, std::chrono::milliseconds(opts_.flush_delay_ms),
-                   [&] { return stop_ || pending_map_.size() + pending_dump_.size() >= opts_.flush_bytes; });
-      if (stop_) return;
-      lock.unlock();
+    while (flusher_.wait(-1)) {
+      const std::uint64_t deadline = monotonic_ns() + opts_.flush_delay_ms * 1000000ull;
+      for (;;) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (pending_map_.size() + pending_dump_.size() >= opts_.flush_bytes) break;
+        }
+        const std::uint64_t now = monotonic_ns();
+        if (now >= deadline) break;
+        if (!flusher_.wait(static_cast<int>((deadline - now) / 1000000ull) + 1)) return;
+      }
       flush();
-      lock.lock();
     }
   }
 
@@ -216,16 +206,14 @@ class jit_runtime {
   status map_error_, dump_error_;
 
   std::mutex mu_;  // registry writers, pending bytes, flags
-  std::condition_variable cv_;
   jit_registry registry_;
   std::string scratch_;
   std::string pending_map_, pending_dump_;
   std::uint64_t oldest_pending_ns_ = 0;
   bool map_on_, dump_on_;
   bool reemit_after_fork_ = false;
-  bool stop_ = false;
   bool no_flusher_ = false;
-  std::thread* flusher_ = nullptr;
+  worker flusher_;  // "selfprof-jit"
 };
 
 // The process-wide runtime, or null before the first registration (lookups then return at once).
@@ -266,6 +254,27 @@ inline jit_runtime& jit_global() {
                  [] { jit_runtime_slot().load()->atfork_parent(); },
                  [] { jit_runtime_slot().load()->atfork_child(); });
   return *rt;
+}
+
+// The collector's hook: rewrites the pc of a sample taken at time_ns (CLOCK_MONOTONIC) to a tagged value
+// naming the JIT region in place then (and returns true). False at once when no JIT code was registered.
+inline bool jit_translate_pc(std::uint64_t& pc, std::uint64_t time_ns) {
+  jit_runtime* rt = jit_runtime_slot().load(std::memory_order_acquire);
+  return rt != nullptr && rt->registry().translate(pc, time_ns);
+}
+
+// The JIT flusher thread ("selfprof-jit"), 0 when none runs: one of selfprof's own threads.
+inline pid_t jit_flusher_tid() {
+  jit_runtime* rt = jit_runtime_slot().load(std::memory_order_acquire);
+  return rt != nullptr ? rt->flusher_tid() : 0;
+}
+
+// The symbolizer's hook: names a value made by jit_translate_pc (or that value minus one, as looked up for
+// return addresses): kind jit, module "[jit]", the name registered, address the original pc.
+inline bool jit_name_tagged(std::uint64_t tagged, frame& out) {
+  if (!is_jit_tagged(tagged)) return false;
+  jit_runtime* rt = jit_runtime_slot().load(std::memory_order_acquire);
+  return rt != nullptr && rt->registry().name(tagged, out);
 }
 
 }  // namespace detail

@@ -54,7 +54,7 @@ inline profile offcpu_view(const profile& wall) {
   p.frames = wall.frames;
   p.threads = wall.threads;
   p.info = wall.info;
-  p.info.mode = "offcpu";
+  p.info.mode = profile_mode::offcpu;
   std::uint64_t total = 0, truncated = 0;
   for (const stack& s : wall.stacks) {
     if (!s.offcpu) continue;

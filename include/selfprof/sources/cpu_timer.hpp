@@ -42,7 +42,10 @@ class cpu_timer_source final : public tick_source {
   status arm(pid_t tid) override {
     if (timers_.count(tid)) return status::ok();
     timer_t id{};
-    if (create(tid, &id) != 0) return status::error(std::string("timer_create: ") + std::strerror(errno));
+    if (create(tid, &id) != 0) {
+      const int e = errno;
+      return status::error(std::string("timer_create: ") + std::strerror(e), e);
+    }
     struct itimerspec spec {};
     std::int64_t ns = period_ns_for(config_.hz);
     spec.it_interval.tv_sec = static_cast<time_t>(ns / 1000000000);
@@ -51,14 +54,14 @@ class cpu_timer_source final : public tick_source {
     if (sys().timer_settime(id, 0, &spec, nullptr) != 0) {
       int e = errno;
       sys().timer_delete(id);
-      return status::error(std::string("timer_settime: ") + std::strerror(e));
+      return status::error(std::string("timer_settime: ") + std::strerror(e), e);
     }
     timers_.emplace(tid, id);
     return status::ok();
   }
 
-  // [frames] A new period for one thread's timer (the kernel still delivers at most one tick per jiffy;
-  // the overrun count weights the sample).
+  // A new period for one thread's timer (SELFPROF_FRAME_HZ; the kernel still delivers at most one tick
+  // per jiffy, the overrun count weights the sample).
   status set_thread_rate(pid_t tid, double hz) override {
     auto it = timers_.find(tid);
     if (it == timers_.end()) return status::error("timer: thread " + std::to_string(tid) + " is not armed");
@@ -71,7 +74,6 @@ class cpu_timer_source final : public tick_source {
       return status::error(std::string("timer_settime: ") + std::strerror(errno));
     return status::ok();
   }
-  // [/frames]
 
   void disarm(pid_t tid) override {
     auto it = timers_.find(tid);

@@ -44,8 +44,6 @@ class perf_event_source final : public tick_source {
     s += user_only_ ? " (user only: time in the kernel is not sampled)" : " (user+kernel)";
     return s;
   }
-  int last_errno() const { return last_errno_; }
-
   status open(const source_config& config) override {
     config_ = config;
     if (kernel_has_refresh_hang())
@@ -68,44 +66,43 @@ class perf_event_source final : public tick_source {
         if (hw == 0 && (user == 0 || user_clock)) first_errno = errno;  // the software event says most
       }
     }
-    last_errno_ = first_errno;
     std::string why = std::string("perf_event_open(task-clock) failed: ") + std::strerror(first_errno);
     if (first_errno == EACCES || first_errno == EPERM)
       why += config.allow_user_only || user_clock
                  ? " (kernel.perf_event_paranoid or seccomp forbids it)"
                  : " (an event including kernel time needs root or kernel.perf_event_paranoid <= 1)";
-    return status::error(why);
+    return status::error(why, first_errno);
   }
 
   status arm(pid_t tid) override {
     if (fds_.count(tid)) return status::ok();
     int fd = open_event(tid);
     if (fd < 0) {
-      last_errno_ = errno;
-      return status::error(std::string("perf_event_open: ") + std::strerror(errno));
+      const int e = errno;
+      return status::error(std::string("perf_event_open: ") + std::strerror(e), e);
     }
     struct f_owner_ex owner {};
     owner.type = F_OWNER_TID;
     owner.pid = tid;
     if (fd >= handler_globals::kPerfFdBits || sys().fcntl_int(fd, F_SETFL, O_ASYNC) != 0 ||
         sys().fcntl_int(fd, F_SETSIG, config_.signal_number) != 0 || ::fcntl(fd, F_SETOWN_EX, &owner) != 0) {
-      last_errno_ = fd >= handler_globals::kPerfFdBits ? EMFILE : errno;
+      const int e = fd >= handler_globals::kPerfFdBits ? EMFILE : errno;
       sys().close(fd);
-      return status::error(std::string("perf_event fd setup: ") + std::strerror(last_errno_));
+      return status::error(std::string("perf_event fd setup: ") + std::strerror(e), e);
     }
     set_bit(fd, true);
     // Overflow disables the event (event_limit 1) until the handler refreshes it: no re-entrant ticks.
     if (::ioctl(fd, PERF_EVENT_IOC_REFRESH, 1) != 0) {
-      last_errno_ = errno;
+      const int e = errno;
       set_bit(fd, false);
       sys().close(fd);
-      return status::error(std::string("PERF_EVENT_IOC_REFRESH: ") + std::strerror(last_errno_));
+      return status::error(std::string("PERF_EVENT_IOC_REFRESH: ") + std::strerror(e), e);
     }
     fds_.emplace(tid, fd);
     return status::ok();
   }
 
-  // [frames] A new period (task-clock ns) or frequency (cycles) for one thread's event.
+  // A new period (task-clock ns) or frequency (cycles) for one thread's event (SELFPROF_FRAME_HZ).
   status set_thread_rate(pid_t tid, double hz) override {
     auto it = fds_.find(tid);
     if (it == fds_.end()) return status::error("perf: thread " + std::to_string(tid) + " is not armed");
@@ -115,7 +112,6 @@ class perf_event_source final : public tick_source {
       return status::error(std::string("PERF_EVENT_IOC_PERIOD: ") + std::strerror(errno));
     return status::ok();
   }
-  // [/frames]
 
   void disarm(pid_t tid) override {
     auto it = fds_.find(tid);
@@ -184,7 +180,6 @@ class perf_event_source final : public tick_source {
 
   source_config config_;
   bool hardware_ = false, user_only_ = false;
-  int last_errno_ = 0;
   std::unordered_map<pid_t, int> fds_;
 };
 

@@ -8,25 +8,11 @@
 #include <cstdint>
 #include <string>
 
+#include "selfprof/detail/process.hpp"
+#include "selfprof/options.hpp"
 #include "selfprof/status.hpp"
 
 namespace selfprof {
-
-enum class source_kind { automatic, perf, timer, itimer };
-
-inline const char* source_name(source_kind k) {
-  switch (k) {
-    case source_kind::automatic:
-      return "auto";
-    case source_kind::perf:
-      return "perf";
-    case source_kind::timer:
-      return "timer";
-    case source_kind::itimer:
-      return "itimer";
-  }
-  return "?";
-}
 
 namespace detail {
 
@@ -47,7 +33,8 @@ class tick_source {
   virtual std::string describe() const = 0;
   // Process-wide setup; checks that the mechanism works (opens one probe for the calling thread).
   virtual status open(const source_config& config) = 0;
-  // Per-thread sources arm one thread by tid, from any thread of the process.
+  // Per-thread sources arm one thread by tid, from any thread of the process. A failure carries the errno
+  // (status::code): EMFILE, ENFILE or ENOMEM mean "out of resources", which a fallback source may cover.
   virtual bool per_thread() const = 0;
   virtual status arm(pid_t tid) = 0;
   virtual void disarm(pid_t tid) = 0;
@@ -60,13 +47,12 @@ class tick_source {
   // Sampling rate really delivered per CPU-second (may be lower than requested: timer above the tick).
   virtual double effective_hz() const = 0;
   virtual bool counts_kernel_time() const = 0;
-  // [frames] Samples one armed thread at `hz` instead (SELFPROF_FRAME_HZ on threads that mark frames).
+  // Samples one armed thread at `hz` instead (SELFPROF_FRAME_HZ on threads that mark game frames).
   virtual status set_thread_rate(pid_t tid, double hz) {
     (void)tid;
     (void)hz;
     return status::error(std::string(source_name(kind())) + ": no per-thread rate");
   }
-  // [/frames]
 };
 
 // Kernel tick rate (CONFIG_HZ), read from the resolution of the coarse clock, which advances by one tick.
@@ -75,12 +61,6 @@ inline double kernel_tick_hz() {
   if (clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0 && (res.tv_sec > 0 || res.tv_nsec > 0))
     return 1e9 / (static_cast<double>(res.tv_sec) * 1e9 + static_cast<double>(res.tv_nsec));
   return 250;  // the most common CONFIG_HZ
-}
-
-// The CPU clock of one thread by tid: the kernel's CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD encoding
-// (what pthread_getcpuclockid returns, without needing the pthread_t; see clock_getcpuclockid(3)).
-inline clockid_t thread_cpu_clock(pid_t tid) {
-  return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
 }
 
 inline std::int64_t period_ns_for(double hz) {

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "selfprof/jit.hpp"
+#include "selfprof/jit/runtime.hpp"
 #include "selfprof/profile.hpp"
 #include "selfprof/symbols/dwarf_lines.hpp"
 #include "selfprof/symbols/modules.hpp"
@@ -55,7 +55,7 @@ class symbolizer {
   void resolve(std::uint64_t address, std::vector<frame>& out) {
     {
       frame jit;  // code registered with selfprof::jit, named by what was there when the sample was taken
-      if (jit::detail::name_tagged(address, jit)) {
+      if (detail::jit_name_tagged(address, jit)) {
         out.push_back(std::move(jit));
         return;
       }

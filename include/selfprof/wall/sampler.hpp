@@ -32,44 +32,27 @@
 #pragma once
 
 #include <fcntl.h>
-#include <poll.h>
-#include <pthread.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <functional>
+#include <mutex>
 #include <new>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "selfprof/detail/process.hpp"
+#include "selfprof/detail/worker.hpp"
 #include "selfprof/signal/raw_syscall.hpp"
 #include "selfprof/signal/ring.hpp"
-#include "selfprof/signal/unwind_dwarf.hpp"
+#include "selfprof/signal/unwind.hpp"
+#include "selfprof/stats.hpp"
 #include "selfprof/status.hpp"
-#include "selfprof/wall/copy_unwind.hpp"
+#include "selfprof/unwind/copied_stack.hpp"
 #include "selfprof/wall/task_state.hpp"
 
 namespace selfprof {
-
-// What the wall sampler did (stats::wall).
-struct wall_stats {
-  std::uint64_t ticks = 0;       // sampler wake-ups
-  std::uint64_t looks = 0;       // thread looks (at most kWallThreadsPerTick per tick)
-  std::uint64_t unchanged = 0;   // looks that found the CPU clock unmoved and reused the stack
-  std::uint64_t proc_reads = 0;  // /proc/self/task/<tid>/syscall reads
-  std::uint64_t copies = 0;      // blocked stacks copied and unwound
-  std::uint64_t raced = 0;       // copies dropped because the thread ran while they were taken
-  std::uint64_t scanned = 0;     // unwinds that had to find a frame record by scanning
-  std::uint64_t deferred = 0;    // thread looks left to a later tick by the per-tick bound
-  std::uint64_t dropped = 0;     // records lost: the ring was full
-  std::uint64_t offcpu_us = 0;   // off-CPU time recorded
-  std::uint64_t cpu_ns = 0;      // CPU time of the sampler thread itself
-};
 
 namespace detail {
 
@@ -89,10 +72,7 @@ struct wall_config {
   bool oncpu_signals = true;  // on-CPU time comes as signal samples (else counted here as [running])
   sample_ring* ring = nullptr;
   std::size_t threads_per_tick = kWallThreadsPerTick;
-  // The threads to sample (not selfprof's own): fills `out` and returns true when the set changed since
-  // `generation` (which it updates), else returns false; so an unchanged set costs nothing per tick.
-  std::function<bool(std::uint64_t& generation, std::vector<pid_t>& out)> list_threads;
-  std::function<void()> wake_collector;  // the ring is half full
+  const std::atomic<int>* wake_fd = nullptr;  // written when the ring is half full (the collector's eventfd)
 };
 
 class wall_sampler {
@@ -108,54 +88,56 @@ class wall_sampler {
     if (cfg_.threads_per_tick == 0) cfg_.threads_per_tick = 1;
     task_dir_ = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (task_dir_ < 0) return status::error("selfprof: wall mode needs /proc/self/task: " + errno_text());
-    stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (stop_fd_ < 0) {
-      ::close(task_dir_);
-      task_dir_ = -1;
-      return status::error("selfprof: eventfd: " + errno_text());
-    }
     code_.refresh();
     states_.clear();
     cached_fds_ = 0;
     order_.clear();
-    list_generation_ = ~std::uint64_t(0);
+    {
+      std::lock_guard<std::mutex> lock(list_mu_);
+      listed_.clear();
+      list_changed_ = true;
+    }
     cursor_ = 0;
     pcs_.assign(cfg_.ring ? cfg_.ring->max_depth() : 128, 0);
     copy_.assign(kWallStackCopy, 0);
     reset_counters();
-    tid_.store(0);
-    thread_ = std::thread([this] { loop(); });
-    while (tid_.load() == 0) std::this_thread::yield();  // known before the next thread scan: not sampled
-    return status::ok();
+    status st = worker_.start("selfprof-wall", &wall_sampler::main, this);  // its tid is known from here on
+    if (!st) {
+      ::close(task_dir_);
+      task_dir_ = -1;
+    }
+    return st;
   }
 
   void stop() {
-    if (!thread_.joinable()) return;
-    std::uint64_t one = 1;
-    ssize_t n = ::write(stop_fd_, &one, sizeof one);
-    (void)n;
-    thread_.join();
-    ::close(stop_fd_);
+    if (!worker_.running()) return;
+    worker_.stop();
     ::close(task_dir_);
-    stop_fd_ = task_dir_ = -1;
+    task_dir_ = -1;
     for (auto& st : states_) close_fd(st.second);
     states_.clear();
   }
 
+  // The threads to sample (not selfprof's own), given whenever the set changes.
+  void set_threads(const std::vector<pid_t>& tids) {
+    std::lock_guard<std::mutex> lock(list_mu_);
+    listed_ = tids;
+    list_changed_ = true;
+  }
+
   // In a forked child: the thread does not exist there; forget it without joining.
   void abandon_after_fork() {
-    if (thread_.joinable()) {
-      new (&thread_) std::thread();  // the old object names a thread of the parent: leaked on purpose
-      if (stop_fd_ >= 0) ::close(stop_fd_);
+    if (worker_.running()) {
       if (task_dir_ >= 0) ::close(task_dir_);
-      stop_fd_ = task_dir_ = -1;
+      task_dir_ = -1;
       for (auto& st : states_) close_fd(st.second);  // this process's copies of the fds
       states_.clear();
     }
-    tid_.store(0);
+    worker_.abandon_after_fork();
+    new (&list_mu_) std::mutex();
   }
 
-  pid_t tid() const { return tid_.load(); }
+  pid_t tid() const { return worker_.tid(); }
 
   wall_stats counters() const {
     wall_stats c;
@@ -180,7 +162,6 @@ class wall_sampler {
     std::uint64_t carry_ns = 0;  // off-CPU time below one microsecond, kept for the next record
     bool blocked = false;        // blocked at the last look; stack/flags say where
     std::uint16_t flags = 0;
-    std::uint32_t aux = 0;
     std::vector<std::uint64_t> stack;
     bool listed = true;
     int fd = -1;  // its /proc/self/task/<tid>/syscall, kept open
@@ -197,23 +178,16 @@ class wall_sampler {
     c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);  // one writer
   }
 
+  static void main(void* self) { static_cast<wall_sampler*>(self)->loop(); }
+
   void loop() {
-    pthread_setname_np(pthread_self(), "selfprof-wall");
-    tid_.store(static_cast<pid_t>(raw_gettid()));
     const std::uint64_t period = static_cast<std::uint64_t>(1e9 / (cfg_.hz > 0 ? cfg_.hz : 99));
     std::uint64_t next = monotonic_ns() + period;
     std::uint64_t generation = loader_generation();
     for (;;) {
       std::uint64_t now = monotonic_ns();
       if (now < next) {
-        struct timespec wait {
-          static_cast<time_t>((next - now) / 1000000000ull), static_cast<long>((next - now) % 1000000000ull)
-        };
-        struct pollfd p {};
-        p.fd = stop_fd_;
-        p.events = POLLIN;
-        int r = ::ppoll(&p, 1, &wait, nullptr);
-        if (r > 0) break;  // stop
+        if (!worker_.wait_ns(static_cast<std::int64_t>(next - now))) break;  // stop
         continue;
       }
       next += period;
@@ -234,10 +208,13 @@ class wall_sampler {
   }
 
   void refresh_order() {
-    fresh_.clear();
-    if (!cfg_.list_threads || !cfg_.list_threads(list_generation_, fresh_)) return;
-    order_.swap(fresh_);
-    pid_t self = tid_.load();
+    {
+      std::lock_guard<std::mutex> lock(list_mu_);
+      if (!list_changed_) return;
+      list_changed_ = false;
+      order_ = listed_;
+    }
+    pid_t self = worker_.tid();
     order_.erase(std::remove(order_.begin(), order_.end(), self), order_.end());
     std::sort(order_.begin(), order_.end());
     for (auto& s : states_) s.second.listed = false;
@@ -291,7 +268,6 @@ class wall_sampler {
     const bool was_blocked = st.blocked;
     if (was_blocked) {
       before.flags = st.flags;
-      before.aux = st.aux;
       before.stack.swap(st.stack);
     }
     st.blocked = false;
@@ -355,14 +331,13 @@ class wall_sampler {
     mem.base = ts.sp;
     mem.data = copy_.data();
     mem.size = got;
-    copy_unwind_result u = unwind_stack_copy(g_unwind_tables.load(std::memory_order_acquire), ts.pc, mem,
-                                             code_, pcs_.data(), pcs_.size());
+    unwind_result u = unwind_stack_copy(g_unwind_tables.load(std::memory_order_acquire), ts.pc, mem, code_,
+                                        pcs_.data(), pcs_.size());
     if (u.scanned) bump(n_scanned_);
     st.stack.assign(pcs_.begin(), pcs_.begin() + static_cast<std::ptrdiff_t>(u.depth));
     std::uint32_t call = ts.kind == task_syscall::in_syscall && ts.nr >= 0 && ts.nr < 0xFFE
                              ? static_cast<std::uint32_t>(ts.nr + 1)
                              : 0;
-    st.aux = call;
     st.flags = static_cast<std::uint16_t>(sample_offcpu | (u.truncated ? sample_truncated : 0) |
                                           (call << kSampleCallShift));
     return true;
@@ -376,19 +351,18 @@ class wall_sampler {
     st.carry_ns -= us * 1000;
     if (us > 0xFFFFFFFFu) us = 0xFFFFFFFFu;
     bump(n_offcpu_us_, us);
-    push(tid, where.stack.data(), where.stack.size(), where.flags, static_cast<std::uint32_t>(us), where.aux,
-         now);
+    push(tid, where.stack.data(), where.stack.size(), where.flags, static_cast<std::uint32_t>(us), now);
   }
 
   void emit_running(pid_t tid, std::uint64_t ran_ns, std::uint64_t now) {
     std::uint64_t us = ran_ns / 1000;
     if (us == 0) return;
     if (us > 0xFFFFFFFFu) us = 0xFFFFFFFFu;
-    push(tid, nullptr, 0, sample_running, static_cast<std::uint32_t>(us), 0, now);
+    push(tid, nullptr, 0, sample_running, static_cast<std::uint32_t>(us), now);
   }
 
   void push(pid_t tid, const std::uint64_t* pcs, std::size_t depth, std::uint16_t flags, std::uint32_t weight,
-            std::uint32_t aux, std::uint64_t now) {
+            std::uint64_t now) {
     sample_ring* ring = cfg_.ring;
     if (ring == nullptr) return;
     std::uint64_t pos = 0;
@@ -404,23 +378,27 @@ class wall_sampler {
     h.depth = static_cast<std::uint16_t>(depth);
     h.flags = flags;
     h.weight = weight;
-    h.aux = aux;
     h.time_ns = now;
     h.tag = 0;
     sample_ring::publish(slot, pos);
     const std::uint64_t half = ring->capacity() / 2;
-    if (half != 0 && pos % half == half - 1 && cfg_.wake_collector) cfg_.wake_collector();
+    const int fd = cfg_.wake_fd ? cfg_.wake_fd->load(std::memory_order_acquire) : -1;
+    if (half != 0 && pos % half == half - 1 && fd >= 0) {
+      const std::uint64_t one = 1;
+      raw_syscall3(SYS_write, fd, reinterpret_cast<long>(&one), sizeof one);
+    }
   }
 
   wall_config cfg_;
-  std::thread thread_;
-  std::atomic<pid_t> tid_{0};
-  int task_dir_ = -1, stop_fd_ = -1;
+  worker worker_;  // "selfprof-wall"
+  int task_dir_ = -1;
   std::size_t cached_fds_ = 0;
   code_ranges code_;
   std::unordered_map<pid_t, thread_state> states_;
-  std::vector<pid_t> order_, fresh_;
-  std::uint64_t list_generation_ = 0;
+  std::vector<pid_t> order_;
+  std::mutex list_mu_;  // listed_, list_changed_
+  std::vector<pid_t> listed_;
+  bool list_changed_ = false;
   std::size_t cursor_ = 0;
   std::vector<std::uint64_t> pcs_;
   std::vector<unsigned char> copy_;

@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "selfprof/sources/source.hpp"
+#include "selfprof/detail/process.hpp"
 
 namespace selfprof {
 namespace detail {

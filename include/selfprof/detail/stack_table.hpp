@@ -1,6 +1,6 @@
 // The stack table: raw stacks (addresses, thread, flags) folded into counts. Memory grows with unique
 // stacks, not with samples.
-// Context: collector thread (and dump callers holding the collector's table lock).
+// Context: any thread except the signal handler (the collector folds into it under the sample store's lock).
 #pragma once
 
 #include <cstddef>

@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "selfprof/collect/stack_table.hpp"
+#include "selfprof/detail/stack_table.hpp"
 #include "selfprof/profile.hpp"
-#include "selfprof/signal/frame_tags.hpp"
+#include "selfprof/signal/game_frames.hpp"
 #include "selfprof/signal/ring.hpp"
 
 namespace selfprof {
@@ -26,7 +26,7 @@ namespace detail {
 // the oldest open frame of the thread that adds loses its samples (counted in held_dropped).
 constexpr std::size_t kMaxHeldPcs = std::size_t(1) << 21;
 // Worst frames kept with their samples in time order, for the per-frame drill-down.
-constexpr std::size_t kWorstFramesKept = 16;
+constexpr std::size_t kWorstGameFramesKept = 16;
 // Frame verdicts remembered per thread for samples that reach the collector after their frame closed.
 constexpr std::size_t kRecentVerdicts = 64;
 
@@ -78,7 +78,7 @@ struct held_sample {
 };
 
 // One closed frame kept whole for the drill-down; samples in the order they were taken.
-struct kept_frame {
+struct kept_game_frame {
   std::string loop;
   std::uint32_t tid = 0;
   std::uint64_t seq = 0, start_ns = 0, end_ns = 0;
@@ -86,7 +86,7 @@ struct kept_frame {
   double duration_ms() const { return static_cast<double>(end_ns - start_ns) / 1e6; }
 };
 
-class frame_tracker {
+class game_frame_tracker {
  public:
   // budget_ms: a frame longer than this is slow. Call before the first sample of a profile.
   void configure(double budget_ms, std::uint64_t start_ns) {
@@ -106,22 +106,22 @@ class frame_tracker {
   // Step 1 of a drain: take the frames closed so far (before draining the sample ring, so every sample
   // of these frames that the handler published before the mark is in the ring by then).
   void collect_closed() {
-    std::uint32_t n = g_frame_slots.high_water.load(std::memory_order_acquire);
-    for (std::uint32_t i = 0; i < n && i < kFrameSlots; ++i) {
-      frame_slot& s = g_frame_slots.slots[i];
+    std::uint32_t n = g_game_frames.high_water.load(std::memory_order_acquire);
+    for (std::uint32_t i = 0; i < n && i < kGameFrameSlots; ++i) {
+      game_frame_slot& s = g_game_frames.slots[i];
       std::uint32_t st = s.state.load(std::memory_order_acquire);
-      if (st != frame_slot_live && st != frame_slot_retired) continue;
+      if (st != game_frame_live && st != game_frame_retired) continue;
       loop_state& ls = loop_for(i, s);
       std::uint64_t head = s.head.load(std::memory_order_acquire);
       for (std::uint64_t t = s.tail.load(std::memory_order_relaxed); t != head; ++t)
-        pending_.push_back(closing{i, s.ring[t % kClosedFrameRing]});
+        pending_.push_back(closing{i, s.ring[t % kClosedGameFrameRing]});
       s.tail.store(head, std::memory_order_release);
       std::uint64_t lost = s.lost.load(std::memory_order_relaxed);
       if (lost > ls.lost_seen) {
         stats_for(ls).lost += lost - ls.lost_seen;
         ls.lost_seen = lost;
       }
-      if (st == frame_slot_retired) ls.retire_after_processing = true;
+      if (st == game_frame_retired) ls.retire_after_processing = true;
     }
   }
 
@@ -129,10 +129,11 @@ class frame_tracker {
   // the sample is not on a marked thread.
   bool add_sample(const sample_header& h, const std::uint64_t* pcs, std::size_t depth, std::uint16_t flags) {
     if (h.tag == 0) return false;
-    std::size_t slot = frame_tag_slot(h.tag);
-    if (slot >= kFrameSlots || !loops_.count(slot)) return true;  // the collector has not seen the slot yet
+    std::size_t slot = game_frame_tag_slot(h.tag);
+    if (slot >= kGameFrameSlots || !loops_.count(slot))
+      return true;  // the collector has not seen the slot yet
     loop_state& ls = loops_[slot];
-    std::uint64_t seq = frame_tag_seq(h.tag);
+    std::uint64_t seq = game_frame_tag_seq(h.tag);
     held_sample hs;
     hs.time_ns = h.time_ns;
     hs.tid = h.tid;
@@ -197,9 +198,9 @@ class frame_tracker {
       }
       for (auto& o : it->second.open)
         for (auto& x : o.second) held_pcs_ -= x.pcs.size();
-      frame_slot& s = g_frame_slots.slots[it->first];
-      std::uint32_t expected = frame_slot_retired;
-      s.state.compare_exchange_strong(expected, frame_slot_free, std::memory_order_acq_rel);
+      game_frame_slot& s = g_game_frames.slots[it->first];
+      std::uint32_t expected = game_frame_retired;
+      s.state.compare_exchange_strong(expected, game_frame_free, std::memory_order_acq_rel);
       it = loops_.erase(it);
     }
   }
@@ -237,7 +238,7 @@ class frame_tracker {
   }
 
   // The worst frames kept so far, longest first.
-  const std::vector<kept_frame>& worst() const { return worst_; }
+  const std::vector<kept_game_frame>& worst() const { return worst_; }
 
  private:
   struct loop_state {
@@ -254,10 +255,10 @@ class frame_tracker {
   };
   struct closing {
     std::size_t slot;
-    closed_frame frame;
+    closed_game_frame frame;
   };
 
-  loop_state& loop_for(std::size_t i, frame_slot& s) {
+  loop_state& loop_for(std::size_t i, game_frame_slot& s) {
     std::uint32_t gen = s.generation.load(std::memory_order_relaxed);
     auto it = loops_.find(i);
     if (it != loops_.end() && it->second.generation == gen) return it->second;
@@ -276,10 +277,10 @@ class frame_tracker {
 
   frame_loop_acc& stats_for(const loop_state& ls) { return stats_[{ls.name, ls.tid}]; }
 
-  void keep_if_worst(const loop_state& ls, const closed_frame& f, std::vector<held_sample> samples) {
+  void keep_if_worst(const loop_state& ls, const closed_game_frame& f, std::vector<held_sample> samples) {
     const std::uint64_t dur = f.end_ns - f.start_ns;
-    if (worst_.size() >= kWorstFramesKept && dur <= worst_.back().end_ns - worst_.back().start_ns) return;
-    kept_frame k;
+    if (worst_.size() >= kWorstGameFramesKept && dur <= worst_.back().end_ns - worst_.back().start_ns) return;
+    kept_game_frame k;
     k.loop = ls.name;
     k.tid = ls.tid;
     k.seq = f.seq;
@@ -287,9 +288,9 @@ class frame_tracker {
     k.end_ns = f.end_ns;
     k.samples = std::move(samples);
     auto pos = std::find_if(worst_.begin(), worst_.end(),
-                            [&](const kept_frame& w) { return w.end_ns - w.start_ns < dur; });
+                            [&](const kept_game_frame& w) { return w.end_ns - w.start_ns < dur; });
     worst_.insert(pos, std::move(k));
-    if (worst_.size() > kWorstFramesKept) worst_.pop_back();
+    if (worst_.size() > kWorstGameFramesKept) worst_.pop_back();
   }
 
   double budget_ms_ = 16.7;
@@ -298,21 +299,21 @@ class frame_tracker {
   std::map<std::pair<std::string, std::uint32_t>, frame_loop_acc> stats_;  // by (loop, tid)
   std::vector<closing> pending_;
   stack_table slow_;
-  std::vector<kept_frame> worst_;
+  std::vector<kept_game_frame> worst_;
   std::size_t held_pcs_ = 0;
   std::uint64_t held_dropped_ = 0, late_ = 0;
 };
 
 // A profile of one kept frame: `table` holds its distinct stacks and `order` lists, sample by sample in
-// time order, the table entry and weight. reorder_frame_profile() turns the symbolized stacks into that
+// time order, the table entry and weight. reorder_game_frame_profile() turns the symbolized stacks into that
 // sequence, so a flame chart (svg_options::flamechart) shows the frame left to right in time.
-struct frame_sequence {
+struct game_frame_sequence {
   stack_table table;
   std::vector<std::pair<std::uint32_t, std::uint64_t>> order;
 };
 
-inline frame_sequence make_frame_sequence(const kept_frame& k) {
-  frame_sequence out;
+inline game_frame_sequence make_game_frame_sequence(const kept_game_frame& k) {
+  game_frame_sequence out;
   std::map<std::pair<std::uint32_t, std::vector<std::uint64_t>>, std::uint32_t> index;
   for (const held_sample& s : k.samples) {
     auto key = std::make_pair(static_cast<std::uint32_t>(s.flags), s.pcs);
@@ -330,8 +331,9 @@ inline frame_sequence make_frame_sequence(const kept_frame& k) {
   return out;
 }
 
-// `p` built from frame_sequence::table (one stack per entry, in entry order): stacks become the sequence.
-inline void reorder_frame_profile(profile& p, const frame_sequence& seq) {
+// `p` built from game_frame_sequence::table (one stack per entry, in entry order): stacks become the
+// sequence.
+inline void reorder_game_frame_profile(profile& p, const game_frame_sequence& seq) {
   std::vector<stack> ordered;
   ordered.reserve(seq.order.size());
   std::uint64_t total = 0;
@@ -344,35 +346,6 @@ inline void reorder_frame_profile(profile& p, const frame_sequence& seq) {
   }
   p.stacks = std::move(ordered);
   p.info.samples = total;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-
-namespace selfprof {
-namespace detail {
-
-// `path` with `tag` inserted before its extension (".pb.gz" counts as one): "cpu.svg" -> "cpu-slow.svg".
-// Applied to each path of a comma-separated list.
-inline std::string insert_before_extension(const std::string& paths, const std::string& tag) {
-  std::string out;
-  std::size_t start = 0;
-  while (start <= paths.size()) {
-    std::size_t comma = paths.find(',', start);
-    std::string p = paths.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    std::size_t slash = p.find_last_of('/');
-    std::size_t base = slash == std::string::npos ? 0 : slash + 1;
-    std::size_t dot = p.size();
-    if (p.size() > base + 6 && p.compare(p.size() - 6, 6, ".pb.gz") == 0)
-      dot = p.size() - 6;
-    else if (p.find('.', base + 1) != std::string::npos)
-      dot = p.find_last_of('.');
-    if (!out.empty() || start > 0) out += ',';
-    out += p.substr(0, dot) + tag + p.substr(dot);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
 }
 
 }  // namespace detail

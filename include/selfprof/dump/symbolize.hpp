@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "selfprof/collect/stack_table.hpp"
+#include "selfprof/collect/snapshot.hpp"
 #include "selfprof/output/markers.hpp"
 #include "selfprof/profile.hpp"
 #include "selfprof/signal/ring.hpp"
@@ -19,12 +19,6 @@
 
 namespace selfprof {
 namespace detail {
-
-struct raw_snapshot {
-  stack_table table;
-  std::unordered_map<std::uint32_t, std::string> thread_names;
-  profile_info info;
-};
 
 // The leaf marker of an off-CPU stack: the system call it waits in, "[blocked]" when it waits outside
 // one (a page fault, a stop), "[off-cpu]" when the sampler did not see where (no stack).

@@ -1,0 +1,173 @@
+// Dumps the program does not ask for itself: on the dump signal (SIGUSR2 by default) and every
+// SELFPROF_INTERVAL seconds, written by the dumper thread ("selfprof-dump") through the one dump path
+// (dump/dump.hpp), so the collector keeps draining while a dump is symbolized and written. Requests that
+// arrive while a dump is being written are answered together by the next one.
+// Context: setup only (start/stop); the dumper thread; flush() from any thread.
+#pragma once
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "selfprof/core/snapshots.hpp"
+#include "selfprof/detail/sys.hpp"
+#include "selfprof/detail/worker.hpp"
+#include "selfprof/dump/dump.hpp"
+#include "selfprof/options.hpp"
+#include "selfprof/signal/dump_request.hpp"
+
+namespace selfprof {
+namespace detail {
+
+class auto_dumps {
+ public:
+  explicit auto_dumps(snapshot_maker& snapshots) : snapshots_(snapshots) {}
+
+  // Starts the dumper thread and takes the dump signal when no one else handles it (else a note says so).
+  status start(const options& o, session_info& session) {
+    opts_ = o;
+    settings_.paths = o.out.empty() ? kDefaultDumpTemplate : o.out;
+    settings_.sink.allow_shared_dir = o.allow_shared_dir;
+    settings_.thread_roots = o.thread_roots;
+    settings_.frame_budget_ms = o.frame_budget_ms;
+    written_.store(0);
+    failed_.store(0);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      handled_ = g_dump_requests.requests.load();
+      done_ = handled_;
+      busy_ = false;
+    }
+    status st = worker_.start("selfprof-dump", &auto_dumps::main, this);
+    if (!st) return st;
+    g_dump_requests.wake_fd.store(worker_.wake_fd(), std::memory_order_release);
+    if (o.dump_signal > 0) {
+      struct sigaction cur {};
+      sys().sigaction(o.dump_signal, nullptr, &cur);
+      const bool free =
+          !(cur.sa_flags & SA_SIGINFO) && (cur.sa_handler == SIG_DFL || cur.sa_handler == SIG_IGN);
+      if (!free) {
+        std::string n = "signal " + std::to_string(o.dump_signal) +
+                        " already has a handler installed by the application: dumps on that signal are off "
+                        "(set SELFPROF_SIGNAL to another one)";
+        session.note(n);
+        std::fprintf(stderr, "selfprof: %s\n", n.c_str());
+      } else {
+        struct sigaction act {};
+        act.sa_sigaction = &dump_signal_handler;
+        act.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigemptyset(&act.sa_mask);
+        if (sys().sigaction(o.dump_signal, &act, &previous_) == 0) signal_ = o.dump_signal;
+      }
+    }
+    return status::ok();
+  }
+
+  // Gives the dump signal back, answers what was requested, stops the thread.
+  void stop() {
+    if (signal_ != 0) {
+      sys().sigaction(signal_, &previous_, nullptr);
+      signal_ = 0;
+    }
+    g_dump_requests.wake_fd.store(-1, std::memory_order_release);
+    worker_.stop();
+  }
+
+  // Waits until every dump requested so far is written (tests, exit); at most `limit`.
+  void flush(std::chrono::milliseconds limit = std::chrono::milliseconds(30000)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const std::uint64_t want = g_dump_requests.requests.load();
+    worker_.wake();
+    done_cv_.wait_for(lock, limit, [&] { return !worker_.running() || (done_ >= want && !busy_); });
+  }
+
+  void abandon_after_fork() {
+    g_dump_requests.wake_fd.store(-1, std::memory_order_release);
+    worker_.abandon_after_fork();
+    new (&mu_) std::mutex();
+    new (&done_cv_) std::condition_variable();
+    if (signal_ != 0) sys().sigaction(signal_, &previous_, nullptr);
+    signal_ = 0;
+  }
+
+  int signal_number() const { return signal_; }
+  pid_t tid() const { return worker_.tid(); }
+  unsigned long written() const { return written_.load(); }
+  unsigned long failed() const { return failed_.load(); }
+  const dump_settings& settings() const { return settings_; }
+
+ private:
+  static void main(void* self) { static_cast<auto_dumps*>(self)->loop(); }
+
+  std::chrono::steady_clock::duration interval() const {
+    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(opts_.interval_s));
+  }
+
+  void loop() {
+    auto next = std::chrono::steady_clock::now() + interval();
+    for (;;) {
+      int timeout = -1;
+      if (opts_.interval_s > 0) {
+        const auto left = next - std::chrono::steady_clock::now();
+        timeout =
+            left <= std::chrono::steady_clock::duration::zero()
+                ? 0
+                : static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(left).count()) + 1;
+      }
+      if (!worker_.wait(timeout)) return;
+      const auto now = std::chrono::steady_clock::now();
+      const bool due = opts_.interval_s > 0 && now >= next;
+      if (due) next = now + interval();
+      const std::uint64_t requests = g_dump_requests.requests.load(std::memory_order_acquire);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (requests == handled_ && !due) continue;
+        handled_ = requests;
+        busy_ = true;
+      }
+      write();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_ = requests;
+        busy_ = false;
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  void write() {
+    std::uint64_t window_seq = 0;
+    const bool windowed = opts_.window_s > 0;
+    dump_contents c = snapshots_.contents(windowed, &window_seq);
+    status st = write_dump(c, settings_);
+    if (st) {
+      ++written_;
+      if (windowed) snapshots_.window_written(window_seq);
+    } else {
+      ++failed_;  // the cumulative profile is intact, and an unwritten window stays for the next dump
+      std::fprintf(stderr, "%s\n", st.message().c_str());
+    }
+  }
+
+  snapshot_maker& snapshots_;
+  options opts_;
+  dump_settings settings_;
+  worker worker_;
+  int signal_ = 0;
+  struct sigaction previous_ {};
+  std::mutex mu_;
+  std::condition_variable done_cv_;
+  std::uint64_t handled_ = 0, done_ = 0;
+  bool busy_ = false;
+  std::atomic<unsigned long> written_{0}, failed_{0};
+};
+
+}  // namespace detail
+}  // namespace selfprof

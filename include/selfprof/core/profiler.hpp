@@ -1,0 +1,411 @@
+// The profiler: one per process. Owns the parts of the pipeline (the sample ring, the thread registry and
+// its tick sources, the sample store, the collector, the automatic dumps, the wall sampler), starts them
+// in order and stops them in reverse, and answers the public API (profiler.hpp).
+// Context: setup only (start/stop, under the control lock), any thread for snapshots, dumps and stats.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "selfprof/collect/collector.hpp"
+#include "selfprof/collect/handler_counters.hpp"
+#include "selfprof/collect/sample_store.hpp"
+#include "selfprof/collect/session_info.hpp"
+#include "selfprof/collect/thread_registry.hpp"
+#include "selfprof/core/auto_dumps.hpp"
+#include "selfprof/core/snapshots.hpp"
+#include "selfprof/detail/process.hpp"
+#include "selfprof/dump/dump.hpp"
+#include "selfprof/options.hpp"
+#include "selfprof/signal/handler.hpp"
+#include "selfprof/sources/select.hpp"
+#include "selfprof/sources/signal_setup.hpp"
+#include "selfprof/stats.hpp"
+#include "selfprof/unwind/tables.hpp"
+#include "selfprof/wall/sampler.hpp"
+
+namespace selfprof {
+namespace detail {
+
+// The sample ring holds about this long of samples from 16 busy threads (at least 512 slots): the
+// collector wakes early when it is half full, and otherwise every kCollectorBusyWakeMs.
+constexpr double kRingSeconds = 0.2;
+constexpr std::size_t kRingThreads = 16;
+
+class profiler_core {
+ public:
+  static profiler_core& instance() {
+    static profiler_core* core = new profiler_core();  // never destroyed: usable from atexit and signals
+    return *core;
+  }
+
+  status start(const options& opts) {
+    std::lock_guard<std::mutex> control(control_mu_);
+    if (running_) return status::ok();
+    install_fork_handlers_once();
+    if (opts.mode == profile_mode::offcpu)
+      return status::error("selfprof: mode offcpu names profiles; start in cpu or wall mode");
+    opts_ = opts;
+    wall_ = opts_.mode == profile_mode::wall;
+    if (wall_) opts_.thread_roots = true;  // per-thread roots: a pool's idle workers show as idle
+    if (opts_.max_depth < 2) opts_.max_depth = 2;
+    if (opts_.max_depth > 1024) opts_.max_depth = 1024;
+    session_.clear();
+    registry_.clear_names();
+    prepare_ring();
+    status st = install_sample_handler(opts_.sample_signal, signal_, notes_);
+    if (!st) return fail_start(st);
+    sample_signal_ = signal_.number;
+    st = choose_tick_source();
+    if (!st) return fail_start(st);
+    prepare_unwind();
+    if (!unwind_ok_) return fail_start(unwind_error_);
+    store_config sc;
+    sc.wall = wall_;
+    sc.hz = opts_.hz;
+    sc.window_s = opts_.window_s;
+    sc.frame_budget_ms = opts_.frame_budget_ms;
+    sc.frame_hz = opts_.frame_hz;
+    sc.max_depth = opts_.max_depth;
+    store_.begin(sc);
+    snapshots_.begin(opts_, handler_counts::now());
+    g_handler.active.store(true, std::memory_order_release);
+    registry_.scan({jit_flusher_tid()});
+    st = start_threads();
+    if (!st) {
+      running_ = true;  // stop_locked() undoes everything started so far
+      stop_locked();
+      return st;
+    }
+    for (auto& n : notes_) session_.note(n);
+    notes_.clear();
+    if (!opts_.out.empty()) install_exit_dump_once();
+    session_ran_ = true;
+    session_pid_ = ::getpid();
+    running_ = true;
+    if (opts_.verbose) std::fprintf(stderr, "%s", describe_locked().c_str());
+    return status::ok();
+  }
+
+  status stop() {
+    std::lock_guard<std::mutex> control(control_mu_);
+    return stop_locked();
+  }
+
+  bool running() const { return running_; }
+  bool thread_roots() const { return opts_.thread_roots; }
+
+  // Arms the calling thread now (instead of at the next scan) and unblocks the sampling signal in it.
+  status register_current_thread() {
+    if (!running_) return status::error("selfprof: register_thread() called while not profiling");
+    return registry_.register_current(signal_.number);
+  }
+
+  // A copy of everything collected so far (drains the ring first); the profile stays in place.
+  raw_snapshot snapshot_raw(bool windowed = false, std::uint64_t* window_seq = nullptr) {
+    return snapshots_.raw(windowed, window_seq);
+  }
+  profile symbolize(const raw_snapshot& raw) { return snapshots_.symbolize(raw); }
+  profile snapshot() { return symbolize(snapshot_raw()); }
+  snapshot_maker& snapshots() { return snapshots_; }
+
+  // The one dump path with the session's settings and `paths` (the API's dump()).
+  status dump(const std::string& paths) {
+    dump_settings s = dump_settings_for(paths);
+    dump_contents c = snapshots_.contents();
+    return write_dump(c, s);
+  }
+  dump_settings dump_settings_for(const std::string& paths) const {
+    dump_settings s;
+    s.paths = paths;
+    s.sink.allow_shared_dir = opts_.allow_shared_dir;
+    s.thread_roots = opts_.thread_roots;
+    s.frame_budget_ms = opts_.frame_budget_ms;
+    return s;
+  }
+
+  // Waits until the signal and interval dumps requested so far are written.
+  void flush_dumps() { dumps_.flush(); }
+
+  stats get_stats() {
+    stats s;
+    s.running = running_;
+    s.mode = opts_.mode;
+    s.hz = opts_.hz;
+    s.sample_signal = sample_signal_;
+    s.unwind = unwind_;
+    const source_info src = session_.source();
+    s.source = src.kind;
+    s.source_detail = src.detail;
+    s.source_reason = src.reason;
+    s.effective_hz = src.effective_hz;
+    s.kernel_time = wall_ || src.kernel_time;
+    s.refused = session_.refused();
+    session_.notes(s.notes);
+    const thread_counts tc = registry_.counts();
+    s.threads_seen = tc.seen;
+    s.threads_armed = tc.armed;
+    s.threads_fallback = tc.fallback;
+    s.threads_arm_failed = tc.arm_failed;
+    if (running_) s.threads_blocking_signal = registry_.blocking(signal_.number);
+    const handler_counts h = snapshots_.counts();
+    s.records = h.taken;
+    s.dropped_full = h.full;
+    s.dropped_inactive = h.inactive;
+    s.foreign_signals = h.foreign;
+    s.truncated = h.truncated;
+    s.thread_checks = h.thread_checks;
+    s.thread_wakes = h.thread_wakes;
+    s.collector_wakes = collector_.wakes();
+    const sample_store::sizes z = store_.size();
+    s.samples = z.samples;
+    s.unique_stacks = z.unique;
+    s.table_bytes = z.bytes;
+    s.samples_by_thread = store_.samples_by_thread();
+    if (wall_) s.wall = wall_sampler_.counters();
+    s.dump_signal = dump_signal_;
+    s.dumps_written = dumps_.written();
+    s.dumps_failed = dumps_.failed();
+    return s;
+  }
+
+  std::string describe() {
+    std::lock_guard<std::mutex> control(control_mu_);
+    return describe_locked();
+  }
+
+  // What a normal exit runs when SELFPROF_OUT is set: the last session's profile is written there, whether
+  // the session still runs (it is stopped first, so every sample is in it) or was stopped before. Only in
+  // the process that ran the session: a forked child's exit writes nothing.
+  void exit_dump() {
+    if (!session_ran_ || session_pid_ != ::getpid() || opts_.out.empty()) return;
+    stop();
+    dump_contents c = snapshots_.contents();
+    status st = write_dump(c, dump_settings_for(opts_.out));
+    if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
+  }
+
+  // fork(2), see core/fork.hpp: every lock is taken before the fork, so no copy is held by a thread that
+  // does not exist in the child; the child forgets the parent's threads and kernel objects.
+  void fork_prepare() {
+    control_mu_.lock();
+    registry_.lock_for_fork().lock();
+    store_.lock_for_fork().lock();
+    symbols_.lock_for_fork().lock();
+  }
+  void fork_parent() {
+    symbols_.lock_for_fork().unlock();
+    store_.lock_for_fork().unlock();
+    registry_.lock_for_fork().unlock();
+    control_mu_.unlock();
+  }
+  void fork_child();
+
+ private:
+  profiler_core() = default;
+
+  void prepare_ring() {
+    std::size_t want = opts_.ring_slots ? opts_.ring_slots
+                                        : static_cast<std::size_t>(opts_.hz * kRingThreads * kRingSeconds);
+    std::size_t cap = 512;
+    while (cap < want && cap < (1u << 20)) cap <<= 1;
+    // Kept across restarts when the size is the same: init() rewrites every slot's sequence number, and
+    // a slot's other bytes are written before it is published (a new zeroed block would page-fault again).
+    const std::size_t ring_words = cap * sample_ring::stride_for(opts_.max_depth) / 8;
+    if (ring_memory_.size() != ring_words) std::vector<std::uint64_t>(ring_words, 0).swap(ring_memory_);
+    ring_.init(ring_memory_.data(), cap, opts_.max_depth);
+    g_handler.main_tid.store(static_cast<std::uint32_t>(::getpid()), std::memory_order_relaxed);
+    g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
+    g_handler.ring.store(&ring_, std::memory_order_release);
+  }
+
+  status choose_tick_source() {
+    source_config cfg;
+    cfg.hz = opts_.hz;
+    cfg.signal_number = signal_.number;
+    source_choice choice = wall_ ? choose_wall_source(opts_.source, cfg) : choose_source(opts_.source, cfg);
+    session_.set_refused(choice.refused);
+    const bool forced = opts_.source != source_kind::automatic;
+    if (!choice.source && (!wall_ || forced)) {
+      std::string why = wall_ ? "selfprof: wall mode cannot use the requested source"
+                              : "selfprof: no tick source works here";
+      for (auto& r : choice.refused) why += "; " + r;
+      return status::error(why);
+    }
+    source_config_ = cfg;
+    source_info s;
+    if (choice.source) {
+      s.kind = choice.source->kind();
+      s.detail = choice.source->describe();
+      s.reason = choice.reason;
+      s.effective_hz = choice.source->effective_hz();
+      s.kernel_time = choice.source->counts_kernel_time();
+    } else {  // wall mode without signals: the sampler counts CPU time from the CPU clocks
+      s.kind = source_kind::none;
+      s.detail = "wall sampler only (no on-CPU stacks)";
+      s.reason = "no user-only perf_event: CPU time is counted as [running], without stacks";
+      s.effective_hz = opts_.hz;
+    }
+    session_.set_source(s);
+    if (wall_ && choice.source)
+      notes_.push_back(
+          "wall mode: on-CPU stacks from user-only ticks; CPU time spent in the kernel is not in them");
+    upgrade_ = !wall_ && !forced && choice.source && choice.source->kind() == source_kind::timer;
+    oncpu_ticks_ = choice.source != nullptr;
+    registry_.begin(std::move(choice.source), cfg);
+    return status::ok();
+  }
+
+  void prepare_unwind() {
+    unwind_ = unwind_mode::fp;
+    unwind_ok_ = true;
+    if (opts_.unwind == unwind_mode::fp) return;
+    status u = build_unwind_tables();
+    if (u) {
+      unwind_ = unwind_mode::dwarf;
+      return;
+    }
+    if (opts_.unwind == unwind_mode::dwarf) {
+      unwind_ok_ = false;
+      unwind_error_ = u;
+      return;
+    }
+    notes_.push_back(u.message() + "; unwinding with frame pointers only");
+  }
+
+  // Starts selfprof's threads: the automatic dumps and the wall sampler first, so the collector knows
+  // their tids and never arms them.
+  status start_threads() {
+    status st = dumps_.start(opts_, session_);
+    if (!st) return st;
+    dump_signal_ = dumps_.signal_number();
+    if (wall_) {
+      wall_config wc;
+      wc.hz = opts_.hz;
+      wc.oncpu_signals = oncpu_ticks_;
+      wc.ring = &ring_;
+      wc.wake_fd = &g_handler.wake_fd;
+      st = wall_sampler_.start(wc);
+      if (!st) return st;
+      std::uint64_t generation = ~std::uint64_t(0);
+      std::vector<pid_t> tids;
+      registry_.list_if_changed(generation, tids);
+      wall_sampler_.set_threads(tids);
+    }
+    collector_config cc;
+    cc.ring = &ring_;
+    cc.store = &store_;
+    cc.threads = &registry_;
+    cc.session = &session_;
+    cc.symbols = &symbols_;
+    cc.sources = source_config_;
+    cc.upgrade = upgrade_;
+    cc.wall = wall_;
+    cc.unwind_rows = unwind_ == unwind_mode::dwarf;
+    cc.own = {dumps_.tid()};
+    if (wall_) cc.own.push_back(wall_sampler_.tid());
+    cc.sampler = wall_ ? &wall_sampler_ : nullptr;
+    st = collector_.start(cc);
+    if (!st) return st;
+    return status::ok();
+  }
+
+  status stop_locked() {
+    if (!running_) return status::ok();
+    wall_sampler_.stop();  // first: it reads the ring and the unwind tables
+    collector_.stop();
+    dumps_.stop();  // writes what was requested, gives the dump signal back
+    registry_.end();
+    g_handler.active.store(false, std::memory_order_release);
+    restore_sample_handler(signal_);  // waits until no handler runs: the tables and fds can go
+    collector_.close_task_dir();
+    release_unwind_tables();
+    store_.drain(ring_);
+    g_handler.ring.store(nullptr, std::memory_order_release);
+    snapshots_.end();
+    running_ = false;
+    return status::ok();
+  }
+
+  status fail_start(status st) {
+    g_handler.active.store(false, std::memory_order_release);
+    registry_.end();
+    restore_sample_handler(signal_);
+    release_unwind_tables();
+    g_handler.ring.store(nullptr, std::memory_order_release);
+    notes_.clear();
+    return st;
+  }
+
+  std::string describe_locked() {
+    char buf[256];
+    std::string s;
+    const source_info src = session_.source();
+    std::snprintf(buf, sizeof buf, "selfprof: sampling at %g Hz (effective %g Hz) with %s on signal %d\n",
+                  opts_.hz, src.effective_hz, src.detail.c_str(), signal_.number);
+    s += buf;
+    s += std::string("selfprof: source ") + source_name(src.kind) + ": " + src.reason + "\n";
+    for (auto& r : session_.refused()) s += "selfprof: refused " + r + "\n";
+    std::vector<std::string> notes;
+    session_.notes(notes);
+    for (auto& n : notes) s += "selfprof: " + n + "\n";
+    const std::string out = opts_.out.empty() ? std::string(kDefaultDumpTemplate) + " (default)" : opts_.out;
+    if (dumps_.signal_number() != 0)
+      s += "selfprof: kill -" + std::to_string(dumps_.signal_number()) + " " + std::to_string(::getpid()) +
+           " writes " + out + "\n";
+    if (opts_.interval_s > 0)
+      s += "selfprof: every " + std::to_string(opts_.interval_s) + " s writes " + out + "\n";
+    if (opts_.window_s > 0)
+      s += "selfprof: each dump holds the last " + std::to_string(opts_.window_s) + " s\n";
+    if (!opts_.out.empty()) s += "selfprof: at exit writes " + opts_.out + "\n";
+    return s;
+  }
+
+  // SELFPROF_OUT set: a normal exit writes the profile of the last session (see exit_dump()).
+  void install_exit_dump_once() {
+    static bool done = false;
+    if (done) return;
+    done = true;
+    std::atexit([] { instance().exit_dump(); });
+  }
+
+  void install_fork_handlers_once();
+
+  std::mutex control_mu_;  // start/stop; taken first
+  bool running_ = false;
+  bool session_ran_ = false;
+  pid_t session_pid_ = 0;
+  bool wall_ = false;
+  bool upgrade_ = false;
+  bool oncpu_ticks_ = false;
+  bool unwind_ok_ = true;
+  status unwind_error_;
+  unwind_mode unwind_ = unwind_mode::fp;
+  options opts_;
+  std::vector<std::string> notes_;  // remarks made while starting, given to the session once it runs
+  installed_signal signal_;
+  int sample_signal_ = 0, dump_signal_ = 0;  // the session's signals, still reported after stop()
+  source_config source_config_;
+  std::vector<std::uint64_t> ring_memory_;
+  sample_ring ring_;
+  session_info session_;
+  thread_registry registry_;
+  sample_store store_;
+  shared_symbolizer symbols_;
+  snapshot_maker snapshots_{session_parts{&ring_, &store_, &registry_, &session_, &symbols_}};
+  auto_dumps dumps_{snapshots_};
+  wall_sampler wall_sampler_;
+  collector collector_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+
+#include "selfprof/core/fork.hpp"

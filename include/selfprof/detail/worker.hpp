@@ -1,0 +1,181 @@
+// The one kind of background thread selfprof runs (collector, dumper, JIT flusher, wall sampler): created
+// with every asynchronous signal blocked, named, its tid known before start() returns, woken through an
+// eventfd, joined by stop(), forgotten without a join in a forked child.
+// Context: setup only (start, stop, abandon_after_fork); wait() on the worker's own thread; wake() from
+// any thread (wake_fd() may be written from a signal handler).
+#pragma once
+
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "selfprof/signal/raw_syscall.hpp"
+#include "selfprof/status.hpp"
+
+namespace selfprof {
+namespace detail {
+
+// The mask a worker starts with: every signal but the synchronous fault signals, which the kernel
+// raises for a fault in this very thread and cannot hold back (a blocked one kills the process without
+// running the application's crash handler). So an application's SIGALRM, SIGCHLD, SIGTERM or SIGPIPE
+// handler never runs on a selfprof thread, and a timer signal never interrupts one.
+inline sigset_t worker_signal_mask() {
+  sigset_t set;
+  sigfillset(&set);
+  for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS}) sigdelset(&set, s);
+  return set;
+}
+
+class worker {
+ public:
+  worker() = default;
+  worker(const worker&) = delete;
+  worker& operator=(const worker&) = delete;
+  ~worker() { stop(); }
+
+  // Runs body(context) on a new thread called `name` (at most 15 characters). The thread is created with
+  // worker_signal_mask() already in force. Fails when the thread or its eventfd cannot be created.
+  status start(const char* name, void (*body)(void*), void* context) {
+    if (running_) return status::error(std::string("selfprof: thread ") + name + " runs already");
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd_ < 0) {
+      const int e = errno;
+      return status::error(std::string("selfprof: eventfd for ") + name + ": " + std::strerror(e), e);
+    }
+    name_ = name;
+    body_ = body;
+    context_ = context;
+    stopping_.store(false, std::memory_order_relaxed);
+    tid_.store(0, std::memory_order_relaxed);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    const sigset_t mask = worker_signal_mask();
+    sigset_t old;
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+    const bool in_attr = pthread_attr_setsigmask_np(&attr, &mask) == 0;
+#else
+    const bool in_attr = false;
+#endif
+    if (!in_attr) pthread_sigmask(SIG_SETMASK, &mask, &old);  // inherited by the new thread
+    const int rc = pthread_create(&thread_, &attr, &worker::entry, this);
+    if (!in_attr) pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+      ::close(wake_fd_);
+      wake_fd_ = -1;
+      return status::error(std::string("selfprof: cannot start thread ") + name + ": " + std::strerror(rc),
+                           rc);
+    }
+    running_ = true;
+    std::unique_lock<std::mutex> lock(mu_);
+    started_.wait(lock, [&] { return tid_.load(std::memory_order_relaxed) != 0; });
+    return status::ok();
+  }
+
+  // Asks the body to return (stopping() turns true and wait() returns false), then joins. Idempotent.
+  void stop() {
+    if (!running_) return;
+    stopping_.store(true, std::memory_order_release);
+    wake();
+    pthread_join(thread_, nullptr);
+    running_ = false;
+    ::close(wake_fd_);
+    wake_fd_ = -1;
+    tid_.store(0, std::memory_order_relaxed);
+  }
+
+  bool running() const { return running_; }
+  bool stopping() const { return stopping_.load(std::memory_order_acquire); }
+  pid_t tid() const { return tid_.load(std::memory_order_relaxed); }
+  int wake_fd() const { return wake_fd_; }
+
+  // The worker's own thread: sleeps until woken, stopped or `timeout_ms` passed (-1: no timeout). Returns
+  // false once stop() was asked. `extra_fd` (optional) also ends the wait when readable; `*extra_ready`
+  // then says so.
+  bool wait(int timeout_ms, int extra_fd = -1, bool* extra_ready = nullptr) {
+    return wait_ns(timeout_ms < 0 ? -1 : static_cast<std::int64_t>(timeout_ms) * 1000000, extra_fd,
+                   extra_ready);
+  }
+  bool wait_ns(std::int64_t timeout_ns, int extra_fd = -1, bool* extra_ready = nullptr) {
+    struct pollfd p[2] = {};
+    p[0].fd = wake_fd_;
+    p[0].events = POLLIN;
+    p[1].fd = extra_fd;
+    p[1].events = POLLIN;
+    struct timespec ts {
+      static_cast<time_t>(timeout_ns / 1000000000), static_cast<long>(timeout_ns % 1000000000)
+    };
+    const int n = ::ppoll(p, extra_fd >= 0 ? 2 : 1, timeout_ns < 0 ? nullptr : &ts, nullptr);
+    if (n > 0 && (p[0].revents & POLLIN)) {
+      std::uint64_t v;
+      ssize_t r = ::read(wake_fd_, &v, sizeof v);
+      (void)r;
+    }
+    if (extra_ready) *extra_ready = n > 0 && extra_fd >= 0 && (p[1].revents & POLLIN);
+    return !stopping();
+  }
+
+  // Any thread: ends the current or next wait().
+  void wake() const {
+    if (wake_fd_ < 0) return;
+    const std::uint64_t one = 1;
+    raw_syscall3(SYS_write, wake_fd_, reinterpret_cast<long>(&one), sizeof one);
+  }
+
+  // In a forked child the thread does not exist: forget it without joining; this process's copy of the
+  // eventfd is closed. The locks are made anew (a parent thread may have held them at the fork).
+  void abandon_after_fork() {
+    if (running_) {
+      new (&thread_) pthread_t();
+      running_ = false;
+    }
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    wake_fd_ = -1;
+    tid_.store(0, std::memory_order_relaxed);
+    new (&mu_) std::mutex();
+    new (&started_) std::condition_variable();
+  }
+
+  // True when `start` is the routine every worker thread begins in: the preload library's pthread_create
+  // hook leaves selfprof's own threads alone by this.
+  static bool is_entry(void* (*start)(void*)) { return start == &worker::entry; }
+
+ private:
+  static void* entry(void* self) {
+    worker& w = *static_cast<worker*>(self);
+    pthread_setname_np(pthread_self(), w.name_);
+    {
+      std::lock_guard<std::mutex> lock(w.mu_);
+      w.tid_.store(static_cast<pid_t>(raw_gettid()), std::memory_order_relaxed);
+    }
+    w.started_.notify_all();
+    w.body_(w.context_);
+    return nullptr;
+  }
+
+  pthread_t thread_{};
+  bool running_ = false;
+  const char* name_ = "";
+  void (*body_)(void*) = nullptr;
+  void* context_ = nullptr;
+  int wake_fd_ = -1;
+  std::atomic<bool> stopping_{false};
+  std::atomic<pid_t> tid_{0};
+  std::mutex mu_;
+  std::condition_variable started_;
+};
+
+}  // namespace detail
+}  // namespace selfprof

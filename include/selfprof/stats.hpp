@@ -1,0 +1,57 @@
+// Counters and choices of the running (or last) profiling session, as selfprof::get_stats() returns them.
+// Context: any thread (a value type).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "selfprof/options.hpp"
+
+namespace selfprof {
+
+// What the wall-clock sampler did (wall mode).
+struct wall_stats {
+  std::uint64_t ticks = 0;       // sampler wake-ups
+  std::uint64_t looks = 0;       // thread looks (a bounded number per tick)
+  std::uint64_t unchanged = 0;   // looks that found the CPU clock unmoved and reused the stack
+  std::uint64_t proc_reads = 0;  // /proc/self/task/<tid>/syscall reads
+  std::uint64_t copies = 0;      // blocked stacks copied and unwound
+  std::uint64_t raced = 0;       // copies dropped because the thread ran while they were taken
+  std::uint64_t scanned = 0;     // unwinds that had to find a frame record by scanning
+  std::uint64_t deferred = 0;    // thread looks left to a later tick by the per-tick bound
+  std::uint64_t dropped = 0;     // records lost: the ring was full
+  std::uint64_t offcpu_us = 0;   // off-CPU time recorded
+  std::uint64_t cpu_ns = 0;      // CPU time of the sampler thread itself
+};
+
+struct stats {
+  bool running = false;
+  profile_mode mode = profile_mode::cpu;
+  source_kind source = source_kind::none;  // the tick source in use (none: not started, or wall mode without)
+  std::string source_detail;               // what was opened
+  std::string source_reason;               // why it was chosen
+  std::vector<std::string> refused;        // why earlier sources were not
+  std::vector<std::string> notes;          // other remarks (signals left alone, ...)
+  double hz = 0, effective_hz = 0;
+  int sample_signal = 0;
+  bool kernel_time = true;               // samples include time spent in the kernel
+  unwind_mode unwind = unwind_mode::fp;  // dwarf (CFI rows, frame pointers where none) or fp
+  std::uint64_t samples = 0;             // sample weight folded into the table
+  std::uint64_t records = 0;             // records written by the handler
+  std::uint64_t dropped_full = 0, dropped_inactive = 0, foreign_signals = 0, truncated = 0;
+  std::size_t unique_stacks = 0, table_bytes = 0;
+  std::size_t threads_seen = 0, threads_armed = 0, threads_fallback = 0, threads_arm_failed = 0;
+  std::size_t threads_blocking_signal = 0;  // live threads blocking the sampling signal (never sampled)
+  std::uint64_t collector_wakes = 0;        // times the collector thread woke
+  std::uint64_t thread_checks = 0;          // thread-count checks made by the handler
+  std::uint64_t thread_wakes = 0;           // ... that saw the count change and woke the collector
+  int dump_signal = 0;                      // signal that triggers a dump (0: none taken)
+  unsigned long dumps_written = 0, dumps_failed = 0;  // signal and interval dumps
+  std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread;
+  wall_stats wall;  // wall mode: what the wall sampler did
+};
+
+}  // namespace selfprof

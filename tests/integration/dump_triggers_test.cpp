@@ -1,0 +1,152 @@
+// One dump path for every trigger: the dump signal, the interval, the API and exit write the same files
+// (the profile, its companions, one dump number per dump) with the same bytes for the same samples.
+// ctest-labels: no_tsan
+// Not under TSan: it defers asynchronous signals to its next safe point.
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "workload.hpp"
+
+namespace {
+
+std::string triggers_temp_dir() {
+  char t[] = "/tmp/selfprof-triggers-XXXXXX";
+  REQUIRE(mkdtemp(t) != nullptr);
+  return t;
+}
+
+std::vector<std::string> triggers_files(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.') out.push_back(e->d_name);
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The file's bytes with the one field that grows while sampling goes on (the duration, in the SVG's footer
+// and the top list's header) replaced by a placeholder.
+std::string triggers_normalized(const std::string& path) {
+  std::string text = selfprof::detail::read_small_file(path, ~std::size_t(0));
+  static const std::regex svg_duration(R"(\| [0-9.]+ m?s \|)");
+  static const std::regex top_duration(R"(duration: [0-9.]+)");
+  text = std::regex_replace(text, svg_duration, "| DURATION |");
+  return std::regex_replace(text, top_duration, "duration: DURATION");
+}
+
+unsigned long triggers_written() { return selfprof::get_stats().dumps_written; }
+
+void triggers_wait(unsigned long n) {
+  for (int i = 0; i < 4000 && triggers_written() < n; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  selfprof::detail::profiler_core::instance().flush_dumps();
+  REQUIRE(triggers_written() >= n);
+}
+
+}  // namespace
+
+TEST_CASE("the dump signal, the interval, the API and exit write the same files with the same bytes") {
+  wl::apply_test_environment();
+  const std::string dir = triggers_temp_dir();
+  selfprof::options o;
+  o.hz = 250;
+  o.interval_s = 0.3;
+  o.frame_budget_ms = 0.5;  // every game frame below is slow: the "-slow" companion is written too
+  o.out = dir + "/d-%n.folded," + dir + "/d-%n.svg," + dir + "/d-%n.txt";
+  REQUIRE(selfprof::start(o));
+  std::atomic<bool> stop{false};
+  std::thread worker([&] {
+    while (!stop) {
+      wl::spin_units(100);  // ~3 ms per game frame, over the 0.5 ms budget
+      SELFPROF_FRAME();
+    }
+  });
+  wl::run_rounds(200000000LL);
+  stop = true;
+  worker.join();
+  // No sample arrives from here on: the workers are gone and this thread blocks the sampling signal.
+  sigset_t block;
+  sigemptyset(&block);
+  sigaddset(&block, selfprof::get_stats().sample_signal);
+  REQUIRE(pthread_sigmask(SIG_BLOCK, &block, nullptr) == 0);
+  selfprof::detail::profiler_core::instance().snapshot_raw();  // drains what is in the ring
+  const unsigned long before = triggers_written();
+
+  REQUIRE(kill(getpid(), SIGUSR2) == 0);  // the signal
+  triggers_wait(before + 1);
+  triggers_wait(triggers_written() + 1);                    // the interval
+  REQUIRE(selfprof::dump(o.out));                           // the API
+  selfprof::detail::profiler_core::instance().exit_dump();  // what atexit runs: stops and writes
+  CHECK_FALSE(selfprof::running());
+  pthread_sigmask(SIG_UNBLOCK, &block, nullptr);
+
+  // Every dump wrote the same set of files under its own number: d-N.folded, .svg, .txt, and the slow
+  // game frames as d-N-slow.* (the profile is not a wall profile: no -offcpu companion).
+  std::map<unsigned long, std::set<std::string>> by_number;
+  for (const std::string& f : triggers_files(dir)) {
+    const unsigned long n = std::strtoul(f.c_str() + 2, nullptr, 10);
+    by_number[n].insert(f.substr(f.find_first_not_of("0123456789", 2)));
+  }
+  REQUIRE(by_number.size() >= 4);
+  const std::set<std::string> expected{".folded", ".svg", ".txt", "-slow.folded", "-slow.svg", "-slow.txt"};
+  for (auto& d : by_number) CHECK(d.second == expected);
+  // The last four dumps (signal, interval, API, exit; an earlier interval dump may precede them) hold the
+  // same samples: their files are equal byte for byte, the growing duration aside.
+  std::vector<unsigned long> numbers;
+  for (auto& d : by_number) numbers.push_back(d.first);
+  const std::vector<unsigned long> last(numbers.end() - 4, numbers.end());
+  for (const std::string& suffix : expected) {
+    const std::string first = triggers_normalized(dir + "/d-" + std::to_string(last[0]) + suffix);
+    CHECK(first.size() > 100);
+    for (unsigned long n : last) {
+      INFO("dump " << n << suffix);
+      CHECK(triggers_normalized(dir + "/d-" + std::to_string(n) + suffix) == first);
+    }
+  }
+  std::string cmd = "rm -rf '" + dir + "'";
+  CHECK(std::system(cmd.c_str()) == 0);
+}
+
+TEST_CASE("a forked child's exit writes no profile; SELFPROF_STOP() then exit still writes SELFPROF_OUT") {
+  wl::apply_test_environment();
+  const std::string dir = triggers_temp_dir();
+  std::fflush(nullptr);
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    setenv("SELFPROF_OUT", (dir + "/exit.folded").c_str(), 1);
+    setenv("SELFPROF_HZ", "250", 1);
+    if (!SELFPROF_START()) _exit(3);
+    wl::run_rounds(200000000LL);
+    if (!SELFPROF_STOP()) _exit(4);
+    std::fflush(nullptr);
+    pid_t grandchild = fork();  // exits normally: must not write (or empty) the parent's profile
+    if (grandchild == 0) std::exit(0);
+    int st = 0;
+    if (waitpid(grandchild, &st, 0) != grandchild || !WIFEXITED(st)) _exit(5);
+    if (access((dir + "/exit.folded").c_str(), F_OK) == 0) _exit(6);
+    std::exit(0);  // atexit writes the stopped session's profile
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  const std::string text = selfprof::detail::read_small_file(dir + "/exit.folded");
+  CHECK(text.find("spin_units") != std::string::npos);
+  std::string cmd = "rm -rf '" + dir + "'";
+  CHECK(std::system(cmd.c_str()) == 0);
+}

@@ -1,0 +1,139 @@
+// The automatic dumps: the dumper thread answers dump requests through the one dump path, answers a burst
+// of requests that arrive while it writes with one dump, and writes on its interval.
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <selfprof/core/auto_dumps.hpp>
+
+namespace {
+
+using namespace selfprof::detail;
+
+// The parts of a session, without sampling: records are put into the ring by hand.
+struct fake_session {
+  std::vector<std::uint64_t> memory;
+  sample_ring ring;
+  sample_store store;
+  thread_registry threads;
+  session_info session;
+  shared_symbolizer symbols;
+  snapshot_maker maker{session_parts{&ring, &store, &threads, &session, &symbols}};
+
+  explicit fake_session(const selfprof::options& o) {
+    memory.assign(512 * sample_ring::stride_for(8) / 8, 0);
+    ring.init(memory.data(), 512, 8);
+    store_config sc;
+    sc.max_depth = 8;
+    store.begin(sc);
+    threads.begin(nullptr, source_config{});
+    maker.begin(o, handler_counts::now());
+  }
+  void put(std::uint64_t leaf, std::uint32_t weight) {
+    std::uint64_t pos = 0;
+    ring_slot* s = ring.claim(pos);
+    REQUIRE(s != nullptr);
+    s->header = sample_header{};
+    s->header.tid = 7;
+    s->header.depth = 2;
+    s->header.weight = weight;
+    s->pcs()[0] = leaf;
+    s->pcs()[1] = 0x2000;
+    sample_ring::publish(s, pos);
+  }
+};
+
+std::string dumps_temp_dir() {
+  char t[] = "/tmp/selfprof-autodumps-XXXXXX";
+  REQUIRE(mkdtemp(t) != nullptr);
+  return t;
+}
+
+std::size_t count_files(const std::string& dir) {
+  std::size_t n = 0;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+void remove_dir(const std::string& dir) {
+  const std::string cmd = "rm -rf '" + dir + "'";
+  CHECK(std::system(cmd.c_str()) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("auto dumps: a burst of 50 requests is answered by one or two dumps holding every sample") {
+  const std::string dir = dumps_temp_dir();
+  selfprof::options o;
+  o.dump_signal = 0;  // requests come from dump_signal_handler() called here, as the signal would
+  o.out = dir + "/a-%n.folded";
+  fake_session f(o);
+  f.put(0x1000, 3);
+  f.put(0x1100, 4);
+  auto_dumps dumps(f.maker);
+  REQUIRE(dumps.start(o, f.session));
+  CHECK(dumps.tid() != 0);
+  for (int i = 0; i < 50; ++i) dump_signal_handler(SIGUSR2, nullptr, nullptr);
+  dumps.flush();
+  const unsigned long written = dumps.written();
+  CHECK(written >= 1);
+  CHECK(written <= 2);
+  CHECK(dumps.failed() == 0);
+  CHECK(count_files(dir) == written);
+  f.put(0x1200, 1);
+  dump_signal_handler(SIGUSR2, nullptr, nullptr);
+  dumps.flush();
+  CHECK(dumps.written() == written + 1);
+  dumps.stop();
+  raw_snapshot r = f.maker.raw();
+  CHECK(r.table.total() == 8);
+  remove_dir(dir);
+}
+
+TEST_CASE("auto dumps: the interval writes without any request, and stop() ends it") {
+  const std::string dir = dumps_temp_dir();
+  selfprof::options o;
+  o.dump_signal = 0;
+  o.interval_s = 0.05;
+  o.out = dir + "/i-%n.folded";
+  fake_session f(o);
+  f.put(0x1000, 1);
+  auto_dumps dumps(f.maker);
+  REQUIRE(dumps.start(o, f.session));
+  for (int i = 0; i < 400 && dumps.written() < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  dumps.stop();
+  const unsigned long written = dumps.written();
+  CHECK(written >= 3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  CHECK(dumps.written() == written);
+  CHECK(count_files(dir) == written);
+  remove_dir(dir);
+}
+
+TEST_CASE("auto dumps: a failed dump is counted and loses nothing") {
+  selfprof::options o;
+  o.dump_signal = 0;
+  o.out = "/nonexistent-selfprof-dir/x-%n.folded";
+  fake_session f(o);
+  f.put(0x1000, 2);
+  auto_dumps dumps(f.maker);
+  REQUIRE(dumps.start(o, f.session));
+  dump_signal_handler(SIGUSR2, nullptr, nullptr);
+  dumps.flush();
+  dumps.stop();
+  CHECK(dumps.failed() == 1);
+  CHECK(dumps.written() == 0);
+  CHECK(f.maker.raw().table.total() == 2);
+}
