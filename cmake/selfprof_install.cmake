@@ -8,6 +8,9 @@ set(SELFPROF_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/selfprof" CACHE STRING
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
         FILES_MATCHING PATTERN "*.hpp" PATTERN "*.h")
 install(TARGETS selfprof EXPORT selfprofTargets)
+if(TARGET selfprof_compiled)
+  install(TARGETS selfprof_compiled EXPORT selfprofTargets ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}")
+endif()
 install(EXPORT selfprofTargets NAMESPACE selfprof:: DESTINATION "${SELFPROF_CMAKE_DIR}")
 
 configure_package_config_file("${PROJECT_SOURCE_DIR}/cmake/selfprofConfig.cmake.in"
@@ -27,6 +30,11 @@ if(IS_ABSOLUTE "${_selfprof_pc_dir}")
 else()
   file(RELATIVE_PATH SELFPROF_PC_PREFIX "/selfprof-prefix/${_selfprof_pc_dir}" "/selfprof-prefix")
   string(REGEX REPLACE "/$" "" SELFPROF_PC_PREFIX "\${pcfiledir}/${SELFPROF_PC_PREFIX}")
+endif()
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}")
+  set(SELFPROF_PC_LIBDIR "${CMAKE_INSTALL_LIBDIR}")
+else()
+  set(SELFPROF_PC_LIBDIR "\${prefix}/${CMAKE_INSTALL_LIBDIR}")
 endif()
 if(IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
   set(SELFPROF_PC_INCLUDEDIR "${CMAKE_INSTALL_INCLUDEDIR}")

@@ -3,29 +3,30 @@
 # root), then builds and runs the whole suite in each configuration below, and ends with one line
 # "N passed, N failed" (test programs / CTest tests run). Exits non-zero on any failure.
 #
-# Stages (SELFPROF_TEST_STAGES="gcc clang ..." runs a subset, in this order):
-#   gcc           g++ -O2 -g, default options (libdw, zlib), benchmarks built; unit, integration,
-#                 packaging and lint tests
-#   clang         clang++ with the other side of every optional library (libunwind on, libdw and zlib
+# Stages (SELFPROF_TEST_STAGES="gcc clang ..." runs a subset, in this order). The CMake stages are the
+# presets of CMakePresets.json (configure, build and test preset of the same name; trees in build/<name>):
+#   gcc           g++ -O2 -g, compiled mode (the library compiled once for tests, examples, the tool and
+#                 the benchmarks), libdw and zlib; unit, integration, packaging and lint tests
+#   clang         clang++, header-only, with the other side of every optional library (libdw and zlib
 #                 off); unit + integration
-#   single        g++ against single_include/ (SELFPROF_TEST_SINGLE_INCLUDE=ON); unit + integration
+#   single        g++ against single_include/ (header-only); unit + integration
 #   asan          g++ -O1 -g -fsanitize=address,undefined; tests labelled no_asan are left out
 #   tsan          g++ -O1 -g -fsanitize=thread; tests labelled no_tsan are left out
 #   meson         meson setup + meson test (unit + integration; the tool is left to the CMake stages)
 #   unprivileged  the gcc build's integration tests as a throwaway system user (setpriv)
 #   no_perf       the gcc build's unit + integration tests with SELFPROF_TEST_NO_PERF=1
 #   fuzz          libFuzzer targets (ELF reader, perf-script and folded parsers), 10 s each (SELFPROF_FUZZ_SECONDS)
-# Environment: SELFPROF_SKIP_APT=1 skips apt-get; SELFPROF_BUILD_ROOT (default build/test) holds the
-# build trees; SELFPROF_JOBS (default 2) parallel jobs; SELFPROF_TEST_USER (default selfprof-test).
+# Environment: SELFPROF_SKIP_APT=1 skips apt-get; SELFPROF_JOBS (default 2) parallel jobs;
+# SELFPROF_TEST_USER (default selfprof-test).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root_dir=$(pwd)
-build_root=${SELFPROF_BUILD_ROOT:-$root_dir/build/test}
+build_root=$root_dir/build  # the presets' binaryDir is build/<preset>
 jobs=${SELFPROF_JOBS:-2}
 stages=${SELFPROF_TEST_STAGES:-gcc clang single asan tsan meson unprivileged no_perf fuzz}
 test_user=${SELFPROF_TEST_USER:-selfprof-test}
 packages=(g++ clang clang-format cmake ninja-build meson pkg-config doctest-dev python3 libdw-dev
-  libunwind-dev zlib1g-dev linux-perf util-linux passwd binutils git golang-go chromium libclang-rt-14-dev)
+  zlib1g-dev linux-perf util-linux passwd binutils git golang-go chromium libclang-rt-14-dev)
 
 passed=0
 failed=0
@@ -60,67 +61,40 @@ install_packages() {
   }
 }
 
-# build <name> <cmake args...>: configure and build build_root/<name>; a failure counts as one.
+# build <preset>: configure and build build/<preset> with the CMake preset; a failure counts as one.
 build() {
-  local dir=$build_root/$1
-  shift
-  note "build $(basename "$dir"): $*"
-  if cmake -S "$root_dir" -B "$dir" -G Ninja "$@" && cmake --build "$dir" -j "$jobs" -- -k 0; then
+  note "build $1 (CMakePresets.json)"
+  if cmake --preset "$1" && cmake --build --preset "$1" -j "$jobs" -- -k 0; then
     return 0
   fi
-  count 0 1 "build $(basename "$dir")"
+  count 0 1 "build $1"
   return 1
 }
 
-# run_ctest <name> <ctest args...>: run CTest in build_root/<name> and count from its summary line.
+# run_ctest <test preset>: run CTest with the preset and count from its summary line.
 run_ctest() {
-  local dir=$build_root/$1 log
-  shift
-  note "ctest $(basename "$dir") $*"
+  local log
+  note "ctest --preset $1"
   log=$(mktemp)
-  (cd "$dir" && ctest --output-on-failure -j "$jobs" "$@") 2>&1 | tee "$log"
+  ctest --preset "$1" -j "$jobs" 2>&1 | tee "$log"
   local line total bad
   line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n1)
   rm -f "$log"
   if [ -z "$line" ]; then
-    echo "test.sh: no CTest summary in $(basename "$dir") (no tests found?)"
-    count 0 1 "ctest $(basename "$dir")"
+    echo "test.sh: no CTest summary for preset $1 (no tests found?)"
+    count 0 1 "ctest $1"
     return
   fi
   bad=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
   total=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\2/' <<<"$line")
-  count $((total - bad)) "$bad" "ctest $(basename "$dir") $*"
+  count $((total - bad)) "$bad" "ctest $1"
 }
 
-common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)  # -O2 -g
-stage_gcc() {
-  build gcc "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_BUILD_BENCH=ON
-  run_ctest gcc
-}
-stage_clang() {
-  build clang "${common[@]}" -DCMAKE_CXX_COMPILER=clang++ -DSELFPROF_BUILD_EXAMPLES=OFF \
-    -DSELFPROF_WITH_LIBUNWIND=ON -DSELFPROF_WITH_LIBDW=OFF -DSELFPROF_WITH_ZLIB=OFF
-  run_ctest clang -LE 'packaging|lint|external|accuracy'
-}
-stage_single() {
-  build single "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_TEST_SINGLE_INCLUDE=ON -DSELFPROF_BUILD_TOOLS=OFF \
-    -DSELFPROF_BUILD_EXAMPLES=OFF
-  run_ctest single -LE 'packaging|lint|external|accuracy'
-}
-# Sanitizer builds at -O1 -g (what the sanitizers' documentation advises): at -O2, ASan+UBSan took 295 s
-# to compile the unit tests' translation unit, 163 s at -O1.
-sanitize_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG")
-stage_asan() {
-  build asan "${sanitize_flags[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_SANITIZE=address,undefined \
-    -DSELFPROF_BUILD_EXAMPLES=OFF -DSELFPROF_BUILD_TOOLS=OFF
-  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-    run_ctest asan -LE 'packaging|lint|external|accuracy|no_asan'
-}
-stage_tsan() {
-  build tsan "${sanitize_flags[@]}" -DCMAKE_CXX_COMPILER=g++ -DSELFPROF_SANITIZE=thread \
-    -DSELFPROF_BUILD_EXAMPLES=OFF -DSELFPROF_BUILD_TOOLS=OFF
-  TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} run_ctest tsan -LE 'packaging|lint|external|no_tsan'
-}
+stage_gcc() { build gcc && run_ctest gcc; }
+stage_clang() { build clang && run_ctest clang; }
+stage_single() { build single && run_ctest single; }
+stage_asan() { build asan && run_ctest asan; }
+stage_tsan() { build tsan && run_ctest tsan; }
 stage_meson() {
   local dir=$build_root/meson log
   note "meson $dir"
@@ -203,7 +177,7 @@ stage_fuzz() {
     local corpus=$dir/corpus-text
     [ "$t" = elf_fuzz ] && corpus=$dir/corpus-elf
     if ! clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -I"$root_dir/include" \
-      "$root_dir/tests/fuzz/$t.cpp" -o "$dir/$t"; then
+      -I"$root_dir/tools/selfprof" "$root_dir/tests/fuzz/$t.cpp" -o "$dir/$t"; then
       bad=$((bad + 1)); echo "FAILED: building $t"; continue
     fi
     mkdir -p "$dir/work-$t" && cp "$corpus"/* "$dir/work-$t/" 2>/dev/null || true
@@ -215,9 +189,7 @@ stage_fuzz() {
   done
   count "$ok" "$bad" "fuzz"
 }
-stage_no_perf() {
-  SELFPROF_TEST_NO_PERF=1 run_ctest gcc -LE 'packaging|lint|external|accuracy'
-}
+stage_no_perf() { run_ctest no_perf; }
 
 install_packages
 mkdir -p "$build_root"

@@ -6,6 +6,7 @@
 // The work: "render" a few frames of an image on two threads. Blurring takes most of the time, hashing
 // the result some, and parsing a tiny scene description a little.
 #include <selfprof.hpp>
+#include <selfprof/output/top.hpp>  // the top-list writer, printed below
 
 #include <pthread.h>
 
