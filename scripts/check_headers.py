@@ -2,8 +2,8 @@
 """Checks the header rules of include/: every header opens with a comment whose first lines carry a
 `Context:` line and has `#pragma once`; files under include/selfprof/signal/ include only what is safe
 in a signal handler; each part includes only the parts before it in the pipeline (MAY_INCLUDE below,
-the table of docs/architecture.md), and only in the form "selfprof/<folder>/<file>.hpp". Prints each
-violation as file:line: message and exits 1 if there is any.
+the table of docs/architecture.md), and only in the form "selfprof/<folder>/<file>.hpp"; unit tests
+mirror the headers. Prints each violation as file:line: message and exits 1 if there is any.
 """
 import os
 import re
@@ -123,8 +123,27 @@ def check(path, problems):
                         "signal/ headers, config.hpp")
 
 
+def check_test_mirror(problems):
+    """tests/unit/<folder>/<header>_test.cpp tests include/selfprof/<folder>/<header>.hpp (tests/unit/tools/
+    the tool's tools/selfprof/<header>.hpp): a newcomer finds a header's tests by its name."""
+    unit = os.path.join(ROOT, "tests", "unit")
+    for d, _, fs in os.walk(unit):
+        for f in fs:
+            if not f.endswith("_test.cpp"):
+                continue
+            rel = os.path.relpath(os.path.join(d, f), unit)[: -len("_test.cpp")] + ".hpp"
+            if rel.startswith("tools" + os.sep):
+                header = os.path.join(ROOT, "tools", "selfprof", rel[len("tools") + 1:])
+            else:
+                header = os.path.join(INCLUDE, "selfprof", rel)
+            if not os.path.isfile(header):
+                problems.append(f"{os.path.relpath(os.path.join(d, f), ROOT)}:1: no header "
+                                f"{os.path.relpath(header, ROOT)} for this test: unit tests mirror the headers")
+
+
 def main():
     problems = []
+    check_test_mirror(problems)
     headers = sorted(os.path.join(d, f) for d, _, fs in os.walk(INCLUDE) for f in fs
                      if f.endswith((".hpp", ".h")))
     for path in headers:

@@ -2,57 +2,75 @@
 // scripts/amalgamate.py. Do not edit; change include/ and run `python3 scripts/amalgamate.py`.
 // Context: see the Context: line of each section below.
 #pragma once
-// selfprof: a header-only CPU profiler a Linux program embeds in itself. Include this one header.
+// selfprof: a CPU profiler a Linux program embeds in itself. Include this one header.
 // Context: any thread (see each part's header for where its functions may run).
+//
+// Header-only by default. With SELFPROF_COMPILED_LIB=1 (the compiled library) this header declares the
+// API only; the inline utilities (the folded-text reader, the symbolizer, the writers) are then
+// included from their own headers where needed.
 
 // ---- begin selfprof/config.hpp ----
 // Every compile-time switch of selfprof in one place, each with its default and meaning.
 // Context: any thread (macros only; includes nothing, so signal/ headers may include it).
 //
-// Switches are 0/1 (or a number) and are always defined after this header, so code tests them with
+// Switches are 0/1 and are always defined after this header, so code tests them with
 // `#if SELFPROF_HAS_LIBDW`, never `#ifdef`, and the tree compiles cleanly with -Wundef. Define one on
 // the command line (-DSELFPROF_HAS_ZLIB=1) to override the default; the CMake and Meson builds define
-// the SELFPROF_HAS_* switches from what they detect.
+// the SELFPROF_HAS_* switches from what they detect. The most frames kept per sample is a run-time
+// option (options::max_depth, SELFPROF_MAX_DEPTH in the environment), not a switch.
+//
+// There is no libunwind switch: the built-in .eh_frame row tables unwind code built without frame
+// pointers both in the signal handler and on the stacks the wall sampler copies, lock-free. libunwind's
+// unw_step takes the loader lock (not safe in a signal handler), and linked in, libunwind replaces
+// libgcc's _Unwind_* functions for the whole program (C++ exceptions would then unwind through it).
 //
 // | switch                 | default | meaning                                                        |
 // | ---------------------- | ------- | -------------------------------------------------------------- |
 // | SELFPROF_HAS_LIBDW     | 0       | 1: the symbolizer uses elfutils libdw for file:line and inline |
 // |                        |         | frames (link -ldw). 0: ELF symbol tables only.                 |
-// | SELFPROF_HAS_LIBUNWIND | 0       | 1: libunwind may unwind code built without frame pointers      |
-// |                        |         | (link -lunwind). 0: frame-pointer walking only.                |
 // | SELFPROF_HAS_ZLIB      | 0       | 1: .pb.gz (pprof) output is deflate-compressed with zlib (link |
 // |                        |         | -lz). 0: a valid gzip stream made of stored (uncompressed)     |
 // |                        |         | blocks.                                                        |
-// | SELFPROF_MAX_DEPTH     | 128     | the most frames one sample can hold (sizes the fixed records   |
-// |                        |         | of the sample ring); deeper stacks are marked truncated.       |
+// | SELFPROF_COMPILED_LIB  | 0       | 0: header-only, every function inline. 1: the implementation  |
+// |                        |         | is compiled once, in a library (CMake SELFPROF_COMPILED=ON,    |
+// |                        |         | Meson -Dcompiled=true) or in the one translation unit that     |
+// |                        |         | defines SELFPROF_IMPLEMENTATION before including selfprof.hpp; |
+// |                        |         | <selfprof.hpp> then declares the API and includes nothing else.|
+
+#ifndef SELFPROF_COMPILED_LIB
+#define SELFPROF_COMPILED_LIB 0
+#endif
+#if SELFPROF_COMPILED_LIB != 0 && SELFPROF_COMPILED_LIB != 1
+#error "SELFPROF_COMPILED_LIB must be 0 or 1"
+#endif
+
+// SELFPROF_API: how the public functions are declared and defined (inline in header-only mode).
+// SELFPROF_DETAIL_WITH_IMPLEMENTATION: 1 in the translation units that hold the implementation.
+#if SELFPROF_COMPILED_LIB
+#define SELFPROF_API
+#if defined(SELFPROF_IMPLEMENTATION)
+#define SELFPROF_DETAIL_WITH_IMPLEMENTATION 1
+#else
+#define SELFPROF_DETAIL_WITH_IMPLEMENTATION 0
+#endif
+#else
+#define SELFPROF_API inline
+#define SELFPROF_DETAIL_WITH_IMPLEMENTATION 1
+#endif
 
 #ifndef SELFPROF_HAS_LIBDW
 #define SELFPROF_HAS_LIBDW 0
-#endif
-
-#ifndef SELFPROF_HAS_LIBUNWIND
-#define SELFPROF_HAS_LIBUNWIND 0
 #endif
 
 #ifndef SELFPROF_HAS_ZLIB
 #define SELFPROF_HAS_ZLIB 0
 #endif
 
-#ifndef SELFPROF_MAX_DEPTH
-#define SELFPROF_MAX_DEPTH 128
-#endif
-
 #if SELFPROF_HAS_LIBDW != 0 && SELFPROF_HAS_LIBDW != 1
 #error "SELFPROF_HAS_LIBDW must be 0 or 1"
 #endif
-#if SELFPROF_HAS_LIBUNWIND != 0 && SELFPROF_HAS_LIBUNWIND != 1
-#error "SELFPROF_HAS_LIBUNWIND must be 0 or 1"
-#endif
 #if SELFPROF_HAS_ZLIB != 0 && SELFPROF_HAS_ZLIB != 1
 #error "SELFPROF_HAS_ZLIB must be 0 or 1"
-#endif
-#if SELFPROF_MAX_DEPTH < 8 || SELFPROF_MAX_DEPTH > 4096
-#error "SELFPROF_MAX_DEPTH must be between 8 and 4096"
 #endif
 
 // A switch turned on without its library installed fails here with its name rather than deep inside a
@@ -60,9 +78,6 @@
 #if defined(__has_include)
 #if SELFPROF_HAS_LIBDW && !__has_include(<elfutils/libdw.h>)
 #error "SELFPROF_HAS_LIBDW=1 but <elfutils/libdw.h> is missing (Debian: libdw-dev)"
-#endif
-#if SELFPROF_HAS_LIBUNWIND && !__has_include(<libunwind.h>)
-#error "SELFPROF_HAS_LIBUNWIND=1 but <libunwind.h> is missing (Debian: libunwind-dev)"
 #endif
 #if SELFPROF_HAS_ZLIB && !__has_include(<zlib.h>)
 #error "SELFPROF_HAS_ZLIB=1 but <zlib.h> is missing (Debian: zlib1g-dev)"
@@ -74,14 +89,34 @@
 // loop on the calling thread, so samples can be told apart by frame and slow frames profiled on their own.
 // Context: any thread (the thread that runs the loop); costs no system call.
 
+#include <cstdint>
+
+// ---- begin selfprof/signal/clock.hpp ----
+// Signal-handler code: the one clock every sample, game frame and collector decision is stamped with.
+// Context: signal handler (clock_gettime is async-signal-safe, and a vDSO call without a system call),
+// also any other thread.
+
 #include <time.h>
 
 #include <cstdint>
 
-// ---- begin selfprof/signal/frame_tags.hpp ----
+namespace selfprof {
+namespace detail {
+
+// CLOCK_MONOTONIC in nanoseconds.
+inline std::uint64_t monotonic_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/clock.hpp ----
+// ---- begin selfprof/signal/game_frames.hpp ----
 // Game/engine frame slots: a preallocated table of per-thread frame counters that frame_mark() writes,
 // the signal handler reads to tag each sample with its frame, and the collector drains closed frames from.
-// Context: signal handler (frame_tag_for: lock-free, no TLS, no allocation); frame_mark runs in the
+// Context: signal handler (game_frame_tag_for: lock-free, no TLS, no allocation); frame_mark runs in the
 // marking application thread; the collector thread reads closed frames.
 
 #include <atomic>
@@ -93,21 +128,21 @@ namespace detail {
 
 // Threads that can mark frames at the same time. A thread that exits gives its slot back once the
 // collector has read its last frames; a marker beyond this many live threads is ignored (and counted).
-constexpr std::size_t kFrameSlots = 64;
+constexpr std::size_t kGameFrameSlots = 64;
 // Closed frames a slot holds until the collector reads them (every 20 ms): 256 covers 12.8 kHz loops.
-constexpr std::size_t kClosedFrameRing = 256;
+constexpr std::size_t kClosedGameFrameRing = 256;
 // A tag is (slot index + 1) << 48 | frame sequence number; 0 means "not on a marked thread".
-constexpr unsigned kFrameTagSlotShift = 48;
-constexpr std::uint64_t kFrameSeqMask = (std::uint64_t(1) << kFrameTagSlotShift) - 1;
+constexpr unsigned kGameFrameTagShift = 48;
+constexpr std::uint64_t kGameFrameSeqMask = (std::uint64_t(1) << kGameFrameTagShift) - 1;
 
-enum frame_slot_state : std::uint32_t {
-  frame_slot_free = 0,
-  frame_slot_claiming = 1,  // a thread is filling it in
-  frame_slot_live = 2,      // its thread marks frames
-  frame_slot_retired = 3,   // its thread exited; the collector frees it after reading the last frames
+enum game_frame_slot_state : std::uint32_t {
+  game_frame_free = 0,
+  game_frame_claiming = 1,  // a thread is filling it in
+  game_frame_live = 2,      // its thread marks frames
+  game_frame_retired = 3,   // its thread exited; the collector frees it after reading the last frames
 };
 
-struct closed_frame {
+struct closed_game_frame {
   std::uint64_t seq;       // frame number on this thread (1 = the first frame that ended)
   std::uint64_t start_ns;  // CLOCK_MONOTONIC
   std::uint64_t end_ns;
@@ -115,8 +150,8 @@ struct closed_frame {
 
 // One marking thread. Single producer (the marking thread) for the closed-frame ring and the counters;
 // the handler reads `tid` and `seq`; the collector consumes the ring.
-struct alignas(64) frame_slot {
-  std::atomic<std::uint32_t> state{frame_slot_free};
+struct alignas(64) game_frame_slot {
+  std::atomic<std::uint32_t> state{game_frame_free};
   std::atomic<std::uint32_t> tid{0};
   std::atomic<std::uint32_t> generation{0};  // bumped on each claim: the collector notices reuse
   std::atomic<const char*> name{nullptr};    // loop name (a string literal or otherwise static text)
@@ -125,46 +160,46 @@ struct alignas(64) frame_slot {
   std::atomic<std::uint64_t> head{0};        // closed frames written (producer)
   std::atomic<std::uint64_t> tail{0};        // closed frames read (collector)
   std::atomic<std::uint64_t> lost{0};        // closed frames the ring had no room for
-  closed_frame ring[kClosedFrameRing];
+  closed_game_frame ring[kClosedGameFrameRing];
 };
 
 // Constant-initialized, like the handler's globals: valid in any thread at any time.
-struct frame_slot_table {
+struct game_frame_table {
   std::atomic<std::uint32_t> high_water{0};  // slots [0, high_water) have been used at least once
   std::atomic<std::uint64_t> no_slot{0};     // marks ignored because every slot was taken
-  frame_slot slots[kFrameSlots];
+  game_frame_slot slots[kGameFrameSlots];
 };
 
-inline frame_slot_table g_frame_slots;
+inline game_frame_table g_game_frames;
 
 // The tag of the frame `tid` is running now, or 0. Async-signal-safe: a bounded scan of atomics.
-inline std::uint64_t frame_tag_for(std::uint32_t tid) {
-  frame_slot_table& t = g_frame_slots;
+inline std::uint64_t game_frame_tag_for(std::uint32_t tid) {
+  game_frame_table& t = g_game_frames;
   std::uint32_t n = t.high_water.load(std::memory_order_acquire);
-  if (n > kFrameSlots) n = kFrameSlots;
+  if (n > kGameFrameSlots) n = kGameFrameSlots;
   for (std::uint32_t i = 0; i < n; ++i) {
-    frame_slot& s = t.slots[i];
+    game_frame_slot& s = t.slots[i];
     if (s.tid.load(std::memory_order_relaxed) != tid) continue;
-    if (s.state.load(std::memory_order_acquire) != frame_slot_live) continue;
+    if (s.state.load(std::memory_order_acquire) != game_frame_live) continue;
     // The handler runs on the marking thread itself (per-thread ticks), so program order suffices.
-    return (std::uint64_t(i + 1) << kFrameTagSlotShift) |
-           (s.seq.load(std::memory_order_relaxed) & kFrameSeqMask);
+    return (std::uint64_t(i + 1) << kGameFrameTagShift) |
+           (s.seq.load(std::memory_order_relaxed) & kGameFrameSeqMask);
   }
   return 0;
 }
 
-inline std::size_t frame_tag_slot(std::uint64_t tag) {
-  return static_cast<std::size_t>(tag >> kFrameTagSlotShift) - 1;
+inline std::size_t game_frame_tag_slot(std::uint64_t tag) {
+  return static_cast<std::size_t>(tag >> kGameFrameTagShift) - 1;
 }
-inline std::uint64_t frame_tag_seq(std::uint64_t tag) { return tag & kFrameSeqMask; }
+inline std::uint64_t game_frame_tag_seq(std::uint64_t tag) { return tag & kGameFrameSeqMask; }
 
 // Claims a free slot for `tid`, or returns nullptr when all are taken. Called once per marking thread.
-inline frame_slot* claim_frame_slot(std::uint32_t tid, const char* name) {
-  frame_slot_table& t = g_frame_slots;
-  for (std::size_t i = 0; i < kFrameSlots; ++i) {
-    frame_slot& s = t.slots[i];
-    std::uint32_t expected = frame_slot_free;
-    if (!s.state.compare_exchange_strong(expected, frame_slot_claiming, std::memory_order_acq_rel)) continue;
+inline game_frame_slot* claim_game_frame_slot(std::uint32_t tid, const char* name) {
+  game_frame_table& t = g_game_frames;
+  for (std::size_t i = 0; i < kGameFrameSlots; ++i) {
+    game_frame_slot& s = t.slots[i];
+    std::uint32_t expected = game_frame_free;
+    if (!s.state.compare_exchange_strong(expected, game_frame_claiming, std::memory_order_acq_rel)) continue;
     s.tid.store(tid, std::memory_order_relaxed);
     s.name.store(name, std::memory_order_relaxed);
     s.seq.store(1, std::memory_order_relaxed);
@@ -173,7 +208,7 @@ inline frame_slot* claim_frame_slot(std::uint32_t tid, const char* name) {
     s.head.store(0, std::memory_order_relaxed);
     s.tail.store(0, std::memory_order_relaxed);
     s.generation.fetch_add(1, std::memory_order_relaxed);
-    s.state.store(frame_slot_live, std::memory_order_release);
+    s.state.store(game_frame_live, std::memory_order_release);
     std::uint32_t hw = t.high_water.load(std::memory_order_relaxed);
     while (hw < i + 1 && !t.high_water.compare_exchange_weak(hw, static_cast<std::uint32_t>(i + 1),
                                                              std::memory_order_acq_rel)) {
@@ -185,13 +220,13 @@ inline frame_slot* claim_frame_slot(std::uint32_t tid, const char* name) {
 }
 
 // Ends the running frame at `now_ns` and starts the next. Marking thread only; no system call.
-inline void close_frame(frame_slot& s, std::uint64_t now_ns) {
+inline void close_game_frame(game_frame_slot& s, std::uint64_t now_ns) {
   const std::uint64_t start = s.start_ns.load(std::memory_order_relaxed);
   const std::uint64_t seq = s.seq.load(std::memory_order_relaxed);
   if (start != 0) {
     const std::uint64_t h = s.head.load(std::memory_order_relaxed);
-    if (h - s.tail.load(std::memory_order_acquire) < kClosedFrameRing) {
-      s.ring[h % kClosedFrameRing] = closed_frame{seq, start, now_ns};
+    if (h - s.tail.load(std::memory_order_acquire) < kClosedGameFrameRing) {
+      s.ring[h % kClosedGameFrameRing] = closed_game_frame{seq, start, now_ns};
       s.head.store(h + 1, std::memory_order_release);
     } else {
       s.lost.fetch_add(1, std::memory_order_relaxed);
@@ -203,11 +238,13 @@ inline void close_frame(frame_slot& s, std::uint64_t now_ns) {
 }
 
 // The marking thread exits: samples stop being tagged; the collector frees the slot after draining it.
-inline void retire_frame_slot(frame_slot& s) { s.state.store(frame_slot_retired, std::memory_order_release); }
+inline void retire_game_frame_slot(game_frame_slot& s) {
+  s.state.store(game_frame_retired, std::memory_order_release);
+}
 
 }  // namespace detail
 }  // namespace selfprof
-// ---- end selfprof/signal/frame_tags.hpp ----
+// ---- end selfprof/signal/game_frames.hpp ----
 // ---- begin selfprof/signal/raw_syscall.hpp ----
 // Signal-handler code: raw system calls that touch neither errno nor libc state.
 // Context: signal handler (async-signal-safe), also usable anywhere else.
@@ -266,23 +303,17 @@ namespace detail {
 
 // The calling thread's slot, cached in a thread_local of the *application* thread (the signal handler
 // never touches it). The destructor gives the slot back when the thread exits.
-struct frame_marker_tls {
-  frame_slot* slot = nullptr;
+struct game_frame_marker {
+  game_frame_slot* slot = nullptr;
   bool refused = false;  // every slot was taken when this thread first marked: stay silent, stay cheap
-  ~frame_marker_tls() {
-    if (slot) retire_frame_slot(*slot);
+  ~game_frame_marker() {
+    if (slot) retire_game_frame_slot(*slot);
   }
 };
 
-inline frame_marker_tls& frame_marker() {
-  static thread_local frame_marker_tls tls;
+inline game_frame_marker& this_thread_game_frames() {
+  static thread_local game_frame_marker tls;
   return tls;
-}
-
-inline std::uint64_t frame_clock_ns() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no system call
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
 }  // namespace detail
@@ -293,16 +324,16 @@ inline std::uint64_t frame_clock_ns() {
 // forever, whether the profiler runs or not: a few clock reads and stores, no system call, no allocation
 // after the first call.
 inline void frame_mark(const char* name = "frame") {
-  detail::frame_marker_tls& m = detail::frame_marker();
+  detail::game_frame_marker& m = detail::this_thread_game_frames();
   if (m.slot == nullptr) {
     if (m.refused) return;
-    m.slot = detail::claim_frame_slot(detail::raw_gettid(), name ? name : "frame");
+    m.slot = detail::claim_game_frame_slot(detail::raw_gettid(), name ? name : "frame");
     if (m.slot == nullptr) {
       m.refused = true;
       return;
     }
   }
-  detail::close_frame(*m.slot, detail::frame_clock_ns());
+  detail::close_game_frame(*m.slot, detail::monotonic_ns());
 }
 
 }  // namespace selfprof
@@ -324,7 +355,6 @@ inline void frame_mark(const char* name = "frame") {
 // perf reads a jitdump only with `perf record -k 1 ...` followed by `perf inject --jit`.
 
 #include <cstddef>
-#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -384,6 +414,77 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
 }  // namespace jit
 }  // namespace selfprof
 // ---- end selfprof/jit/options.hpp ----
+// ---- begin selfprof/status.hpp ----
+// Errors as values: a small status type with a message, used across the public API instead of exceptions.
+// Context: any thread (not the signal handler: it allocates).
+
+#include <string>
+#include <utility>
+
+namespace selfprof {
+
+class status {
+ public:
+  status() = default;
+  static status ok() { return status(); }
+  // `code`: the errno behind the failure when one is (callers decide on it, never on the text), else 0.
+  static status error(std::string message, int code = 0) {
+    status s;
+    s.failed_ = true;
+    s.message_ = std::move(message);
+    s.code_ = code;
+    return s;
+  }
+  explicit operator bool() const { return !failed_; }
+  bool is_ok() const { return !failed_; }
+  const std::string& message() const { return message_; }
+  int code() const { return code_; }
+
+ private:
+  bool failed_ = false;
+  int code_ = 0;
+  std::string message_;
+};
+
+}  // namespace selfprof
+// ---- end selfprof/status.hpp ----
+
+namespace selfprof {
+namespace jit {
+
+// Registers [code, code+size) under `name` (sanitised: control bytes become '_', cut at 512 bytes, at
+// least 3 characters). Registering again at the same address replaces the earlier code from now on.
+// Thread-safe; a few hundred nanoseconds; file writes happen in the background. False for null or empty.
+SELFPROF_API bool add(const void* code, std::size_t size, std::string_view name);
+
+// Marks the code registered at `code` as gone from now on (samples taken before still name it).
+// False when no live region starts there.
+SELFPROF_API bool remove(const void* code);
+
+// Writes every pending registration to the perf map (and jitdump) now; also done in the background,
+// at exit and at each dump. Returns why a file was refused or could not be written.
+SELFPROF_API status flush();
+
+// Settings for the process-wide JIT support; only before the first add() (an error afterwards).
+SELFPROF_API status configure(const options& o);
+
+// Where the perf map goes (or went) for this process.
+SELFPROF_API std::string perf_map_path();
+
+}  // namespace jit
+}  // namespace selfprof
+
+#if SELFPROF_DETAIL_WITH_IMPLEMENTATION
+// ---- begin selfprof/jit/api.hpp ----
+// The definitions of selfprof::jit's public functions (declared and documented in jit.hpp): inline in
+// header-only mode, compiled once with SELFPROF_COMPILED_LIB.
+// Context: any thread (never the signal handler).
+
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include <string_view>
+
 // ---- begin selfprof/jit/runtime.hpp ----
 // The JIT runtime: the registry plus the batched perf map and jitdump writers behind selfprof::jit::add,
 // remove and flush — one lock for registration, pending bytes written by a background thread (or on
@@ -396,8 +497,6 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -405,46 +504,188 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
 #include <new>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
-// ---- begin selfprof/detail/process.hpp ----
-// Two facts about this process that several background threads read: the clock samples are stamped
-// with, and how many times the dynamic loader has added or removed a library.
-// Context: any thread except the signal handler (dl_iterate_phdr takes the loader's lock).
+// ---- begin selfprof/detail/worker.hpp ----
+// The one kind of background thread selfprof runs (collector, dumper, JIT flusher, wall sampler): created
+// with every asynchronous signal blocked, named, its tid known before start() returns, woken through an
+// eventfd, joined by stop(), forgotten without a join in a forked child.
+// Context: setup only (start, stop, abandon_after_fork); wait() on the worker's own thread; wake() from
+// any thread (wake_fd() may be written from a signal handler).
 
-#include <link.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
-#include <cstddef>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
 #include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+
 
 namespace selfprof {
 namespace detail {
 
-// CLOCK_MONOTONIC in ns: the clock the signal handler stamps samples with.
-inline std::uint64_t monotonic_ns() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+// The mask a worker starts with: every signal but the synchronous fault signals, which the kernel
+// raises for a fault in this very thread and cannot hold back (a blocked one kills the process without
+// running the application's crash handler). So an application's SIGALRM, SIGCHLD, SIGTERM or SIGPIPE
+// handler never runs on a selfprof thread, and a timer signal never interrupts one.
+inline sigset_t worker_signal_mask() {
+  sigset_t set;
+  sigfillset(&set);
+  for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS}) sigdelset(&set, s);
+  return set;
 }
 
-// Libraries loaded plus unloaded so far (dl_iterate_phdr's counters): changes on dlopen/dlclose.
-inline std::uint64_t loader_generation() {
-  std::uint64_t gen = 0;
-  dl_iterate_phdr(
-      [](struct dl_phdr_info* info, std::size_t size, void* out) {
-        if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
-          *static_cast<std::uint64_t*>(out) = info->dlpi_adds + info->dlpi_subs;
-        return 1;
-      },
-      &gen);
-  return gen;
-}
+class worker {
+ public:
+  worker() = default;
+  worker(const worker&) = delete;
+  worker& operator=(const worker&) = delete;
+  ~worker() { stop(); }
+
+  // Runs body(context) on a new thread called `name` (at most 15 characters). The thread is created with
+  // worker_signal_mask() already in force. Fails when the thread or its eventfd cannot be created.
+  status start(const char* name, void (*body)(void*), void* context) {
+    if (running_) return status::error(std::string("selfprof: thread ") + name + " runs already");
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd_ < 0) {
+      const int e = errno;
+      return status::error(std::string("selfprof: eventfd for ") + name + ": " + std::strerror(e), e);
+    }
+    name_ = name;
+    body_ = body;
+    context_ = context;
+    stopping_.store(false, std::memory_order_relaxed);
+    tid_.store(0, std::memory_order_relaxed);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    const sigset_t mask = worker_signal_mask();
+    sigset_t old;
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+    const bool in_attr = pthread_attr_setsigmask_np(&attr, &mask) == 0;
+#else
+    const bool in_attr = false;
+#endif
+    if (!in_attr) pthread_sigmask(SIG_SETMASK, &mask, &old);  // inherited by the new thread
+    const int rc = pthread_create(&thread_, &attr, &worker::entry, this);
+    if (!in_attr) pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+      ::close(wake_fd_);
+      wake_fd_ = -1;
+      return status::error(std::string("selfprof: cannot start thread ") + name + ": " + std::strerror(rc),
+                           rc);
+    }
+    running_ = true;
+    std::unique_lock<std::mutex> lock(mu_);
+    started_.wait(lock, [&] { return tid_.load(std::memory_order_relaxed) != 0; });
+    return status::ok();
+  }
+
+  // Asks the body to return (stopping() turns true and wait() returns false), then joins. Idempotent.
+  void stop() {
+    if (!running_) return;
+    stopping_.store(true, std::memory_order_release);
+    wake();
+    pthread_join(thread_, nullptr);
+    running_ = false;
+    ::close(wake_fd_);
+    wake_fd_ = -1;
+    tid_.store(0, std::memory_order_relaxed);
+  }
+
+  bool running() const { return running_; }
+  bool stopping() const { return stopping_.load(std::memory_order_acquire); }
+  pid_t tid() const { return tid_.load(std::memory_order_relaxed); }
+  int wake_fd() const { return wake_fd_; }
+
+  // The worker's own thread: sleeps until woken, stopped or `timeout_ms` passed (-1: no timeout). Returns
+  // false once stop() was asked. `extra_fd` (optional) also ends the wait when readable; `*extra_ready`
+  // then says so.
+  bool wait(int timeout_ms, int extra_fd = -1, bool* extra_ready = nullptr) {
+    return wait_ns(timeout_ms < 0 ? -1 : static_cast<std::int64_t>(timeout_ms) * 1000000, extra_fd,
+                   extra_ready);
+  }
+  bool wait_ns(std::int64_t timeout_ns, int extra_fd = -1, bool* extra_ready = nullptr) {
+    struct pollfd p[2] = {};
+    p[0].fd = wake_fd_;
+    p[0].events = POLLIN;
+    p[1].fd = extra_fd;
+    p[1].events = POLLIN;
+    struct timespec ts {
+      static_cast<time_t>(timeout_ns / 1000000000), static_cast<long>(timeout_ns % 1000000000)
+    };
+    const int n = ::ppoll(p, extra_fd >= 0 ? 2 : 1, timeout_ns < 0 ? nullptr : &ts, nullptr);
+    if (n > 0 && (p[0].revents & POLLIN)) {
+      std::uint64_t v;
+      ssize_t r = ::read(wake_fd_, &v, sizeof v);
+      (void)r;
+    }
+    if (extra_ready) *extra_ready = n > 0 && extra_fd >= 0 && (p[1].revents & POLLIN);
+    return !stopping();
+  }
+
+  // Any thread: ends the current or next wait().
+  void wake() const {
+    if (wake_fd_ < 0) return;
+    const std::uint64_t one = 1;
+    raw_syscall3(SYS_write, wake_fd_, reinterpret_cast<long>(&one), sizeof one);
+  }
+
+  // In a forked child the thread does not exist: forget it without joining; this process's copy of the
+  // eventfd is closed. The locks are made anew (a parent thread may have held them at the fork).
+  void abandon_after_fork() {
+    if (running_) {
+      new (&thread_) pthread_t();
+      running_ = false;
+    }
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    wake_fd_ = -1;
+    tid_.store(0, std::memory_order_relaxed);
+    new (&mu_) std::mutex();
+    new (&started_) std::condition_variable();
+  }
+
+  // True when `start` is the routine every worker thread begins in: the preload library's pthread_create
+  // hook leaves selfprof's own threads alone by this.
+  static bool is_entry(void* (*start)(void*)) { return start == &worker::entry; }
+
+ private:
+  static void* entry(void* self) {
+    worker& w = *static_cast<worker*>(self);
+    pthread_setname_np(pthread_self(), w.name_);
+    {
+      std::lock_guard<std::mutex> lock(w.mu_);
+      w.tid_.store(static_cast<pid_t>(raw_gettid()), std::memory_order_relaxed);
+    }
+    w.started_.notify_all();
+    w.body_(w.context_);
+    return nullptr;
+  }
+
+  pthread_t thread_{};
+  bool running_ = false;
+  const char* name_ = "";
+  void (*body_)(void*) = nullptr;
+  void* context_ = nullptr;
+  int wake_fd_ = -1;
+  std::atomic<bool> stopping_{false};
+  std::atomic<pid_t> tid_{0};
+  std::mutex mu_;
+  std::condition_variable started_;
+};
 
 }  // namespace detail
 }  // namespace selfprof
-// ---- end selfprof/detail/process.hpp ----
+// ---- end selfprof/detail/worker.hpp ----
 // ---- begin selfprof/jit/jitdump_writer.hpp ----
 // Writer of perf's jitdump file jit-<pid>.dump (file header, then one JIT_CODE_LOAD record per
 // registration with the code bytes), mapped PROT_READ|PROT_EXEC so that `perf record -k 1` sees it
@@ -459,10 +700,14 @@ inline std::uint64_t loader_generation() {
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <utility>
 
 // ---- begin selfprof/detail/sys.hpp ----
-// The one thin seam every system call of selfprof (outside the signal handler) goes through, so tests
-// can inject failures such as EACCES, ENOSYS or EMFILE. Functions follow libc: -1 and errno on failure.
+// The seam for the system calls tests inject failures into (EACCES, ENOSYS, EMFILE, ...): opening and
+// closing tick sources (perf_event_open, timer_*, setitimer, fcntl), taking signals (sigaction), creating
+// output files (open, openat, close) and resource limits. Other calls (ioctl on a perf fd, reads of
+// /proc, eventfd, poll) go to libc directly; their failures are handled where they happen.
+// Functions follow libc: -1 and errno on failure.
 // Context: any thread except the signal handler (the handler makes its few raw syscalls directly).
 
 #include <fcntl.h>
@@ -551,37 +796,8 @@ inline syscall_table& sys() {
 #include <cerrno>
 #include <cstring>
 #include <string>
-
-// ---- begin selfprof/status.hpp ----
-// Errors as values: a small status type with a message, used across the public API instead of exceptions.
-// Context: any thread (not the signal handler: it allocates).
-
-#include <string>
 #include <utility>
 
-namespace selfprof {
-
-class status {
- public:
-  status() = default;
-  static status ok() { return status(); }
-  static status error(std::string message) {
-    status s;
-    s.failed_ = true;
-    s.message_ = std::move(message);
-    return s;
-  }
-  explicit operator bool() const { return !failed_; }
-  bool is_ok() const { return !failed_; }
-  const std::string& message() const { return message_; }
-
- private:
-  bool failed_ = false;
-  std::string message_;
-};
-
-}  // namespace selfprof
-// ---- end selfprof/status.hpp ----
 
 namespace selfprof {
 namespace detail {
@@ -597,6 +813,19 @@ struct safe_file {
 //   wrap) or from before an exec; it is unlinked and the file created again with O_EXCL (as QEMU does);
 // - a symlink, anything not a regular file, a file owned by another user or with other hard links: refused,
 //   nothing is opened, followed, truncated or removed. `what` names the file in messages.
+// "<head><what> <path>: <reason>", the shape of every message below.
+inline status file_error(const char* head, const char* what, const std::string& path, const char* reason,
+                         const char* more = "") {
+  std::string m = head;
+  m += what;
+  m += ' ';
+  m += path;
+  m += ": ";
+  m += reason;
+  m += more;
+  return status::error(std::move(m));
+}
+
 inline status create_safe_file(const std::string& path, int extra_flags, const char* what, safe_file& out) {
   out = safe_file{};
   const int flags = O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | extra_flags;
@@ -611,8 +840,7 @@ inline status create_safe_file(const std::string& path, int extra_flags, const c
     }
     int e = errno;
     if (e != EEXIST || attempt == 1) {
-      return status::error(std::string("selfprof: cannot create ") + what + " " + path + ": " +
-                           std::strerror(e));
+      return file_error("selfprof: cannot create ", what, path, std::strerror(e));
     }
     struct stat st;
     if (::lstat(path.c_str(), &st) != 0) continue;  // gone meanwhile: try again
@@ -622,24 +850,27 @@ inline status create_safe_file(const std::string& path, int extra_flags, const c
     } else if (!S_ISREG(st.st_mode)) {
       refuse = "it is not a regular file";
     } else if (st.st_uid != ::geteuid()) {
-      refuse = "it is owned by uid " + std::to_string(st.st_uid) + ", not by this process's user (uid " +
-               std::to_string(::geteuid()) + ")";
+      refuse = "it is owned by uid ";
+      refuse += std::to_string(st.st_uid);
+      refuse += ", not by this process's user (uid ";
+      refuse += std::to_string(::geteuid());
+      refuse += ')';
     } else if (st.st_nlink != 1) {
-      refuse = "it has " + std::to_string(st.st_nlink) + " hard links";
+      refuse = "it has ";
+      refuse += std::to_string(st.st_nlink);
+      refuse += " hard links";
     }
     if (!refuse.empty()) {
-      return status::error(std::string("selfprof: refusing to write ") + what + " " + path + ": " + refuse +
-                           " (a stale or hostile file); remove it or set another directory. Nothing was "
-                           "written to it");
+      return file_error("selfprof: refusing to write ", what, path, refuse.c_str(),
+                        " (a stale or hostile file); remove it or set another directory. Nothing was "
+                        "written to it");
     }
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-      return status::error(std::string("selfprof: cannot replace the stale ") + what + " " + path + ": " +
-                           std::strerror(errno));
+      return file_error("selfprof: cannot replace the stale ", what, path, std::strerror(errno));
     }
     out.replaced_stale = true;
   }
-  return status::error(std::string("selfprof: cannot create ") + what + " " + path +
-                       ": something keeps re-creating it");
+  return file_error("selfprof: cannot create ", what, path, "something keeps re-creating it");
 }
 
 // Writes all of [data, data+size) to fd, retrying on EINTR and short writes.
@@ -648,7 +879,11 @@ inline status write_all(int fd, const char* data, std::size_t size, const std::s
     ssize_t n = ::write(fd, data, size);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return status::error("selfprof: writing " + path + " failed: " + std::strerror(errno));
+      std::string m = "selfprof: writing ";
+      m += path;
+      m += " failed: ";
+      m += std::strerror(errno);
+      return status::error(std::move(m));
     }
     data += n;
     size -= static_cast<std::size_t>(n);
@@ -739,8 +974,12 @@ class jitdump_writer {
   ~jitdump_writer() { close(); }
 
   static std::string path_for(const std::string& dir, long pid) {
-    std::string d = dir.empty() ? "." : dir;
-    return d + (d.back() != '/' ? "/" : "") + "jit-" + std::to_string(pid) + ".dump";
+    std::string path = dir.empty() ? "." : dir;
+    if (path.back() != '/') path += '/';
+    path += "jit-";
+    path += std::to_string(pid);
+    path += ".dump";
+    return path;
   }
   const std::string& path() const { return path_; }
   bool is_open() const { return fd_ >= 0; }
@@ -765,9 +1004,12 @@ class jitdump_writer {
     if (m == MAP_FAILED) {
       int e = errno;
       sys().close(f.fd);
-      return status::error("selfprof: cannot map the jitdump " + path_ +
-                           " PROT_EXEC (perf would not see it): " + std::strerror(e) +
-                           (e == EPERM ? " (noexec mount? set SELFPROF_JITDUMP_DIR)" : ""));
+      std::string m = "selfprof: cannot map the jitdump ";
+      m += path_;
+      m += " PROT_EXEC (perf would not see it): ";
+      m += std::strerror(e);
+      if (e == EPERM) m += " (noexec mount? set SELFPROF_JITDUMP_DIR)";
+      return status::error(std::move(m));
     }
     mapping_ = m;
     fd_ = f.fd;
@@ -902,7 +1144,12 @@ class perf_map_writer {
   ~perf_map_writer() { close(); }
 
   static std::string path_for(const std::string& dir, long pid) {
-    return dir + (dir.empty() || dir.back() != '/' ? "/" : "") + "perf-" + std::to_string(pid) + ".map";
+    std::string path = dir;
+    if (path.empty() || path.back() != '/') path += '/';
+    path += "perf-";
+    path += std::to_string(pid);
+    path += ".map";
+    return path;
   }
   const std::string& path() const { return path_; }
   bool is_open() const { return fd_ >= 0; }
@@ -973,6 +1220,67 @@ class perf_map_writer {
 #include <string>
 #include <vector>
 
+// ---- begin selfprof/modes.hpp ----
+// The enums that name what a profile counts, how stacks are walked and which tick source samples, with
+// their names as the environment variables and the writers spell them.
+// Context: any thread (values only).
+
+namespace selfprof {
+
+// What a profile counts. Profiles made from a wall profile's off-CPU stacks say `offcpu`; options take
+// only `cpu` or `wall`.
+enum class profile_mode { cpu, wall, offcpu };
+
+// How the signal handler walks stacks: `dwarf` follows .eh_frame rows (frame pointers where a module
+// has none), `fp` frame pointers only, `automatic` dwarf when the rows build.
+enum class unwind_mode { automatic, fp, dwarf };
+
+// The mechanism that delivers ticks (sources/). `none`: wall mode without on-CPU ticks.
+enum class source_kind { automatic, perf, timer, itimer, none };
+
+inline const char* mode_name(profile_mode m) {
+  switch (m) {
+    case profile_mode::cpu:
+      return "cpu";
+    case profile_mode::wall:
+      return "wall";
+    case profile_mode::offcpu:
+      return "offcpu";
+  }
+  return "?";
+}
+
+inline const char* unwind_name(unwind_mode u) {
+  switch (u) {
+    case unwind_mode::automatic:
+      return "auto";
+    case unwind_mode::fp:
+      return "fp";
+    case unwind_mode::dwarf:
+      return "dwarf";
+  }
+  return "?";
+}
+
+inline const char* source_name(source_kind k) {
+  switch (k) {
+    case source_kind::automatic:
+      return "auto";
+    case source_kind::perf:
+      return "perf";
+    case source_kind::timer:
+      return "timer";
+    case source_kind::itimer:
+      return "itimer";
+    case source_kind::none:
+      return "none";
+  }
+  return "?";
+}
+
+}  // namespace selfprof
+// ---- end selfprof/modes.hpp ----
+
 namespace selfprof {
 
 // What kind of code a frame is in; writers map it to the folded annotations of
@@ -1034,17 +1342,18 @@ inline std::string frame_stats_line(const frame_loop_stats& s) {
 }
 
 struct profile_info {
-  std::string mode = "cpu";         // cpu | wall | offcpu (the off-CPU part of a wall profile)
-  std::string unit = "samples";     // what stack::count counts
-  std::string source;               // tick source that produced the samples (perf, timer, itimer, file)
-  double hz = 0;                    // requested sampling rate
-  double duration_s = 0;            // wall time covered by the profile
-  std::uint64_t period_ns = 0;      // CPU time one sample stands for
-  std::uint64_t samples = 0;        // samples counted in the stacks (sum of weights)
-  std::uint64_t dropped = 0;        // samples lost (ring full, unwinder refused, ...)
-  std::uint64_t truncated = 0;      // samples whose stack hit the depth limit
-  std::uint64_t start_unix_ns = 0;  // when the profile started
-  std::vector<std::string> notes;   // human-readable remarks (why a source was refused, ...)
+  profile_mode mode = profile_mode::cpu;  // cpu, wall, or offcpu (the off-CPU part of a wall profile)
+  std::string unit = "samples";           // what stack::count counts
+  std::string source;                     // tick source that produced the samples (perf, timer, itimer, file)
+  double hz = 0;                          // requested sampling rate
+  double duration_s = 0;                  // wall time covered by the profile
+  std::uint64_t period_ns = 0;            // CPU time one sample stands for
+  std::uint64_t samples = 0;              // samples counted in the stacks (sum of weights)
+  std::uint64_t dropped = 0;              // samples lost (ring full, unwinder refused, ...)
+  std::uint64_t truncated = 0;            // samples whose stack hit the depth limit
+  std::uint64_t start_unix_ns = 0;        // when the profile started
+  bool kernel_time = true;                // samples include time spent in the kernel (false: user-only ticks)
+  std::vector<std::string> notes;         // human-readable remarks (why a source was refused, ...)
   std::string view;  // what the stacks hold: "" all samples, "slow frames", "frame ..." one frame
   std::vector<frame_loop_stats> frame_loops;  // game/engine loops marked with frame_mark (empty: none)
 };
@@ -1339,9 +1648,10 @@ class jit_registry {
     runs_.push_back(std::move(fresh));
     while (runs_.size() >= 2 && runs_[runs_.size() - 2].size() <= 2 * runs_.back().size()) {
       run& a = runs_[runs_.size() - 2];
-      std::size_t mid = a.size();
-      a.insert(a.end(), runs_.back().begin(), runs_.back().end());
-      std::inplace_merge(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(mid), a.end(), by_start);
+      const run& b = runs_.back();
+      run merged(a.size() + b.size());
+      std::merge(a.begin(), a.end(), b.begin(), b.end(), merged.begin(), by_start);
+      a.swap(merged);
       runs_.pop_back();
     }
     run& last = runs_.back();
@@ -1406,15 +1716,7 @@ class jit_runtime {
   jit_runtime(const jit_runtime&) = delete;
   jit_runtime& operator=(const jit_runtime&) = delete;
   ~jit_runtime() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (flusher_ != nullptr) {
-      flusher_->join();
-      delete flusher_;
-    }
+    flusher_.stop();
     flush();
   }
 
@@ -1437,8 +1739,8 @@ class jit_runtime {
       std::size_t after = pending_map_.size() + pending_dump_.size();
       if (after == 0) return true;
       if (before == 0) oldest_pending_ns_ = now;
-      if (opts_.background_flush && flusher_ == nullptr && !no_flusher_) start_flusher_locked();
-      if (flusher_ != nullptr) {
+      if (opts_.background_flush && !flusher_.running() && !no_flusher_) start_flusher_locked();
+      if (flusher_.running()) {
         notify = before == 0 || (before < opts_.flush_bytes && after >= opts_.flush_bytes);
         write_now = after >= jit_pending_hard_limit;  // the thread is behind: push back on the JIT
       } else {
@@ -1446,7 +1748,7 @@ class jit_runtime {
             after >= opts_.flush_bytes || now - oldest_pending_ns_ >= opts_.flush_delay_ms * 1000000ull;
       }
     }
-    if (notify) cv_.notify_one();
+    if (notify) flusher_.wake();
     if (write_now) flush();
     return true;
   }
@@ -1486,6 +1788,7 @@ class jit_runtime {
   }
 
   jit_registry& registry() { return registry_; }
+  pid_t flusher_tid() const { return flusher_.tid(); }
   std::string perf_map_path() {
     std::lock_guard<std::mutex> w(write_mu_);
     return map_.path();
@@ -1507,9 +1810,8 @@ class jit_runtime {
   }
   void atfork_child() {
     registry_.reset_lookup_after_fork();
-    flusher_ = nullptr;  // that thread does not exist here; its std::thread is leaked on purpose
-    no_flusher_ = true;  // no thread behind the child's back: thresholds, flush() and exit write
-    stop_ = false;
+    flusher_.abandon_after_fork();  // that thread does not exist here
+    no_flusher_ = true;             // no thread behind the child's back: thresholds, flush() and exit write
     pending_map_.clear();
     pending_dump_.clear();
     write_map_.clear();
@@ -1540,27 +1842,27 @@ class jit_runtime {
   }
 
   void start_flusher_locked() {
-    try {
-      flusher_ = new std::thread([this] { flusher_loop(); });
-    } catch (...) {  // no thread (EAGAIN, a sandbox): thresholds, flush() and exit still write
-      flusher_ = nullptr;
-      no_flusher_ = true;
-    }
+    // No thread (EAGAIN, a sandbox): thresholds, flush() and exit still write.
+    if (!flusher_.start("selfprof-jit", &jit_runtime::flusher_main, this)) no_flusher_ = true;
   }
 
+  static void flusher_main(void* self) { static_cast<jit_runtime*>(self)->flusher_loop(); }
+
+  // Woken by add() when bytes are pending; lets a burst of registrations gather into one write (until
+  // flush_bytes are pending or flush_delay_ms passed), then writes.
   void flusher_loop() {
-    pthread_setname_np(pthread_self(), "selfprof-jit");
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !pending_map_.empty() || !pending_dump_.empty(); });
-      if (stop_) return;
-      // Let a burst of registrations gather into one write.
-      cv_.wait_for(lock, std::chrono::milliseconds(opts_.flush_delay_ms),
-                   [&] { return stop_ || pending_map_.size() + pending_dump_.size() >= opts_.flush_bytes; });
-      if (stop_) return;
-      lock.unlock();
+    while (flusher_.wait(-1)) {
+      const std::uint64_t deadline = monotonic_ns() + opts_.flush_delay_ms * 1000000ull;
+      for (;;) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (pending_map_.size() + pending_dump_.size() >= opts_.flush_bytes) break;
+        }
+        const std::uint64_t now = monotonic_ns();
+        if (now >= deadline) break;
+        if (!flusher_.wait(static_cast<int>((deadline - now) / 1000000ull) + 1)) return;
+      }
       flush();
-      lock.lock();
     }
   }
 
@@ -1574,16 +1876,14 @@ class jit_runtime {
   status map_error_, dump_error_;
 
   std::mutex mu_;  // registry writers, pending bytes, flags
-  std::condition_variable cv_;
   jit_registry registry_;
   std::string scratch_;
   std::string pending_map_, pending_dump_;
   std::uint64_t oldest_pending_ns_ = 0;
   bool map_on_, dump_on_;
   bool reemit_after_fork_ = false;
-  bool stop_ = false;
   bool no_flusher_ = false;
-  std::thread* flusher_ = nullptr;
+  worker flusher_;  // "selfprof-jit"
 };
 
 // The process-wide runtime, or null before the first registration (lookups then return at once).
@@ -1626,6 +1926,27 @@ inline jit_runtime& jit_global() {
   return *rt;
 }
 
+// The collector's hook: rewrites the pc of a sample taken at time_ns (CLOCK_MONOTONIC) to a tagged value
+// naming the JIT region in place then (and returns true). False at once when no JIT code was registered.
+inline bool jit_translate_pc(std::uint64_t& pc, std::uint64_t time_ns) {
+  jit_runtime* rt = jit_runtime_slot().load(std::memory_order_acquire);
+  return rt != nullptr && rt->registry().translate(pc, time_ns);
+}
+
+// The JIT flusher thread ("selfprof-jit"), 0 when none runs: one of selfprof's own threads.
+inline pid_t jit_flusher_tid() {
+  jit_runtime* rt = jit_runtime_slot().load(std::memory_order_acquire);
+  return rt != nullptr ? rt->flusher_tid() : 0;
+}
+
+// The symbolizer's hook: names a value made by jit_translate_pc (or that value minus one, as looked up for
+// return addresses): kind jit, module "[jit]", the name registered, address the original pc.
+inline bool jit_name_tagged(std::uint64_t tagged, frame& out) {
+  if (!is_jit_tagged(tagged)) return false;
+  jit_runtime* rt = jit_runtime_slot().load(std::memory_order_acquire);
+  return rt != nullptr && rt->registry().name(tagged, out);
+}
+
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/jit/runtime.hpp ----
@@ -1633,29 +1954,21 @@ inline jit_runtime& jit_global() {
 namespace selfprof {
 namespace jit {
 
-// Registers [code, code+size) under `name` (sanitised: control bytes become '_', cut at 512 bytes, at
-// least 3 characters). Registering again at the same address replaces the earlier code from now on.
-// Thread-safe; a few hundred nanoseconds; file writes happen in the background. False for null or empty.
-inline bool add(const void* code, std::size_t size, std::string_view name) {
+SELFPROF_API bool add(const void* code, std::size_t size, std::string_view name) {
   return selfprof::detail::jit_global().add(code, size, name);
 }
 
-// Marks the code registered at `code` as gone from now on (samples taken before still name it).
-// False when no live region starts there.
-inline bool remove(const void* code) {
+SELFPROF_API bool remove(const void* code) {
   if (selfprof::detail::jit_runtime_slot().load(std::memory_order_acquire) == nullptr) return false;
   return selfprof::detail::jit_global().remove(code);
 }
 
-// Writes every pending registration to the perf map (and jitdump) now; also done in the background,
-// at exit and (once wired) at each dump. Returns why a file was refused or could not be written.
-inline status flush() {
+SELFPROF_API status flush() {
   if (selfprof::detail::jit_runtime_slot().load(std::memory_order_acquire) == nullptr) return status::ok();
   return selfprof::detail::jit_global().flush();
 }
 
-// Settings for the process-wide JIT support; only before the first add() (an error afterwards).
-inline status configure(const options& o) {
+SELFPROF_API status configure(const options& o) {
   std::lock_guard<std::mutex> lock(selfprof::detail::jit_runtime_init_mutex());
   if (selfprof::detail::jit_runtime_slot().load(std::memory_order_acquire) != nullptr)
     return status::error("selfprof: jit::configure() must come before the first jit::add()");
@@ -1663,29 +1976,12 @@ inline status configure(const options& o) {
   return status::ok();
 }
 
-// Where the perf map goes (or went) for this process.
-inline std::string perf_map_path() { return selfprof::detail::jit_global().perf_map_path(); }
+SELFPROF_API std::string perf_map_path() { return selfprof::detail::jit_global().perf_map_path(); }
 
-namespace detail {
-
-// Collector hook: for a pc of a sample taken at time_ns (CLOCK_MONOTONIC), rewrites it to a tagged value
-// naming the JIT region in place then (and returns true). False at once when no JIT code was registered.
-inline bool translate_pc(std::uint64_t& pc, std::uint64_t time_ns) {
-  selfprof::detail::jit_runtime* rt = selfprof::detail::jit_runtime_slot().load(std::memory_order_acquire);
-  return rt != nullptr && rt->registry().translate(pc, time_ns);
-}
-
-// Symbolizer hook: names a value made by translate_pc (or that value minus one, as looked up for return
-// addresses): kind jit, module "[jit]", the name registered, address the original pc.
-inline bool name_tagged(std::uint64_t tagged, selfprof::frame& out) {
-  if (!selfprof::detail::is_jit_tagged(tagged)) return false;
-  selfprof::detail::jit_runtime* rt = selfprof::detail::jit_runtime_slot().load(std::memory_order_acquire);
-  return rt != nullptr && rt->registry().name(tagged, out);
-}
-
-}  // namespace detail
 }  // namespace jit
 }  // namespace selfprof
+// ---- end selfprof/jit/api.hpp ----
+#endif
 // ---- end selfprof/jit.hpp ----
 // ---- begin selfprof/options.hpp ----
 // Profiler options and their SELFPROF_* environment variables (parsed, validated, reported by name).
@@ -1699,99 +1995,6 @@ inline bool name_tagged(std::uint64_t tagged, selfprof::frame& out) {
 #include <string>
 #include <vector>
 
-// ---- begin selfprof/sources/source.hpp ----
-// The tick-source interface: what every sampling mechanism (perf_event, CPU timer, itimer) provides.
-// Context: setup only and the collector thread (never the signal handler).
-
-#include <sys/types.h>
-#include <time.h>
-
-#include <cstdint>
-#include <string>
-
-
-namespace selfprof {
-
-enum class source_kind { automatic, perf, timer, itimer };
-
-inline const char* source_name(source_kind k) {
-  switch (k) {
-    case source_kind::automatic:
-      return "auto";
-    case source_kind::perf:
-      return "perf";
-    case source_kind::timer:
-      return "timer";
-    case source_kind::itimer:
-      return "itimer";
-  }
-  return "?";
-}
-
-namespace detail {
-
-struct source_config {
-  double hz = 99;
-  int signal_number = 0;
-  bool allow_user_only = false;  // perf: accept an event that excludes kernel time
-  // perf, wall mode: only a software task clock that excludes the kernel, whose ticks land in user code
-  // only (wall/sampler.hpp explains why that keeps EINTR away from blocking calls).
-  bool user_clock_only = false;
-};
-
-class tick_source {
- public:
-  virtual ~tick_source() = default;
-  virtual source_kind kind() const = 0;
-  // A short description of what was opened (e.g. "perf task-clock (user+kernel)").
-  virtual std::string describe() const = 0;
-  // Process-wide setup; checks that the mechanism works (opens one probe for the calling thread).
-  virtual status open(const source_config& config) = 0;
-  // Per-thread sources arm one thread by tid, from any thread of the process.
-  virtual bool per_thread() const = 0;
-  virtual status arm(pid_t tid) = 0;
-  virtual void disarm(pid_t tid) = 0;
-  // Disarms every thread and releases every kernel object. Idempotent.
-  virtual void close() = 0;
-  // A forked child holds copies of the parent's kernel objects: forget them without touching the
-  // parent's (no disable ioctl); just release this process's references.
-  virtual void abandon_after_fork() = 0;
-  virtual std::size_t armed_count() const = 0;
-  // Sampling rate really delivered per CPU-second (may be lower than requested: timer above the tick).
-  virtual double effective_hz() const = 0;
-  virtual bool counts_kernel_time() const = 0;
-  // [frames] Samples one armed thread at `hz` instead (SELFPROF_FRAME_HZ on threads that mark frames).
-  virtual status set_thread_rate(pid_t tid, double hz) {
-    (void)tid;
-    (void)hz;
-    return status::error(std::string(source_name(kind())) + ": no per-thread rate");
-  }
-  // [/frames]
-};
-
-// Kernel tick rate (CONFIG_HZ), read from the resolution of the coarse clock, which advances by one tick.
-inline double kernel_tick_hz() {
-  struct timespec res {};
-  if (clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0 && (res.tv_sec > 0 || res.tv_nsec > 0))
-    return 1e9 / (static_cast<double>(res.tv_sec) * 1e9 + static_cast<double>(res.tv_nsec));
-  return 250;  // the most common CONFIG_HZ
-}
-
-// The CPU clock of one thread by tid: the kernel's CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD encoding
-// (what pthread_getcpuclockid returns, without needing the pthread_t; see clock_getcpuclockid(3)).
-inline clockid_t thread_cpu_clock(pid_t tid) {
-  return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
-}
-
-inline std::int64_t period_ns_for(double hz) {
-  if (!(hz > 0)) hz = 99;
-  double ns = 1e9 / hz;
-  return ns < 1000 ? 1000 : static_cast<std::int64_t>(ns);
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/sources/source.hpp ----
 
 namespace selfprof {
 
@@ -1799,22 +2002,19 @@ struct options {
   double hz = 99;                               // SELFPROF_HZ: samples per CPU-second per thread
   source_kind source = source_kind::automatic;  // SELFPROF_SOURCE: auto|perf|timer|itimer
   std::string out;                              // SELFPROF_OUT: dump path template(s), comma-separated
-  int dump_signal = SIGUSR2;      // SELFPROF_SIGNAL: USR2 (default), USR1, a number, or none (0)
-  std::string mode = "cpu";       // SELFPROF_MODE: cpu|wall
-  double interval_s = 0;          // SELFPROF_INTERVAL: seconds between periodic dumps (0: off)
-  double window_s = 0;            // SELFPROF_WINDOW: dumps hold only the last N seconds (0: all)
-  bool allow_shared_dir = false;  // SELFPROF_ALLOW_SHARED_DIR: write into others-writable dirs
-  unsigned max_depth = 128;       // SELFPROF_MAX_DEPTH: frames kept per sample (2..1024)
-  int sample_signal = 0;          // SELFPROF_SAMPLE_SIGNAL: 0 picks SIGPROF or a free RT signal
-  std::string unwind = "auto";    // SELFPROF_UNWIND: fp|dwarf|auto (dwarf when the tables build)
-  bool thread_roots = false;      // SELFPROF_THREAD_ROOTS: per-thread root frames in output
-  bool verbose = false;           // SELFPROF_VERBOSE: echo the configuration once on start
-  unsigned thread_scan_ms = 20;   // how often new threads are looked for
-  std::size_t ring_slots = 0;     // sample ring capacity (0: sized from hz)
-  // [frames] game/engine frames (frames.hpp)
-  double frame_budget_ms = 16.7;  // SELFPROF_FRAME_BUDGET_MS: a frame longer than this is slow
-  double frame_hz = 0;            // SELFPROF_FRAME_HZ: rate on threads that mark frames (0: hz)
-  // [/frames]
+  int dump_signal = SIGUSR2;              // SELFPROF_SIGNAL: USR2 (default), USR1, a number, or none (0)
+  profile_mode mode = profile_mode::cpu;  // SELFPROF_MODE: cpu|wall
+  double interval_s = 0;                  // SELFPROF_INTERVAL: seconds between periodic dumps (0: off)
+  double window_s = 0;                    // SELFPROF_WINDOW: dumps hold only the last N seconds (0: all)
+  bool allow_shared_dir = false;          // SELFPROF_ALLOW_SHARED_DIR: write into others-writable dirs
+  unsigned max_depth = 128;               // SELFPROF_MAX_DEPTH: frames kept per sample (2..1024)
+  int sample_signal = 0;                  // SELFPROF_SAMPLE_SIGNAL: 0 picks SIGPROF or a free RT signal
+  unwind_mode unwind = unwind_mode::automatic;  // SELFPROF_UNWIND: fp|dwarf|auto
+  bool thread_roots = false;                    // SELFPROF_THREAD_ROOTS: per-thread root frames in output
+  bool verbose = false;                         // SELFPROF_VERBOSE: echo the configuration once on start
+  std::size_t ring_slots = 0;                   // sample ring capacity (0: sized from hz)
+  double frame_budget_ms = 16.7;  // SELFPROF_FRAME_BUDGET_MS: a game frame longer than this is slow
+  double frame_hz = 0;            // SELFPROF_FRAME_HZ: rate on threads that mark game frames (0: hz)
 };
 
 namespace detail {
@@ -1836,6 +2036,36 @@ inline bool parse_bool(const char* text, bool& out) {
   return false;
 }
 
+// Signals selfprof never takes for sampling or dumps: the kernel raises the fault signals for the
+// program's own faults (a handler of ours would turn a crash into an endless loop), SIGKILL and SIGSTOP
+// cannot be caught, and the others mean something to every process (children, job control, abort).
+inline bool reserved_signal(int s) {
+  switch (s) {
+    case SIGSEGV:
+    case SIGBUS:
+    case SIGFPE:
+    case SIGILL:
+    case SIGTRAP:
+    case SIGSYS:
+    case SIGABRT:
+    case SIGCHLD:
+    case SIGKILL:
+    case SIGSTOP:
+    case SIGCONT:
+    case SIGTSTP:
+    case SIGTTIN:
+    case SIGTTOU:
+    case SIGINT:
+    case SIGQUIT:
+    case SIGTERM:
+    case SIGHUP:
+    case SIGPIPE:
+      return true;
+    default:
+      return false;
+  }
+}
+
 inline bool parse_signal(const char* text, bool allow_none, int& out) {
   std::string s = text ? text : "";
   if (allow_none && (s == "none" || s == "0")) return out = 0, true;
@@ -1845,7 +2075,8 @@ inline bool parse_signal(const char* text, bool allow_none, int& out) {
   if (s == "PROF") return out = SIGPROF, true;
   if (s == "VTALRM") return out = SIGVTALRM, true;
   double v = 0;
-  if (parse_double(s.c_str(), 1, SIGRTMAX, v) && v == static_cast<int>(v) && v != SIGKILL && v != SIGSTOP)
+  if (parse_double(s.c_str(), 1, SIGRTMAX, v) && v == static_cast<int>(v) &&
+      !reserved_signal(static_cast<int>(v)))
     return out = static_cast<int>(v), true;
   return false;
 }
@@ -1888,12 +2119,15 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
     if (detail::parse_signal(v, true, sig))
       o.dump_signal = sig;
     else
-      bad("SELFPROF_SIGNAL", v, "USR1, USR2, a signal number or none");
+      bad("SELFPROF_SIGNAL", v,
+          "USR1, USR2, a signal number (not a fault, job-control or termination signal) or none");
   }
   if (const char* v = std::getenv("SELFPROF_MODE")) {
     std::string s = v;
-    if (s == "cpu" || s == "wall")
-      o.mode = s;
+    if (s == "cpu")
+      o.mode = profile_mode::cpu;
+    else if (s == "wall")
+      o.mode = profile_mode::wall;
     else
       bad("SELFPROF_MODE", v, "cpu or wall");
   }
@@ -1925,12 +2159,17 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
     if (detail::parse_signal(v, false, sig))
       o.sample_signal = sig;
     else
-      bad("SELFPROF_SAMPLE_SIGNAL", v, "PROF, a signal number");
+      bad("SELFPROF_SAMPLE_SIGNAL", v,
+          "PROF, a signal number (not a fault, job-control or termination signal)");
   }
   if (const char* v = std::getenv("SELFPROF_UNWIND")) {
     std::string s = v;
-    if (s == "fp" || s == "dwarf" || s == "auto")
-      o.unwind = s;
+    if (s == "fp")
+      o.unwind = unwind_mode::fp;
+    else if (s == "dwarf")
+      o.unwind = unwind_mode::dwarf;
+    else if (s == "auto")
+      o.unwind = unwind_mode::automatic;
     else
       bad("SELFPROF_UNWIND", v, "fp, dwarf or auto");
   }
@@ -1946,7 +2185,6 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
     else
       bad("SELFPROF_VERBOSE", v, "0 or 1");
   }
-  // [frames]
   if (const char* v = std::getenv("SELFPROF_FRAME_BUDGET_MS")) {
     if (detail::parse_double(v, 0.01, 3600000, d))
       o.frame_budget_ms = d;
@@ -1959,23 +2197,7911 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
     else
       bad("SELFPROF_FRAME_HZ", v, "a rate in Hz from 0 (same as SELFPROF_HZ) to 100000");
   }
-  // [/frames]
   return o;
 }
 
 }  // namespace selfprof
 // ---- end selfprof/options.hpp ----
-// ---- begin selfprof/output/diff.hpp ----
-// Differential profiles: difffolded's `stack c1 c2` text and the red/blue differential flame graph SVG.
-// Context: any thread (pure functions; run on the dump path or by the CLI).
+// ---- begin selfprof/profiler.hpp ----
+// The public API: start and stop sampling, take a profile, write it to files, read the counters.
+// Context: any thread (not the signal handler).
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+// ---- begin selfprof/output/diff_options.hpp ----
+// The options of the differential writers (output/diff.hpp), alone: what the public API needs to declare
+// selfprof::diff() without parsing the SVG writer behind it.
+// Context: any thread (plain values).
+
+#include <cstdint>
+
+namespace selfprof {
+
+// Which count sets a frame's width in the differential SVG.
+enum class diff_width : std::uint8_t {
+  larger,  // max(before, after) per stack (default): stacks that vanished stay visible
+  after,   // the new profile, as flamegraph.pl draws difffolded output
+  before,  // the baseline
+};
+
+struct diff_options {
+  bool normalize = false;  // difffolded -n: scale "before" counts by total_after/total_before (truncated)
+  bool strip_hex = false;  // difffolded -s: every 0x[0-9a-fA-F]+ becomes 0x... before matching stacks
+  bool negate = false;     // flamegraph.pl --negate: swap the hues and the sign shown
+  bool inclusive = false;  // colour by each frame's inclusive change instead of its self change
+  diff_width widths = diff_width::larger;
+};
+
+}  // namespace selfprof
+// ---- end selfprof/output/diff_options.hpp ----
+// ---- begin selfprof/stats.hpp ----
+// Counters and choices of the running (or last) profiling session, as selfprof::get_stats() returns them.
+// Context: any thread (a value type).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+
+namespace selfprof {
+
+// What the wall-clock sampler did (wall mode).
+struct wall_stats {
+  std::uint64_t ticks = 0;       // sampler wake-ups
+  std::uint64_t looks = 0;       // thread looks (a bounded number per tick)
+  std::uint64_t unchanged = 0;   // looks that found the CPU clock unmoved and reused the stack
+  std::uint64_t proc_reads = 0;  // /proc/self/task/<tid>/syscall reads
+  std::uint64_t copies = 0;      // blocked stacks copied and unwound
+  std::uint64_t raced = 0;       // copies dropped because the thread ran while they were taken
+  std::uint64_t scanned = 0;     // unwinds that had to find a frame record by scanning
+  std::uint64_t deferred = 0;    // thread looks left to a later tick by the per-tick bound
+  std::uint64_t dropped = 0;     // records lost: the ring was full
+  std::uint64_t offcpu_us = 0;   // off-CPU time recorded
+  std::uint64_t cpu_ns = 0;      // CPU time of the sampler thread itself
+};
+
+struct stats {
+  bool running = false;
+  profile_mode mode = profile_mode::cpu;
+  source_kind source = source_kind::none;  // the tick source in use (none: not started, or wall mode without)
+  std::string source_detail;               // what was opened
+  std::string source_reason;               // why it was chosen
+  std::vector<std::string> refused;        // why earlier sources were not
+  std::vector<std::string> notes;          // other remarks (signals left alone, ...)
+  double hz = 0, effective_hz = 0;
+  int sample_signal = 0;
+  bool kernel_time = true;               // samples include time spent in the kernel
+  unwind_mode unwind = unwind_mode::fp;  // dwarf (CFI rows, frame pointers where none) or fp
+  std::uint64_t samples = 0;             // sample weight folded into the table
+  std::uint64_t records = 0;             // records written by the handler
+  std::uint64_t dropped_full = 0, dropped_inactive = 0, foreign_signals = 0, truncated = 0;
+  std::size_t unique_stacks = 0, table_bytes = 0;
+  std::size_t threads_seen = 0, threads_armed = 0, threads_fallback = 0, threads_arm_failed = 0;
+  std::size_t threads_blocking_signal = 0;  // live threads blocking the sampling signal (never sampled)
+  std::uint64_t collector_wakes = 0;        // times the collector thread woke
+  std::uint64_t thread_checks = 0;          // thread-count checks made by the handler
+  std::uint64_t thread_wakes = 0;           // ... that saw the count change and woke the collector
+  int dump_signal = 0;                      // signal that triggers a dump (0: none taken)
+  unsigned long dumps_written = 0, dumps_failed = 0;  // signal and interval dumps
+  std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread;
+  wall_stats wall;  // wall mode: what the wall sampler did
+};
+
+}  // namespace selfprof
+// ---- end selfprof/stats.hpp ----
+
+namespace selfprof {
+
+// Starts sampling every thread of the process (existing and future ones). Idempotent: a second call
+// while running does nothing. Restartable after stop(); each start begins a new profile.
+SELFPROF_API status start(const options& opts);
+
+// Starts with defaults overridden by the SELFPROF_* environment variables; a bad value is reported
+// once on stderr with the variable's name, and so is a failure to start.
+SELFPROF_API status start_from_env();
+
+// Stops sampling; what was collected stays available to snapshot() and dump(), and is written to
+// SELFPROF_OUT at exit when that is set. Idempotent.
+SELFPROF_API status stop();
+
+SELFPROF_API bool running();
+
+// Arms the calling thread now, without waiting for the next thread scan (a few tens of ms), and
+// unblocks the sampling signal in it.
+SELFPROF_API status register_thread();
+
+// The profile collected so far, symbolized. Sampling goes on.
+SELFPROF_API profile snapshot();
+
+SELFPROF_API stats get_stats();
+
+// Writes the profile collected so far; the format follows the extension (.folded .collapsed .svg
+// .txt .pb.gz), several paths may be given separated by commas, and %p %t %n are expanded. A wall
+// profile also writes its off-CPU part ("-offcpu" before the extension), and when game frames were
+// marked the slow ones ("-slow"), all under one dump number: the same files a dump on the signal, on the
+// interval or at exit writes. Atomic (temporary file + rename), mode 0600, never through a symlink.
+// Nothing collected is lost when it fails.
+SELFPROF_API status dump(const std::string& paths);
+
+// Wall mode (options::mode = profile_mode::wall, SELFPROF_MODE=wall): profiles count microseconds of wall
+// time, on and off the CPU; stacks of time off the CPU end in a [blocked: <system call>] frame.
+
+// The off-CPU part of the wall profile collected so far: where threads waited (empty in cpu mode).
+SELFPROF_API profile snapshot_offcpu();
+
+// Writes the off-CPU profile like dump() writes the whole one (the SVG in the io palette, counts in us).
+SELFPROF_API status dump_offcpu(const std::string& paths);
+
+// Game and engine frames (see frames.hpp for SELFPROF_FRAME / frame_mark).
+
+// Duration statistics of every loop marked with frame_mark, per loop name and thread.
+SELFPROF_API std::vector<frame_loop_stats> frame_stats();
+
+// The "slow frames" profile: only samples taken during game frames longer than SELFPROF_FRAME_BUDGET_MS.
+// Its unit is samples at SELFPROF_FRAME_HZ when that is set (info.hz says which rate).
+SELFPROF_API profile snapshot_slow_frames();
+
+// Writes the slow-frames profile like dump() writes the all-frames one (same formats and templates).
+SELFPROF_API status dump_slow_frames(const std::string& paths);
+
+// The `n` longest game frames seen so far (at most 16), longest first; each profile holds one game
+// frame's samples in the order they were taken (info.view names the frame and its duration).
+SELFPROF_API std::vector<profile> worst_frames(std::size_t n);
+
+// Writes the `n` longest game frames, one file each, as flame charts (x is time within the frame) in the
+// format of the extension. `%f` in the template becomes the rank (1 = longest); without it, "-frame<rank>"
+// goes before the extension ("frames.svg" -> "frames-frame1.svg", ...). No kept frame: nothing is written.
+SELFPROF_API status dump_worst_frames(const std::string& path_template, std::size_t n = 3);
+
+// Writes what changed between two profiles (e.g. two snapshot()s, before and after a change): `.svg` gives
+// a differential flame graph (red grew, blue shrank, baseline-only stacks still shown), `.folded` or
+// `.diff` difffolded's `stack before after` lines. Atomic, mode 0600, like dump().
+SELFPROF_API status dump_diff(const profile& before, const profile& after, const std::string& path,
+                              const diff_options& options = {});
+
+}  // namespace selfprof
+
+// Start sampling with SELFPROF_* environment overrides; evaluates to a selfprof::status.
+#define SELFPROF_START() ::selfprof::start_from_env()
+#define SELFPROF_STOP() ::selfprof::stop()
+
+#if SELFPROF_DETAIL_WITH_IMPLEMENTATION
+// ---- begin selfprof/core/api.hpp ----
+// The definitions of selfprof's public functions (declared and documented in profiler.hpp): inline in
+// header-only mode, compiled once with SELFPROF_COMPILED_LIB.
+// Context: any thread (not the signal handler).
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+// ---- begin selfprof/core/profiler.hpp ----
+// The profiler: one per process. Owns the parts of the pipeline (the sample ring, the thread registry and
+// its tick sources, the sample store, the collector, the automatic dumps, the wall sampler), starts them
+// in order and stops them in reverse, and answers the public API (profiler.hpp).
+// Context: setup only (start/stop, under the control lock), any thread for snapshots, dumps and stats.
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+// ---- begin selfprof/collect/collector.hpp ----
+// The collector: the one thread that does the work off the signal path while sampling. It drains the
+// sample ring into the sample store, finds new threads and arms them, rebuilds unwind rows and refreshes
+// the module snapshot when libraries come and go, applies SELFPROF_FRAME_HZ to threads that mark game
+// frames, and runs the contention upgrade. It never symbolizes and never writes files.
+// Context: its own thread ("selfprof"); start/stop from setup only.
+//
+// When it wakes. A wake-up costs tens of microseconds of CPU even when there is nothing to do, so:
+//  - while ticks arrive, the signal handler checks the thread count every kThreadCheckNs (one fstat of
+//    /proc/self/task, whose link count is 2 + the number of threads) and wakes the collector when it
+//    changed, and every half ring of samples; the collector itself then wakes only every
+//    kCollectorBusyWakeMs for the full scan (a thread that exited while another started leaves the count
+//    unchanged) and the module checks;
+//  - while no tick arrives (an idle process, or only unarmed threads are busy) nobody else looks: it
+//    wakes every kCollectorWakeMs, so new threads are found within a few tens of milliseconds;
+//  - wall mode and boosted game-frame threads keep the short period; the contention monitor shortens it
+//    while it watches oversubscribed threads.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+// ---- begin selfprof/collect/sample_store.hpp ----
+// The sample store: the one consumer of the sample ring. Folds each drained record into the cumulative
+// stack table, the time windows and the per-thread totals, and hands game-frame samples to the game-frame
+// tracker. JIT code is recorded by what was at each address when the sample was taken.
+// Context: the collector thread (drain) and any thread taking a snapshot; every method takes the store's
+// lock, which is also the ring's consumer lock.
+
+#include <cstdint>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+// ---- begin selfprof/collect/snapshot.hpp ----
+// A raw snapshot: what the collector has folded so far (stacks of raw addresses), the names of the
+// threads, and what the profile is about. Symbolized only when a profile is written (dump/).
+// Context: any thread except the signal handler (a value type).
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+// ---- begin selfprof/detail/stack_table.hpp ----
+// The stack table: raw stacks (addresses, thread, flags) folded into counts. Memory grows with unique
+// stacks, not with samples.
+// Context: any thread except the signal handler (the collector folds into it under the sample store's lock).
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace selfprof {
+namespace detail {
+
+class stack_table {
+ public:
+  struct entry {
+    std::uint64_t hash;
+    std::uint64_t count;
+    std::uint32_t offset;  // into pcs_
+    std::uint32_t tid;
+    std::uint16_t depth;
+    std::uint16_t flags;
+  };
+
+  void add(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth,
+           std::uint64_t weight) {
+    std::uint64_t h = hash(tid, flags, pcs, depth);
+    if ((entries_.size() + 1) * 10 > index_.size() * 7) grow();
+    std::size_t mask = index_.size() - 1;
+    for (std::size_t i = h & mask;; i = (i + 1) & mask) {
+      std::uint32_t slot = index_[i];
+      if (slot == 0) {
+        entries_.push_back(entry{h, weight, static_cast<std::uint32_t>(pcs_.size()), tid,
+                                 static_cast<std::uint16_t>(depth), flags});
+        pcs_.insert(pcs_.end(), pcs, pcs + depth);
+        index_[i] = static_cast<std::uint32_t>(entries_.size());
+        total_ += weight;
+        return;
+      }
+      entry& e = entries_[slot - 1];
+      if (e.hash == h && e.tid == tid && e.flags == flags && e.depth == depth &&
+          std::memcmp(&pcs_[e.offset], pcs, depth * sizeof(std::uint64_t)) == 0) {
+        e.count += weight;
+        total_ += weight;
+        return;
+      }
+    }
+  }
+
+  void merge(const stack_table& other) {
+    for (const entry& e : other.entries_) add(e.tid, e.flags, other.pcs(e), e.depth, e.count);
+  }
+
+  const std::vector<entry>& entries() const { return entries_; }
+  const std::uint64_t* pcs(const entry& e) const { return pcs_.data() + e.offset; }
+  std::size_t unique() const { return entries_.size(); }
+  std::uint64_t total() const { return total_; }
+  std::size_t memory_bytes() const {
+    return entries_.capacity() * sizeof(entry) + pcs_.capacity() * 8 + index_.capacity() * 4;
+  }
+  void clear() {
+    entries_.clear();
+    pcs_.clear();
+    index_.assign(index_.size(), 0);
+    total_ = 0;
+  }
+
+ private:
+  static std::uint64_t hash(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
+                            std::size_t depth) {
+    std::uint64_t h =
+        0x9E3779B97F4A7C15ull ^ (std::uint64_t(tid) << 16) ^ flags ^ (std::uint64_t(depth) << 48);
+    for (std::size_t i = 0; i < depth; ++i) {
+      h ^= pcs[i] + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+      h *= 0xff51afd7ed558ccdull;
+    }
+    return h ^ (h >> 33);
+  }
+
+  void grow() {
+    std::size_t n = index_.empty() ? 1024 : index_.size() * 2;
+    index_.assign(n, 0);
+    for (std::size_t k = 0; k < entries_.size(); ++k) {
+      for (std::size_t i = entries_[k].hash & (n - 1);; i = (i + 1) & (n - 1)) {
+        if (index_[i] == 0) {
+          index_[i] = static_cast<std::uint32_t>(k + 1);
+          break;
+        }
+      }
+    }
+  }
+
+  std::vector<entry> entries_;
+  std::vector<std::uint64_t> pcs_;
+  std::vector<std::uint32_t> index_;
+  std::uint64_t total_ = 0;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/detail/stack_table.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+struct raw_snapshot {
+  stack_table table;
+  std::unordered_map<std::uint32_t, std::string> thread_names;
+  profile_info info;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/collect/snapshot.hpp ----
+// ---- begin selfprof/collect/windows.hpp ----
+// Time windows: the same samples as the cumulative table, also kept in one-second buckets, so a dump can
+// hold "the last N seconds" and consecutive windowed dumps never count a sample twice.
+// Context: collector thread (and dump callers holding the collector's table lock).
+
+#include <cstdint>
+#include <deque>
+
+
+namespace selfprof {
+namespace detail {
+
+constexpr std::uint64_t kWindowBucketNs = 1000000000ull;
+
+class window_tables {
+ public:
+  void configure(std::uint64_t window_ns) {
+    window_ns_ = window_ns;
+    buckets_.clear();
+    cut_seq_ = 0;
+    next_seq_ = 0;
+  }
+  bool enabled() const { return window_ns_ != 0; }
+
+  void add(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth,
+           std::uint64_t weight, std::uint64_t now_ns) {
+    if (!enabled()) return;
+    if (buckets_.empty() || now_ns - buckets_.back().start_ns >= kWindowBucketNs) open_bucket(now_ns);
+    buckets_.back().table.add(tid, flags, pcs, depth, weight);
+    buckets_.back().end_ns = now_ns;
+  }
+
+  // Samples of the last window not yet handed out by a successful windowed dump. Closes the open
+  // bucket, so samples that arrive from now on belong to the next window. Returns the sequence
+  // number to pass to mark_dumped() once the dump was written.
+  std::uint64_t take(std::uint64_t now_ns, stack_table& out) {
+    drop_old(now_ns);
+    std::uint64_t last = cut_seq_;
+    for (const bucket& b : buckets_) {
+      if (b.seq < cut_seq_) continue;
+      if (b.end_ns + window_ns_ < now_ns && b.end_ns != 0) continue;
+      out.merge(b.table);
+      last = b.seq + 1;
+    }
+    open_bucket(now_ns);
+    return last;
+  }
+  void mark_dumped(std::uint64_t seq) {
+    if (seq > cut_seq_) cut_seq_ = seq;
+  }
+
+ private:
+  struct bucket {
+    std::uint64_t seq = 0, start_ns = 0, end_ns = 0;
+    stack_table table;
+  };
+  void open_bucket(std::uint64_t now_ns) {
+    buckets_.emplace_back();
+    buckets_.back().seq = next_seq_++;
+    buckets_.back().start_ns = now_ns;
+  }
+  void drop_old(std::uint64_t now_ns) {
+    while (buckets_.size() > 1 && buckets_.front().end_ns + window_ns_ < now_ns) buckets_.pop_front();
+  }
+
+  std::uint64_t window_ns_ = 0, cut_seq_ = 0, next_seq_ = 0;
+  std::deque<bucket> buckets_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/collect/windows.hpp ----
+// ---- begin selfprof/game/rates.hpp ----
+// SELFPROF_FRAME_HZ: threads that mark game frames may be sampled faster than the others, so a slow
+// frame has enough samples to show what made it slow. Their samples then enter the all-frames profile at
+// the common rate (a fraction of their weight, carried over), so that profile stays proportional to CPU
+// time.
+// Context: collector thread (and dump callers holding the sample store's lock).
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace selfprof {
+namespace detail {
+
+class game_frame_rates {
+ public:
+  void configure(double hz, double frame_hz) {
+    hz_ = hz;
+    boost_hz_ = frame_hz > hz ? frame_hz : 0;
+    boosted_.clear();
+  }
+  void clear() { boosted_.clear(); }
+  // Forgets which threads were boosted: after a source switch they must be boosted again.
+  void forget_boosted() { boosted_.clear(); }
+
+  // The rate of marking threads, or 0 when they run at the common rate.
+  double boost_hz() const { return boost_hz_; }
+
+  // Of the threads that mark frames now, those not tried at boost_hz() yet.
+  std::vector<std::uint32_t> to_boost(const std::vector<std::uint32_t>& marking) const {
+    std::vector<std::uint32_t> out;
+    if (boost_hz_ <= 0) return out;
+    for (std::uint32_t tid : marking)
+      if (!boosted_.count(tid)) out.push_back(tid);
+    return out;
+  }
+  void tried(std::uint32_t tid, bool applied) { boosted_[tid].applied = applied; }
+
+  // The weight a sample of `tid` carries in the all-frames profile.
+  std::uint64_t common_weight(std::uint32_t tid, std::uint32_t weight) {
+    auto b = boosted_.find(tid);
+    if (boost_hz_ <= 0 || b == boosted_.end() || !b->second.applied) return weight;
+    double& credit = b->second.credit;
+    credit += static_cast<double>(weight) * hz_ / boost_hz_;
+    auto whole = static_cast<std::uint64_t>(credit);
+    credit -= static_cast<double>(whole);
+    return whole;
+  }
+
+ private:
+  struct boost {
+    bool applied = false;
+    double credit = 0;
+  };
+  double hz_ = 99, boost_hz_ = 0;
+  std::unordered_map<std::uint32_t, boost> boosted_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/game/rates.hpp ----
+// ---- begin selfprof/game/tracker.hpp ----
+// The collector's view of game/engine frames: holds each tagged sample until its frame closes, keeps the
+// samples of frames over budget as the "slow frames" table, the worst frames in time order, and the
+// frame-duration statistics of every loop.
+// Context: collector thread (and dump callers holding the collector's table lock).
 
 #include <algorithm>
-#include <cctype>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/signal/ring.hpp ----
+// Signal-handler code: the preallocated multi-producer, single-consumer ring of fixed-size sample records.
+// Context: producers run in the signal handler (lock-free, never wait); the one consumer is whoever holds
+// the collector's table lock.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace selfprof {
+namespace detail {
+
+enum sample_flags : std::uint16_t {
+  sample_truncated = 1u << 0,   // the depth limit cut the stack: root-side frames are missing
+  sample_offcpu = 1u << 1,      // wall mode: the thread was not running
+  sample_leaf_fixed = 1u << 2,  // the caller of the interrupted frame was recovered by a leaf heuristic
+  sample_running = 1u << 3,     // wall mode without on-CPU signals: CPU time of a thread, no stack
+};
+// Wall mode: off-CPU samples carry the blocking system call in the flags' upper bits (number + 1; 0 when
+// the thread was blocked outside a system call), so stacks that wait in different calls stay apart.
+constexpr unsigned kSampleCallShift = 4;
+constexpr std::uint16_t kSampleCallMask = 0xFFF0;
+constexpr std::uint16_t kSampleKeptFlags =
+    sample_truncated | sample_offcpu | sample_running | kSampleCallMask;
+
+// One sample, as the handler writes it. `pcs` follows the header in the slot: pcs[0] is the interrupted
+// pc, pcs[1..depth) are return addresses, leaf first.
+struct sample_header {
+  std::uint32_t tid;
+  std::uint16_t depth;
+  std::uint16_t flags;
+  std::uint32_t weight;   // ticks this sample stands for (1 + timer overruns)
+  std::uint64_t time_ns;  // CLOCK_MONOTONIC when taken
+  std::uint64_t tag;      // frame marker of the thread (game frames), 0 if none
+};
+
+struct ring_slot {
+  std::atomic<std::uint64_t> seq;
+  sample_header header;
+  // followed by max_depth std::uint64_t program counters
+  std::uint64_t* pcs() { return reinterpret_cast<std::uint64_t*>(this + 1); }
+};
+static_assert(sizeof(ring_slot) % 8 == 0, "slots must keep 8-byte alignment");
+
+// A bounded MPSC queue (sequence numbers per slot, after D. Vyukov's design). The memory is given by the
+// owner and outlives every handler that may still run.
+class sample_ring {
+ public:
+  sample_ring() = default;
+  sample_ring(const sample_ring&) = delete;
+  sample_ring& operator=(const sample_ring&) = delete;
+
+  static std::size_t stride_for(std::size_t max_depth) {
+    return sizeof(ring_slot) + max_depth * sizeof(std::uint64_t);
+  }
+
+  // `memory` must hold capacity * stride_for(max_depth) bytes, 8-byte aligned; capacity a power of two.
+  void init(void* memory, std::size_t capacity, std::size_t max_depth) {
+    base_ = static_cast<unsigned char*>(memory);
+    capacity_ = capacity;
+    mask_ = capacity - 1;
+    max_depth_ = max_depth;
+    stride_ = stride_for(max_depth);
+    // std::atomic<uint64_t> is trivially default-constructible: zeroed memory from the owner holds one.
+    for (std::size_t i = 0; i < capacity; ++i) slot(i)->seq.store(i, std::memory_order_relaxed);
+    head_.store(0, std::memory_order_relaxed);
+    tail_ = 0;
+  }
+
+  std::size_t capacity() const { return capacity_; }
+  std::size_t max_depth() const { return max_depth_; }
+
+  // Producer: claims a slot or returns nullptr when the ring is full. Fill it, then publish(slot, pos).
+  ring_slot* claim(std::uint64_t& pos) {
+    std::uint64_t p = head_.load(std::memory_order_relaxed);
+    for (;;) {
+      ring_slot* s = slot(p & mask_);
+      std::uint64_t seq = s->seq.load(std::memory_order_acquire);
+      auto dif = static_cast<std::int64_t>(seq - p);
+      if (dif == 0) {
+        if (head_.compare_exchange_weak(p, p + 1, std::memory_order_relaxed)) {
+          pos = p;
+          return s;
+        }
+      } else if (dif < 0) {
+        return nullptr;  // full: the consumer has not freed this slot yet
+      } else {
+        p = head_.load(std::memory_order_relaxed);
+      }
+    }
+  }
+  static void publish(ring_slot* s, std::uint64_t pos) { s->seq.store(pos + 1, std::memory_order_release); }
+
+  // Consumer: the next published slot, or nullptr. Call release() when done with it.
+  ring_slot* peek() {
+    ring_slot* s = slot(tail_ & mask_);
+    std::uint64_t seq = s->seq.load(std::memory_order_acquire);
+    return seq == tail_ + 1 ? s : nullptr;
+  }
+  void release(ring_slot* s) {
+    s->seq.store(tail_ + capacity_, std::memory_order_release);
+    ++tail_;
+  }
+
+ private:
+  ring_slot* slot(std::size_t i) { return reinterpret_cast<ring_slot*>(base_ + i * stride_); }
+
+  unsigned char* base_ = nullptr;
+  std::size_t capacity_ = 0, mask_ = 0, max_depth_ = 0, stride_ = 0;
+  alignas(64) std::atomic<std::uint64_t> head_{0};
+  alignas(64) std::uint64_t tail_ = 0;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/ring.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// Program counters held for frames not closed yet, over all threads (8 bytes each): 16 MiB. Past it,
+// the oldest open frame of the thread that adds loses its samples (counted in held_dropped).
+constexpr std::size_t kMaxHeldPcs = std::size_t(1) << 21;
+// Worst frames kept with their samples in time order, for the per-frame drill-down.
+constexpr std::size_t kWorstGameFramesKept = 16;
+// Frame verdicts remembered per thread for samples that reach the collector after their frame closed.
+constexpr std::size_t kRecentVerdicts = 64;
+
+// Frame durations in log-spaced buckets 1% wide from 1 µs: bounded memory, quantiles within 1%.
+class duration_histogram {
+ public:
+  static constexpr std::size_t kBuckets = 2200;  // 1 µs * 1.01^2200 ≈ 3 hours
+  void add(std::uint64_t ns) {
+    if (counts_.empty()) counts_.assign(kBuckets, 0);
+    ++counts_[index(ns)];
+    ++count_;
+    if (ns > max_) max_ = ns;
+  }
+  std::uint64_t count() const { return count_; }
+  std::uint64_t max_ns() const { return max_; }
+  // The q-quantile (0 < q <= 1): the geometric middle of the bucket holding the rank ceil(q * count).
+  double quantile_ns(double q) const {
+    if (count_ == 0) return 0;
+    auto rank = static_cast<std::uint64_t>(std::ceil(q * static_cast<double>(count_)));
+    if (rank < 1) rank = 1;
+    std::uint64_t seen = 0;
+    for (std::size_t i = 0; i < counts_.size(); ++i) {
+      seen += counts_[i];
+      if (seen < rank) continue;
+      double mid = i == 0 ? 500.0 : 1000.0 * std::pow(kRatio, static_cast<double>(i) - 0.5);
+      return std::min(mid, static_cast<double>(max_));
+    }
+    return static_cast<double>(max_);
+  }
+
+ private:
+  static constexpr double kRatio = 1.01;
+  static std::size_t index(std::uint64_t ns) {
+    if (ns < 1000) return 0;
+    double i = 1 + std::floor(std::log(static_cast<double>(ns) / 1000.0) / std::log(kRatio));
+    return i >= double(kBuckets - 1) ? kBuckets - 1 : static_cast<std::size_t>(i);
+  }
+  std::vector<std::uint64_t> counts_;
+  std::uint64_t count_ = 0, max_ = 0;
+};
+
+// One sample of a marked thread, as drained from the ring.
+struct held_sample {
+  std::uint64_t time_ns = 0;
+  std::uint32_t tid = 0;
+  std::uint16_t flags = 0;
+  std::uint32_t weight = 1;
+  std::vector<std::uint64_t> pcs;
+};
+
+// One closed frame kept whole for the drill-down; samples in the order they were taken.
+struct kept_game_frame {
+  std::string loop;
+  std::uint32_t tid = 0;
+  std::uint64_t seq = 0, start_ns = 0, end_ns = 0;
+  std::vector<held_sample> samples;
+  double duration_ms() const { return static_cast<double>(end_ns - start_ns) / 1e6; }
+};
+
+class game_frame_tracker {
+ public:
+  // budget_ms: a frame longer than this is slow. Call before the first sample of a profile.
+  void configure(double budget_ms, std::uint64_t start_ns) {
+    budget_ns_ = static_cast<std::uint64_t>(budget_ms * 1e6);
+    budget_ms_ = budget_ms;
+    start_ns_ = start_ns;
+  }
+  void clear() {
+    loops_.clear();
+    stats_.clear();
+    slow_.clear();
+    worst_.clear();
+    pending_.clear();
+    held_pcs_ = held_dropped_ = late_ = 0;
+  }
+
+  // Step 1 of a drain: take the frames closed so far (before draining the sample ring, so every sample
+  // of these frames that the handler published before the mark is in the ring by then).
+  void collect_closed() {
+    std::uint32_t n = g_game_frames.high_water.load(std::memory_order_acquire);
+    for (std::uint32_t i = 0; i < n && i < kGameFrameSlots; ++i) {
+      game_frame_slot& s = g_game_frames.slots[i];
+      std::uint32_t st = s.state.load(std::memory_order_acquire);
+      if (st != game_frame_live && st != game_frame_retired) continue;
+      loop_state& ls = loop_for(i, s);
+      std::uint64_t head = s.head.load(std::memory_order_acquire);
+      for (std::uint64_t t = s.tail.load(std::memory_order_relaxed); t != head; ++t)
+        pending_.push_back(closing{i, s.ring[t % kClosedGameFrameRing]});
+      s.tail.store(head, std::memory_order_release);
+      std::uint64_t lost = s.lost.load(std::memory_order_relaxed);
+      if (lost > ls.lost_seen) {
+        stats_for(ls).lost += lost - ls.lost_seen;
+        ls.lost_seen = lost;
+      }
+      if (st == game_frame_retired) ls.retire_after_processing = true;
+    }
+  }
+
+  // Step 2, for each drained sample: holds a tagged sample until its frame closes. Returns false when
+  // the sample is not on a marked thread.
+  bool add_sample(const sample_header& h, const std::uint64_t* pcs, std::size_t depth, std::uint16_t flags) {
+    if (h.tag == 0) return false;
+    std::size_t slot = game_frame_tag_slot(h.tag);
+    if (slot >= kGameFrameSlots || !loops_.count(slot))
+      return true;  // the collector has not seen the slot yet
+    loop_state& ls = loops_[slot];
+    std::uint64_t seq = game_frame_tag_seq(h.tag);
+    held_sample hs;
+    hs.time_ns = h.time_ns;
+    hs.tid = h.tid;
+    hs.flags = flags;
+    hs.weight = h.weight;
+    hs.pcs.assign(pcs, pcs + depth);
+    if (seq <= ls.last_closed) {  // its frame was decided already (the sample was late in the ring)
+      ++late_;
+      for (auto& v : ls.recent)
+        if (v.first == seq && v.second) slow_.add(hs.tid, hs.flags, pcs, depth, hs.weight);
+      return true;
+    }
+    held_pcs_ += depth;
+    ls.open[seq].push_back(std::move(hs));
+    while (held_pcs_ > kMaxHeldPcs && !ls.open.empty()) {
+      auto oldest = ls.open.begin();
+      for (auto& x : oldest->second) {
+        held_pcs_ -= x.pcs.size();
+        ++held_dropped_;
+      }
+      ls.open.erase(oldest);
+    }
+    return true;
+  }
+
+  // Step 3: decide the frames taken in step 1: statistics, slow table, worst frames; free retired slots.
+  void process_closed() {
+    for (closing& c : pending_) {
+      auto it = loops_.find(c.slot);
+      if (it == loops_.end()) continue;
+      loop_state& ls = it->second;
+      std::vector<held_sample> samples;
+      auto open = ls.open.find(c.frame.seq);
+      if (open != ls.open.end()) {
+        samples = std::move(open->second);
+        ls.open.erase(open);
+        for (auto& x : samples) held_pcs_ -= x.pcs.size();
+      }
+      // Samples of frames before this one can no longer arrive complete: drop them.
+      while (!ls.open.empty() && ls.open.begin()->first < c.frame.seq) {
+        for (auto& x : ls.open.begin()->second) held_pcs_ -= x.pcs.size();
+        ls.open.erase(ls.open.begin());
+      }
+      ls.last_closed = std::max(ls.last_closed, c.frame.seq);
+      if (c.frame.start_ns < start_ns_) continue;  // began before this profile
+      const std::uint64_t dur = c.frame.end_ns - c.frame.start_ns;
+      frame_loop_acc& acc = stats_for(ls);
+      acc.hist.add(dur);
+      const bool slow = dur > budget_ns_;
+      if (slow) ++acc.over;
+      ls.recent.emplace_back(c.frame.seq, slow);
+      if (ls.recent.size() > kRecentVerdicts) ls.recent.pop_front();
+      if (slow)
+        for (auto& x : samples) slow_.add(x.tid, x.flags, x.pcs.data(), x.pcs.size(), x.weight);
+      keep_if_worst(ls, c.frame, std::move(samples));
+    }
+    pending_.clear();
+    for (auto it = loops_.begin(); it != loops_.end();) {
+      if (!it->second.retire_after_processing) {
+        ++it;
+        continue;
+      }
+      for (auto& o : it->second.open)
+        for (auto& x : o.second) held_pcs_ -= x.pcs.size();
+      game_frame_slot& s = g_game_frames.slots[it->first];
+      std::uint32_t expected = game_frame_retired;
+      s.state.compare_exchange_strong(expected, game_frame_free, std::memory_order_acq_rel);
+      it = loops_.erase(it);
+    }
+  }
+
+  bool any_marked() const { return !stats_.empty(); }
+  const stack_table& slow_table() const { return slow_; }
+  std::uint64_t held_dropped() const { return held_dropped_; }
+  std::uint64_t late_samples() const { return late_; }
+  double budget_ms() const { return budget_ms_; }
+  // Threads that mark frames now (the collector may sample them faster).
+  std::vector<std::uint32_t> live_tids() const {
+    std::vector<std::uint32_t> out;
+    for (auto& l : loops_)
+      if (!l.second.retire_after_processing) out.push_back(l.second.tid);
+    return out;
+  }
+
+  std::vector<frame_loop_stats> stats() const {
+    std::vector<frame_loop_stats> out;
+    for (auto& e : stats_) {
+      frame_loop_stats s;
+      s.name = e.first.first;
+      s.tid = e.first.second;
+      s.count = e.second.hist.count();
+      s.over_budget = e.second.over;
+      s.lost = e.second.lost;
+      s.budget_ms = budget_ms_;
+      s.p50_ms = e.second.hist.quantile_ns(0.50) / 1e6;
+      s.p95_ms = e.second.hist.quantile_ns(0.95) / 1e6;
+      s.p99_ms = e.second.hist.quantile_ns(0.99) / 1e6;
+      s.max_ms = static_cast<double>(e.second.hist.max_ns()) / 1e6;
+      out.push_back(s);
+    }
+    return out;
+  }
+
+  // The worst frames kept so far, longest first.
+  const std::vector<kept_game_frame>& worst() const { return worst_; }
+
+ private:
+  struct loop_state {
+    std::uint32_t generation = 0, tid = 0;
+    std::string name;
+    std::uint64_t last_closed = 0, lost_seen = 0;
+    bool retire_after_processing = false;
+    std::map<std::uint64_t, std::vector<held_sample>> open;  // frame seq -> samples
+    std::deque<std::pair<std::uint64_t, bool>> recent;       // (seq, slow) of the last frames decided
+  };
+  struct frame_loop_acc {
+    duration_histogram hist;
+    std::uint64_t over = 0, lost = 0;
+  };
+  struct closing {
+    std::size_t slot;
+    closed_game_frame frame;
+  };
+
+  loop_state& loop_for(std::size_t i, game_frame_slot& s) {
+    std::uint32_t gen = s.generation.load(std::memory_order_relaxed);
+    auto it = loops_.find(i);
+    if (it != loops_.end() && it->second.generation == gen) return it->second;
+    loop_state& ls = loops_[i];
+    for (auto& o : ls.open)
+      for (auto& x : o.second) held_pcs_ -= x.pcs.size();
+    ls = loop_state{};
+    ls.generation = gen;
+    ls.tid = s.tid.load(std::memory_order_relaxed);
+    const char* n = s.name.load(std::memory_order_relaxed);
+    ls.name = n ? n : "frame";
+    ls.lost_seen = s.lost.load(std::memory_order_relaxed);  // losses before this profile are not its own
+    stats_for(ls);  // a loop shows in the statistics from its first mark
+    return ls;
+  }
+
+  frame_loop_acc& stats_for(const loop_state& ls) { return stats_[{ls.name, ls.tid}]; }
+
+  void keep_if_worst(const loop_state& ls, const closed_game_frame& f, std::vector<held_sample> samples) {
+    const std::uint64_t dur = f.end_ns - f.start_ns;
+    if (worst_.size() >= kWorstGameFramesKept && dur <= worst_.back().end_ns - worst_.back().start_ns) return;
+    kept_game_frame k;
+    k.loop = ls.name;
+    k.tid = ls.tid;
+    k.seq = f.seq;
+    k.start_ns = f.start_ns;
+    k.end_ns = f.end_ns;
+    k.samples = std::move(samples);
+    auto pos = std::find_if(worst_.begin(), worst_.end(),
+                            [&](const kept_game_frame& w) { return w.end_ns - w.start_ns < dur; });
+    worst_.insert(pos, std::move(k));
+    if (worst_.size() > kWorstGameFramesKept) worst_.pop_back();
+  }
+
+  double budget_ms_ = 16.7;
+  std::uint64_t budget_ns_ = 16700000, start_ns_ = 0;
+  std::map<std::size_t, loop_state> loops_;                                // by slot index
+  std::map<std::pair<std::string, std::uint32_t>, frame_loop_acc> stats_;  // by (loop, tid)
+  std::vector<closing> pending_;
+  stack_table slow_;
+  std::vector<kept_game_frame> worst_;
+  std::size_t held_pcs_ = 0;
+  std::uint64_t held_dropped_ = 0, late_ = 0;
+};
+
+// A profile of one kept frame: `table` holds its distinct stacks and `order` lists, sample by sample in
+// time order, the table entry and weight. reorder_game_frame_profile() turns the symbolized stacks into that
+// sequence, so a flame chart (svg_options::flamechart) shows the frame left to right in time.
+struct game_frame_sequence {
+  stack_table table;
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> order;
+};
+
+inline game_frame_sequence make_game_frame_sequence(const kept_game_frame& k) {
+  game_frame_sequence out;
+  std::map<std::pair<std::uint32_t, std::vector<std::uint64_t>>, std::uint32_t> index;
+  for (const held_sample& s : k.samples) {
+    auto key = std::make_pair(static_cast<std::uint32_t>(s.flags), s.pcs);
+    auto it = index.find(key);
+    std::uint32_t at = 0;
+    if (it == index.end()) {
+      at = static_cast<std::uint32_t>(out.table.unique());  // add() appends a new entry at the end
+      out.table.add(s.tid, s.flags, s.pcs.data(), s.pcs.size(), 1);
+      index.emplace(std::move(key), at);
+    } else {
+      at = it->second;
+    }
+    out.order.emplace_back(at, s.weight);
+  }
+  return out;
+}
+
+// `p` built from game_frame_sequence::table (one stack per entry, in entry order): stacks become the
+// sequence.
+inline void reorder_game_frame_profile(profile& p, const game_frame_sequence& seq) {
+  std::vector<stack> ordered;
+  ordered.reserve(seq.order.size());
+  std::uint64_t total = 0;
+  for (auto& o : seq.order) {
+    if (o.first >= p.stacks.size()) continue;
+    stack s = p.stacks[o.first];
+    s.count = o.second;
+    total += o.second;
+    ordered.push_back(std::move(s));
+  }
+  p.stacks = std::move(ordered);
+  p.info.samples = total;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/game/tracker.hpp ----
+// ---- begin selfprof/sources/source.hpp ----
+// The tick-source interface: what every sampling mechanism (perf_event, CPU timer, itimer) provides.
+// Context: setup only and the collector thread (never the signal handler).
+
+#include <sys/types.h>
+#include <time.h>
+
+#include <cstdint>
+#include <string>
+
+// ---- begin selfprof/detail/process.hpp ----
+// Facts about this process that several parts read: the dynamic loader's generation, the threads in
+// /proc/self/task (names, blocked signals, scheduler statistics), the main thread's stack end and the
+// CPUs the process may use.
+// Context: any thread except the signal handler (dl_iterate_phdr takes the loader's lock).
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <link.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+// Libraries loaded plus unloaded so far (dl_iterate_phdr's counters): changes on dlopen/dlclose.
+inline std::uint64_t loader_generation() {
+  std::uint64_t gen = 0;
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, std::size_t size, void* out) {
+        if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
+          *static_cast<std::uint64_t*>(out) = info->dlpi_adds + info->dlpi_subs;
+        return 1;
+      },
+      &gen);
+  return gen;
+}
+
+// The whole of a small file (at most `limit` bytes), or "" when it cannot be read.
+inline std::string read_small_file(const std::string& path, std::size_t limit = std::size_t(1) << 20) {
+  std::string out;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+    if (out.size() >= limit) break;
+  }
+  ::close(fd);
+  return out;
+}
+
+// The threads of this process now (/proc/self/task).
+inline std::vector<pid_t> list_threads() {
+  std::vector<pid_t> tids;
+  DIR* dir = ::opendir("/proc/self/task");
+  if (dir == nullptr) return tids;
+  while (struct dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    tids.push_back(static_cast<pid_t>(std::strtol(e->d_name, nullptr, 10)));
+  }
+  ::closedir(dir);
+  return tids;
+}
+
+inline std::string thread_name(pid_t tid) {
+  std::string s = read_small_file("/proc/self/task/" + std::to_string(tid) + "/comm");
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\0')) s.pop_back();
+  return s;
+}
+
+// True when the thread currently blocks `sig` (SigBlk in /proc/self/task/<tid>/status).
+inline bool thread_blocks_signal(pid_t tid, int sig) {
+  std::string s = read_small_file("/proc/self/task/" + std::to_string(tid) + "/status");
+  std::size_t at = s.find("SigBlk:");
+  if (at == std::string::npos || sig <= 0 || sig > 64) return false;
+  unsigned long long mask = std::strtoull(s.c_str() + at + 7, nullptr, 16);
+  return (mask >> (sig - 1)) & 1ull;
+}
+
+// A thread's time on the CPU and time spent waiting for one (/proc/self/task/<tid>/schedstat), in ns.
+inline bool read_schedstat(pid_t tid, std::uint64_t& run_ns, std::uint64_t& delay_ns) {
+  std::string text = read_small_file("/proc/self/task/" + std::to_string(tid) + "/schedstat");
+  unsigned long long r = 0, d = 0;
+  if (std::sscanf(text.c_str(), "%llu %llu", &r, &d) != 2) return false;
+  run_ns = r;
+  delay_ns = d;
+  return true;
+}
+
+// The CPU clock of one thread by tid: the kernel's CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD encoding
+// (what pthread_getcpuclockid returns, without needing the pthread_t; see clock_getcpuclockid(3)).
+inline clockid_t thread_cpu_clock(pid_t tid) {
+  return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
+}
+
+// CPUs the process may run on (its affinity mask), at least 1.
+inline int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+// Upper end of the main thread's stack ([stack] in /proc/self/maps, read whole: the line can come after
+// many thousands of mappings), or 0.
+inline std::uintptr_t main_stack_end() {
+  std::string maps = read_small_file("/proc/self/maps", ~std::size_t(0));
+  std::size_t at = maps.find("[stack]");
+  if (at == std::string::npos) return 0;
+  std::size_t line = maps.rfind('\n', at);
+  line = line == std::string::npos ? 0 : line + 1;
+  const char* p = maps.c_str() + line;
+  char* end = nullptr;
+  std::strtoull(p, &end, 16);
+  if (end == nullptr || *end != '-') return 0;
+  return static_cast<std::uintptr_t>(std::strtoull(end + 1, nullptr, 16));
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/detail/process.hpp ----
+
+namespace selfprof {
+
+namespace detail {
+
+struct source_config {
+  double hz = 99;
+  int signal_number = 0;
+  bool allow_user_only = false;  // perf: accept an event that excludes kernel time
+  // perf, wall mode: only a software task clock that excludes the kernel, whose ticks land in user code
+  // only (wall/sampler.hpp explains why that keeps EINTR away from blocking calls).
+  bool user_clock_only = false;
+};
+
+class tick_source {
+ public:
+  virtual ~tick_source() = default;
+  virtual source_kind kind() const = 0;
+  // A short description of what was opened (e.g. "perf task-clock (user+kernel)").
+  virtual std::string describe() const = 0;
+  // Process-wide setup; checks that the mechanism works (opens one probe for the calling thread).
+  virtual status open(const source_config& config) = 0;
+  // Per-thread sources arm one thread by tid, from any thread of the process. A failure carries the errno
+  // (status::code): EMFILE, ENFILE or ENOMEM mean "out of resources", which a fallback source may cover.
+  virtual bool per_thread() const = 0;
+  virtual status arm(pid_t tid) = 0;
+  virtual void disarm(pid_t tid) = 0;
+  // Disarms every thread and releases every kernel object. Idempotent.
+  virtual void close() = 0;
+  // A forked child holds copies of the parent's kernel objects: forget them without touching the
+  // parent's (no disable ioctl); just release this process's references.
+  virtual void abandon_after_fork() = 0;
+  virtual std::size_t armed_count() const = 0;
+  // Sampling rate really delivered per CPU-second (may be lower than requested: timer above the tick).
+  virtual double effective_hz() const = 0;
+  virtual bool counts_kernel_time() const = 0;
+  // Samples one armed thread at `hz` instead (SELFPROF_FRAME_HZ on threads that mark game frames).
+  virtual status set_thread_rate(pid_t tid, double hz) {
+    (void)tid;
+    (void)hz;
+    return status::error(std::string(source_name(kind())) + ": no per-thread rate");
+  }
+};
+
+// Kernel tick rate (CONFIG_HZ), read from the resolution of the coarse clock, which advances by one tick.
+inline double kernel_tick_hz() {
+  struct timespec res {};
+  if (clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0 && (res.tv_sec > 0 || res.tv_nsec > 0))
+    return 1e9 / (static_cast<double>(res.tv_sec) * 1e9 + static_cast<double>(res.tv_nsec));
+  return 250;  // the most common CONFIG_HZ
+}
+
+inline std::int64_t period_ns_for(double hz) {
+  if (!(hz > 0)) hz = 99;
+  double ns = 1e9 / hz;
+  return ns < 1000 ? 1000 : static_cast<std::int64_t>(ns);
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/sources/source.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+struct store_config {
+  bool wall = false;  // counts are microseconds: a tick stands for one period of CPU time
+  double hz = 99;
+  double window_s = 0;
+  double frame_budget_ms = 16.7;
+  double frame_hz = 0;
+  std::size_t max_depth = 128;
+};
+
+class sample_store {
+ public:
+  // Starts a session: forgets every sample.
+  void begin(const store_config& c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    config_ = c;
+    period_ns_ = static_cast<std::uint64_t>(period_ns_for(c.hz));
+    table_.clear();
+    by_thread_.clear();
+    windows_.configure(static_cast<std::uint64_t>(c.window_s * 1e9));
+    games_.clear();
+    games_.configure(c.frame_budget_ms, monotonic_ns());
+    rates_.configure(c.hz, c.frame_hz);
+    pcs_.assign(c.max_depth, 0);
+  }
+
+  // Takes every published record out of `ring`.
+  void drain(sample_ring& ring) {
+    std::lock_guard<std::mutex> lock(mu_);
+    drain_locked(ring);
+  }
+
+  std::uint64_t total() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return table_.total();
+  }
+
+  // Drains `ring` (when given), then copies the table into `out`: the cumulative one, or with
+  // `windowed` (and SELFPROF_WINDOW set) the samples of the last window not yet written, whose sequence
+  // number goes to window_written() once the dump is written.
+  void copy_table(sample_ring* ring, bool windowed, raw_snapshot& out, std::uint64_t* window_seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ring) drain_locked(*ring);
+    if (windowed && windows_.enabled()) {
+      const std::uint64_t seq = windows_.take(monotonic_ns(), out.table);
+      if (window_seq) *window_seq = seq;
+    } else {
+      out.table = table_;
+    }
+    out.info.frame_loops = games_.stats();
+    if (games_.held_dropped())
+      out.info.notes.push_back(std::to_string(games_.held_dropped()) +
+                               " samples of open game frames dropped (held-sample memory bound)");
+  }
+  void window_written(std::uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    windows_.mark_dumped(seq);
+  }
+  bool windowed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return windows_.enabled();
+  }
+
+  // The samples of game frames over budget; `marked` says whether any game frame was marked at all.
+  stack_table slow_table(bool& marked) {
+    std::lock_guard<std::mutex> lock(mu_);
+    marked = games_.any_marked();
+    return games_.slow_table();
+  }
+  // Up to `n` of the longest game frames, longest first, each with its samples in time order.
+  std::vector<kept_game_frame> worst(sample_ring* ring, std::size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ring) drain_locked(*ring);
+    std::vector<kept_game_frame> out = games_.worst();
+    if (out.size() > n) out.resize(n);
+    return out;
+  }
+  // The rate samples of marking threads are taken at (the common rate unless SELFPROF_FRAME_HZ).
+  double game_frame_hz() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return rates_.boost_hz() > 0 ? rates_.boost_hz() : config_.hz;
+  }
+  // Threads that mark game frames and were not tried at SELFPROF_FRAME_HZ yet.
+  std::vector<std::uint32_t> to_boost() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return rates_.to_boost(games_.live_tids());
+  }
+  void boost_tried(std::uint32_t tid, bool applied) {
+    std::lock_guard<std::mutex> lock(mu_);
+    rates_.tried(tid, applied);
+  }
+  void forget_boosted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    rates_.forget_boosted();
+  }
+
+  std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return by_thread_;
+  }
+  struct sizes {
+    std::uint64_t samples = 0;
+    std::size_t unique = 0, bytes = 0;
+  };
+  sizes size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sizes{table_.total(), table_.unique(), table_.memory_bytes()};
+  }
+
+  std::mutex& lock_for_fork() { return mu_; }
+  // fork(2) child: the samples are the parent's; start empty.
+  void abandon_after_fork() {
+    new (&mu_) std::mutex();
+    table_.clear();
+    by_thread_.clear();
+    games_.clear();
+    rates_.clear();
+  }
+
+ private:
+  void drain_locked(sample_ring& ring) {
+    const std::uint64_t now = windows_.enabled() ? monotonic_ns() : 0;
+    games_.collect_closed();  // before the ring: the samples of these frames are in it
+    while (ring_slot* s = ring.peek()) {
+      const sample_header& h = s->header;
+      const std::uint16_t flags = static_cast<std::uint16_t>(h.flags & kSampleKeptFlags);
+      std::size_t depth = h.depth <= ring.max_depth() ? h.depth : ring.max_depth();
+      if (depth > pcs_.size()) depth = pcs_.size();
+      const bool wall_record = (flags & (sample_offcpu | sample_running)) != 0;
+      if (depth > 0 || wall_record) {
+        const std::uint64_t* raw = s->pcs();
+        for (std::size_t i = 0; i < depth; ++i) {
+          pcs_[i] = raw[i];
+          jit_translate_pc(pcs_[i], h.time_ns);
+        }
+        games_.add_sample(h, pcs_.data(), depth, flags);
+        std::uint64_t w = rates_.common_weight(h.tid, h.weight);
+        // Wall mode counts microseconds: the sampler's records already are; a tick stands for one period.
+        if (config_.wall && !wall_record) w = (w * period_ns_ + 500) / 1000;
+        if (w > 0) {
+          table_.add(h.tid, flags, pcs_.data(), depth, w);
+          windows_.add(h.tid, flags, pcs_.data(), depth, w, now);
+          by_thread_[h.tid] += w;
+        }
+      }
+      ring.release(s);
+    }
+    games_.process_closed();
+  }
+
+  std::mutex mu_;
+  store_config config_;
+  std::uint64_t period_ns_ = 0;
+  stack_table table_;
+  window_tables windows_;
+  std::unordered_map<std::uint32_t, std::uint64_t> by_thread_;
+  game_frame_tracker games_;
+  game_frame_rates rates_;
+  std::vector<std::uint64_t> pcs_;  // one record's addresses, translated
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/collect/sample_store.hpp ----
+// ---- begin selfprof/collect/session_info.hpp ----
+// What a profiling session chose and remarked: the tick source in use (it can change while sampling, when
+// the contention upgrade switches it), why, what was refused, and notes, each marked for whether it
+// belongs in the profiles written (the decision is a flag, never a match on the text).
+// Context: any thread except the signal handler; every method takes the object's lock.
+
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+struct source_info {
+  source_kind kind = source_kind::none;
+  std::string detail;  // what was opened
+  std::string reason;  // why it was chosen
+  double effective_hz = 0;
+  bool kernel_time = true;  // its samples include time spent in the kernel
+};
+
+class session_info {
+ public:
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    source_ = source_info{};
+    refused_.clear();
+    notes_.clear();
+  }
+  void set_source(const source_info& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    source_ = s;
+  }
+  source_info source() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return source_;
+  }
+  void set_refused(std::vector<std::string> r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    refused_ = std::move(r);
+  }
+  std::vector<std::string> refused() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return refused_;
+  }
+  // `in_profile`: also said in every profile this session writes (its notes, the SVG's subtitle).
+  void note(std::string text, bool in_profile = false) {
+    std::lock_guard<std::mutex> lock(mu_);
+    notes_.push_back(note_entry{std::move(text), in_profile});
+  }
+  void notes(std::vector<std::string>& all, std::vector<std::string>* profile_only = nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const note_entry& n : notes_) {
+      all.push_back(n.text);
+      if (profile_only && n.in_profile) profile_only->push_back(n.text);
+    }
+  }
+  void abandon_after_fork() {
+    new (&mu_) std::mutex();
+    source_ = source_info{};
+    refused_.clear();
+    notes_.clear();
+  }
+
+ private:
+  struct note_entry {
+    std::string text;
+    bool in_profile;
+  };
+  std::mutex mu_;
+  source_info source_;
+  std::vector<std::string> refused_;
+  std::vector<note_entry> notes_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/collect/session_info.hpp ----
+// ---- begin selfprof/collect/thread_registry.hpp ----
+// The thread registry: every live thread of the process (found in /proc/self/task or registered by the
+// thread itself), armed with the primary tick source or, where that runs out of descriptors or memory,
+// with a fallback CPU timer; the names of every thread seen; and the move of every thread to a new
+// primary source (the contention upgrade, sources/contention.hpp).
+// Context: setup only and the collector thread; register_current() on the registering thread. Every
+// method takes the registry's own lock.
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/sources/cpu_timer.hpp ----
+// Tick source: one POSIX CPU-time timer per thread (timer_create on the thread's CPU clock, SIGEV_THREAD_ID),
+// armed for every thread from one thread, so no code has to run in the target thread.
+// Context: setup only and the collector thread.
+
+#include <signal.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+// ---- begin selfprof/signal/handler.hpp ----
+// Signal-handler code: the profiling signal handler and the lock-free globals it reads.
+// Context: signal handler (async-signal-safe only: no malloc, no locks, no lazy TLS, errno preserved).
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <ucontext.h>
+
+#include <errno.h>
+#include <time.h>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+// ---- begin selfprof/signal/arch_x86_64.hpp ----
+// What stack walking needs to know about the machine: registers of an interrupted context, the x86-64
+// frame conventions (return address at CFA-8, DWARF register numbers, prologue bytes), the thread pointer.
+// Context: signal handler (async-signal-safe: reads registers and bytes given to it, nothing else).
+
+#include <ucontext.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace selfprof {
+namespace detail {
+
+// The registers a walk starts from.
+struct frame_regs {
+  std::uintptr_t pc = 0;
+  std::uintptr_t sp = 0;
+  std::uintptr_t fp = 0;  // the frame-pointer register: rbp (x86-64), x29 (aarch64)
+};
+
+// pc, sp and the frame pointer of the context a signal interrupted; zeros on other architectures.
+inline frame_regs context_regs(const ucontext_t* uc) {
+  frame_regs r;
+#if defined(__x86_64__)
+  r.pc = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
+  r.sp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RSP]);
+  r.fp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RBP]);
+#elif defined(__aarch64__)
+  r.pc = static_cast<std::uintptr_t>(uc->uc_mcontext.pc);
+  r.sp = static_cast<std::uintptr_t>(uc->uc_mcontext.sp);
+  r.fp = static_cast<std::uintptr_t>(uc->uc_mcontext.regs[29]);
+#else
+  (void)uc;
+#endif
+  return r;
+}
+
+// The unwind rows (signal/unwind_rows.hpp) describe x86-64 frames and the prologue bytes below are
+// x86-64 code; elsewhere only frame pointers are walked.
+#if defined(__x86_64__)
+constexpr bool kCfiRowsSupported = true;
+constexpr bool kHasPrologueHeuristics = true;
+#else
+constexpr bool kCfiRowsSupported = false;
+constexpr bool kHasPrologueHeuristics = false;
+#endif
+
+// DWARF register numbers of x86-64 (System V psABI, figure 3.36).
+constexpr unsigned kDwarfRbp = 6, kDwarfRsp = 7, kDwarfRa = 16;
+
+// `call` pushes the return address just below the caller's sp, which CFI calls the CFA.
+constexpr std::intptr_t kReturnAddressAtCfa = -8;
+
+// Bytes at the interrupted pc that prologue_return_slot looks at.
+constexpr std::size_t kPrologueBytes = 4;
+
+// x86-64 prologue/epilogue bytes at the interrupted pc (async-profiler's heuristics): at a function's
+// first byte (push %rbp, endbr64) or on `ret` the return address is at [sp], right after `push %rbp` at
+// [sp+8]; %rbp still holds the caller's frame. The slot of the return address, or 0 when the bytes say
+// nothing (always 0 on other architectures).
+inline std::uintptr_t prologue_return_slot(const unsigned char (&code)[kPrologueBytes], std::uintptr_t sp) {
+#if defined(__x86_64__)
+  const unsigned char b0 = code[0];
+  if (b0 == 0x55 || b0 == 0xC3 || (b0 == 0xF3 && code[1] == 0x0F && code[2] == 0x1E && code[3] == 0xFA))
+    return sp;
+  if (b0 == 0x48 && code[1] == 0x89 && code[2] == 0xE5) return sp + 8;
+#else
+  (void)code;
+  (void)sp;
+#endif
+  return 0;
+}
+
+// glibc's thread descriptor (what %fs:0x10 points to), which it places at the top of the thread's stack
+// block; 0 where it is not known this way.
+inline std::uintptr_t thread_descriptor() {
+#if defined(__x86_64__) && defined(__GLIBC__)
+  std::uintptr_t self;
+  __asm__("mov %%fs:0x10, %0" : "=r"(self));
+  return self;
+#else
+  return 0;
+#endif
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/arch_x86_64.hpp ----
+// ---- begin selfprof/signal/unwind.hpp ----
+// The stack walker: one loop over a memory policy (the interrupted thread's live stack, or a copy of a
+// blocked thread's stack) and the row in effect at each pc (a CFI row, else the frame-pointer row).
+// Context: signal handler (async-signal-safe: no locks, no allocation, every live-stack read bounded and
+// probed); the walk over a copy also runs on the wall sampler's thread.
+
+#include <cstddef>
+#include <cstdint>
+
+// ---- begin selfprof/signal/unwind_rows.hpp ----
+// The unwind row model: per-module tables of CFA rules (built from .eh_frame off the signal path by
+// unwind/tables.hpp), the published set the handler reads, and the lookup of the row in effect at a pc.
+// Context: signal handler (async-signal-safe: reads the immutable published set only).
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace selfprof {
+namespace detail {
+
+// How the canonical frame address (CFA: the caller's sp, just above the return address) is computed
+// at one pc, and what the row means for the walk.
+enum unwind_row_kind : std::uint8_t {
+  row_cfa_rsp = 0,    // CFA = rsp + cfa_off
+  row_cfa_rbp = 1,    // CFA = rbp + cfa_off
+  row_cfa_plt = 2,    // PLT entry: CFA = rsp + cfa_off, +8 more once (pc & 15) >= plt_threshold
+  row_unknown = 3,    // CFI this walker does not model (expressions, other registers): one FP step
+  row_outermost = 4,  // the return address is undefined: the thread's first frame, stop here
+  row_no_info = 5,    // a gap between FDEs: no CFI covers the pc, one FP step
+};
+
+// One row of a module's table: valid from `pc` (offset from the module's start) to the next row.
+// The return address is always at CFA + kReturnAddressAtCfa; rows where it is not are row_unknown.
+struct unwind_row {
+  std::uint32_t pc;
+  std::int32_t cfa_off;
+  std::int16_t fp_off;  // the caller's rbp is saved at CFA + fp_off; 0: rbp still holds it
+  std::uint8_t kind;    // unwind_row_kind
+  std::uint8_t plt_threshold;
+};
+static_assert(sizeof(unwind_row) == 12, "rows are packed: a libc has tens of thousands of them");
+
+// The frame-pointer step as a row (async-profiler's default frame): a frame record {caller's rbp, return
+// address} at rbp, so CFA = rbp + 16 and the caller's rbp is at CFA-16. Used wherever no CFI row covers
+// the pc, and for every frame when there are no tables.
+inline constexpr unwind_row kFramePointerRow{0, 16, -16, row_cfa_rbp, 0};
+
+// The rows of one module, covering the runtime addresses [start, end).
+struct unwind_module {
+  std::uintptr_t start;
+  std::uintptr_t end;
+  const unwind_row* rows;  // sorted by pc; the last one is row_no_info at `end - start`
+  std::size_t count;
+};
+
+// Every module's rows, sorted by start and not overlapping. Immutable once published.
+struct unwind_table_set {
+  const unwind_module* modules;
+  std::size_t count;
+};
+
+// The set the handler reads; published by unwind/tables.hpp, never freed while profiling runs.
+inline std::atomic<const unwind_table_set*> g_unwind_tables{nullptr};
+
+// The row in effect at `pc`, or nullptr when no CFI covers it. Binary searches; reads only the set.
+inline const unwind_row* find_unwind_row(const unwind_table_set* set, std::uintptr_t pc) {
+  if (set == nullptr || set->count == 0) return nullptr;
+  std::size_t lo = 0, hi = set->count;  // first module with start > pc
+  while (lo < hi) {
+    std::size_t mid = lo + (hi - lo) / 2;
+    if (set->modules[mid].start <= pc)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0) return nullptr;
+  const unwind_module& m = set->modules[lo - 1];
+  if (pc >= m.end || m.count == 0) return nullptr;
+  const std::uint32_t off = static_cast<std::uint32_t>(pc - m.start);
+  lo = 0;
+  hi = m.count;  // first row with pc > off
+  while (lo < hi) {
+    std::size_t mid = lo + (hi - lo) / 2;
+    if (m.rows[mid].pc <= off)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0) return nullptr;
+  const unwind_row* row = &m.rows[lo - 1];
+  return row->kind == row_no_info ? nullptr : row;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/unwind_rows.hpp ----
+
+// NO_SANITIZE: see load_word. ALWAYS_INLINE: see apply_row.
+#if defined(__clang__) || defined(__GNUC__)
+#define SELFPROF_DETAIL_NO_SANITIZE __attribute__((no_sanitize("address", "thread", "undefined")))
+#define SELFPROF_DETAIL_ALWAYS_INLINE __attribute__((always_inline)) inline
+#else
+#define SELFPROF_DETAIL_NO_SANITIZE
+#define SELFPROF_DETAIL_ALWAYS_INLINE inline
+#endif
+
+namespace selfprof {
+namespace detail {
+
+// Every bound of the walk, with its reason.
+// A single frame larger than this is taken for a corrupted chain (async-profiler uses 256 KiB too).
+constexpr std::uintptr_t kMaxFrameSize = 256 * 1024;
+// How far above sp the walk may go when the thread's stack end is unknown (main-thread default
+// RLIMIT_STACK is 8 MiB; deeper stacks are still walked when the thread's end is known).
+constexpr std::uintptr_t kMaxStackSpan = 16 * 1024 * 1024;
+// A known thread stack larger than this is not trusted as a bound (guards against a bogus descriptor).
+constexpr std::uintptr_t kMaxKnownStack = 1024ull * 1024 * 1024;
+// CFAs and frame records are 16-byte aligned in ABI-conforming x86-64 code; 8 tolerates hand-written
+// assembly.
+constexpr std::uintptr_t kFrameAlign = 8;
+// Return addresses below this are not code: the chain ended in zeroed memory.
+constexpr std::uintptr_t kMinCodeAddress = 4096;
+// Readability is probed a page at a time: the smallest page size of the supported systems.
+constexpr std::uintptr_t kPageSize = 4096;
+// Frame records are 16-byte aligned in ABI-conforming x86-64 code (rsp is 16-aligned after `push %rbp`);
+// scanning a copy only at those halves the chance of taking data for a record.
+constexpr std::uintptr_t kFrameRecordAlign = 16;
+// Candidates for a scanned frame record tried per walk: stale records of earlier calls lie below the
+// live one, so the first plausible pair is not always right; the one whose walk ends cleanly is.
+constexpr int kMaxRecordCandidates = 32;
+
+// Remembers the highest page range already shown readable, so each page is probed once per walk.
+struct read_guard {
+  std::uintptr_t ok_lo = 1, ok_hi = 0;  // empty
+
+  bool readable(std::uintptr_t addr, std::size_t len) {
+    std::uintptr_t end = addr + len;
+    if (end < addr) return false;
+    if (addr >= ok_lo && end <= ok_hi) return true;
+    std::uintptr_t first = addr & ~(kPageSize - 1);
+    std::uintptr_t last = (end - 1) & ~(kPageSize - 1);
+    for (std::uintptr_t page = first;; page += kPageSize) {
+      if (!(page >= ok_lo && page + kPageSize <= ok_hi) && !raw_readable(page)) return false;
+      if (page == last) break;
+    }
+    if (ok_lo <= ok_hi && first >= ok_lo && first <= ok_hi) {
+      if (last + kPageSize > ok_hi) ok_hi = last + kPageSize;  // contiguous: extend
+    } else {
+      ok_lo = first;
+      ok_hi = last + kPageSize;
+    }
+    return true;
+  }
+};
+
+// Reads of the interrupted thread's stack and code: bounds-checked and probed by the walker, and not
+// instrumented, since a sanitizer would take a read of another frame's saved registers for a bug.
+SELFPROF_DETAIL_NO_SANITIZE inline std::uint64_t load_word(std::uintptr_t addr) {
+  return *reinterpret_cast<const volatile std::uint64_t*>(addr);
+}
+SELFPROF_DETAIL_NO_SANITIZE inline unsigned char load_byte(std::uintptr_t addr) {
+  return *reinterpret_cast<const volatile unsigned char*>(addr);
+}
+
+// The highest address the current thread's frames may occupy, or 0 when unknown.
+inline std::uintptr_t current_thread_stack_end(std::uintptr_t sp, std::uintptr_t main_end, bool is_main) {
+  if (is_main && main_end > sp && main_end - sp <= kMaxKnownStack) return main_end;
+  const std::uintptr_t self = thread_descriptor();
+  if (self > sp && self - sp <= kMaxKnownStack) return self;
+  return 0;
+}
+
+// For a leaf without CFI, interrupted in its prologue or epilogue: the slot of the return address the
+// code bytes at `pc` tell (prologue_return_slot), or 0. The code page is probed first.
+inline std::uintptr_t leaf_return_slot(std::uintptr_t pc, std::uintptr_t sp) {
+  if (!kHasPrologueHeuristics) return 0;
+  read_guard code_guard;
+  if (pc < kMinCodeAddress || !code_guard.readable(pc, kPrologueBytes)) return 0;
+  unsigned char code[kPrologueBytes];
+  for (std::size_t i = 0; i < kPrologueBytes; ++i) code[i] = load_byte(pc + i);
+  return prologue_return_slot(code, sp);
+}
+
+// Why a walk ended.
+enum class walk_end : std::uint8_t {
+  bad_frame,     // a bound or check failed: what follows is not known to be a stack
+  outermost,     // an outermost CFI row: the thread's first frame
+  zero_return,   // a null return address: the end of the frame chain
+  depth_limit,   // out[] is full and a valid frame is left (truncated)
+  ran_off_copy,  // the next read lies past the end of a copied stack (which ended before the stack did)
+  rbp_unknown,   // a copy's row needs rbp, which the kernel did not report (the walk scans for a record)
+};
+
+struct unwind_result {
+  std::size_t depth = 0;
+  bool truncated = false;
+  bool leaf_fixed = false;  // the leaf's caller came from the prologue/epilogue heuristics
+  bool scanned = false;     // a frame record was found by scanning (rbp was not known)
+  walk_end end = walk_end::bad_frame;
+  // The walk ended where a stack ends (outermost row, null return address, depth limit, end of a copy).
+  bool clean() const { return end != walk_end::bad_frame && end != walk_end::rbp_unknown; }
+};
+
+// The registers of the frame being unwound.
+struct walk_regs {
+  std::uintptr_t pc, sp, fp;
+  bool fp_known;  // false only in a copy, until a row or a scanned frame record tells rbp
+  bool leaf;      // the first frame: its pc is not a return address
+};
+
+// The CFA `row` gives at (pc, sp, fp), or 0 when that is no step up the stack: it wraps around, is
+// misaligned, leaves no room for the return address above sp, or makes a frame over kMaxFrameSize.
+inline std::uintptr_t row_cfa(const unwind_row& row, std::uintptr_t pc, std::uintptr_t sp,
+                              std::uintptr_t fp) {
+  std::uintptr_t base = row.kind == row_cfa_rbp ? fp : sp;
+  std::intptr_t off = row.cfa_off;
+  if (row.kind == row_cfa_plt && (pc & 15) >= row.plt_threshold) off += 8;
+  std::uintptr_t cfa = base + static_cast<std::uintptr_t>(off);
+  if ((off >= 0) != (cfa >= base)) return 0;  // wrapped around
+  // One unsigned range test for sp + 8 <= cfa <= sp + kMaxFrameSize (below sp, cfa - sp wraps around).
+  if (cfa % kFrameAlign != 0 || cfa - sp - 8 > kMaxFrameSize - 8) return 0;
+  return cfa;
+}
+
+// Memory policy: the interrupted thread's own stack. Every read lies in [sp, min(stack_end, sp +
+// kMaxStackSpan)), is 8-aligned, and each new page is probed before it is read.
+class live_stack {
+ public:
+  static constexpr bool kInterruptedPc = true;  // the leaf's pc may sit in a prologue or epilogue
+  static constexpr bool kMayLackFp = false;     // rbp comes with the interrupted context
+
+  live_stack(std::uintptr_t sp, std::uintptr_t stack_end) {
+    hi_ = sp + kMaxStackSpan;
+    if (hi_ < sp) hi_ = ~std::uintptr_t(0);
+    if (stack_end != 0 && stack_end < hi_) hi_ = stack_end;
+  }
+  bool read(std::uintptr_t addr, std::uint64_t& out) {
+    if (!fits(addr, 8)) return false;
+    out = load_word(addr);
+    return true;
+  }
+  bool read_pair(std::uintptr_t addr, std::uint64_t& first, std::uint64_t& second) {
+    if (!fits(addr, 16)) return false;
+    first = load_word(addr);
+    second = load_word(addr + 8);
+    return true;
+  }
+  bool past_end(std::uintptr_t) const { return false; }  // a failed live read is a bad frame
+
+ private:
+  // The lower bound needs no test: the walker reads nothing below the current sp, which starts at the
+  // interrupted sp and only grows (row_cfa and apply_row check it).
+  bool fits(std::uintptr_t addr, std::size_t len) {
+    return addr + len <= hi_ && addr % 8 == 0 && guard_.readable(addr, len);  // readable: no wrap-around
+  }
+  std::uintptr_t hi_;
+  read_guard guard_;
+};
+
+// Memory policy: a copy of part of a thread's stack, `size` bytes that were at [base, base + size).
+// Reads stay inside the copy; a read past its end means the copy ended before the stack did.
+struct stack_copy {
+  static constexpr bool kInterruptedPc = false;  // the pc is where a system call returns, not a prologue
+  static constexpr bool kMayLackFp = true;       // the kernel reports a blocked thread's sp and pc only
+
+  std::uintptr_t base = 0;
+  const unsigned char* data = nullptr;
+  std::size_t size = 0;
+
+  bool read(std::uintptr_t addr, std::uint64_t& out) const {
+    if (addr < base || addr - base > size || size - (addr - base) < 8) return false;
+    __builtin_memcpy(&out, data + (addr - base), 8);
+    return true;
+  }
+  bool read_pair(std::uintptr_t addr, std::uint64_t& first, std::uint64_t& second) const {
+    return read(addr, first) && read(addr + 8, second);
+  }
+  bool past_end(std::uintptr_t addr) const { return addr >= end(); }
+  std::uintptr_t end() const { return base + size; }
+};
+
+// Row policy: frame pointers only (no tables): every frame takes the frame-pointer row.
+struct frame_pointer_rows {
+  const unwind_row* find(std::uintptr_t) const { return nullptr; }
+};
+
+// Row policy: the CFI rows of `set` where one covers the pc, the frame-pointer row elsewhere.
+struct cfi_rows {
+  const unwind_table_set* set;
+  const unwind_row* find(std::uintptr_t pc) const { return find_unwind_row(set, pc); }
+};
+
+// One step of the walk: applies `row` at `s` and appends the caller's return address. The row gives the
+// CFA; the return address is at CFA + kReturnAddressAtCfa, the caller's rbp at CFA + fp_off when the row
+// saves it (else rbp still holds it). False, with r.end set, when the walk ends here. Inlined at each
+// call so that a constant row (the frame-pointer row) folds into straight-line code.
+template <class Memory>
+SELFPROF_DETAIL_ALWAYS_INLINE bool apply_row(Memory& mem, const unwind_row& row, walk_regs& s,
+                                             unwind_result& r, std::uint64_t* out, std::size_t max_depth,
+                                             bool prologue) {
+  const std::uintptr_t cfa = row_cfa(row, s.pc, s.sp, s.fp);
+  if (cfa == 0) {
+    r.end = walk_end::bad_frame;
+    return false;
+  }
+  const std::uintptr_t ra_at = cfa + static_cast<std::uintptr_t>(kReturnAddressAtCfa);
+  std::uint64_t ra = 0, next_fp = s.fp;
+  if (row.fp_off == 0) {
+    if (!mem.read(ra_at, ra)) {
+      r.end = mem.past_end(ra_at) ? walk_end::ran_off_copy : walk_end::bad_frame;
+      return false;
+    }
+  } else {
+    const std::uintptr_t slot = cfa + static_cast<std::uintptr_t>(static_cast<std::intptr_t>(row.fp_off));
+    if (slot < s.sp || slot + 8 > ra_at || slot % 8 != 0) {
+      r.end = walk_end::bad_frame;
+      return false;
+    }
+    // The saved rbp usually sits right below the return address (push %rbp after the call): one read.
+    const bool ok =
+        slot + 8 == ra_at ? mem.read_pair(slot, next_fp, ra) : mem.read(ra_at, ra) && mem.read(slot, next_fp);
+    if (!ok) {
+      r.end = mem.past_end(ra_at) ? walk_end::ran_off_copy : walk_end::bad_frame;
+      return false;
+    }
+    s.fp_known = true;
+  }
+  if (ra < kMinCodeAddress) {
+    r.end = ra == 0 ? walk_end::zero_return : walk_end::bad_frame;
+    return false;
+  }
+  if (r.depth == max_depth) {
+    r.truncated = true;  // a valid frame exists beyond the limit
+    r.end = walk_end::depth_limit;
+    return false;
+  }
+  out[r.depth++] = ra;
+  if (prologue) r.leaf_fixed = true;
+  s.sp = cfa;  // row_cfa made it at least sp + 8: every step moves towards the stack end
+  s.fp = static_cast<std::uintptr_t>(next_fp);
+  s.pc = static_cast<std::uintptr_t>(ra);
+  s.leaf = false;
+  return true;
+}
+
+// The walk loop. Continues at `s` with out[0..r.depth) filled, appending return addresses until the
+// stack, a bound or max_depth ends it. Each frame's row is the CFI row at its pc, else (no row, or one
+// this walker does not model) the frame-pointer row; at a leaf without CFI the prologue/epilogue bytes may
+// give a row first. Returns with `s` at the frame where the walk stopped.
+template <class Memory, class Rows>
+inline unwind_result walk_frames(Memory& mem, const Rows& rows, walk_regs& s, unwind_result r,
+                                 std::uint64_t* out, std::size_t max_depth) {
+  // A return address points after its call: past the leaf, look up pc-1, inside the calling instruction.
+  const unwind_row* row = rows.find(s.leaf ? s.pc : s.pc - 1);
+  if (Memory::kInterruptedPc && s.leaf && max_depth > 1 && (row == nullptr || row->kind == row_unknown)) {
+    // Entry or exit of a function without CFI: rbp still belongs to the caller and the return address is
+    // at the slot the code bytes tell. Taken only when that slot holds something like one.
+    const std::uintptr_t slot = leaf_return_slot(s.pc, s.sp);
+    std::uint64_t ra = 0;
+    if (slot != 0 && slot % 8 == 0 && mem.read(slot, ra) && ra >= kMinCodeAddress) {
+      const auto cfa_off = static_cast<std::int32_t>(slot - s.sp) - std::int32_t(kReturnAddressAtCfa);
+      if (!apply_row(mem, unwind_row{0, cfa_off, 0, row_cfa_rsp, 0}, s, r, out, max_depth, true)) return r;
+      row = rows.find(s.pc - 1);
+    }
+  }
+  for (;;) {
+    if (row != nullptr && row->kind != row_unknown) {
+      if (row->kind == row_outermost) {
+        r.end = walk_end::outermost;
+        return r;
+      }
+      if (Memory::kMayLackFp && !s.fp_known && row->kind == row_cfa_rbp) {
+        r.end = walk_end::rbp_unknown;
+        return r;
+      }
+      if (!apply_row(mem, *row, s, r, out, max_depth, false)) return r;
+    } else {
+      if (Memory::kMayLackFp && !s.fp_known) {
+        r.end = walk_end::rbp_unknown;
+        return r;
+      }
+      if (!apply_row(mem, kFramePointerRow, s, r, out, max_depth, false)) return r;
+    }
+    row = rows.find(s.pc - 1);
+  }
+}
+
+// Walks the live stack from an interrupted context with `set`'s rows (nullptr: frame pointers only).
+// out[0] = pc, then return addresses, leaf first. `stack_end`: the thread's stack end, 0 when unknown.
+inline unwind_result unwind_live(const unwind_table_set* set, std::uintptr_t pc, std::uintptr_t sp,
+                                 std::uintptr_t fp, std::uintptr_t stack_end, std::uint64_t* out,
+                                 std::size_t max_depth) {
+  unwind_result r;
+  if (max_depth == 0) return r;
+  out[r.depth++] = pc;
+  live_stack mem(sp, stack_end);
+  walk_regs s{pc, sp, fp, true, true};
+  if (set == nullptr) return walk_frames(mem, frame_pointer_rows{}, s, r, out, max_depth);
+  return walk_frames(mem, cfi_rows{set}, s, r, out, max_depth);
+}
+
+// The handler's entry point: the live walk with the published tables when there are any (SELFPROF_UNWIND=fp
+// publishes none: frame pointers only).
+inline unwind_result unwind_interrupted(std::uintptr_t pc, std::uintptr_t sp, std::uintptr_t fp,
+                                        std::uintptr_t stack_end, std::uint64_t* out, std::size_t max_depth) {
+  return unwind_live(g_unwind_tables.load(std::memory_order_acquire), pc, sp, fp, stack_end, out, max_depth);
+}
+
+// Does the pair at `a` look like a frame record: a saved rbp that points further up the stack (or is 0,
+// the outermost frame) next to a return address into code (`code.contains`)?
+template <class Code>
+inline bool plausible_frame_record(const stack_copy& mem, std::uintptr_t a, const Code& code) {
+  std::uint64_t saved = 0, ra = 0;
+  if (!mem.read(a, saved) || !mem.read(a + 8, ra)) return false;
+  if (!code.contains(static_cast<std::uintptr_t>(ra))) return false;
+  if (saved == 0) return true;
+  return saved > a + 8 && saved % 8 == 0 && saved - a <= kMaxStackSpan;
+}
+
+// rbp is not known at frame `s`: find its frame record above sp. Candidates are tried upwards from sp;
+// the first whose walk ends cleanly wins, else the deepest walk. A stale record left in this frame's
+// locals by an earlier, deeper call can still win (it chains into the live frames above): the price of a
+// kernel that reports sp and pc but not rbp. It takes a frame-pointer function between the caller and
+// the system call to leave one there (libc's wrappers use none; ASan's interceptors do).
+template <class Rows, class Code>
+inline unwind_result scan_frame_records(const stack_copy& mem, const Rows& rows, const Code& code,
+                                        const walk_regs& s, unwind_result r, std::uint64_t* out,
+                                        std::size_t max_depth) {
+  r.scanned = true;
+  r.end = walk_end::bad_frame;
+  unwind_result best = r;
+  std::uintptr_t best_fp = 0;
+  int tried = 0;
+  std::uintptr_t a = (s.sp + kFrameRecordAlign - 1) & ~(kFrameRecordAlign - 1);
+  for (; a >= s.sp && a - s.sp <= kMaxFrameSize && a + 16 <= mem.end(); a += kFrameRecordAlign) {
+    if (!plausible_frame_record(mem, a, code)) continue;
+    walk_regs t{s.pc, s.sp, a, true, s.leaf};
+    unwind_result w = walk_frames(mem, rows, t, r, out, max_depth);
+    if (w.clean()) return w;  // out[] holds this walk
+    if (w.depth > best.depth) {
+      best = w;
+      best_fp = a;
+    }
+    if (++tried == kMaxRecordCandidates) break;
+  }
+  if (best_fp == 0) return r;
+  walk_regs t{s.pc, s.sp, best_fp, true, s.leaf};
+  return walk_frames(mem, rows, t, r, out, max_depth);  // refill out[] with the best walk
+}
+
+// Walks a blocked thread's frames from `pc` (its user pc: out[0], looked up as is) and the copy's base (its
+// sp), with `set`'s CFI rows where they cover a pc and frame records elsewhere; every read lies in the
+// copy. Where a row needs rbp before any frame told it, frame records are scanned for (`code.contains`
+// tells a return address from data). out[1..depth) are return addresses, leaf first, as the signal
+// handler records them; running off the end of the copy is a clean end.
+template <class Code>
+inline unwind_result unwind_stack_copy(const unwind_table_set* set, std::uintptr_t pc, const stack_copy& mem,
+                                       const Code& code, std::uint64_t* out, std::size_t max_depth) {
+  unwind_result r;
+  if (max_depth == 0) return r;
+  out[r.depth++] = pc;
+  const cfi_rows rows{set};
+  walk_regs s{pc, mem.base, 0, false, true};
+  r = walk_frames(mem, rows, s, r, out, max_depth);
+  if (r.end == walk_end::rbp_unknown) r = scan_frame_records(mem, rows, code, s, r, out, max_depth);
+  return r;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/unwind.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// Everything the handler reads or counts. Constant-initialized: no constructor runs, so it is valid in
+// any thread at any time, before main and after exit.
+struct handler_globals {
+  std::atomic<bool> active{false};  // samples are taken only while set
+  std::atomic<int> in_flight{0};    // handlers running now (stop waits for zero)
+  std::atomic<sample_ring*> ring{nullptr};
+  std::atomic<int> signal_number{0};
+  std::atomic<std::uint32_t> max_depth{0};
+  std::atomic<std::uint32_t> main_tid{0};
+  std::atomic<std::uintptr_t> main_stack_end{0};
+  std::atomic<int> wake_fd{-1};             // the collector's eventfd: written when the ring is half full
+  std::atomic<bool> weight_overruns{true};  // CPU timers: weight a sample by 1 + si_overrun
+  // Thread births and deaths, seen from the samples: while ticks arrive, one handler in every
+  // kThreadCheckNs fstat()s /proc/self/task (its link count is 2 + the number of threads) and wakes the
+  // collector when the count differs from the one of its last scan. The collector then need not wake on
+  // a short timer to find new threads (each wake-up costs CPU even when there is nothing to do).
+  std::atomic<int> task_dir_fd{-1};                 // /proc/self/task, opened by the collector
+  std::atomic<std::uint64_t> task_links{0};         // its link count when the collector last scanned
+  std::atomic<std::uint64_t> next_thread_check{0};  // CLOCK_MONOTONIC ns of the next check (0: none)
+  std::atomic<std::uint64_t> thread_checks{0};      // checks made (stats)
+  std::atomic<std::uint64_t> thread_wakes{0};  // checks that found the count changed and woke the collector
+  // Counters, read by the collector.
+  std::atomic<std::uint64_t> taken{0};             // records written to the ring
+  std::atomic<std::uint64_t> dropped_full{0};      // samples lost because the ring was full
+  std::atomic<std::uint64_t> dropped_inactive{0};  // ticks that arrived while stopping
+  std::atomic<std::uint64_t> foreign{0};           // signals sent by kill/tgkill/sigqueue, ignored
+  std::atomic<std::uint64_t> truncated{0};         // samples cut at max_depth
+  // perf_event fds opened by selfprof (one bit per fd below kPerfFdBits): their overflow disables the
+  // event (PERF_EVENT_IOC_REFRESH 1) and the handler re-arms it after sampling.
+  static constexpr int kPerfFdBits = 65536;
+  std::atomic<std::uint64_t> perf_fds[kPerfFdBits / 64]{};
+};
+
+inline handler_globals g_handler;  // one per copy of selfprof (sources/signal_setup.hpp: two copies)
+
+// The value CPU-timer signals carry in si_value, so they can be told from a foreign sigqueue().
+inline void* timer_cookie() { return static_cast<void*>(&g_handler); }
+
+// Is this delivery one of our ticks? The kernel's perf_event and itimer signals have si_code > 0;
+// POSIX timers say SI_TIMER and carry our cookie; anything else was sent by someone (kill, tgkill).
+inline bool is_our_tick(const siginfo_t* info) {
+  if (info == nullptr) return false;
+  if (info->si_code > 0) return true;
+  return info->si_code == SI_TIMER && info->si_value.sival_ptr == timer_cookie();
+}
+
+// PERF_EVENT_IOC_REFRESH from <linux/perf_event.h>: _IO('$', 2).
+constexpr unsigned long kPerfIocRefresh = 0x2402;
+constexpr int kPollHup = 6;  // si_code of a perf_event signal whose event_limit ran out (POLL_HUP)
+
+inline bool owns_perf_fd(handler_globals& g, int fd) {
+  if (fd < 0 || fd >= handler_globals::kPerfFdBits) return false;
+  return (g.perf_fds[fd / 64].load(std::memory_order_acquire) >> (fd % 64)) & 1u;
+}
+
+inline void rearm_perf_event(handler_globals& g, const siginfo_t* info) {
+  if (info->si_code == kPollHup && owns_perf_fd(g, info->si_fd))
+    raw_syscall3(SYS_ioctl, info->si_fd, static_cast<long>(kPerfIocRefresh), 1);
+}
+
+constexpr std::uint64_t kThreadCheckNs = 20000000;  // 20 ms: new threads are found within ~20 ms
+
+// See handler_globals::task_dir_fd. One fstat of a kept fd (no path walk), at most once per 20 ms per
+// process, whatever the number of threads and the rate.
+inline void check_thread_count(handler_globals& g, std::uint64_t now_ns) {
+  std::uint64_t due = g.next_thread_check.load(std::memory_order_relaxed);
+  if (due == 0 || now_ns < due) return;
+  if (!g.next_thread_check.compare_exchange_strong(due, now_ns + kThreadCheckNs, std::memory_order_relaxed))
+    return;  // another thread's handler took this check
+  const int dir = g.task_dir_fd.load(std::memory_order_acquire);
+  const int wake = g.wake_fd.load(std::memory_order_acquire);
+  if (dir < 0 || wake < 0) return;
+  g.thread_checks.fetch_add(1, std::memory_order_relaxed);
+  struct stat st;
+  if (raw_syscall3(SYS_fstat, dir, reinterpret_cast<long>(&st), 0) != 0) return;
+  if (static_cast<std::uint64_t>(st.st_nlink) == g.task_links.load(std::memory_order_relaxed)) return;
+  const std::uint64_t one = 1;
+  raw_syscall3(SYS_write, wake, reinterpret_cast<long>(&one), sizeof one);
+  g.thread_wakes.fetch_add(1, std::memory_order_relaxed);
+}
+
+inline void sample_signal_handler(int, siginfo_t* info, void* context) {
+  const int saved_errno = errno;
+  handler_globals& g = g_handler;
+  g.in_flight.fetch_add(1, std::memory_order_acquire);
+  do {
+    if (!is_our_tick(info)) {
+      g.foreign.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    if (!g.active.load(std::memory_order_acquire)) {
+      g.dropped_inactive.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    rearm_perf_event(g, info);  // first, so the next period starts counting now
+    sample_ring* ring = g.ring.load(std::memory_order_acquire);
+    if (ring == nullptr || context == nullptr) break;
+    std::uint64_t pos = 0;
+    ring_slot* slot = ring->claim(pos);
+    if (slot == nullptr) {
+      g.dropped_full.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    const frame_regs regs = context_regs(static_cast<const ucontext_t*>(context));
+    const std::uint32_t tid = raw_gettid();
+    const bool is_main = tid == g.main_tid.load(std::memory_order_relaxed);
+    const std::uintptr_t end =
+        current_thread_stack_end(regs.sp, g.main_stack_end.load(std::memory_order_relaxed), is_main);
+    const std::size_t max_depth = ring->max_depth();
+    unwind_result u = unwind_interrupted(regs.pc, regs.sp, regs.fp, end, slot->pcs(),
+                                         max_depth);  // CFI rows when published, else frame pointers
+
+    sample_header& h = slot->header;
+    h.tid = tid;
+    h.depth = static_cast<std::uint16_t>(u.depth);
+    h.flags = static_cast<std::uint16_t>((u.truncated ? sample_truncated : 0) |
+                                         (u.leaf_fixed ? sample_leaf_fixed : 0));
+    std::uint32_t weight = 1;
+    if (info->si_code == SI_TIMER && info->si_overrun > 0 &&
+        g.weight_overruns.load(std::memory_order_relaxed))
+      weight += static_cast<std::uint32_t>(info->si_overrun);
+    h.weight = weight;
+    const std::uint64_t now_ns = monotonic_ns();
+    h.time_ns = now_ns;
+    h.tag = game_frame_tag_for(tid);  // the game frame this thread is in (0: it marks none)
+    if (u.truncated) g.truncated.fetch_add(1, std::memory_order_relaxed);
+    sample_ring::publish(slot, pos);
+    check_thread_count(g, now_ns);
+    // Every half ring of samples, wake the collector (while samples arrive it sleeps long).
+    const std::uint64_t half = ring->capacity() / 2;
+    if (half != 0 && pos % half == half - 1) {
+      const int fd = g.wake_fd.load(std::memory_order_acquire);
+      if (fd >= 0) {
+        const std::uint64_t one = 1;
+        raw_syscall3(SYS_write, fd, reinterpret_cast<long>(&one), sizeof one);
+      }
+    }
+    g.taken.fetch_add(1, std::memory_order_relaxed);
+  } while (false);
+  g.in_flight.fetch_sub(1, std::memory_order_release);
+  errno = saved_errno;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/handler.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+class cpu_timer_source final : public tick_source {
+ public:
+  ~cpu_timer_source() override { close(); }
+  source_kind kind() const override { return source_kind::timer; }
+  std::string describe() const override { return "POSIX CPU-time timer per thread"; }
+  bool per_thread() const override { return true; }
+  bool counts_kernel_time() const override { return true; }
+  double effective_hz() const override { return std::min(config_.hz, kernel_tick_hz()); }
+  std::size_t armed_count() const override { return timers_.size(); }
+
+  status open(const source_config& config) override {
+    config_ = config;
+    // Probe: a timer on the calling thread's clock must be creatable (ENOSYS/EPERM under seccomp).
+    timer_t probe{};
+    if (create(static_cast<pid_t>(raw_gettid()), &probe) != 0)
+      return status::error(std::string("timer_create on a thread CPU clock failed: ") + std::strerror(errno));
+    sys().timer_delete(probe);
+    return status::ok();
+  }
+
+  status arm(pid_t tid) override {
+    if (timers_.count(tid)) return status::ok();
+    timer_t id{};
+    if (create(tid, &id) != 0) {
+      const int e = errno;
+      return status::error(std::string("timer_create: ") + std::strerror(e), e);
+    }
+    struct itimerspec spec {};
+    std::int64_t ns = period_ns_for(config_.hz);
+    spec.it_interval.tv_sec = static_cast<time_t>(ns / 1000000000);
+    spec.it_interval.tv_nsec = static_cast<long>(ns % 1000000000);
+    spec.it_value = spec.it_interval;
+    if (sys().timer_settime(id, 0, &spec, nullptr) != 0) {
+      int e = errno;
+      sys().timer_delete(id);
+      return status::error(std::string("timer_settime: ") + std::strerror(e), e);
+    }
+    timers_.emplace(tid, id);
+    return status::ok();
+  }
+
+  // A new period for one thread's timer (SELFPROF_FRAME_HZ; the kernel still delivers at most one tick
+  // per jiffy, the overrun count weights the sample).
+  status set_thread_rate(pid_t tid, double hz) override {
+    auto it = timers_.find(tid);
+    if (it == timers_.end()) return status::error("timer: thread " + std::to_string(tid) + " is not armed");
+    struct itimerspec spec {};
+    std::int64_t ns = period_ns_for(hz);
+    spec.it_interval.tv_sec = static_cast<time_t>(ns / 1000000000);
+    spec.it_interval.tv_nsec = static_cast<long>(ns % 1000000000);
+    spec.it_value = spec.it_interval;
+    if (sys().timer_settime(it->second, 0, &spec, nullptr) != 0)
+      return status::error(std::string("timer_settime: ") + std::strerror(errno));
+    return status::ok();
+  }
+
+  void disarm(pid_t tid) override {
+    auto it = timers_.find(tid);
+    if (it == timers_.end()) return;
+    sys().timer_delete(it->second);  // also discards a queued tick of this timer
+    timers_.erase(it);
+  }
+
+  void close() override {
+    for (auto& t : timers_) sys().timer_delete(t.second);
+    timers_.clear();
+  }
+
+  // POSIX timers are not inherited by fork(2): the child has nothing to release.
+  void abandon_after_fork() override { timers_.clear(); }
+
+ private:
+  int create(pid_t tid, timer_t* out) {
+    struct sigevent sev;
+    std::memset(&sev, 0, sizeof sev);
+    sev.sigev_notify = SIGEV_THREAD_ID;
+    sev.sigev_signo = config_.signal_number;
+    sev.sigev_value.sival_ptr = timer_cookie();
+    sev._sigev_un._tid = tid;  // glibc's spelling of sigev_notify_thread_id
+    return sys().timer_create(thread_cpu_clock(tid), &sev, out);
+  }
+
+  source_config config_;
+  std::unordered_map<pid_t, timer_t> timers_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/sources/cpu_timer.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// What armed a thread.
+enum class armed_by : std::uint8_t { none, primary, fallback };
+
+// Arming counts, for stats.
+struct thread_counts {
+  std::size_t seen = 0, armed = 0, fallback = 0, arm_failed = 0;
+};
+
+// The threads of a session and the sources that arm them: the primary one and the fallback CPU timer,
+// opened when the primary first runs out of resources.
+class thread_registry {
+ public:
+  // Starts a session: forgets every thread, takes `primary` (nullptr: nothing to arm, as in wall mode
+  // without on-CPU ticks). `sample_signal` is what register_current() unblocks.
+  void begin(std::unique_ptr<tick_source> primary, const source_config& config) {
+    std::lock_guard<std::mutex> lock(mu_);
+    threads_.clear();
+    primary_ = std::move(primary);
+    fallback_.reset();
+    config_ = config;
+    counts_ = thread_counts{};
+    notes_.clear();
+    ++generation_;
+  }
+
+  // Ends the session: disarms every thread and closes the sources. The names stay for the profile.
+  void end() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (primary_) primary_->close();
+    if (fallback_) fallback_->close();
+    primary_.reset();
+    fallback_.reset();
+    for (auto& t : threads_) t.second.by = armed_by::none;
+    counts_.armed = 0;
+  }
+
+  // Compares /proc/self/task with the known threads: arms the new ones (except `own`, selfprof's
+  // threads), forgets the gone ones, reads names a thread may have set just after it started.
+  void scan(const std::vector<pid_t>& own) {
+    const std::vector<pid_t> live = list_threads();
+    std::lock_guard<std::mutex> lock(mu_);
+    std::unordered_set<pid_t> seen(live.begin(), live.end());
+    for (pid_t tid : live) {
+      auto known = threads_.find(tid);
+      if (known != threads_.end()) {
+        if (known->second.name_checks < 2) {  // threads usually name themselves right after they start
+          ++known->second.name_checks;
+          std::string n = thread_name(tid);
+          if (!n.empty()) known->second.name = names_[static_cast<std::uint32_t>(tid)] = n;
+        }
+        continue;
+      }
+      bool ours = false;
+      for (pid_t o : own) ours = ours || o == tid;
+      if (ours) continue;
+      add_locked(tid);
+    }
+    for (auto it = threads_.begin(); it != threads_.end();) {
+      if (seen.count(it->first)) {
+        ++it;
+        continue;
+      }
+      disarm_locked(it->first, it->second);
+      it = threads_.erase(it);
+      ++generation_;
+    }
+  }
+
+  // The calling thread arms itself now (instead of at the next scan) and unblocks the sampling signal.
+  status register_current(int sample_signal) {
+    if (sample_signal > 0) {
+      sigset_t set;
+      sigemptyset(&set);
+      sigaddset(&set, sample_signal);
+      pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    }
+    const pid_t tid = static_cast<pid_t>(raw_gettid());
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!threads_.count(tid)) add_locked(tid);
+    return status::ok();
+  }
+
+  // The threads known now, when they changed since `generation` (updated); false when unchanged.
+  bool list_if_changed(std::uint64_t& generation, std::vector<pid_t>& out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (generation == generation_) return false;
+    generation = generation_;
+    out.clear();
+    for (auto& t : threads_) out.push_back(t.first);
+    return true;
+  }
+
+  // Names of every thread seen in this session, live or not, re-read for live threads.
+  std::unordered_map<std::uint32_t, std::string> names() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& t : threads_) {
+      std::string n = thread_name(t.first);
+      if (!n.empty()) t.second.name = names_[static_cast<std::uint32_t>(t.first)] = n;
+    }
+    return names_;
+  }
+
+  // Live threads that block `sig`, so never receive a tick.
+  std::size_t blocking(int sig) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::size_t n = 0;
+    for (auto& t : threads_)
+      if (thread_blocks_signal(t.first, sig)) ++n;
+    return n;
+  }
+
+  // SELFPROF_FRAME_HZ: samples one thread at `hz`, through whichever source armed it.
+  status set_thread_rate(pid_t tid, double hz) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = threads_.find(tid);
+    if (it == threads_.end() || it->second.by == armed_by::none)
+      return status::error("thread " + std::to_string(tid) + " is not armed yet", EAGAIN);
+    tick_source* src = it->second.by == armed_by::primary ? primary_.get() : fallback_.get();
+    return src ? src->set_thread_rate(tid, hz) : status::error("no source");
+  }
+
+  struct switch_result {
+    std::size_t moved = 0, kept = 0;
+  };
+  // Moves every thread armed by the primary source to `next`, which becomes the primary; a thread `next`
+  // cannot arm keeps the old primary as its fallback. The old primary is the fallback afterwards.
+  switch_result switch_primary(std::unique_ptr<tick_source> next) {
+    std::lock_guard<std::mutex> lock(mu_);
+    switch_result r;
+    std::unique_ptr<tick_source> old = std::move(primary_);
+    primary_ = std::move(next);
+    for (auto& t : threads_) {
+      if (t.second.by != armed_by::primary) continue;
+      old->disarm(t.first);
+      if (primary_->arm(t.first)) {
+        ++r.moved;
+      } else if (old->arm(t.first)) {  // out of descriptors, say: this thread keeps its old source
+        t.second.by = armed_by::fallback;
+        ++r.kept;
+      } else {
+        t.second.by = armed_by::none;
+        if (counts_.armed > 0) --counts_.armed;
+      }
+    }
+    if (fallback_) fallback_->close();
+    fallback_ = std::move(old);
+    counts_.fallback += r.kept;
+    return r;
+  }
+
+  tick_source* primary() const { return primary_.get(); }
+  thread_counts counts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counts_;
+  }
+  // Remarks made while arming (a fallback opened), taken once.
+  std::vector<std::string> take_notes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> out;
+    out.swap(notes_);
+    return out;
+  }
+
+  // Forgets the names of the last session.
+  void clear_names() {
+    std::lock_guard<std::mutex> lock(mu_);
+    names_.clear();
+  }
+
+  // fork(2) child: the threads and the sources' kernel objects are the parent's; forget them without
+  // touching them (the sources' objects are leaked on purpose: their destructors would disarm the parent).
+  void abandon_after_fork() {
+    new (&mu_) std::mutex();
+    if (primary_) primary_->abandon_after_fork();
+    if (fallback_) fallback_->abandon_after_fork();
+    primary_.release();
+    fallback_.release();
+    threads_.clear();
+    names_.clear();
+    counts_ = thread_counts{};
+  }
+
+  std::mutex& lock_for_fork() { return mu_; }
+
+ private:
+  struct thread_rec {
+    std::string name;
+    armed_by by = armed_by::none;
+    int name_checks = 0;
+  };
+
+  void add_locked(pid_t tid) {
+    thread_rec rec;
+    rec.name = thread_name(tid);
+    if (primary_ && primary_->per_thread()) arm_locked(tid, rec);
+    names_[static_cast<std::uint32_t>(tid)] = rec.name;
+    threads_.emplace(tid, std::move(rec));
+    ++counts_.seen;
+    ++generation_;
+  }
+
+  void arm_locked(pid_t tid, thread_rec& rec) {
+    status st = primary_->arm(tid);
+    if (st) {
+      rec.by = armed_by::primary;
+      ++counts_.armed;
+      return;
+    }
+    // One descriptor (or timer) per thread can run out: a CPU timer for this thread instead.
+    const int e = st.code();
+    if (primary_->kind() != source_kind::timer && (e == EMFILE || e == ENFILE || e == ENOMEM)) {
+      if (!fallback_) {
+        std::unique_ptr<tick_source> timer(new cpu_timer_source());
+        if (timer->open(config_)) {
+          fallback_ = std::move(timer);
+          notes_.push_back(std::string("ran out of resources for ") + source_name(primary_->kind()) + " (" +
+                           st.message() + "): CPU timers for the remaining threads");
+        }
+      }
+      if (fallback_ && fallback_->arm(tid)) {
+        rec.by = armed_by::fallback;
+        ++counts_.armed;
+        ++counts_.fallback;
+        return;
+      }
+    }
+    ++counts_.arm_failed;  // typically the thread exited between the scan and the arm (ESRCH)
+  }
+
+  void disarm_locked(pid_t tid, thread_rec& rec) {
+    if (rec.by == armed_by::primary && primary_) primary_->disarm(tid);
+    if (rec.by == armed_by::fallback && fallback_) fallback_->disarm(tid);
+    if (rec.by != armed_by::none && counts_.armed > 0) --counts_.armed;
+    rec.by = armed_by::none;
+  }
+
+  std::mutex mu_;
+  std::unique_ptr<tick_source> primary_, fallback_;
+  source_config config_;
+  std::unordered_map<pid_t, thread_rec> threads_;
+  std::unordered_map<std::uint32_t, std::string> names_;  // every thread seen, even exited ones
+  std::uint64_t generation_ = 0;                          // changes whenever threads_ does
+  thread_counts counts_;
+  std::vector<std::string> notes_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/collect/thread_registry.hpp ----
+// ---- begin selfprof/sources/contention.hpp ----
+// The contention upgrade: `auto` took the CPU timer (the cheapest source), and this watches whether the
+// sampled threads wait for CPUs; when they do, a perf_event with kernel time should replace the timer.
+// Context: the collector thread.
+//
+// Why. CPU timers are checked only at the scheduler tick. When threads share CPUs they are switched at
+// ticks, every slice is a whole number of ticks, and each thread's samples fall on a tick lattice of its
+// CPU time: strictly repeated work then aliases with the lattice. A perf_event has an exact period. So the
+// monitor reads the run delay of the busiest sampled threads (/proc/self/task/<tid>/schedstat) and says
+// "switch" when they waited for a CPU at least kContentionShare of their run time in two checks in a row.
+// The first check is at the first wake that sees ticks; while more threads receive samples than the
+// process has CPUs, checks come every kContentionFastCheckMs, so an oversubscribed profile switches within
+// a few hundred milliseconds.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/sources/perf_event.hpp ----
+// Tick source: one perf_event per thread (software task clock, or hardware cycles where a PMU exists)
+// whose overflow signal is delivered to that thread (F_SETOWN_EX F_OWNER_TID).
+// Context: setup only and the collector thread.
+
+#include <linux/perf_event.h>
+#include <sys/ioctl.h>
+#include <sys/utsname.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+
+namespace selfprof {
+namespace detail {
+
+// Linux 6.16 and 6.17 hang in the hrtimer path when PERF_EVENT_IOC_REFRESH re-arms a software event
+// from its overflow signal (async-profiler issue 1578); selfprof refuses perf_event there.
+inline bool kernel_has_refresh_hang() {
+  struct utsname u {};
+  if (uname(&u) != 0) return false;
+  int major = 0, minor = 0;
+  if (std::sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
+  return major == 6 && (minor == 16 || minor == 17);
+}
+
+class perf_event_source final : public tick_source {
+ public:
+  ~perf_event_source() override { close(); }
+  source_kind kind() const override { return source_kind::perf; }
+  bool per_thread() const override { return true; }
+  bool counts_kernel_time() const override { return !user_only_; }
+  double effective_hz() const override { return config_.hz; }
+  std::size_t armed_count() const override { return fds_.size(); }
+  std::string describe() const override {
+    std::string s = "perf_event ";
+    s += hardware_ ? "cpu-cycles" : "task-clock";
+    s += user_only_ ? " (user only: time in the kernel is not sampled)" : " (user+kernel)";
+    return s;
+  }
+  status open(const source_config& config) override {
+    config_ = config;
+    if (kernel_has_refresh_hang())
+      return status::error("perf_event refused on Linux 6.16/6.17 (PERF_EVENT_IOC_REFRESH hang)");
+    raise_fd_limit();
+    // Probe the calling thread: hardware cycles first, then the software task clock; kernel time
+    // included unless the caller accepts user-only events.
+    pid_t self = static_cast<pid_t>(raw_gettid());
+    int first_errno = 0;
+    const bool user_clock = config.user_clock_only;
+    for (int user = user_clock ? 1 : 0; user <= (config.allow_user_only || user_clock ? 1 : 0); ++user) {
+      for (int hw = user_clock ? 0 : 1; hw >= 0; --hw) {
+        hardware_ = hw == 1;
+        user_only_ = user == 1;
+        int fd = open_event(self);
+        if (fd >= 0) {
+          sys().close(fd);
+          return status::ok();
+        }
+        if (hw == 0 && (user == 0 || user_clock)) first_errno = errno;  // the software event says most
+      }
+    }
+    std::string why = std::string("perf_event_open(task-clock) failed: ") + std::strerror(first_errno);
+    if (first_errno == EACCES || first_errno == EPERM)
+      why += config.allow_user_only || user_clock
+                 ? " (kernel.perf_event_paranoid or seccomp forbids it)"
+                 : " (an event including kernel time needs root or kernel.perf_event_paranoid <= 1)";
+    return status::error(why, first_errno);
+  }
+
+  status arm(pid_t tid) override {
+    if (fds_.count(tid)) return status::ok();
+    int fd = open_event(tid);
+    if (fd < 0) {
+      const int e = errno;
+      return status::error(std::string("perf_event_open: ") + std::strerror(e), e);
+    }
+    struct f_owner_ex owner {};
+    owner.type = F_OWNER_TID;
+    owner.pid = tid;
+    if (fd >= handler_globals::kPerfFdBits || sys().fcntl_int(fd, F_SETFL, O_ASYNC) != 0 ||
+        sys().fcntl_int(fd, F_SETSIG, config_.signal_number) != 0 || ::fcntl(fd, F_SETOWN_EX, &owner) != 0) {
+      const int e = fd >= handler_globals::kPerfFdBits ? EMFILE : errno;
+      sys().close(fd);
+      return status::error(std::string("perf_event fd setup: ") + std::strerror(e), e);
+    }
+    set_bit(fd, true);
+    // Overflow disables the event (event_limit 1) until the handler refreshes it: no re-entrant ticks.
+    if (::ioctl(fd, PERF_EVENT_IOC_REFRESH, 1) != 0) {
+      const int e = errno;
+      set_bit(fd, false);
+      sys().close(fd);
+      return status::error(std::string("PERF_EVENT_IOC_REFRESH: ") + std::strerror(e), e);
+    }
+    fds_.emplace(tid, fd);
+    return status::ok();
+  }
+
+  // A new period (task-clock ns) or frequency (cycles) for one thread's event (SELFPROF_FRAME_HZ).
+  status set_thread_rate(pid_t tid, double hz) override {
+    auto it = fds_.find(tid);
+    if (it == fds_.end()) return status::error("perf: thread " + std::to_string(tid) + " is not armed");
+    std::uint64_t value = hardware_ ? static_cast<std::uint64_t>(hz > 1 ? hz : 1)
+                                    : static_cast<std::uint64_t>(period_ns_for(hz));
+    if (::ioctl(it->second, PERF_EVENT_IOC_PERIOD, &value) != 0)
+      return status::error(std::string("PERF_EVENT_IOC_PERIOD: ") + std::strerror(errno));
+    return status::ok();
+  }
+
+  void disarm(pid_t tid) override {
+    auto it = fds_.find(tid);
+    if (it == fds_.end()) return;
+    release(it->second, true);
+    fds_.erase(it);
+  }
+
+  void close() override {
+    for (auto& f : fds_) release(f.second, true);
+    fds_.clear();
+  }
+
+  // The child's fds are copies that still point at the parent's events: close them without disabling.
+  void abandon_after_fork() override {
+    for (auto& f : fds_) release(f.second, false);
+    fds_.clear();
+  }
+
+ private:
+  int open_event(pid_t tid) {
+    struct perf_event_attr attr;
+    std::memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;
+    if (hardware_) {
+      attr.type = PERF_TYPE_HARDWARE;
+      attr.config = PERF_COUNT_HW_CPU_CYCLES;
+      attr.freq = 1;
+      attr.sample_freq = static_cast<std::uint64_t>(config_.hz > 1 ? config_.hz : 1);
+    } else {
+      attr.type = PERF_TYPE_SOFTWARE;
+      attr.config = PERF_COUNT_SW_TASK_CLOCK;
+      attr.sample_period = static_cast<std::uint64_t>(period_ns_for(config_.hz));
+    }
+    attr.disabled = 1;
+    attr.exclude_kernel = user_only_ ? 1 : 0;
+    attr.exclude_hv = 1;
+    attr.wakeup_events = 1;
+    long fd = sys().perf_event_open(&attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
+    return static_cast<int>(fd);
+  }
+
+  void set_bit(int fd, bool on) {
+    if (fd < 0 || fd >= handler_globals::kPerfFdBits) return;
+    std::uint64_t bit = std::uint64_t(1) << (fd % 64);
+    if (on)
+      g_handler.perf_fds[fd / 64].fetch_or(bit, std::memory_order_release);
+    else
+      g_handler.perf_fds[fd / 64].fetch_and(~bit, std::memory_order_release);
+  }
+
+  void release(int fd, bool disable) {
+    set_bit(fd, false);
+    if (disable) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+    sys().close(fd);
+  }
+
+  // One fd per thread, and a process soft limit of 1024 fds runs out early: raise the soft
+  // RLIMIT_NOFILE to the hard limit.
+  static void raise_fd_limit() {
+    struct rlimit rl {};
+    if (sys().getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      sys().setrlimit(RLIMIT_NOFILE, &rl);
+    }
+  }
+
+  source_config config_;
+  bool hardware_ = false, user_only_ = false;
+  std::unordered_map<pid_t, int> fds_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/sources/perf_event.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+constexpr unsigned kContentionCheckMs = 500;
+constexpr unsigned kContentionFastCheckMs = 100;
+constexpr double kContentionShare = 0.25;
+constexpr std::size_t kContentionThreads = 64;  // schedstat reads per check: the busiest threads
+
+class contention_monitor {
+ public:
+  // `active`: the source may be upgraded (auto chose the CPU timer, cpu mode).
+  void reset(bool active) {
+    active_ = active;
+    hits_ = 0;
+    fast_ = false;
+    cpus_ = usable_cpus();
+    last_check_ = std::chrono::steady_clock::now() - std::chrono::milliseconds(kContentionCheckMs);
+    schedstat_prev_.clear();
+    samples_prev_.clear();
+  }
+  bool active() const { return active_; }
+  // The collector's longest sleep while the monitor watches.
+  unsigned period_ms() const { return fast_ ? kContentionFastCheckMs : kContentionCheckMs; }
+  bool due(std::chrono::steady_clock::time_point now) const {
+    return active_ && now - last_check_ >= std::chrono::milliseconds(period_ms());
+  }
+
+  // One check from the samples each thread got so far. True when the source should be switched now
+  // (`delay_share` then says how much the threads waited); the monitor stops watching after that.
+  bool check(const std::unordered_map<std::uint32_t, std::uint64_t>& samples_by_thread,
+             std::chrono::steady_clock::time_point now, double& delay_share) {
+    const auto since_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_check_).count();
+    last_check_ = now;
+    std::vector<std::pair<std::uint64_t, std::uint32_t>> busy;  // samples since the last check, tid
+    for (auto& kv : samples_by_thread) {
+      std::uint64_t& before = samples_prev_[kv.first];
+      if (kv.second > before) busy.emplace_back(kv.second - before, kv.first);
+      before = kv.second;
+    }
+    fast_ = busy.size() > static_cast<std::size_t>(cpus_);
+    if (busy.size() > kContentionThreads) {
+      std::partial_sort(busy.begin(), busy.begin() + kContentionThreads, busy.end(),
+                        [](const std::pair<std::uint64_t, std::uint32_t>& a,
+                           const std::pair<std::uint64_t, std::uint32_t>& b) { return a.first > b.first; });
+      busy.resize(kContentionThreads);
+    }
+    std::uint64_t run = 0, delay = 0;
+    for (auto& b : busy) {
+      std::uint64_t r = 0, d = 0;
+      if (!read_schedstat(static_cast<pid_t>(b.second), r, d)) continue;
+      auto prev = schedstat_prev_.find(b.second);
+      if (prev != schedstat_prev_.end() && r >= prev->second.first && d >= prev->second.second) {
+        run += r - prev->second.first;
+        delay += d - prev->second.second;
+      }
+      schedstat_prev_[b.second] = {r, d};
+    }
+    // Enough CPU time to judge (a tenth of the time since the last check), and a quarter of it again
+    // spent waiting for a CPU.
+    const bool contended = since_ns > 0 && run >= static_cast<std::uint64_t>(since_ns) / 10 &&
+                           static_cast<double>(delay) >= kContentionShare * static_cast<double>(run);
+    hits_ = contended ? hits_ + 1 : 0;
+    if (hits_ < 2) return false;
+    active_ = false;
+    delay_share = static_cast<double>(delay) / static_cast<double>(run);
+    return true;
+  }
+
+ private:
+  bool active_ = false;
+  int hits_ = 0;
+  bool fast_ = false;  // more threads got samples at the last check than there are CPUs
+  int cpus_ = 1;
+  std::chrono::steady_clock::time_point last_check_{};
+  std::unordered_map<std::uint32_t, std::pair<std::uint64_t, std::uint64_t>> schedstat_prev_;  // run, delay
+  std::unordered_map<std::uint32_t, std::uint64_t> samples_prev_;
+};
+
+// The source the monitor switches to: a perf_event that counts kernel time, as the timer did. nullptr
+// with the reason when none opens here.
+inline std::unique_ptr<tick_source> open_upgrade_source(const source_config& base, std::string& why_not) {
+  std::unique_ptr<tick_source> perf(new perf_event_source());
+  source_config cfg = base;
+  cfg.allow_user_only = false;
+  status st = perf->open(cfg);
+  if (!st) {
+    why_not = st.message();
+    return nullptr;
+  }
+  return perf;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/sources/contention.hpp ----
+// ---- begin selfprof/symbols/shared_symbolizer.hpp ----
+// The process's one symbolizer behind a lock: the collector refreshes its module snapshot while
+// libraries come and go (so samples in a library unloaded later keep their names), dumps read it.
+// Context: any thread except the signal handler.
+
+#include <mutex>
+#include <new>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/symbols/symbolizer.hpp ----
+// selfprof::symbolizer: turns addresses of this process into frames (demangled function, module, offset),
+// from ELF symbols of every module ever mapped, separate debug files, the vdso and perf maps for JIT code;
+// with SELFPROF_HAS_LIBDW=1 also file:line and inlined calls as their own frames (dwarf_lines.hpp).
+// Context: collector thread or any single thread (not thread-safe; never the signal handler).
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/symbols/dwarf_lines.hpp ----
+// Source lines and inline chains from DWARF through elfutils libdw (SELFPROF_HAS_LIBDW=1): for an address
+// of a mapped file, the real function and each inlined callee down to the innermost, each with file:line.
+// Context: collector thread or any single thread (not thread-safe; never the signal handler).
+//
+// One Dwfl session per module file, opened on the first lookup in that file and kept for the lifetime of
+// the symbolizer; each address's answer is cached. DWARF comes from the module file itself, else from
+// the separate debug file the module registry found (build-id or .gnu_debuglink), else from a search of
+// the same debug roots. No debuginfod and no other network access: only local files are read.
+// With SELFPROF_HAS_LIBDW=0 this header holds a stub whose lookups find nothing.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+// ---- begin selfprof/symbols/modules.hpp ----
+// The module registry: executable mappings of this process from /proc/self/maps (files with their load
+// bias, the vdso read from memory, anonymous memory, memfd and deleted files), each file's symbols parsed
+// once when first seen, and unmapped modules kept so samples taken before a dlclose still get names.
+// Context: collector thread (refresh ~every 100 ms) or setup; not thread-safe, never the signal handler.
+
+#include <dirent.h>
+#include <link.h>
+#include <sys/auxv.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/symbols/debug_file.hpp ----
+// Finds the separate debug file of a stripped module: by GNU build-id under each debug root
+// (<root>/.build-id/xx/rest.debug), then by .gnu_debuglink (module dir, its .debug/, <root>/<module dir>),
+// checking the build-id or the debuglink CRC so a stale debug file is never used.
+// Context: collector thread or setup (never the signal handler).
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/symbols/elf.hpp ----
+// A bounds-checked ELF64 reader over bytes in memory (an mmap'd file or a loaded image such as the vdso):
+// headers, sections by name or type (reusable by an .eh_frame parser), PT_LOAD segments, load bias,
+// build-id note and .gnu_debuglink.
+// Context: collector thread or setup (never the signal handler).
+
+#include <elf.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+// A span of bytes; every read below checks it.
+struct byte_view {
+  const unsigned char* data = nullptr;
+  std::size_t size = 0;
+
+  bool contains(std::uint64_t offset, std::uint64_t length) const {
+    return offset <= size && length <= size - offset;
+  }
+  byte_view sub(std::uint64_t offset, std::uint64_t length) const {
+    if (!contains(offset, length)) return {};
+    return byte_view{data + offset, static_cast<std::size_t>(length)};
+  }
+};
+
+// Copies a T out of `bytes` at `offset` (no alignment assumed); false when it does not fit.
+template <class T>
+inline bool read_at(byte_view bytes, std::uint64_t offset, T& out) {
+  if (!bytes.contains(offset, sizeof(T))) return false;
+  std::memcpy(&out, bytes.data + offset, sizeof(T));
+  return true;
+}
+
+// The NUL-terminated string at `offset` in a string table; empty when out of bounds or unterminated.
+inline std::string_view string_at(byte_view table, std::uint64_t offset) {
+  if (offset >= table.size) return {};
+  const char* begin = reinterpret_cast<const char*>(table.data + offset);
+  const void* nul = std::memchr(begin, 0, table.size - static_cast<std::size_t>(offset));
+  if (nul == nullptr) return {};
+  return std::string_view(begin, static_cast<std::size_t>(static_cast<const char*>(nul) - begin));
+}
+
+struct elf_section {
+  std::string name;
+  std::uint32_t type = 0;
+  std::uint64_t flags = 0;
+  std::uint64_t addr = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+  std::uint32_t link = 0;
+  std::uint32_t info = 0;
+  std::uint64_t addralign = 0;
+  std::uint64_t entsize = 0;
+};
+
+struct elf_segment {
+  std::uint32_t type = 0;
+  std::uint32_t flags = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t vaddr = 0;
+  std::uint64_t filesz = 0;
+  std::uint64_t memsz = 0;
+  std::uint64_t align = 0;
+};
+
+// Limits that keep a hostile header from making us loop or allocate for long.
+constexpr std::uint32_t elf_max_sections = 1u << 16;
+constexpr std::uint32_t elf_max_segments = 1u << 12;
+constexpr std::uint64_t elf_page_size = 4096;  // mapping granularity assumed when rounding p_offset
+
+class elf_image {
+ public:
+  // Parses the ELF header, section headers (with names) and program headers of `bytes`, which must
+  // outlive this object. `what` names the input in error messages (usually the path).
+  status parse(byte_view bytes, const std::string& what) {
+    *this = elf_image();
+    bytes_ = bytes;
+    Elf64_Ehdr eh;
+    if (!read_at(bytes, 0, eh)) return status::error(what + ": not ELF: shorter than an ELF header");
+    if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) return status::error(what + ": not ELF: bad magic");
+    if (eh.e_ident[EI_CLASS] != ELFCLASS64) return status::error(what + ": ELF: not a 64-bit file");
+    if (eh.e_ident[EI_DATA] != host_data_encoding())
+      return status::error(what + ": ELF: byte order differs from this machine");
+    type_ = eh.e_type;
+    machine_ = eh.e_machine;
+
+    // Section headers; e_shnum == 0 with e_shoff set means the count is in section 0 (ELF gABI).
+    if (eh.e_shoff != 0) {
+      if (eh.e_shentsize < sizeof(Elf64_Shdr))
+        return status::error(what + ": ELF: section header entry size " + std::to_string(eh.e_shentsize) +
+                             " too small");
+      Elf64_Shdr first;
+      if (!read_at(bytes, eh.e_shoff, first))
+        return status::error(what + ": ELF: section headers at offset " + std::to_string(eh.e_shoff) +
+                             " are past the end of the file (truncated?)");
+      std::uint64_t count = eh.e_shnum != 0 ? eh.e_shnum : first.sh_size;
+      std::uint64_t names_index = eh.e_shstrndx == SHN_XINDEX ? first.sh_link : eh.e_shstrndx;
+      if (count > elf_max_sections) return status::error(what + ": ELF: too many sections");
+      if (!bytes.contains(eh.e_shoff, count * eh.e_shentsize))
+        return status::error(what + ": ELF: " + std::to_string(count) +
+                             " section headers do not fit in the file (truncated?)");
+      sections_.resize(static_cast<std::size_t>(count));
+      std::vector<std::uint32_t> name_offsets(sections_.size());
+      for (std::size_t i = 0; i < sections_.size(); ++i) {
+        Elf64_Shdr sh;
+        read_at(bytes, eh.e_shoff + i * eh.e_shentsize, sh);
+        elf_section& s = sections_[i];
+        s.type = sh.sh_type;
+        s.flags = sh.sh_flags;
+        s.addr = sh.sh_addr;
+        s.offset = sh.sh_offset;
+        s.size = sh.sh_size;
+        s.link = sh.sh_link;
+        s.info = sh.sh_info;
+        s.addralign = sh.sh_addralign;
+        s.entsize = sh.sh_entsize;
+        name_offsets[i] = sh.sh_name;
+      }
+      if (names_index < sections_.size()) {
+        byte_view names = section_bytes(sections_[static_cast<std::size_t>(names_index)]);
+        for (std::size_t i = 0; i < sections_.size(); ++i)
+          sections_[i].name = std::string(string_at(names, name_offsets[i]));
+      }
+    }
+
+    // Program headers.
+    if (eh.e_phoff != 0 && eh.e_phnum != 0) {
+      if (eh.e_phentsize < sizeof(Elf64_Phdr))
+        return status::error(what + ": ELF: program header entry size too small");
+      if (eh.e_phnum > elf_max_segments) return status::error(what + ": ELF: too many program headers");
+      if (!bytes.contains(eh.e_phoff, std::uint64_t{eh.e_phnum} * eh.e_phentsize))
+        return status::error(what + ": ELF: program headers do not fit in the file (truncated?)");
+      for (std::uint32_t i = 0; i < eh.e_phnum; ++i) {
+        Elf64_Phdr ph;
+        read_at(bytes, eh.e_phoff + std::uint64_t{i} * eh.e_phentsize, ph);
+        segments_.push_back(
+            elf_segment{ph.p_type, ph.p_flags, ph.p_offset, ph.p_vaddr, ph.p_filesz, ph.p_memsz, ph.p_align});
+      }
+    }
+    return status::ok();
+  }
+
+  byte_view bytes() const { return bytes_; }
+  std::uint16_t type() const { return type_; }
+  std::uint16_t machine() const { return machine_; }
+  const std::vector<elf_section>& sections() const { return sections_; }
+  const std::vector<elf_segment>& segments() const { return segments_; }
+
+  // The first section called `name`, or nullptr.
+  const elf_section* find_section(std::string_view name) const {
+    for (const auto& s : sections_)
+      if (s.name == name) return &s;
+    return nullptr;
+  }
+  // The first section of ELF type `type` (SHT_SYMTAB, SHT_DYNSYM, ...), or nullptr.
+  const elf_section* find_section_type(std::uint32_t type) const {
+    for (const auto& s : sections_)
+      if (s.type == type) return &s;
+    return nullptr;
+  }
+  const elf_section* section_at(std::uint64_t index) const {
+    return index < sections_.size() ? &sections_[static_cast<std::size_t>(index)] : nullptr;
+  }
+  // The bytes of a section inside the image; empty for SHT_NOBITS or a section that does not fit.
+  byte_view section_bytes(const elf_section& s) const {
+    if (s.type == SHT_NOBITS) return {};
+    return bytes_.sub(s.offset, s.size);
+  }
+
+  // Load bias of a mapping of this file; see elf_load_bias below.
+  std::uint64_t load_bias(std::uint64_t map_start, std::uint64_t file_offset) const;
+
+  // GNU build-id as lower-case hex, or empty. Looks in SHT_NOTE sections, else PT_NOTE segments.
+  std::string build_id() const {
+    std::string out;
+    for (const auto& s : sections_)
+      if (s.type == SHT_NOTE && find_build_id(section_bytes(s), s.addralign == 8 ? 8 : 4, out)) return out;
+    for (const auto& seg : segments_)
+      if (seg.type == PT_NOTE &&
+          find_build_id(bytes_.sub(seg.offset, seg.filesz), seg.align == 8 ? 8 : 4, out))
+        return out;
+    return {};
+  }
+
+  // The .gnu_debuglink file name and CRC; false when absent or malformed.
+  bool debuglink(std::string& name, std::uint32_t& crc) const {
+    const elf_section* s = find_section(".gnu_debuglink");
+    if (s == nullptr) return false;
+    byte_view b = section_bytes(*s);
+    std::string_view n = string_at(b, 0);
+    if (n.empty()) return false;
+    std::uint64_t crc_offset = (n.size() + 1 + 3) & ~std::uint64_t{3};
+    if (!read_at(b, crc_offset, crc)) return false;
+    name = std::string(n);
+    return true;
+  }
+
+ private:
+  static unsigned char host_data_encoding() {
+    const std::uint16_t probe = 1;
+    unsigned char first;
+    std::memcpy(&first, &probe, 1);
+    return first == 1 ? ELFDATA2LSB : ELFDATA2MSB;
+  }
+
+  static bool find_build_id(byte_view notes, std::uint64_t align, std::string& out) {
+    std::uint64_t pos = 0;
+    while (pos < notes.size) {
+      Elf64_Nhdr nh;
+      if (!read_at(notes, pos, nh)) return false;
+      std::uint64_t name_pos = pos + sizeof(nh);
+      std::uint64_t desc_pos = name_pos + ((std::uint64_t{nh.n_namesz} + align - 1) & ~(align - 1));
+      std::uint64_t next = desc_pos + ((std::uint64_t{nh.n_descsz} + align - 1) & ~(align - 1));
+      if (!notes.contains(name_pos, nh.n_namesz) || !notes.contains(desc_pos, nh.n_descsz)) return false;
+      if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
+          std::memcmp(notes.data + name_pos, "GNU", 4) == 0 && nh.n_descsz > 0) {
+        static const char hex[] = "0123456789abcdef";
+        out.clear();
+        for (std::uint32_t i = 0; i < nh.n_descsz; ++i) {
+          unsigned char c = notes.data[desc_pos + i];
+          out += hex[c >> 4];
+          out += hex[c & 15];
+        }
+        return true;
+      }
+      if (next <= pos) return false;
+      pos = next;
+    }
+    return false;
+  }
+
+  byte_view bytes_;
+  std::uint16_t type_ = 0;
+  std::uint16_t machine_ = 0;
+  std::vector<elf_section> sections_;
+  std::vector<elf_segment> segments_;
+};
+
+// Load bias of a mapping that maps file offset `file_offset` at address `map_start`: the value added to
+// ELF virtual addresses to get run-time addresses. Uses the PT_LOAD segment that holds the offset
+// (preferring an executable one); falls back to start - offset when none matches.
+inline std::uint64_t elf_load_bias(const std::vector<elf_segment>& segments, std::uint64_t map_start,
+                                   std::uint64_t file_offset) {
+  const elf_segment* best = nullptr;
+  for (const auto& seg : segments) {
+    if (seg.type != PT_LOAD) continue;
+    std::uint64_t page_start = seg.offset & ~(elf_page_size - 1);
+    if (file_offset < page_start || file_offset - page_start >= seg.filesz + (seg.offset - page_start))
+      continue;
+    if (best == nullptr || ((seg.flags & PF_X) != 0 && (best->flags & PF_X) == 0)) best = &seg;
+  }
+  if (best == nullptr) return map_start - file_offset;
+  // The segment puts file offset p_offset at p_vaddr, so file_offset lives at p_vaddr + (file_offset -
+  // p_offset).
+  return map_start - (best->vaddr + file_offset - best->offset);
+}
+
+inline std::uint64_t elf_image::load_bias(std::uint64_t map_start, std::uint64_t file_offset) const {
+  return elf_load_bias(segments_, map_start, file_offset);
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/elf.hpp ----
+// ---- begin selfprof/symbols/mapped_file.hpp ----
+// A read-only memory mapping of a whole file (opened through the syscall seam), released on destruction.
+// Context: collector thread or setup (never the signal handler).
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+
+
+namespace selfprof {
+namespace detail {
+
+// Largest file we map for symbols; bigger ones are refused rather than eating the address space.
+constexpr std::uint64_t max_mapped_file_bytes = std::uint64_t{4} << 30;
+
+class mapped_file {
+ public:
+  mapped_file() = default;
+  mapped_file(const mapped_file&) = delete;
+  mapped_file& operator=(const mapped_file&) = delete;
+  mapped_file(mapped_file&& other) noexcept { swap(other); }
+  mapped_file& operator=(mapped_file&& other) noexcept {
+    if (this != &other) {
+      reset();
+      swap(other);
+    }
+    return *this;
+  }
+  ~mapped_file() { reset(); }
+
+  // Maps `path` read-only. `expect_inode` (when non-zero) must match the opened file's inode, so a
+  // library replaced on disk after it was mapped is not mistaken for the one in memory.
+  status open(const std::string& path, std::uint64_t expect_inode = 0) {
+    reset();
+    int fd = sys().open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) return status::error(path + ": open failed: " + std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      int e = errno;
+      sys().close(fd);
+      return status::error(path + ": fstat failed: " + std::strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      sys().close(fd);
+      return status::error(path + ": not a regular file");
+    }
+    if (expect_inode != 0 && static_cast<std::uint64_t>(st.st_ino) != expect_inode) {
+      sys().close(fd);
+      return status::error(path + ": file on disk differs from the mapped one (inode changed)");
+    }
+    if (st.st_size <= 0) {
+      sys().close(fd);
+      return status::error(path + ": empty file");
+    }
+    if (static_cast<std::uint64_t>(st.st_size) > max_mapped_file_bytes) {
+      sys().close(fd);
+      return status::error(path + ": file too large to map");
+    }
+    std::size_t size = static_cast<std::size_t>(st.st_size);
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    sys().close(fd);
+    if (p == MAP_FAILED) return status::error(path + ": mmap failed: " + std::strerror(e));
+    data_ = static_cast<const unsigned char*>(p);
+    size_ = size;
+    return status::ok();
+  }
+
+  void reset() {
+    if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), size_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  const unsigned char* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  void swap(mapped_file& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+  }
+  const unsigned char* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/mapped_file.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// The CRC-32 (IEEE, reflected) that .gnu_debuglink stores for its debug file.
+inline std::uint32_t debuglink_crc32(byte_view bytes, std::uint32_t crc = 0) {
+  static const std::array<std::uint32_t, 256> table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) != 0 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  crc = ~crc;
+  for (std::size_t i = 0; i < bytes.size; ++i) crc = table[(crc ^ bytes.data[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+inline std::vector<std::string> build_id_debug_paths(const std::vector<std::string>& roots,
+                                                     const std::string& build_id) {
+  std::vector<std::string> out;
+  if (build_id.size() < 3) return out;
+  for (const auto& root : roots) {
+    std::string path = root;
+    path += "/.build-id/";
+    path.append(build_id, 0, 2);
+    path += '/';
+    path.append(build_id, 2, std::string::npos);
+    path += ".debug";
+    out.push_back(std::move(path));
+  }
+  return out;
+}
+
+inline std::vector<std::string> debuglink_paths(const std::vector<std::string>& roots,
+                                                const std::string& module_path, const std::string& link) {
+  std::vector<std::string> out;
+  if (link.empty() || link.find('/') != std::string::npos || module_path.empty() || module_path[0] != '/')
+    return out;
+  std::string::size_type slash = module_path.rfind('/');
+  std::string dir = module_path.substr(0, slash + 1);  // with its trailing slash
+  out.push_back(dir + link);
+  out.push_back(dir + ".debug/");
+  out.back() += link;
+  for (const auto& root : roots) {
+    out.push_back(root + dir);
+    out.back() += link;
+  }
+  return out;
+}
+
+struct debug_file {
+  std::string path;
+  mapped_file file;
+  elf_image image;
+};
+
+// Opens the separate debug file for `module` (at `module_path`) with a .symtab; false when none fits.
+inline bool find_debug_file(const std::vector<std::string>& roots, const std::string& module_path,
+                            const elf_image& module, debug_file& out) {
+  auto try_open = [&](const std::string& path, const std::string& want_build_id, bool check_crc,
+                      std::uint32_t crc) {
+    if (path == module_path) return false;
+    if (!out.file.open(path)) return false;
+    bool ok = static_cast<bool>(out.image.parse(byte_view{out.file.data(), out.file.size()}, path)) &&
+              out.image.find_section_type(SHT_SYMTAB) != nullptr;
+    if (ok && !want_build_id.empty()) ok = out.image.build_id() == want_build_id;
+    if (ok && check_crc) ok = debuglink_crc32(out.image.bytes()) == crc;
+    if (!ok) {
+      out.image = elf_image();
+      out.file.reset();
+      return false;
+    }
+    out.path = path;
+    return true;
+  };
+  std::string id = module.build_id();
+  for (const auto& path : build_id_debug_paths(roots, id))
+    if (try_open(path, id, false, 0)) return true;
+  std::string link;
+  std::uint32_t crc = 0;
+  if (module.debuglink(link, crc))
+    for (const auto& path : debuglink_paths(roots, module_path, link))
+      if (try_open(path, id, true, crc)) return true;
+  return false;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/debug_file.hpp ----
+// ---- begin selfprof/symbols/proc_maps.hpp ----
+// Reading and parsing /proc/<pid>/maps lines (address range, permissions, offset, device, inode, path).
+// Context: collector thread or setup (never the signal handler).
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+
+namespace selfprof {
+namespace detail {
+
+struct maps_entry {
+  std::uint64_t start = 0;
+  std::uint64_t end = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t inode = 0;
+  std::uint32_t dev_major = 0;
+  std::uint32_t dev_minor = 0;
+  bool readable = false;
+  bool executable = false;
+  bool deleted = false;  // the path ended in " (deleted)" (removed file, or a memfd)
+  std::string path;      // without the " (deleted)" suffix; empty for anonymous memory
+};
+
+// Parses one hexadecimal field ending at `stop` (or the end); advances `pos`. False when empty or bad.
+inline bool parse_hex_field(std::string_view line, std::size_t& pos, char stop, std::uint64_t& out) {
+  out = 0;
+  std::size_t begin = pos;
+  while (pos < line.size() && line[pos] != stop) {
+    char c = line[pos];
+    unsigned digit;
+    if (c >= '0' && c <= '9')
+      digit = static_cast<unsigned>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      digit = static_cast<unsigned>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      digit = static_cast<unsigned>(c - 'A' + 10);
+    else
+      return false;
+    if (pos - begin >= 16) return false;
+    out = (out << 4) | digit;
+    ++pos;
+  }
+  if (pos == begin) return false;
+  if (pos < line.size()) ++pos;  // the stop character
+  return true;
+}
+
+// Parses "start-end perms offset major:minor inode   path" (path optional, may hold spaces).
+inline bool parse_maps_line(std::string_view line, maps_entry& out) {
+  out = maps_entry();
+  std::size_t pos = 0;
+  if (!parse_hex_field(line, pos, '-', out.start) || !parse_hex_field(line, pos, ' ', out.end)) return false;
+  if (pos + 5 > line.size() || line[pos + 4] != ' ') return false;
+  out.readable = line[pos] == 'r';
+  out.executable = line[pos + 2] == 'x';
+  pos += 5;
+  std::uint64_t major = 0, minor = 0;
+  if (!parse_hex_field(line, pos, ' ', out.offset) || !parse_hex_field(line, pos, ':', major) ||
+      !parse_hex_field(line, pos, ' ', minor))
+    return false;
+  out.dev_major = static_cast<std::uint32_t>(major);
+  out.dev_minor = static_cast<std::uint32_t>(minor);
+  std::size_t begin = pos;
+  while (pos < line.size() && line[pos] >= '0' && line[pos] <= '9')
+    out.inode = out.inode * 10 + (line[pos++] - '0');
+  if (pos == begin || out.end < out.start) return false;
+  while (pos < line.size() && line[pos] == ' ') ++pos;
+  std::string_view path = line.substr(pos);
+  constexpr std::string_view deleted = " (deleted)";
+  if (path.size() > deleted.size() && path.substr(path.size() - deleted.size()) == deleted) {
+    out.deleted = true;
+    path.remove_suffix(deleted.size());
+  }
+  out.path = std::string(path);
+  return true;
+}
+
+// Reads a whole (proc) file into `out`; false on failure.
+inline bool read_text_file(const char* path, std::string& out) {
+  out.clear();
+  int fd = sys().open(path, O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return false;
+  char buffer[16384];
+  for (;;) {
+    ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      sys().close(fd);
+      return n == 0;
+    }
+    out.append(buffer, static_cast<std::size_t>(n));
+  }
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/proc_maps.hpp ----
+// ---- begin selfprof/symbols/symbol_table.hpp ----
+// A per-module table of function symbols (.symtab, .dynsym, synthesized PLT stubs) sorted by address,
+// with sizes respected and zero-size symbols extended to the next one, plus cached demangled names.
+// Context: collector thread or setup (never the signal handler).
+
+#include <elf.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// ---- begin selfprof/symbols/demangle.hpp ----
+// C++ symbol demangling through the C++ runtime's abi::__cxa_demangle, falling back to the raw name.
+// Context: collector thread or any thread (allocates; never the signal handler).
+
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+namespace selfprof {
+namespace detail {
+
+// Demangles an Itanium-ABI name ("_Z..."); a name that is not mangled or does not demangle is returned
+// unchanged. A "@plt" suffix (our PLT stub names) is kept after the demangled part.
+inline std::string demangle(std::string_view name) {
+  std::string_view suffix;
+  std::string_view base = name;
+  constexpr std::string_view plt = "@plt";
+  if (base.size() > plt.size() && base.substr(base.size() - plt.size()) == plt) {
+    suffix = plt;
+    base.remove_suffix(plt.size());
+  }
+  if (base.size() < 3 || base[0] != '_' || base[1] != 'Z') return std::string(name);
+  std::string raw(base);
+  int status = 0;
+  char* out = abi::__cxa_demangle(raw.c_str(), nullptr, nullptr, &status);
+  if (out == nullptr || status != 0) {
+    std::free(out);
+    return std::string(name);
+  }
+  std::string result(out);
+  std::free(out);
+  result += suffix;
+  return result;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/demangle.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// How far back a lookup walks past symbols that end before the address, looking for an enclosing
+// (overlapping) symbol; overlaps are rare and shallow, so a small bound keeps lookups O(log n).
+constexpr int symbol_overlap_lookback = 8;
+// Size of one PLT entry on x86-64 and AArch64, and of the PLT header (PLT0) before the entries.
+constexpr std::uint64_t plt_entry_bytes = 16;
+
+class symbol_table {
+ public:
+  struct hit {
+    std::uint32_t index = 0;
+    std::uint64_t start = 0;  // ELF virtual address of the symbol
+    std::uint64_t end = 0;    // one past its last byte
+  };
+
+  // Adds the function symbols of a SHT_SYMTAB or SHT_DYNSYM section of `image`; returns how many.
+  std::size_t add_symbols(const elf_image& image, const elf_section& symtab) {
+    if (symtab.type != SHT_SYMTAB && symtab.type != SHT_DYNSYM) return 0;
+    if ((symtab.flags & SHF_COMPRESSED) != 0) return 0;
+    const elf_section* strtab_section = image.section_at(symtab.link);
+    if (strtab_section == nullptr) return 0;
+    byte_view syms = image.section_bytes(symtab);
+    byte_view strtab = image.section_bytes(*strtab_section);
+    std::size_t count = syms.size / sizeof(Elf64_Sym), added = 0;
+    for (std::size_t i = 1; i < count; ++i) {
+      Elf64_Sym sym;
+      read_at(syms, i * sizeof(Elf64_Sym), sym);
+      unsigned type = ELF64_ST_TYPE(sym.st_info);
+      unsigned bind = ELF64_ST_BIND(sym.st_info);
+      if (sym.st_shndx == SHN_UNDEF || sym.st_shndx >= SHN_LORESERVE) continue;
+      const elf_section* in = image.section_at(sym.st_shndx);
+      bool exec_section = in != nullptr && (in->flags & SHF_EXECINSTR) != 0;
+      if (type == STT_NOTYPE) {
+        if (sym.st_size == 0 || !exec_section) continue;
+      } else if (type != STT_FUNC && type != STT_GNU_IFUNC) {
+        continue;
+      }
+      std::string_view name = string_at(strtab, sym.st_name);
+      if (name.empty() || name[0] == '$' || name.substr(0, 2) == ".L") continue;
+      std::uint64_t section_end = 0;
+      if (in != nullptr && in->size != 0 && sym.st_value >= in->addr && sym.st_value - in->addr < in->size)
+        section_end = in->addr + in->size;
+      unsigned rank = bind == STB_GLOBAL ? 3 : bind == STB_WEAK ? 2 : 1;
+      if (type != STT_NOTYPE) rank += 4;
+      add(sym.st_value, sym.st_size, section_end, name, rank);
+      ++added;
+    }
+    return added;
+  }
+
+  // Adds `name@plt` for each PLT stub (x86-64 and AArch64; .plt.sec when present). Cheap: one pass
+  // over .rela.plt; returns how many were added.
+  std::size_t add_plt(const elf_image& image) {
+    const elf_section* rela = image.find_section(".rela.plt");
+    if (rela == nullptr || rela->type != SHT_RELA) return 0;
+    const elf_section* dynsym = image.section_at(rela->link);
+    if (dynsym == nullptr || dynsym->type != SHT_DYNSYM) return 0;
+    const elf_section* dynstr = image.section_at(dynsym->link);
+    if (dynstr == nullptr) return 0;
+    std::uint64_t first = 0;
+    const elf_section* plt = image.find_section(".plt.sec");
+    std::uint32_t jump_slot = 0;
+    if (image.machine() == EM_X86_64) {
+      jump_slot = R_X86_64_JUMP_SLOT;
+      if (plt == nullptr) {
+        plt = image.find_section(".plt");
+        first = plt_entry_bytes;  // PLT0 is one entry
+      }
+    } else if (image.machine() == EM_AARCH64) {
+      jump_slot = R_AARCH64_JUMP_SLOT;
+      plt = image.find_section(".plt");
+      first = 2 * plt_entry_bytes;  // PLT0 is 32 bytes
+    }
+    if (plt == nullptr || jump_slot == 0) return 0;
+    byte_view relocs = image.section_bytes(*rela), syms = image.section_bytes(*dynsym);
+    byte_view strs = image.section_bytes(*dynstr);
+    std::size_t count = relocs.size / sizeof(Elf64_Rela), added = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      std::uint64_t offset = first + i * plt_entry_bytes;
+      if (offset + plt_entry_bytes > plt->size) break;
+      Elf64_Rela r;
+      read_at(relocs, i * sizeof(Elf64_Rela), r);
+      if (ELF64_R_TYPE(r.r_info) != jump_slot) continue;
+      Elf64_Sym sym;
+      if (!read_at(syms, std::uint64_t{ELF64_R_SYM(r.r_info)} * sizeof(Elf64_Sym), sym)) continue;
+      std::string_view name = string_at(strs, sym.st_name);
+      if (name.empty()) continue;
+      add(plt->addr + offset, plt_entry_bytes, 0, std::string(name) + "@plt", 0);
+      ++added;
+    }
+    return added;
+  }
+
+  // Sorts, keeps the best name per address and computes where zero-size symbols end. Call once after
+  // the add_* calls and before lookups.
+  void finish() {
+    std::sort(entries_.begin(), entries_.end(), [this](const entry& a, const entry& b) {
+      if (a.start != b.start) return a.start < b.start;
+      return better(a, b);
+    });
+    std::vector<entry> unique;
+    unique.reserve(entries_.size());
+    for (const entry& e : entries_) {
+      if (!unique.empty() && unique.back().start == e.start) {
+        unique.back().size = std::max(unique.back().size, e.size);
+        continue;
+      }
+      unique.push_back(e);
+    }
+    for (std::size_t i = 0; i < unique.size(); ++i) {
+      entry& e = unique[i];
+      if (e.size != 0) continue;
+      // A zero-size symbol (hand-written assembly) runs to the next symbol or the end of its section.
+      std::uint64_t end = i + 1 < unique.size() ? unique[i + 1].start : ~std::uint64_t{0};
+      if (e.section_end != 0) end = std::min(end, e.section_end);
+      e.size = end > e.start && end != ~std::uint64_t{0} ? end - e.start : 1;
+    }
+    entries_ = std::move(unique);
+    entries_.shrink_to_fit();
+    demangled_.assign(entries_.size(), std::string());
+  }
+
+  // The symbol covering ELF virtual address `vaddr`, if any: an address past a symbol's end is not
+  // charged to it.
+  bool lookup(std::uint64_t vaddr, hit& out) const {
+    auto it = std::upper_bound(entries_.begin(), entries_.end(), vaddr,
+                               [](std::uint64_t v, const entry& e) { return v < e.start; });
+    for (int back = 0; it != entries_.begin() && back < symbol_overlap_lookback; ++back) {
+      --it;
+      if (vaddr - it->start < it->size) {
+        out.index = static_cast<std::uint32_t>(it - entries_.begin());
+        out.start = it->start;
+        out.end = it->start + it->size;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  std::string_view raw_name(std::uint32_t index) const {
+    const entry& e = entries_[index];
+    return std::string_view(names_).substr(e.name_offset, e.name_size);
+  }
+
+  // Demangled name of entry `index`, computed on first use and cached.
+  const std::string& name(std::uint32_t index) {
+    std::string& d = demangled_[index];
+    if (d.empty()) d = demangle(raw_name(index));
+    return d;
+  }
+
+  std::size_t size() const { return entries_.size(); }
+
+ private:
+  struct entry {
+    std::uint64_t start;
+    std::uint64_t size;
+    std::uint64_t section_end;
+    std::uint32_t name_offset;
+    std::uint32_t name_size;
+    std::uint32_t rank;
+  };
+
+  void add(std::uint64_t start, std::uint64_t size, std::uint64_t section_end, std::string_view name,
+           unsigned rank) {
+    entry e{start,
+            size,
+            section_end,
+            static_cast<std::uint32_t>(names_.size()),
+            static_cast<std::uint32_t>(name.size()),
+            rank};
+    names_.append(name.data(), name.size());
+    entries_.push_back(e);
+  }
+
+  static std::size_t leading_underscores(std::string_view s) {
+    std::size_t n = 0;
+    while (n < s.size() && s[n] == '_') ++n;
+    return n;
+  }
+
+  // Which of two symbols at one address names it: sized, FUNC over NOTYPE, global over weak over
+  // local, fewer leading underscores (malloc over __libc_malloc), shorter, then alphabetical.
+  bool better(const entry& a, const entry& b) const {
+    if ((a.size != 0) != (b.size != 0)) return a.size != 0;
+    if (a.rank != b.rank) return a.rank > b.rank;
+    std::string_view na = std::string_view(names_).substr(a.name_offset, a.name_size);
+    std::string_view nb = std::string_view(names_).substr(b.name_offset, b.name_size);
+    std::size_t ua = leading_underscores(na), ub = leading_underscores(nb);
+    if (ua != ub) return ua < ub;
+    if (na.size() != nb.size()) return na.size() < nb.size();
+    return na < nb;
+  }
+
+  std::vector<entry> entries_;
+  std::string names_;
+  std::vector<std::string> demangled_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/symbol_table.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+enum class module_kind : std::uint8_t {
+  file,       // a file-backed mapping (also memfd and deleted files)
+  vdso,       // the kernel's vdso, parsed from memory
+  anonymous,  // anonymous executable memory (JIT code); named only by perf maps
+  special,    // other kernel-provided mappings such as [vsyscall]
+};
+
+// What was parsed from one ELF file (shared by every mapping of that file).
+struct module_symbols {
+  std::string build_id;
+  std::string debug_path;             // separate debug file used, if any
+  std::vector<elf_segment> segments;  // for the load bias of each mapping
+  symbol_table table;
+  bool elf_ok = false;
+};
+
+struct module {
+  std::uint64_t start = 0;
+  std::uint64_t end = 0;
+  std::uint64_t offset = 0;  // file offset mapped at start
+  std::uint64_t bias = 0;    // run-time address minus ELF virtual address
+  std::uint64_t inode = 0;
+  std::uint32_t dev_major = 0;
+  std::uint32_t dev_minor = 0;
+  std::string path;      // as in the maps (without " (deleted)"), "[vdso]", or "//anon"
+  std::string basename;  // for "[basename+0xoffset]" names
+  module_kind kind = module_kind::file;
+  bool deleted = false;
+  bool mapped = true;                       // false once unmapped; kept so earlier samples are still named
+  std::uint64_t unmapped_seq = 0;           // orders unmapped modules: a later unmap wins an overlap
+  std::shared_ptr<module_symbols> symbols;  // null for anonymous and special mappings
+};
+
+struct module_registry_options {
+  std::vector<std::string> debug_roots{"/usr/lib/debug"};  // where build-id and debuglink files live
+  std::string maps_path = "/proc/self/maps";
+};
+
+class module_registry {
+ public:
+  module_registry() = default;
+  explicit module_registry(module_registry_options options) : options_(std::move(options)) {}
+
+  // Re-reads the maps when the dynamic loader's load/unload counters (dl_iterate_phdr's dlpi_adds and
+  // dlpi_subs) moved since the last snapshot, or on the first call: a few hundred nanoseconds otherwise.
+  // Returns true when the module set changed.
+  bool refresh() {
+    std::pair<unsigned long long, unsigned long long> counters = loader_counters();
+    if (scans_ != 0 && counters == last_counters_) return false;
+    last_counters_ = counters;
+    return rescan();
+  }
+
+  // Re-reads the maps unconditionally (for mappings made without the loader: JIT code, mmap of a
+  // file); returns early when the text is unchanged. Returns true when the module set changed.
+  bool rescan() {
+    std::string text;
+    if (!read_text_file(options_.maps_path.c_str(), text)) {
+      warn("selfprof: cannot read " + options_.maps_path + "; frames will be [unknown]");
+      return false;
+    }
+    ++reads_;
+    text = executable_lines(text);  // data mappings come and go with every allocation: ignore them
+    if (scans_ != 0 && text == last_text_) return false;
+    last_text_ = std::move(text);
+    ++scans_;
+    apply(last_text_);
+    return true;
+  }
+
+  // The module holding `address`: a mapped one first, else the most recently unmapped one.
+  // The pointer is valid until the next refresh()/rescan().
+  const module* find(std::uint64_t address) const {
+    auto it = std::upper_bound(mapped_.begin(), mapped_.end(), address,
+                               [this](std::uint64_t a, std::size_t i) { return a < modules_[i].start; });
+    if (it != mapped_.begin()) {
+      const module& m = modules_[*(it - 1)];
+      if (address < m.end) return &m;
+    }
+    for (std::size_t i : unmapped_)
+      if (address >= modules_[i].start && address < modules_[i].end) return &modules_[i];
+    return nullptr;
+  }
+
+  const std::vector<module>& modules() const { return modules_; }
+  // Messages about modules whose symbols could not be read (one per file); cleared by this call.
+  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
+  std::uint64_t scans() const { return scans_; }  // times the maps text changed and was applied
+  std::uint64_t reads() const { return reads_; }  // times the maps file was read
+  std::size_t parsed_files() const { return parsed_.size(); }
+
+ private:
+  // Keys are bytes: fixed-width numbers, then the path, so one string-keyed map type serves every index
+  // (each distinct map type costs every including file its instantiation).
+  static void append_key(std::string& key, std::uint64_t v) {
+    char bytes[sizeof v];
+    std::memcpy(bytes, &v, sizeof v);
+    key.append(bytes, sizeof v);
+  }
+
+  // Identifies a mapping: start, end, offset, inode, path (anonymous memory: no path).
+  static std::string mapping_key(std::uint64_t start, std::uint64_t end, std::uint64_t offset,
+                                 std::uint64_t inode, const std::string& path) {
+    std::string key;
+    key.reserve(32 + path.size());
+    append_key(key, start);
+    append_key(key, end);
+    append_key(key, offset);
+    append_key(key, inode);
+    key += path;
+    return key;
+  }
+
+  // Identifies a file: device, inode, path.
+  static std::string file_key(const maps_entry& e) {
+    std::string key;
+    key.reserve(24 + e.path.size());
+    append_key(key, e.dev_major);
+    append_key(key, e.dev_minor);
+    append_key(key, e.inode);
+    key += e.path;
+    return key;
+  }
+
+  // Orders indices into modules_: by start address, or for unmapped ones the latest unmapped first.
+  struct module_order {
+    const std::vector<module>* modules;
+    bool latest_unmapped_first;
+    bool operator()(std::size_t a, std::size_t b) const {
+      const module& x = (*modules)[a];
+      const module& y = (*modules)[b];
+      return latest_unmapped_first ? x.unmapped_seq > y.unmapped_seq : x.start < y.start;
+    }
+  };
+
+  static std::pair<unsigned long long, unsigned long long> loader_counters() {
+    std::pair<unsigned long long, unsigned long long> out{0, 0};
+    ::dl_iterate_phdr(
+        [](struct dl_phdr_info* info, std::size_t size, void* data) -> int {
+          if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
+            auto* c = static_cast<std::pair<unsigned long long, unsigned long long>*>(data);
+            c->first = info->dlpi_adds;
+            c->second = info->dlpi_subs;
+          }
+          return 1;  // the counters are the same in every entry: stop after the first
+        },
+        &out);
+    return out;
+  }
+
+  // The lines of maps text whose permissions include 'x' ("start-end r-xp ...").
+  static std::string executable_lines(const std::string& text) {
+    std::string out;
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      std::size_t eol = text.find('\n', pos);
+      if (eol == std::string::npos) eol = text.size();
+      std::size_t space = text.find(' ', pos);
+      if (space != std::string::npos && space + 3 < eol && text[space + 3] == 'x')
+        out.append(text, pos, eol - pos + 1);
+      pos = eol + 1;
+    }
+    return out;
+  }
+
+  void warn(std::string message) { warnings_.push_back(std::move(message)); }
+
+  void warn_no_symbols(const std::string& path, const status& why) {
+    std::string m = "selfprof: no symbols for ";
+    m += path;
+    m += ": ";
+    m += why.message();
+    m += "; its frames are named [module+0xoffset]";
+    warn(std::move(m));
+  }
+
+  void apply(const std::string& text) {
+    std::vector<module> next;
+    std::vector<bool> seen(modules_.size(), false);
+    std::unordered_map<std::string, std::size_t> index;
+    for (std::size_t i = 0; i < modules_.size(); ++i) index.emplace(key_of(modules_[i]), i);
+
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      std::size_t eol = text.find('\n', pos);
+      if (eol == std::string::npos) eol = text.size();
+      maps_entry e;
+      if (parse_maps_line(std::string_view(text).substr(pos, eol - pos), e) && e.executable) {
+        auto found = index.find(mapping_key(e.start, e.end, e.offset, e.inode, e.path));
+        if (found != index.end()) {
+          seen[found->second] = true;
+          next.push_back(modules_[found->second]);
+          next.back().mapped = true;
+        } else {
+          next.push_back(make_module(e));
+        }
+      }
+      pos = eol + 1;
+    }
+    // Unmapped modules stay (anonymous memory excepted: it has no symbols to keep).
+    for (std::size_t i = 0; i < modules_.size(); ++i) {
+      if (seen[i] || modules_[i].kind == module_kind::anonymous) continue;
+      module m = modules_[i];
+      if (m.mapped) m.unmapped_seq = ++unmapped_seq_;
+      m.mapped = false;
+      next.push_back(std::move(m));
+    }
+    modules_ = std::move(next);
+    mapped_.clear();
+    unmapped_.clear();
+    for (std::size_t i = 0; i < modules_.size(); ++i) (modules_[i].mapped ? mapped_ : unmapped_).push_back(i);
+    std::sort(mapped_.begin(), mapped_.end(), module_order{&modules_, false});
+    std::sort(unmapped_.begin(), unmapped_.end(), module_order{&modules_, true});
+  }
+
+  static std::string key_of(const module& m) {
+    static const std::string no_path;
+    return mapping_key(m.start, m.end, m.offset, m.inode,
+                       m.kind == module_kind::anonymous && m.path == "//anon" ? no_path : m.path);
+  }
+
+  module make_module(const maps_entry& e) {
+    module m;
+    m.start = e.start;
+    m.end = e.end;
+    m.offset = e.offset;
+    m.inode = e.inode;
+    m.dev_major = e.dev_major;
+    m.dev_minor = e.dev_minor;
+    m.deleted = e.deleted;
+    m.path = e.path;
+    if (e.path.empty()) {
+      m.kind = module_kind::anonymous;
+      m.path = "//anon";
+    } else if (e.path == "[vdso]") {
+      m.kind = module_kind::vdso;
+    } else if (e.path[0] == '[') {
+      m.kind = e.path == "[vsyscall]" ? module_kind::special : module_kind::anonymous;
+    }
+    std::string::size_type slash = m.path.rfind('/');
+    if (m.kind == module_kind::file)
+      m.basename = slash == std::string::npos ? m.path : m.path.substr(slash + 1);
+    else if (m.path.size() > 2 && m.path.front() == '[' && m.path.back() == ']')
+      m.basename = m.path.substr(1, m.path.size() - 2);  // "[vdso]" names frames "[vdso+0x...]"
+    else
+      m.basename = m.path;
+    if (m.kind == module_kind::file) m.symbols = file_symbols(e);
+    if (m.kind == module_kind::vdso) m.symbols = vdso_symbols(e);
+    m.bias = m.symbols && m.symbols->elf_ok ? elf_load_bias(m.symbols->segments, m.start, m.offset)
+                                            : m.start - m.offset;
+    return m;
+  }
+
+  std::shared_ptr<module_symbols> file_symbols(const maps_entry& e) {
+    auto [cached, fresh] = parsed_index_.try_emplace(file_key(e), parsed_.size());
+    if (!fresh) return parsed_[cached->second];
+    auto result = std::make_shared<module_symbols>();
+    parsed_.push_back(result);
+
+    // Deleted files and memfds are reachable through /proc/self/map_files (opening its entries needs
+    // CAP_SYS_ADMIN, or CAP_CHECKPOINT_RESTORE since Linux 5.9; see proc(5)), else through a descriptor
+    // we still hold; map_files also serves a file replaced on disk since it was mapped.
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
+                  static_cast<unsigned long long>(e.start), static_cast<unsigned long long>(e.end));
+    std::string via_map_files = buffer;
+    bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
+    mapped_file file;
+    status st = file.open(hidden ? via_map_files : e.path, e.inode);
+    if (!st && hidden) st = open_through_fd(e, file);
+    if (!st && !hidden) st = file.open(via_map_files, e.inode);
+    // Overlay file systems can report another inode in the maps than fstat does: last, trust the path.
+    if (!st && !hidden) st = file.open(e.path);
+    if (!st) {
+      warn_no_symbols(e.path, st);
+      return result;
+    }
+    load_elf(byte_view{file.data(), file.size()}, e.path, hidden, *result);
+    return result;
+  }
+
+  // Without the rights map_files needs, a memfd or deleted file is still readable through a
+  // descriptor the process holds open (a JIT usually keeps its memfd): find it in /proc/self/fd.
+  static status open_through_fd(const maps_entry& e, mapped_file& file) {
+    DIR* dir = ::opendir("/proc/self/fd");
+    if (dir == nullptr) return status::error(e.path + ": no readable descriptor");
+    status st = status::error(e.path + ": not in map_files (permission) nor held open by this process");
+    while (struct dirent* d = ::readdir(dir)) {
+      if (d->d_name[0] < '0' || d->d_name[0] > '9') continue;
+      std::string path = std::string("/proc/self/fd/") + d->d_name;
+      struct stat sb;
+      if (::stat(path.c_str(), &sb) != 0 || static_cast<std::uint64_t>(sb.st_ino) != e.inode ||
+          major(sb.st_dev) != e.dev_major || minor(sb.st_dev) != e.dev_minor || !S_ISREG(sb.st_mode))
+        continue;
+      if (file.open(path, e.inode)) {
+        st = status::ok();
+        break;
+      }
+    }
+    ::closedir(dir);
+    return st;
+  }
+
+  std::shared_ptr<module_symbols> vdso_symbols(const maps_entry& e) {
+    auto result = std::make_shared<module_symbols>();
+    // The vdso is mapped whole and laid out as its file, so its section headers are in memory too.
+    unsigned long base = ::getauxval(AT_SYSINFO_EHDR);
+    if (base == 0 || base < e.start || base >= e.end || !e.readable) return result;
+    load_elf(byte_view{reinterpret_cast<const unsigned char*>(base), static_cast<std::size_t>(e.end - base)},
+             "[vdso]", true, *result);
+    return result;
+  }
+
+  void load_elf(byte_view bytes, const std::string& path, bool no_debug_search, module_symbols& out) {
+    elf_image image;
+    status st = image.parse(bytes, path);
+    if (!st) {
+      warn_no_symbols(path, st);
+      return;
+    }
+    out.elf_ok = true;
+    out.segments = image.segments();
+    out.build_id = image.build_id();
+    std::size_t from_symtab = 0;
+    if (const elf_section* symtab = image.find_section_type(SHT_SYMTAB))
+      from_symtab = out.table.add_symbols(image, *symtab);
+    if (from_symtab == 0) {
+      debug_file debug;
+      // A deleted or memory file has no directory for debuglink; build-id lookups still work.
+      if (find_debug_file(options_.debug_roots, no_debug_search ? std::string() : path, image, debug)) {
+        if (const elf_section* symtab = debug.image.find_section_type(SHT_SYMTAB))
+          out.table.add_symbols(debug.image, *symtab);
+        out.debug_path = debug.path;
+      }
+    }
+    if (const elf_section* dynsym = image.find_section_type(SHT_DYNSYM))
+      out.table.add_symbols(image, *dynsym);
+    out.table.add_plt(image);
+    out.table.finish();
+  }
+
+  module_registry_options options_;
+  std::vector<module> modules_;
+  std::vector<std::size_t> mapped_;                            // indices into modules_, by start address
+  std::vector<std::size_t> unmapped_;                          // indices into modules_, latest unmapped first
+  std::vector<std::shared_ptr<module_symbols>> parsed_;        // each file's symbols, parsed once
+  std::unordered_map<std::string, std::size_t> parsed_index_;  // file_key -> index in parsed_
+  std::vector<std::string> warnings_;
+  std::string last_text_;
+  std::pair<unsigned long long, unsigned long long> last_counters_{0, 0};
+  std::uint64_t scans_ = 0;
+  std::uint64_t reads_ = 0;
+  std::uint64_t unmapped_seq_ = 0;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/modules.hpp ----
+
+#if SELFPROF_HAS_LIBDW
+#include <dwarf.h>  // DW_TAG_* and DW_AT_* (elfutils' copy, installed with libdw-dev)
+#include <elfutils/libdw.h>
+#include <elfutils/libdwfl.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+
+#endif
+
+namespace selfprof {
+namespace detail {
+
+// One level of the source chain of an address.
+struct source_frame {
+  std::string function;    // demangled DWARF name (linkage name when present); empty when unnamed
+  std::string file;        // source file as DWARF records it (absolute when the compile dir is known)
+  std::uint32_t line = 0;  // 0 when unknown
+  bool inlined = false;    // true for an inlined callee; false for the real (outermost) function
+};
+
+// The source chain of an address, outermost first: the real function, whose file:line is the call
+// site of the first inlined callee (or the address's own line when nothing is inlined there), then each
+// inlined callee with the file:line of the call into the next, the innermost with the address's line.
+using source_chain = std::vector<source_frame>;
+
+#if SELFPROF_HAS_LIBDW
+
+// Largest number of inlined levels reported for one address; deeper nesting loses its outermost levels.
+// Real code stays far below (GCC's inline depth limit is in the tens); the bound only stops a corrupt
+// parent chain.
+constexpr std::size_t dwarf_max_inline_depth = 1024;
+// Most function DIEs indexed per compile unit; past it a unit's remaining functions get no inline frames.
+constexpr std::size_t dwarf_max_cu_functions = std::size_t{1} << 24;
+
+// DIE tags of code that has a name and source position: real functions and inlined instances.
+inline bool dwarf_is_function(int tag) {
+  return tag == DW_TAG_subprogram || tag == DW_TAG_inlined_subroutine || tag == DW_TAG_entry_point;
+}
+
+// The functions of one compile unit laid out by address, built once per unit on its first lookup:
+// libdw's dwarf_getscopes re-walks the whole unit on every call (measured: 14 ms a lookup in a unit
+// that includes all of selfprof), this answers in O(log n).
+struct dwarf_cu_index {
+  struct function {
+    Dwarf_Die die;        // DW_TAG_subprogram, DW_TAG_inlined_subroutine or DW_TAG_entry_point
+    std::int32_t parent;  // enclosing function in the DIE tree (what addr2line -i follows), -1 at the top
+  };
+  struct segment {
+    Dwarf_Addr start;    // the segment runs to the next one's start
+    std::int32_t owner;  // the deepest function whose ranges hold it, -1 for none
+  };
+  std::vector<function> functions;
+  std::vector<segment> segments;  // sorted by start
+
+  // The deepest function holding `pc`, or -1.
+  std::int32_t find(Dwarf_Addr pc) const {
+    auto it = std::upper_bound(segments.begin(), segments.end(), pc,
+                               [](Dwarf_Addr a, const segment& s) { return a < s.start; });
+    return it == segments.begin() ? -1 : (it - 1)->owner;
+  }
+
+  void build(Dwarf_Die* cu) {
+    struct interval {
+      Dwarf_Addr low, high;
+      int depth;
+      std::int32_t function;
+    };
+    struct pending {
+      Dwarf_Die die;
+      int depth;
+      std::int32_t parent;
+    };
+    std::vector<interval> intervals;
+    std::vector<pending> stack;
+    Dwarf_Die first;
+    if (::dwarf_child(cu, &first) == 0) stack.push_back(pending{first, 1, -1});
+    while (!stack.empty() && functions.size() < dwarf_max_cu_functions) {
+      pending at = stack.back();
+      stack.pop_back();
+      Dwarf_Die next;
+      if (::dwarf_siblingof(&at.die, &next) == 0) stack.push_back(pending{next, at.depth, at.parent});
+      int tag = ::dwarf_tag(&at.die);
+      std::int32_t parent = at.parent;
+      if (dwarf_is_function(tag)) {
+        parent = static_cast<std::int32_t>(functions.size());
+        functions.push_back(function{at.die, at.parent});
+        Dwarf_Addr base = 0, low = 0, high = 0;
+        for (std::ptrdiff_t off = 0; (off = ::dwarf_ranges(&at.die, off, &base, &low, &high)) > 0;)
+          if (high > low) intervals.push_back(interval{low, high, at.depth, parent});
+      }
+      // Code lives in functions, blocks, and functions nested in namespaces and classes; types,
+      // variables and parameters hold none, so their subtrees are skipped.
+      bool may_hold_code = dwarf_is_function(tag) || tag == DW_TAG_lexical_block || tag == DW_TAG_namespace ||
+                           tag == DW_TAG_class_type || tag == DW_TAG_structure_type ||
+                           tag == DW_TAG_union_type || tag == DW_TAG_module;
+      Dwarf_Die child;
+      if (may_hold_code && ::dwarf_haschildren(&at.die) > 0 && ::dwarf_child(&at.die, &child) == 0)
+        stack.push_back(pending{child, at.depth + 1, parent});
+    }
+    // Sweep the range boundaries; the deepest interval active over each elementary piece owns it.
+    std::vector<Dwarf_Addr> bounds;
+    for (const auto& i : intervals) {
+      bounds.push_back(i.low);
+      bounds.push_back(i.high);
+    }
+    std::sort(bounds.begin(), bounds.end());
+    bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
+    std::sort(intervals.begin(), intervals.end(),
+              [](const interval& a, const interval& b) { return a.low < b.low; });
+    auto shallower = [](const interval& a, const interval& b) {
+      return a.depth != b.depth ? a.depth < b.depth
+                                : a.low < b.low;  // ties: the later start is the inner one
+    };
+    std::vector<interval> active;  // a heap, the deepest on top (what std::priority_queue would do)
+    std::size_t next = 0;
+    for (Dwarf_Addr b : bounds) {
+      while (next < intervals.size() && intervals[next].low <= b) {
+        active.push_back(intervals[next++]);
+        std::push_heap(active.begin(), active.end(), shallower);
+      }
+      while (!active.empty() && active.front().high <= b) {  // lazily drops ended intervals
+        std::pop_heap(active.begin(), active.end(), shallower);
+        active.pop_back();
+      }
+      // An ended interval under a deeper active one is dropped when it surfaces: check the top only.
+      std::int32_t owner = active.empty() ? -1 : active.front().function;
+      if (segments.empty() || segments.back().owner != owner) segments.push_back(segment{b, owner});
+    }
+  }
+};
+
+class dwarf_lines {
+ public:
+  static constexpr bool enabled = true;
+
+  dwarf_lines() = default;
+  explicit dwarf_lines(std::vector<std::string> debug_roots)
+      : debug_roots_(std::make_shared<const std::vector<std::string>>(std::move(debug_roots))) {}
+
+  // The source chain of `vaddr` (an ELF virtual address of module `m`'s file, i.e. the run-time
+  // address minus the module's bias), or nullptr when no DWARF covers it. The pointer stays valid for
+  // the lifetime of this object.
+  const source_chain* lookup(const module& m, std::uint64_t vaddr) {
+    if (m.kind != module_kind::file || !m.symbols || !m.symbols->elf_ok) return nullptr;
+    dwarf_file* file = file_for(m);  // heap-allocated: Dwfl keeps pointers to its callbacks and userdata
+    if (file == nullptr) return nullptr;
+    auto cached = file->chains.find(vaddr);
+    if (cached != file->chains.end()) return cached->second.empty() ? nullptr : &cached->second;
+    ++queries_;
+    source_chain& chain = file->chains[vaddr];
+    query(*file, vaddr, chain);
+    return chain.empty() ? nullptr : &chain;
+  }
+
+  std::size_t files_opened() const { return files_opened_; }  // module files given a Dwfl session
+  std::size_t files_with_dwarf() const { return files_with_dwarf_; }
+  std::size_t queries() const { return queries_; }  // lookups that reached libdw (cache misses)
+
+ private:
+  struct dwarf_file {
+    std::shared_ptr<const std::vector<std::string>> debug_roots;
+    std::shared_ptr<module_symbols> symbols;  // keeps the cache key alive; holds debug_path
+    std::string path;                         // module file as opened (maybe via /proc/self/map_files)
+    std::string search_path;                  // for .gnu_debuglink search; empty for deleted/memfd files
+    Dwfl_Callbacks callbacks{};
+    Dwfl* dwfl = nullptr;
+    Dwfl_Module* mod = nullptr;
+    bool has_dwarf = false;
+    std::unordered_map<std::uint64_t, source_chain> chains;
+    std::unordered_map<Dwarf_Off, dwarf_cu_index> units;  // by the compile unit DIE's offset
+
+    dwarf_file() = default;
+    dwarf_file(const dwarf_file&) = delete;
+    dwarf_file& operator=(const dwarf_file&) = delete;
+    ~dwarf_file() {
+      if (dwfl != nullptr) ::dwfl_end(dwfl);
+    }
+  };
+
+  // The Dwfl session of m's file, opened on first use; nullptr when the file cannot be read or has no
+  // DWARF anywhere (remembered, so a module without debug info costs one attempt).
+  dwarf_file* file_for(const module& m) {
+    auto it = files_.find(m.symbols.get());
+    if (it == files_.end()) it = files_.emplace(m.symbols.get(), open_file(m)).first;
+    return it->second && it->second->has_dwarf ? it->second.get() : nullptr;
+  }
+
+  std::unique_ptr<dwarf_file> open_file(const module& m) {
+    auto file = std::make_unique<dwarf_file>();
+    file->debug_roots = debug_roots_;
+    file->symbols = m.symbols;
+    // A deleted file or memfd is reachable only through map_files while mapped (see modules.hpp).
+    bool hidden = m.deleted || m.path.compare(0, 7, "/memfd:") == 0;
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
+                  static_cast<unsigned long long>(m.start), static_cast<unsigned long long>(m.end));
+    file->path = hidden ? std::string(buffer) : m.path;
+    file->search_path = hidden ? std::string() : m.path;
+    int fd = open_checked(file->path, m.inode);
+    if (fd < 0 && !hidden) {
+      file->path = buffer;
+      fd = open_checked(file->path, m.inode);
+    }
+    if (fd < 0) return file;
+    ++files_opened_;
+    file->callbacks.find_elf = nullptr;  // not consulted: the file is reported with dwfl_report_elf
+    file->callbacks.find_debuginfo = &dwarf_lines::find_debuginfo;
+    file->callbacks.section_address = nullptr;
+    file->callbacks.debuginfo_path = nullptr;
+    file->dwfl = ::dwfl_begin(&file->callbacks);
+    if (file->dwfl == nullptr) {
+      sys().close(fd);
+      return file;
+    }
+    ::dwfl_report_begin(file->dwfl);
+    // base 0 with add_p_vaddr: Dwfl addresses are the file's own virtual addresses (ET_DYN and ET_EXEC).
+    file->mod = ::dwfl_report_elf(file->dwfl, m.basename.c_str(), file->path.c_str(), fd, 0, true);
+    ::dwfl_report_end(file->dwfl, nullptr, nullptr);
+    if (file->mod == nullptr) {
+      sys().close(fd);  // consumed only on success
+      return file;
+    }
+    void** userdata = nullptr;
+    ::dwfl_module_info(file->mod, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    if (userdata != nullptr) *userdata = file.get();
+    Dwarf_Addr bias = 0;
+    file->has_dwarf = ::dwfl_module_getdwarf(file->mod, &bias) != nullptr;
+    if (file->has_dwarf) ++files_with_dwarf_;
+    return file;
+  }
+
+  // Opens `path` read-only through the syscall seam; -1 unless it is a regular file with inode
+  // `inode` (a library replaced on disk since it was mapped must not describe the mapped code).
+  static int open_checked(const std::string& path, std::uint64_t inode) {
+    int fd = sys().open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        (inode != 0 && static_cast<std::uint64_t>(st.st_ino) != inode)) {
+      sys().close(fd);
+      return -1;
+    }
+    return fd;
+  }
+
+  // Dwfl's find_debuginfo callback, called when the module file itself has no DWARF: the debug file the
+  // module registry found, else one found here by build-id/debuglink under the same roots. Returns an
+  // open descriptor (Dwfl takes it) and the file's name in malloc'd memory, or -1.
+  static int find_debuginfo(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, const char*, const char*,
+                            GElf_Word, char** debuginfo_file_name) {
+    if (userdata == nullptr || *userdata == nullptr) return -1;
+    const dwarf_file& file = *static_cast<const dwarf_file*>(*userdata);
+    std::string path = file.symbols->debug_path;
+    if (path.empty()) path = search_debug_file(file);
+    if (path.empty()) return -1;
+    int fd = open_checked(path, 0);
+    if (fd < 0) return -1;
+    if (debuginfo_file_name != nullptr) *debuginfo_file_name = ::strdup(path.c_str());
+    return fd;
+  }
+
+  // The module registry looks for a debug file only when a module lacks .symtab; a module stripped of
+  // DWARF alone (strip -g) gets its debug file found here.
+  static std::string search_debug_file(const dwarf_file& file) {
+    mapped_file bytes;
+    if (!bytes.open(file.path)) return {};
+    elf_image image;
+    if (!image.parse(byte_view{bytes.data(), bytes.size()}, file.path)) return {};
+    debug_file debug;
+    if (!find_debug_file(*file.debug_roots, file.search_path, image, debug)) return {};
+    return debug.path;
+  }
+
+  // Fills `chain` (outermost first) for `vaddr`; leaves it empty when no DWARF covers the address.
+  static void query(dwarf_file& file, std::uint64_t vaddr, source_chain& chain) {
+    Dwarf_Addr bias = 0;
+    Dwarf_Die* cu = ::dwfl_module_addrdie(file.mod, vaddr, &bias);
+    if (cu == nullptr) return;
+    const Dwarf_Addr pc = vaddr - bias;
+    Dwarf_Attribute comp_attr;
+    const char* comp_dir = ::dwarf_formstring(::dwarf_attr(cu, DW_AT_comp_dir, &comp_attr));
+
+    // The innermost location: the line table row of the address.
+    source_frame innermost;
+    if (Dwarf_Line* row = ::dwarf_getsrc_die(cu, pc)) {
+      if (const char* name = ::dwarf_linesrc(row, nullptr, nullptr))
+        innermost.file = source_path(name, comp_dir);
+      int line = 0;
+      if (::dwarf_lineno(row, &line) == 0 && line > 0) innermost.line = static_cast<std::uint32_t>(line);
+    }
+
+    // The deepest function holding pc, then its parents in the DIE tree, as addr2line -i walks them
+    // (a nested inlined call can hold pc where its parent's ranges do not, seen with GCC -O2).
+    auto unit = file.units.find(::dwarf_dieoffset(cu));
+    if (unit == file.units.end()) {
+      unit = file.units.emplace(::dwarf_dieoffset(cu), dwarf_cu_index()).first;
+      unit->second.build(cu);
+    }
+    const dwarf_cu_index& index = unit->second;
+    std::vector<source_frame> inner_first;  // the chain, innermost first
+    Dwarf_Files* files = nullptr;
+    std::size_t nfiles = 0;
+    bool have_files = false, files_tried = false;
+    source_frame current = innermost;  // the location inside the scope being visited
+    std::int32_t at = index.find(pc);
+    for (std::size_t level = 0; at >= 0 && level < dwarf_max_inline_depth; ++level) {
+      Dwarf_Die die = index.functions[static_cast<std::size_t>(at)].die;
+      at = index.functions[static_cast<std::size_t>(at)].parent;
+      Dwarf_Die* scope = &die;
+      int tag = ::dwarf_tag(scope);
+      current.function = function_name(scope);
+      current.inlined = tag == DW_TAG_inlined_subroutine;
+      if (!current.inlined) {
+        inner_first.push_back(std::move(current));
+        break;
+      }
+      // The caller's location is where this inlined instance was called from.
+      source_frame caller;
+      Dwarf_Attribute attr;
+      Dwarf_Word value = 0;
+      if (::dwarf_formudata(::dwarf_attr(scope, DW_AT_call_file, &attr), &value) == 0) {
+        if (!files_tried) {
+          files_tried = true;
+          have_files = ::dwarf_getsrcfiles(cu, &files, &nfiles) == 0;
+        }
+        if (have_files && value < nfiles)
+          if (const char* name = ::dwarf_filesrc(files, static_cast<std::size_t>(value), nullptr, nullptr))
+            caller.file = source_path(name, comp_dir);
+      }
+      if (::dwarf_formudata(::dwarf_attr(scope, DW_AT_call_line, &attr), &value) == 0 && value <= UINT32_MAX)
+        caller.line = static_cast<std::uint32_t>(value);
+      inner_first.push_back(std::move(current));
+      current = std::move(caller);
+    }
+    if (inner_first.empty() || inner_first.back().inlined) {
+      // No enclosing real function in the DWARF (assembly with line info only, or a cut walk): the
+      // outermost level is the location reached so far, unnamed.
+      current.inlined = false;
+      if (!current.file.empty() || current.line != 0 || !inner_first.empty())
+        inner_first.push_back(std::move(current));
+    }
+    chain.assign(std::make_move_iterator(inner_first.rbegin()), std::make_move_iterator(inner_first.rend()));
+  }
+
+  // libdw joins a file name with its line-table directory but leaves a relative directory (a file
+  // compiled as `cc ../src/x.c`) relative; addr2line then prefixes the compile directory: so do we.
+  static std::string source_path(const char* name, const char* comp_dir) {
+    if (name[0] == '/' || comp_dir == nullptr || comp_dir[0] == '\0') return name;
+    std::string out = comp_dir;
+    if (out.back() != '/') out += '/';
+    return out + name;
+  }
+
+  // Demangled linkage name (following abstract origin and specification), else the plain DWARF name.
+  static std::string function_name(Dwarf_Die* die) {
+    Dwarf_Attribute attr;
+    const char* linkage = ::dwarf_formstring(::dwarf_attr_integrate(die, DW_AT_linkage_name, &attr));
+    if (linkage == nullptr)
+      linkage = ::dwarf_formstring(::dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr));
+    if (linkage != nullptr) return demangle(linkage);
+    const char* name = ::dwarf_diename(die);
+    return name != nullptr ? std::string(name) : std::string();
+  }
+
+  std::shared_ptr<const std::vector<std::string>> debug_roots_ =
+      std::make_shared<const std::vector<std::string>>(std::vector<std::string>{"/usr/lib/debug"});
+  std::map<const module_symbols*, std::unique_ptr<dwarf_file>> files_;
+  std::size_t files_opened_ = 0;
+  std::size_t files_with_dwarf_ = 0;
+  std::size_t queries_ = 0;
+};
+
+#else  // !SELFPROF_HAS_LIBDW
+
+// Without libdw: no source lines, no inline frames; the symbolizer names functions from ELF symbols.
+class dwarf_lines {
+ public:
+  static constexpr bool enabled = false;
+  dwarf_lines() = default;
+  explicit dwarf_lines(const std::vector<std::string>&) {}
+  const source_chain* lookup(const module&, std::uint64_t) { return nullptr; }
+  std::size_t files_opened() const { return 0; }
+  std::size_t files_with_dwarf() const { return 0; }
+  std::size_t queries() const { return 0; }
+};
+
+#endif  // SELFPROF_HAS_LIBDW
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/dwarf_lines.hpp ----
+// ---- begin selfprof/symbols/perf_map.hpp ----
+// Reader of perf's JIT symbol map, /tmp/perf-<pid>.map ("START SIZE name" lines, hex without 0x; the
+// last line wins where ranges overlap), re-read when its size or mtime changes; never created here.
+// Context: collector thread or setup (never the signal handler).
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+// A perf map larger than this is not read (a runaway JIT or a hostile file).
+constexpr std::uint64_t perf_map_max_bytes = std::uint64_t{256} << 20;
+
+class perf_map {
+ public:
+  struct hit {
+    std::string_view name;
+    std::uint64_t start = 0;
+    std::uint64_t end = 0;
+  };
+
+  explicit perf_map(std::string path = default_path(::getpid())) : path_(std::move(path)) {}
+
+  static std::string default_path(long pid) {
+    std::string path = "/tmp/perf-";
+    path += std::to_string(pid);
+    path += ".map";
+    return path;
+  }
+  const std::string& path() const { return path_; }
+
+  // Re-reads the file when its identity, size or modification time changed since the last read.
+  // A missing file keeps the names read before. A symlink, a non-regular file or a file owned by
+  // another user (neither us nor root) is ignored. Returns true when the entries were replaced.
+  bool reload_if_changed() {
+    struct stat st;
+    if (::lstat(path_.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+    if (same_stamp(st)) return false;
+    int fd = sys().open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
+    if (fd < 0) return false;
+    bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (st.st_uid == ::geteuid() || st.st_uid == 0) &&
+              static_cast<std::uint64_t>(st.st_size) <= perf_map_max_bytes;
+    std::string text;
+    if (ok) {
+      char buffer[65536];
+      for (;;) {
+        ssize_t n = ::read(fd, buffer, sizeof buffer);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0 || text.size() + static_cast<std::size_t>(n) > perf_map_max_bytes) break;
+        text.append(buffer, static_cast<std::size_t>(n));
+      }
+    }
+    sys().close(fd);
+    if (!ok) return false;
+    stamp_ = {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+              static_cast<std::uint64_t>(st.st_size), static_cast<std::uint64_t>(st.st_mtim.tv_sec),
+              static_cast<std::uint64_t>(st.st_mtim.tv_nsec)};
+    has_stamp_ = true;
+    parse(text);
+    return true;
+  }
+
+  // Replaces the entries with those of `text`. Malformed lines are skipped; size 0 means one byte (as perf).
+  void parse(std::string_view text) {
+    struct raw {
+      std::uint64_t start, end;
+      std::size_t name;
+    };
+    std::vector<raw> lines;
+    names_.clear();
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      std::size_t eol = text.find('\n', pos);
+      if (eol == std::string_view::npos) eol = text.size();
+      std::string_view line = text.substr(pos, eol - pos);
+      pos = eol + 1;
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      std::uint64_t start = 0, size = 0;
+      if (!take_hex(line, start) || !take_hex(line, size) || line.empty()) continue;
+      if (size == 0) size = 1;
+      std::uint64_t end = start + size < start ? ~std::uint64_t{0} : start + size;
+      lines.push_back(raw{start, end, names_.size()});
+      names_.emplace_back(line);
+    }
+    // The last line wins: every address goes to the latest line covering it, and each run of addresses
+    // with the same latest line becomes one entry. One sweep in address order, with a heap of the lines
+    // covering the current address (latest on top; lines that ended leave it when they reach the top).
+    std::vector<std::size_t> by_start(lines.size());
+    for (std::size_t i = 0; i < by_start.size(); ++i) by_start[i] = i;
+    std::sort(by_start.begin(), by_start.end(),
+              [&lines](std::size_t a, std::size_t b) { return lines[a].start < lines[b].start; });
+    entries_.clear();
+    std::vector<std::size_t> covering;  // a max-heap of line numbers
+    std::size_t next = 0;               // in by_start: the first line not yet in the heap
+    std::uint64_t at = next < by_start.size() ? lines[by_start[next]].start : 0;
+    for (;;) {
+      for (; next < by_start.size() && lines[by_start[next]].start <= at; ++next) {
+        covering.push_back(by_start[next]);
+        std::push_heap(covering.begin(), covering.end());
+      }
+      while (!covering.empty() && lines[covering.front()].end <= at) {
+        std::pop_heap(covering.begin(), covering.end());
+        covering.pop_back();
+      }
+      const bool more = next < by_start.size();
+      if (covering.empty()) {
+        if (!more) break;
+        at = lines[by_start[next]].start;
+        continue;
+      }
+      const raw& top = lines[covering.front()];
+      const std::uint64_t until = more ? std::min(top.end, lines[by_start[next]].start) : top.end;
+      if (!entries_.empty() && entries_.back().name == top.name && entries_.back().end == at)
+        entries_.back().end = until;
+      else
+        entries_.push_back(entry{at, until, top.name});
+      at = until;
+    }
+    entries_.shrink_to_fit();
+  }
+
+  bool lookup(std::uint64_t address, hit& out) const {
+    auto it = std::upper_bound(entries_.begin(), entries_.end(), address,
+                               [](std::uint64_t a, const entry& e) { return a < e.start; });
+    if (it == entries_.begin()) return false;
+    --it;
+    if (address >= it->end) return false;
+    out.name = names_[it->name];
+    out.start = it->start;
+    out.end = it->end;
+    return true;
+  }
+
+  std::size_t size() const { return entries_.size(); }
+
+ private:
+  struct entry {
+    std::uint64_t start, end;
+    std::size_t name;
+  };
+  struct file_stamp {
+    std::uint64_t dev, ino, size, mtime_s, mtime_ns;
+  };
+
+  bool same_stamp(const struct stat& st) const {
+    return has_stamp_ && stamp_.dev == static_cast<std::uint64_t>(st.st_dev) &&
+           stamp_.ino == static_cast<std::uint64_t>(st.st_ino) &&
+           stamp_.size == static_cast<std::uint64_t>(st.st_size) &&
+           stamp_.mtime_s == static_cast<std::uint64_t>(st.st_mtim.tv_sec) &&
+           stamp_.mtime_ns == static_cast<std::uint64_t>(st.st_mtim.tv_nsec);
+  }
+
+  // Takes a hex number (optional 0x) and the spaces after it off the front of `s`.
+  static bool take_hex(std::string_view& s, std::uint64_t& out) {
+    std::size_t i = 0;
+    if (s.size() >= 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) i = 2;
+    std::size_t digits = 0;
+    out = 0;
+    for (; i < s.size(); ++i, ++digits) {
+      char c = s[i];
+      unsigned d;
+      if (c >= '0' && c <= '9')
+        d = static_cast<unsigned>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        d = static_cast<unsigned>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        d = static_cast<unsigned>(c - 'A' + 10);
+      else
+        break;
+      if (digits >= 16) return false;
+      out = (out << 4) | d;
+    }
+    if (digits == 0 || i >= s.size() || s[i] != ' ') return false;
+    while (i < s.size() && s[i] == ' ') ++i;
+    s.remove_prefix(i);
+    return true;
+  }
+
+  std::string path_;
+  std::vector<std::string> names_;
+  std::vector<entry> entries_;
+  file_stamp stamp_{};
+  bool has_stamp_ = false;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/perf_map.hpp ----
+
+namespace selfprof {
+
+struct symbolizer_options {
+  // Roots searched for separate debug files: <root>/.build-id/xx/rest.debug and <root>/<module dir>/<link>.
+  std::vector<std::string> debug_roots{"/usr/lib/debug"};
+  // perf map naming JIT code; empty means /tmp/perf-<getpid()>.map. Set use_perf_map to false to skip it.
+  std::string perf_map_path;
+  bool use_perf_map = true;
+  std::string maps_path = "/proc/self/maps";
+};
+
+class symbolizer {
+ public:
+  symbolizer() : symbolizer(symbolizer_options()) {}
+  explicit symbolizer(symbolizer_options options)
+      : modules_(detail::module_registry_options{options.debug_roots, options.maps_path}),
+        perf_map_(options.perf_map_path.empty() ? detail::perf_map::default_path(::getpid())
+                                                : options.perf_map_path),
+        use_perf_map_(options.use_perf_map),
+        dwarf_(options.debug_roots) {}
+
+  // Snapshots the modules mapped now (parsing the symbols of new ones); keeps unmapped ones. Cheap when
+  // no library was loaded or unloaded since the last call: meant to run every ~100 ms while profiling.
+  void refresh() {
+    modules_.refresh();
+    refreshed_ = true;
+    rescanned_on_miss_ = false;
+    perf_map_checked_ = false;
+  }
+
+  // Appends the frames for one address, outermost first: one frame, or with libdw the real function
+  // (kind native, file:line of its call into the first inlined callee) then each inlined callee (kind
+  // inlined) down to the innermost, as `addr2line -f -C -i` lists them bottom up.
+  // `address` is what to look up: callers pass pc-1 for return addresses.
+  void resolve(std::uint64_t address, std::vector<frame>& out) {
+    {
+      frame jit;  // code registered with selfprof::jit, named by what was there when the sample was taken
+      if (detail::jit_name_tagged(address, jit)) {
+        out.push_back(std::move(jit));
+        return;
+      }
+    }
+    if (!refreshed_) refresh();
+    const detail::module* m = modules_.find(address);
+    if (m == nullptr && !rescanned_on_miss_) {
+      // Mapped without the loader since the last refresh (JIT code, mmap): look once per refresh.
+      rescanned_on_miss_ = true;
+      modules_.rescan();
+      m = modules_.find(address);
+    }
+    frame f;
+    f.address = address;
+    if (m == nullptr || m->kind == detail::module_kind::anonymous) {
+      if (resolve_jit(address, f)) {
+        out.push_back(std::move(f));
+        return;
+      }
+      f.name = "[unknown]";
+      if (m != nullptr) {
+        f.module = m->path;
+        f.module_offset = address - m->start;
+      }
+      out.push_back(std::move(f));
+      return;
+    }
+    f.module = m->path;
+    f.module_offset = address - m->bias;
+    detail::symbol_table::hit hit;
+    const bool named = m->symbols && m->symbols->table.lookup(f.module_offset, hit);
+    if (named) {
+      f.name = m->symbols->table.name(hit.index);
+    } else {
+      char offset[32];
+      std::snprintf(offset, sizeof offset, "+0x%llx]", static_cast<unsigned long long>(f.module_offset));
+      f.name = "[" + m->basename + offset;
+    }
+    if (const detail::source_chain* chain = dwarf_.lookup(*m, f.module_offset)) {
+      append_source_chain(*chain, named, std::move(f), out);
+      return;
+    }
+    out.push_back(std::move(f));
+  }
+
+  // Convenience for one frame: the real function holding the address (the outermost frame; with libdw
+  // it carries the file:line of its call into the inline chain, which is dropped).
+  frame resolve_one(std::uint64_t address) {
+    std::vector<frame> frames;
+    resolve(address, frames);
+    return frames.empty() ? frame() : std::move(frames.front());
+  }
+
+  // One message per module whose symbols could not be read (truncated ELF, unreadable file, ...);
+  // the caller decides where they go (profile notes, stderr). Cleared by this call.
+  std::vector<std::string> take_warnings() { return modules_.take_warnings(); }
+
+  const detail::module_registry& modules() const { return modules_; }
+  const detail::perf_map& jit_map() const { return perf_map_; }
+  const detail::dwarf_lines& source_lines() const { return dwarf_; }
+
+ private:
+  // `f` as named by the symbol table (`named` false for the "[module+0xoffset]" fallback); `chain` from
+  // DWARF, outermost first. The outermost frame keeps the symbol table's name (DWARF's fills in a miss)
+  // and takes the chain's first file:line; each further level becomes an inlined frame.
+  static void append_source_chain(const detail::source_chain& chain, bool named, frame f,
+                                  std::vector<frame>& out) {
+    f.file = chain.front().file;
+    f.line = chain.front().line;
+    if (!named && !chain.front().function.empty()) f.name = chain.front().function;
+    out.push_back(f);
+    for (std::size_t i = 1; i < chain.size(); ++i) {
+      frame callee;
+      callee.name = chain[i].function.empty() ? std::string("[inlined]") : chain[i].function;
+      callee.module = f.module;
+      callee.address = f.address;
+      callee.module_offset = f.module_offset;
+      callee.file = chain[i].file;
+      callee.line = chain[i].line;
+      callee.kind = frame_kind::inlined;
+      out.push_back(std::move(callee));
+    }
+  }
+
+  bool resolve_jit(std::uint64_t address, frame& f) {
+    if (!use_perf_map_) return false;
+    if (!perf_map_checked_) {
+      perf_map_checked_ = true;
+      perf_map_.reload_if_changed();
+    }
+    detail::perf_map::hit hit;
+    if (!perf_map_.lookup(address, hit)) return false;
+    f.name = std::string(hit.name);
+    f.module = perf_map_.path();
+    f.module_offset = address - hit.start;
+    f.kind = frame_kind::jit;
+    return true;
+  }
+
+  detail::module_registry modules_;
+  detail::perf_map perf_map_;
+  bool use_perf_map_ = true;
+  bool refreshed_ = false;
+  bool rescanned_on_miss_ = false;
+  bool perf_map_checked_ = false;
+  detail::dwarf_lines dwarf_;  // file:line and inline frames (a stub finding nothing without libdw)
+};
+
+}  // namespace selfprof
+// ---- end selfprof/symbols/symbolizer.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+class shared_symbolizer {
+ public:
+  // Re-reads the mapped modules (parsing the new ones).
+  void refresh() {
+    std::lock_guard<std::mutex> lock(mu_);
+    sym_.refresh();
+  }
+  // Runs `use(symbolizer&)` under the lock, after a refresh.
+  template <class Use>
+  auto with_fresh(Use&& use) -> decltype(use(std::declval<symbolizer&>())) {
+    std::lock_guard<std::mutex> lock(mu_);
+    sym_.refresh();
+    return use(sym_);
+  }
+  // Runs `work` under the lock (work that fork() must not cut in half: the unwind-row rebuild).
+  template <class Work>
+  void locked(Work&& work) {
+    std::lock_guard<std::mutex> lock(mu_);
+    work();
+  }
+  std::mutex& lock_for_fork() { return mu_; }
+  void abandon_after_fork() { new (&mu_) std::mutex(); }
+
+ private:
+  std::mutex mu_;
+  symbolizer sym_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/shared_symbolizer.hpp ----
+// ---- begin selfprof/unwind/tables.hpp ----
+// Builds the unwind rows of every loaded module (from .eh_frame in memory, found through
+// dl_iterate_phdr and PT_GNU_EH_FRAME) and publishes them to the signal handler as one immutable set.
+// Context: setup only (start/stop) and the collector thread; the handler only reads g_unwind_tables.
+
+#include <elf.h>
+#include <link.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+// ---- begin selfprof/unwind/eh_frame.hpp ----
+// The .eh_frame / .eh_frame_hdr reader: turns a module's call frame information (CIEs and FDEs, as GCC,
+// clang and glibc emit them) into the compact sorted unwind rows the signal handler follows.
+// Context: collector thread or setup only (allocates; never the signal handler).
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+// Bytes to parse: `size` readable bytes at `data`, which live at runtime address `address` (pc-relative
+// pointers are resolved against it; parsing a copy works when `address` is the original's).
+struct eh_frame_input {
+  const std::uint8_t* data = nullptr;
+  std::size_t size = 0;
+  std::uintptr_t address = 0;
+};
+
+// A module's rows (pc offsets from `start`) and what the parse met on the way.
+struct eh_frame_table {
+  std::uintptr_t start = 0, end = 0;  // runtime pc range covered by the FDEs
+  std::vector<unwind_row> rows;
+  std::size_t cies = 0, fdes = 0;
+  std::size_t skipped = 0;  // records left out (malformed, unsupported encoding or augmentation)
+  std::size_t unknown = 0;  // rows the handler cannot follow (CFA expressions other than PLT, ...)
+  std::string error;        // the first problem, with its offset; empty when none
+};
+
+// remember_state nesting kept; deeper nesting makes the rest of that FDE row_unknown.
+constexpr std::size_t kMaxRememberDepth = 16;
+// A module whose FDEs span more than this cannot be expressed with 32-bit row offsets.
+constexpr std::uintptr_t kMaxModuleSpan = 0xFFFFFFF0u;
+
+// A bounds-checked little-endian reader: any read past the end sets ok = false and returns 0.
+struct eh_cursor {
+  const std::uint8_t* base;  // start of the whole input (offsets are relative to it)
+  std::size_t pos, end;
+  std::uintptr_t address;  // runtime address of base[0]
+  bool ok = true;
+
+  bool has(std::size_t n) const { return ok && pos <= end && end - pos >= n; }
+  std::uint64_t fixed(std::size_t n) {
+    if (!has(n)) return fail();
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < n; ++i) v |= std::uint64_t(base[pos + i]) << (8 * i);
+    pos += n;
+    return v;
+  }
+  std::uint8_t u8() { return static_cast<std::uint8_t>(fixed(1)); }
+  std::uint64_t uleb() {
+    std::uint64_t v = 0;
+    for (unsigned shift = 0;; shift += 7) {
+      if (!has(1) || shift > 63) return fail();
+      std::uint8_t b = base[pos++];
+      v |= std::uint64_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+  }
+  std::int64_t sleb() {
+    std::uint64_t v = 0;
+    unsigned shift = 0;
+    std::uint8_t b = 0;
+    do {
+      if (!has(1) || shift > 63) return static_cast<std::int64_t>(fail());
+      b = base[pos++];
+      v |= std::uint64_t(b & 0x7f) << shift;
+      shift += 7;
+    } while (b & 0x80);
+    if (shift < 64 && (b & 0x40)) v |= ~std::uint64_t(0) << shift;
+    return static_cast<std::int64_t>(v);
+  }
+  // A DW_EH_PE_* encoded pointer. `apply` = false reads the value only (pc ranges, skipped pointers).
+  // Indirect pointers are reported through `indirect` and never dereferenced.
+  std::uint64_t pointer(std::uint8_t enc, bool apply = true, bool* indirect = nullptr) {
+    if (enc == 0xff) return 0;  // DW_EH_PE_omit
+    const std::uintptr_t field = address + pos;
+    std::uint64_t v = 0;
+    switch (enc & 0x0f) {
+      case 0x00:
+        v = fixed(8);
+        break;  // absptr
+      case 0x01:
+        v = uleb();
+        break;  // uleb128
+      case 0x02:
+        v = fixed(2);
+        break;  // udata2
+      case 0x03:
+        v = fixed(4);
+        break;  // udata4
+      case 0x04:
+        v = fixed(8);
+        break;  // udata8
+      case 0x09:
+        v = static_cast<std::uint64_t>(sleb());
+        break;  // sleb128
+      case 0x0a:
+        v = static_cast<std::uint64_t>(std::int64_t(std::int16_t(fixed(2))));
+        break;  // sdata2
+      case 0x0b:
+        v = static_cast<std::uint64_t>(std::int64_t(std::int32_t(fixed(4))));
+        break;  // sdata4
+      case 0x0c:
+        v = fixed(8);
+        break;  // sdata8
+      default:
+        return fail();
+    }
+    if (indirect) *indirect = (enc & 0x80) != 0;
+    if (!apply) return v;
+    switch (enc & 0x70) {
+      case 0x00:
+        break;  // absolute
+      case 0x10:
+        v += field;
+        break;  // pcrel
+      default:
+        return fail();  // textrel/datarel/funcrel/aligned: not used in .eh_frame FDEs
+    }
+    return v;
+  }
+  std::uint64_t fail() {
+    ok = false;
+    return 0;
+  }
+};
+
+// One parsed CIE: what its FDEs need.
+struct eh_cie {
+  bool valid = false;
+  std::uint64_t code_align = 1;
+  std::int64_t data_align = -8;
+  std::uint64_t ra_reg = kDwarfRa;
+  std::uint8_t fde_enc = 0;  // DW_EH_PE_absptr unless 'R' says otherwise
+  bool has_aug_data = false;
+  std::size_t insns = 0, insns_end = 0;  // initial instructions, offsets in the input
+};
+
+// The register rules the walker cares about, at one pc.
+struct cfa_state {
+  std::uint8_t kind = row_cfa_rsp;  // row_cfa_rsp, row_cfa_rbp, row_cfa_plt or row_unknown
+  std::int64_t cfa_off = 8;
+  std::uint8_t plt_threshold = 0;
+  std::int64_t fp_off = 0;  // 0: rbp unchanged
+  bool fp_unknown = false;  // rbp saved somewhere this walker does not follow
+  bool ra_undefined = false;
+  bool ra_unusual = false;  // return address not at CFA + kReturnAddressAtCfa
+
+  unwind_row row(std::uint32_t pc) const {
+    unwind_row r{pc, 0, 0, row_unknown, 0};
+    if (ra_undefined) {
+      r.kind = row_outermost;
+      return r;
+    }
+    // rbp saved where this walker cannot follow (an expression, as in stack-realigning DRAP frames):
+    // the caller's rbp is unknown, so the row cannot be used; one frame-pointer step instead.
+    if (kind == row_unknown || ra_unusual || fp_unknown || cfa_off < -0x7fffffff || cfa_off > 0x7fffffff ||
+        fp_off < -0x8000 || fp_off > 0x7fff)
+      return r;
+    r.kind = kind;
+    r.cfa_off = static_cast<std::int32_t>(cfa_off);
+    r.fp_off = static_cast<std::int16_t>(fp_off);
+    r.plt_threshold = plt_threshold;
+    return r;
+  }
+};
+
+// The PLT CFA expression binutils emits for lazy PLT entries:
+//   DW_OP_breg7 (rsp) N; DW_OP_breg16 (rip) 0; DW_OP_lit15; DW_OP_and; DW_OP_lit<T>; DW_OP_ge;
+//   DW_OP_lit3; DW_OP_shl; DW_OP_plus   =>   CFA = rsp + N + ((rip & 15) >= T ? 8 : 0)
+// Anything else makes the row row_unknown (one frame-pointer step instead).
+inline bool match_plt_expression(eh_cursor c, std::size_t end, cfa_state& s) {
+  c.end = end;
+  if (c.u8() != 0x77) return false;  // DW_OP_breg7
+  std::int64_t n = c.sleb();
+  if (c.u8() != 0x80 || c.sleb() != 0) return false;   // DW_OP_breg16 0
+  if (c.u8() != 0x3f || c.u8() != 0x1a) return false;  // lit15, and
+  std::uint8_t lit = c.u8();
+  if (lit < 0x30 || lit > 0x3f) return false;
+  if (c.u8() != 0x2a || c.u8() != 0x33 || c.u8() != 0x24 || c.u8() != 0x22) return false;  // ge lit3 shl plus
+  if (!c.ok || c.pos != end) return false;
+  s.kind = row_cfa_plt;
+  s.cfa_off = n;
+  s.plt_threshold = static_cast<std::uint8_t>(lit - 0x30);
+  return true;
+}
+
+// Runs CFA instructions [pos, end) from `state`, appending a row at each location change.
+// Returns false on a malformed instruction stream (rows so far are kept: they were valid).
+inline bool run_cfa_program(eh_cursor c, std::size_t end, const eh_cie& cie, const cfa_state& initial,
+                            cfa_state& state, std::uint64_t& loc, std::uint64_t loc_end, std::uint64_t start,
+                            std::vector<unwind_row>* rows) {
+  c.end = end;
+  cfa_state stack[kMaxRememberDepth];
+  std::size_t depth = 0;  // may exceed kMaxRememberDepth: those states are not kept
+  auto advance = [&](std::uint64_t delta) {
+    std::uint64_t next = loc + delta * cie.code_align;
+    if (next < loc || next > loc_end) {  // past the FDE: the remaining rules never apply
+      if (rows && loc < loc_end) rows->push_back(state.row(static_cast<std::uint32_t>(loc - start)));
+      loc = loc_end;
+      return false;
+    }
+    if (rows && next != loc) rows->push_back(state.row(static_cast<std::uint32_t>(loc - start)));
+    loc = next;
+    return true;
+  };
+  auto set_offset = [&](std::uint64_t reg, std::int64_t off) {
+    if (reg == kDwarfRbp) state.fp_off = off, state.fp_unknown = false;
+    if (reg == cie.ra_reg) state.ra_unusual = off != kReturnAddressAtCfa, state.ra_undefined = false;
+  };
+  auto other_rule = [&](std::uint64_t reg) {  // register / expression rules we do not follow
+    if (reg == kDwarfRbp) state.fp_unknown = true, state.fp_off = 0;
+    if (reg == cie.ra_reg) state.ra_unusual = true;
+  };
+  auto restore = [&](std::uint64_t reg) {
+    if (reg == kDwarfRbp) state.fp_off = initial.fp_off, state.fp_unknown = initial.fp_unknown;
+    if (reg == cie.ra_reg) state.ra_unusual = initial.ra_unusual, state.ra_undefined = initial.ra_undefined;
+  };
+  while (c.ok && c.pos < end) {
+    std::uint8_t op = c.u8();
+    std::uint8_t low = op & 0x3f;
+    switch (op >> 6) {
+      case 1:  // DW_CFA_advance_loc
+        if (!advance(low)) return true;
+        continue;
+      case 2:  // DW_CFA_offset
+        set_offset(low, static_cast<std::int64_t>(c.uleb()) * cie.data_align);
+        continue;
+      case 3:  // DW_CFA_restore
+        restore(low);
+        continue;
+      default:
+        break;
+    }
+    switch (op) {
+      case 0x00:
+        break;      // nop
+      case 0x01: {  // set_loc
+        std::uint64_t to = c.pointer(cie.fde_enc);
+        if (!c.ok || to < loc) return false;
+        if (!advance((to - loc) / (cie.code_align ? cie.code_align : 1))) return true;
+        break;
+      }
+      case 0x02:
+        if (!advance(c.u8())) return true;
+        break;
+      case 0x03:
+        if (!advance(c.fixed(2))) return true;
+        break;
+      case 0x04:
+        if (!advance(c.fixed(4))) return true;
+        break;
+      case 0x05: {  // offset_extended
+        std::uint64_t reg = c.uleb();
+        set_offset(reg, static_cast<std::int64_t>(c.uleb()) * cie.data_align);
+        break;
+      }
+      case 0x06:
+        restore(c.uleb());
+        break;      // restore_extended
+      case 0x07: {  // undefined
+        std::uint64_t reg = c.uleb();
+        if (reg == cie.ra_reg) state.ra_undefined = true;
+        if (reg == kDwarfRbp) other_rule(reg);
+        break;
+      }
+      case 0x08: {  // same_value
+        std::uint64_t reg = c.uleb();
+        if (reg == kDwarfRbp) state.fp_off = 0, state.fp_unknown = false;
+        if (reg == cie.ra_reg) state.ra_unusual = true;
+        break;
+      }
+      case 0x09: {  // register
+        std::uint64_t reg = c.uleb();
+        c.uleb();
+        other_rule(reg);
+        break;
+      }
+      case 0x0a:  // remember_state
+        if (depth < kMaxRememberDepth) stack[depth] = state;
+        ++depth;
+        break;
+      case 0x0b:  // restore_state
+        if (depth == 0) return false;
+        --depth;
+        if (depth < kMaxRememberDepth)
+          state = stack[depth];
+        else
+          state.kind = row_unknown;
+        break;
+      case 0x0c: {  // def_cfa
+        std::uint64_t reg = c.uleb();
+        std::uint64_t off = c.uleb();
+        state.kind = reg == kDwarfRsp ? row_cfa_rsp : reg == kDwarfRbp ? row_cfa_rbp : row_unknown;
+        state.cfa_off = static_cast<std::int64_t>(off);
+        break;
+      }
+      case 0x0d: {  // def_cfa_register
+        std::uint64_t reg = c.uleb();
+        if (state.kind == row_cfa_plt)
+          state.kind = row_unknown;
+        else
+          state.kind = reg == kDwarfRsp ? row_cfa_rsp : reg == kDwarfRbp ? row_cfa_rbp : row_unknown;
+        break;
+      }
+      case 0x0e:
+        state.cfa_off = static_cast<std::int64_t>(c.uleb());
+        break;      // def_cfa_offset
+      case 0x0f: {  // def_cfa_expression
+        std::uint64_t len = c.uleb();
+        if (!c.has(len)) return false;
+        if (!match_plt_expression(c, c.pos + len, state)) state.kind = row_unknown;
+        c.pos += len;
+        break;
+      }
+      case 0x10:    // expression
+      case 0x16: {  // val_expression
+        std::uint64_t reg = c.uleb();
+        std::uint64_t len = c.uleb();
+        if (!c.has(len)) return false;
+        c.pos += len;
+        other_rule(reg);
+        break;
+      }
+      case 0x11: {  // offset_extended_sf
+        std::uint64_t reg = c.uleb();
+        set_offset(reg, c.sleb() * cie.data_align);
+        break;
+      }
+      case 0x12: {  // def_cfa_sf
+        std::uint64_t reg = c.uleb();
+        std::int64_t off = c.sleb() * cie.data_align;
+        state.kind = reg == kDwarfRsp ? row_cfa_rsp : reg == kDwarfRbp ? row_cfa_rbp : row_unknown;
+        state.cfa_off = off;
+        break;
+      }
+      case 0x13:
+        state.cfa_off = c.sleb() * cie.data_align;
+        break;      // def_cfa_offset_sf
+      case 0x14:    // val_offset
+      case 0x15: {  // val_offset_sf
+        std::uint64_t reg = c.uleb();
+        if (op == 0x14)
+          c.uleb();
+        else
+          c.sleb();
+        other_rule(reg);
+        break;
+      }
+      case 0x2e:
+        c.uleb();
+        break;      // GNU_args_size
+      case 0x2f: {  // GNU_negative_offset_extended
+        std::uint64_t reg = c.uleb();
+        set_offset(reg, -static_cast<std::int64_t>(c.uleb()) * cie.data_align);
+        break;
+      }
+      default:
+        return false;  // unknown opcode: the rest of this program cannot be decoded
+    }
+  }
+  return c.ok;
+}
+
+// Parses .eh_frame: a CIE/FDE sequence ended by a zero length word or by the end of the input.
+// Never reads outside the input; malformed records are counted in `skipped`, never fatal.
+inline eh_frame_table parse_eh_frame(const eh_frame_input& in) {
+  eh_frame_table t;
+  struct fde_rows {
+    std::uint64_t begin, end;
+    std::size_t first, count;  // in `all`
+  };
+  std::vector<fde_rows> fdes;
+  std::vector<unwind_row> all;  // pcs relative to each FDE's begin for now
+  std::unordered_map<std::size_t, eh_cie> cies;
+  auto note = [&](const char* what, std::size_t at, bool count = true) {
+    if (count) ++t.skipped;
+    if (t.error.empty()) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "eh_frame at 0x%zx (offset 0x%zx): %s",
+                    static_cast<std::size_t>(in.address), at, what);
+      t.error = buf;
+    }
+  };
+  auto parse_cie = [&](std::size_t at) -> const eh_cie& {
+    auto found = cies.find(at);
+    if (found != cies.end()) return found->second;
+    eh_cie& cie = cies[at];
+    eh_cursor c{in.data, at, in.size, in.address};
+    std::uint64_t len = c.fixed(4);
+    bool wide = len == 0xffffffffu;
+    if (wide) len = c.fixed(8);
+    if (!c.ok || len == 0 || len > c.end - c.pos) return note("truncated CIE", at, false), cie;
+    c.end = c.pos + static_cast<std::size_t>(len);
+    if (c.fixed(wide ? 8 : 4) != 0) return note("CIE pointer does not point at a CIE", at, false), cie;
+    std::uint8_t version = c.u8();
+    if (version != 1 && version != 3 && version != 4) return note("unsupported CIE version", at, false), cie;
+    std::string aug;
+    while (c.has(1) && in.data[c.pos] != 0 && aug.size() < 16) aug += static_cast<char>(in.data[c.pos++]);
+    if (c.u8() != 0) return note("unterminated CIE augmentation", at, false), cie;
+    if (aug.find("eh") == 0) c.fixed(8);  // old GCC: an eh_ptr word
+    if (version == 4 && (c.u8() != 8 || c.u8() != 0))
+      return note("CIE address size is not 8", at, false), cie;
+    cie.code_align = c.uleb();
+    cie.data_align = c.sleb();
+    cie.ra_reg = version == 1 ? c.u8() : c.uleb();
+    if (!aug.empty() && aug[0] == 'z') {
+      cie.has_aug_data = true;
+      std::uint64_t aug_len = c.uleb();
+      if (!c.has(aug_len)) return note("truncated CIE augmentation data", at, false), cie;
+      std::size_t aug_end = c.pos + static_cast<std::size_t>(aug_len);
+      for (std::size_t i = 1; i < aug.size() && c.ok; ++i) {
+        if (aug[i] == 'R')
+          cie.fde_enc = c.u8();
+        else if (aug[i] == 'L')
+          c.u8();
+        else if (aug[i] == 'P')
+          c.pointer(c.u8(), false);
+        else if (aug[i] == 'S' || aug[i] == 'B' || aug[i] == 'G')
+          continue;
+        else
+          break;  // unknown letter: 'z' says how long the data is, skip the rest
+      }
+      if (!c.ok || c.pos > aug_end) return note("malformed CIE augmentation data", at, false), cie;
+      c.pos = aug_end;
+    } else if (!aug.empty() && aug != "eh") {
+      return note("unknown CIE augmentation", at, false), cie;
+    }
+    if (!c.ok || cie.code_align == 0) return note("malformed CIE", at, false), cie;
+    cie.insns = c.pos;
+    cie.insns_end = c.end;
+    cie.valid = true;
+    ++t.cies;
+    return cie;
+  };
+
+  std::size_t pos = 0;
+  while (pos < in.size) {
+    const std::size_t at = pos;
+    eh_cursor c{in.data, pos, in.size, in.address};
+    std::uint64_t len = c.fixed(4);
+    if (!c.ok) break;     // fewer than 4 bytes left: treat as the end
+    if (len == 0) break;  // the terminator
+    bool wide = len == 0xffffffffu;
+    if (wide) len = c.fixed(8);
+    if (!c.ok || len > c.end - c.pos) {
+      note("record runs past the end", at);
+      break;
+    }
+    const std::size_t rec_end = c.pos + static_cast<std::size_t>(len);
+    pos = rec_end;
+    c.end = rec_end;
+    const std::size_t id_at = c.pos;
+    std::uint64_t id = c.fixed(wide ? 8 : 4);
+    if (!c.ok) {
+      note("truncated record", at);
+      continue;
+    }
+    if (id == 0) {  // a CIE: parsed when an FDE uses it
+      continue;
+    }
+    if (id > id_at) {
+      note("FDE points before the input", at);
+      continue;
+    }
+    const eh_cie& cie = parse_cie(id_at - static_cast<std::size_t>(id));
+    if (!cie.valid) {
+      note("FDE of an unusable CIE", at);
+      continue;
+    }
+    bool indirect = false;
+    std::uint64_t begin = c.pointer(cie.fde_enc, true, &indirect);
+    std::uint64_t range = c.pointer(cie.fde_enc & 0x0f, false);
+    if (cie.has_aug_data) {
+      std::uint64_t n = c.uleb();
+      if (!c.has(n)) {
+        note("truncated FDE augmentation data", at);
+        continue;
+      }
+      c.pos += static_cast<std::size_t>(n);
+    }
+    if (!c.ok || indirect) {
+      note("malformed FDE", at);
+      continue;
+    }
+    if (range == 0) continue;  // an empty FDE covers nothing (linkers leave them for discarded code)
+    if (begin + range < begin || range > kMaxModuleSpan) {
+      note("FDE range overflows", at);
+      continue;
+    }
+    ++t.fdes;
+    // Rows are relative to the FDE's begin for now; rebased once the module's start is known.
+    const cfa_state defaults;
+    cfa_state initial;
+    std::uint64_t loc = begin;
+    const std::size_t first = all.size();
+    eh_cursor cie_program{in.data, cie.insns, cie.insns_end, in.address};
+    if (!run_cfa_program(cie_program, cie.insns_end, cie, defaults, initial, loc, begin + range, begin,
+                         nullptr) ||
+        loc != begin) {
+      note("CIE initial instructions are malformed or advance", at);
+      continue;
+    }
+    cfa_state state = initial;
+    bool good = run_cfa_program(c, rec_end, cie, initial, state, loc, begin + range, begin, &all);
+    if (loc < begin + range) all.push_back(state.row(static_cast<std::uint32_t>(loc - begin)));
+    if (!good) {
+      // The rows before the bad instruction hold; from it on, the function is unknown territory.
+      note("malformed CFA instructions", at);
+      if (all.size() > first)
+        all.back().kind = row_unknown;
+      else
+        all.push_back(unwind_row{0, 0, 0, row_unknown, 0});
+    }
+    fdes.push_back({begin, begin + range, first, all.size() - first});
+  }
+  if (fdes.empty()) return t;
+
+  std::sort(fdes.begin(), fdes.end(), [](const fde_rows& a, const fde_rows& b) { return a.begin < b.begin; });
+  std::uint64_t lo = fdes.front().begin, hi = 0;
+  for (auto& f : fdes) hi = std::max(hi, f.end);
+  if (hi - lo > kMaxModuleSpan) {
+    // FDEs spread over more than 4 GiB: keep the span around the first ones and count the rest out.
+    std::size_t keep = 0;
+    while (keep < fdes.size() && fdes[keep].end - lo <= kMaxModuleSpan) ++keep;
+    t.skipped += fdes.size() - keep;
+    if (t.error.empty()) t.error = "eh_frame: FDEs span more than 4 GiB; the rest were left out";
+    fdes.resize(keep);
+    hi = 0;
+    for (auto& f : fdes) hi = std::max(hi, f.end);
+  }
+  t.start = static_cast<std::uintptr_t>(lo);
+  t.end = static_cast<std::uintptr_t>(hi);
+  t.rows.reserve(all.size() + fdes.size());
+  auto push = [&](const unwind_row& r) {
+    if (!t.rows.empty() && t.rows.back().pc == r.pc) t.rows.pop_back();  // a later row at the same pc wins
+    if (!t.rows.empty()) {
+      const unwind_row& b = t.rows.back();
+      if (b.kind == r.kind && b.cfa_off == r.cfa_off && b.fp_off == r.fp_off &&
+          b.plt_threshold == r.plt_threshold)
+        return;  // same rule continues
+    }
+    t.rows.push_back(r);
+  };
+  for (std::size_t i = 0; i < fdes.size(); ++i) {
+    const fde_rows& f = fdes[i];
+    // Overlapping FDEs (broken input): the later one starts where the earlier one is cut.
+    std::uint64_t stop = i + 1 < fdes.size() ? std::min(f.end, fdes[i + 1].begin) : f.end;
+    if (!t.rows.empty() && f.begin - lo < t.rows.back().pc) continue;  // fully shadowed
+    for (std::size_t k = 0; k < f.count; ++k) {
+      unwind_row r = all[f.first + k];
+      std::uint64_t pc = f.begin + r.pc;
+      if (pc >= stop) break;
+      r.pc = static_cast<std::uint32_t>(pc - lo);
+      push(r);
+    }
+    if (stop == f.end && (i + 1 == fdes.size() || fdes[i + 1].begin > f.end))
+      push(unwind_row{static_cast<std::uint32_t>(f.end - lo), 0, 0, row_no_info, 0});
+  }
+  if (t.rows.empty() || t.rows.back().kind != row_no_info)
+    t.rows.push_back(unwind_row{static_cast<std::uint32_t>(hi - lo), 0, 0, row_no_info, 0});
+  t.end = t.start + t.rows.back().pc;  // overlapping FDEs (broken input) may end before `hi`
+  for (const unwind_row& r : t.rows)
+    if (r.kind == row_unknown) ++t.unknown;
+  return t;
+}
+
+// Where .eh_frame starts, from the .eh_frame_hdr at `hdr` (runtime address `hdr.address`), and how far the
+// FDEs its search table lists reach (0 when the table is absent). False when the header is malformed.
+struct eh_frame_hdr_info {
+  std::uintptr_t eh_frame = 0;
+  std::uintptr_t fde_limit = 0;  // highest FDE start listed in the search table, 0 when none
+  std::size_t fde_count = 0;
+};
+
+inline bool parse_eh_frame_hdr(const eh_frame_input& hdr, eh_frame_hdr_info& out) {
+  eh_cursor c{hdr.data, 0, hdr.size, hdr.address};
+  if (c.u8() != 1) return false;  // version
+  std::uint8_t ptr_enc = c.u8(), count_enc = c.u8(), table_enc = c.u8();
+  std::uint64_t eh = c.pointer(ptr_enc);
+  if (!c.ok || eh == 0) return false;
+  out.eh_frame = static_cast<std::uintptr_t>(eh);
+  if (count_enc == 0xff || table_enc != 0x3b) return true;  // no binary search table we can read
+  std::uint64_t count = c.pointer(count_enc);
+  if (!c.ok || count > (c.end - c.pos) / 8) return true;
+  out.fde_count = static_cast<std::size_t>(count);
+  for (std::uint64_t i = 0; i < count; ++i) {
+    c.fixed(4);  // initial location (datarel sdata4)
+    std::int64_t fde = std::int32_t(c.fixed(4));
+    std::uintptr_t at = hdr.address + static_cast<std::uintptr_t>(fde);
+    if (c.ok && at > out.fde_limit) out.fde_limit = at;
+  }
+  return true;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/unwind/eh_frame.hpp ----
+
+namespace selfprof {
+
+// What the last build found, for stats and verbose output.
+struct unwind_tables_info {
+  bool published = false;
+  std::size_t modules = 0;         // modules with rows in the published set
+  std::size_t rows = 0;            // rows in the published set
+  std::size_t bytes = 0;           // memory held by every table and set kept (retired ones too)
+  std::size_t builds = 0;          // sets published since the last release
+  std::size_t parsed = 0;          // modules whose rows are kept (parsed once while they stay loaded)
+  std::size_t reused = 0;          // modules of this session whose rows an earlier session parsed
+  double last_build_ms = 0;        // wall time of the last build that found changed modules
+  std::vector<std::string> notes;  // modules left out or parsed with problems, one line each
+};
+
+namespace detail {
+
+// The rows of one module, parsed once and kept while the module stays loaded (a retired set may still
+// point at them). `hdr_hash` identifies the bytes they were parsed from (see release()).
+struct module_unwind {
+  std::string name;
+  std::uintptr_t bias = 0, hdr = 0;
+  std::uint64_t hdr_hash = 0;
+  eh_frame_table table;
+};
+
+// One published set: its module list and the set header the handler reads.
+struct unwind_set_storage {
+  std::vector<unwind_module> modules;
+  unwind_table_set set{nullptr, 0};
+};
+
+class unwind_tables_state {
+ public:
+  // Re-reads the module list when dlopen/dlclose changed it (or `force`), parses new modules and
+  // publishes a new set. Cheap when nothing changed: one dl_iterate_phdr that stops at the first module.
+  status build(bool force) {
+    if (!kCfiRowsSupported)
+      return status::error("selfprof: DWARF unwinding is implemented for x86-64 only; using frame pointers");
+    std::lock_guard<std::mutex> lock(mu_);
+    counts now = read_counts();
+    if (!force && have_counts_ && now.adds == counts_.adds && now.subs == counts_.subs &&
+        g_unwind_tables.load(std::memory_order_relaxed) != nullptr)
+      return status::ok();
+    auto t0 = std::chrono::steady_clock::now();
+    scan_context ctx{this, {}, {}};
+    // The loader lock is held during the callback, so no module can be unmapped while it is parsed.
+    dl_iterate_phdr(&unwind_tables_state::visit, &ctx);
+    auto storage = std::unique_ptr<unwind_set_storage>(new unwind_set_storage());
+    for (module_unwind* m : ctx.present) {
+      if (m->table.rows.empty()) continue;
+      storage->modules.push_back(
+          unwind_module{m->table.start, m->table.end, m->table.rows.data(), m->table.rows.size()});
+    }
+    std::sort(storage->modules.begin(), storage->modules.end(),
+              [](const unwind_module& a, const unwind_module& b) { return a.start < b.start; });
+    // Overlapping ranges cannot happen between live modules; if they do (a stale entry), keep the first.
+    std::vector<unwind_module> clean;
+    for (const unwind_module& m : storage->modules)
+      if (clean.empty() || m.start >= clean.back().end) clean.push_back(m);
+    storage->modules.swap(clean);
+    storage->set = unwind_table_set{storage->modules.data(), storage->modules.size()};
+    info_.modules = storage->modules.size();
+    info_.rows = 0;
+    for (const unwind_module& m : storage->modules) info_.rows += m.count;
+    g_unwind_tables.store(&storage->set, std::memory_order_release);
+    sets_.push_back(std::move(storage));  // the previous set stays: a handler may be reading it
+    counts_ = now;
+    have_counts_ = true;
+    revalidate_ = false;
+    info_.published = true;
+    ++info_.builds;
+    for (auto& n : ctx.notes)
+      if (std::find(info_.notes.begin(), info_.notes.end(), n) == info_.notes.end()) info_.notes.push_back(n);
+    info_.last_build_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return status::ok();
+  }
+
+  // Unpublishes the tables and frees the sets. Only once no handler can be running (after the profiling
+  // signal is restored and g_handler.in_flight reached zero), since a handler may hold a pointer into any
+  // set. The parsed rows of modules still loaded are kept for the next start (parsing every module again
+  // is the costly part of a start): at the next build each is used only if its .eh_frame_hdr bytes hash
+  // as when it was parsed, so a library unloaded and another loaded at the same address is parsed anew.
+  void release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    g_unwind_tables.store(nullptr, std::memory_order_release);
+    sets_.clear();
+    std::vector<key> loaded;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, std::size_t, void* data) -> int {
+          const ElfW(Phdr)* eh = find_eh(info);
+          if (eh != nullptr) static_cast<std::vector<key>*>(data)->push_back(key_of(info, eh));
+          return 0;
+        },
+        &loaded);
+    for (auto it = modules_.begin(); it != modules_.end();)
+      it = std::find(loaded.begin(), loaded.end(), it->first) == loaded.end() ? modules_.erase(it) : ++it;
+    revalidate_ = true;
+    have_counts_ = false;
+    info_ = unwind_tables_info{};
+  }
+
+  unwind_tables_info info() {
+    std::lock_guard<std::mutex> lock(mu_);
+    unwind_tables_info i = info_;
+    i.parsed = modules_.size();
+    i.bytes = 0;
+    for (auto& m : modules_)
+      i.bytes += sizeof(module_unwind) + m.second->table.rows.capacity() * sizeof(unwind_row);
+    for (auto& s : sets_)
+      i.bytes += sizeof(unwind_set_storage) + s->modules.capacity() * sizeof(unwind_module);
+    return i;
+  }
+
+ private:
+  struct counts {
+    unsigned long long adds = 0, subs = 0;
+  };
+  struct scan_context {
+    unwind_tables_state* self;
+    std::vector<module_unwind*> present;
+    std::vector<std::string> notes;
+  };
+  using key = std::tuple<std::string, std::uintptr_t, std::uintptr_t>;  // name, load bias, eh_frame_hdr
+
+  static counts read_counts() {
+    counts c;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, std::size_t size, void* data) -> int {
+          counts* out = static_cast<counts*>(data);
+          if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
+            out->adds = info->dlpi_adds;
+            out->subs = info->dlpi_subs;
+          }
+          return 1;  // the counters are the same in every entry: one is enough
+        },
+        &c);
+    return c;
+  }
+
+  static const ElfW(Phdr) * find_eh(const dl_phdr_info* info) {
+    const ElfW(Phdr)* eh = nullptr;
+    for (int i = 0; i < info->dlpi_phnum; ++i)
+      if (info->dlpi_phdr[i].p_type == PT_GNU_EH_FRAME) eh = &info->dlpi_phdr[i];
+    return eh;
+  }
+  static std::string module_name(const dl_phdr_info* info) {
+    return info->dlpi_name && info->dlpi_name[0] ? info->dlpi_name : "[main]";
+  }
+  static key key_of(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
+    return key{module_name(info), info->dlpi_addr, info->dlpi_addr + eh->p_vaddr};
+  }
+  // FNV-1a over the module's .eh_frame_hdr (its search table lists every FDE): far cheaper than a parse.
+  static std::uint64_t hdr_hash(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
+    eh_frame_input hdr = segment_from(info, info->dlpi_addr + eh->p_vaddr);
+    if (hdr.size > eh->p_memsz) hdr.size = eh->p_memsz;
+    std::uint64_t h = 1469598103934665603ull;
+    for (std::size_t i = 0; i < hdr.size; ++i) h = (h ^ hdr.data[i]) * 1099511628211ull;
+    return h;
+  }
+
+  static int visit(dl_phdr_info* info, std::size_t, void* data) {
+    scan_context& ctx = *static_cast<scan_context*>(data);
+    const ElfW(Phdr)* eh = find_eh(info);
+    std::string name = module_name(info);
+    if (eh == nullptr) {
+      bool has_code = false;
+      for (int i = 0; i < info->dlpi_phnum; ++i)
+        if (info->dlpi_phdr[i].p_type == PT_LOAD && (info->dlpi_phdr[i].p_flags & PF_X)) has_code = true;
+      if (has_code) ctx.notes.push_back("unwind: " + name + " has no .eh_frame_hdr: frame pointers only");
+      return 0;
+    }
+    const key k = key_of(info, eh);
+    auto found = ctx.self->modules_.find(k);
+    if (found != ctx.self->modules_.end()) {
+      if (!ctx.self->revalidate_ || found->second->hdr_hash == hdr_hash(info, eh)) {
+        if (ctx.self->revalidate_) ++ctx.self->info_.reused;
+        ctx.present.push_back(found->second.get());
+        return 0;
+      }
+      ctx.self->modules_.erase(found);  // no set points at it: release() dropped them all
+    }
+    std::unique_ptr<module_unwind> m(new module_unwind());
+    m->name = name;
+    m->bias = info->dlpi_addr;
+    m->hdr = std::get<2>(k);
+    m->hdr_hash = hdr_hash(info, eh);
+    parse_module(info, eh, *m, ctx.notes);
+    ctx.present.push_back(m.get());
+    ctx.self->modules_.emplace(k, std::move(m));
+    return 0;
+  }
+
+  // The bytes of the loaded segment holding `address`: [address, segment end), or size 0.
+  static eh_frame_input segment_from(const dl_phdr_info* info, std::uintptr_t address) {
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+      const ElfW(Phdr)& p = info->dlpi_phdr[i];
+      if (p.p_type != PT_LOAD) continue;
+      std::uintptr_t lo = info->dlpi_addr + p.p_vaddr, hi = lo + p.p_filesz;
+      if (address >= lo && address < hi)
+        return eh_frame_input{reinterpret_cast<const std::uint8_t*>(address), hi - address, address};
+    }
+    return eh_frame_input{};
+  }
+
+  static void parse_module(const dl_phdr_info* info, const ElfW(Phdr) * eh, module_unwind& m,
+                           std::vector<std::string>& notes) {
+    eh_frame_input hdr = segment_from(info, m.hdr);
+    if (hdr.size > eh->p_memsz) hdr.size = eh->p_memsz;
+    eh_frame_hdr_info hi;
+    if (hdr.size == 0 || !parse_eh_frame_hdr(hdr, hi)) {
+      notes.push_back("unwind: " + m.name + ": unreadable .eh_frame_hdr");
+      return;
+    }
+    eh_frame_input frames = segment_from(info, hi.eh_frame);
+    if (frames.size == 0) {
+      notes.push_back("unwind: " + m.name + ": .eh_frame is outside the loaded segments");
+      return;
+    }
+    // The search table lists every FDE: stop after the last one instead of trusting a terminator.
+    if (hi.fde_limit > hi.eh_frame && hi.fde_limit - hi.eh_frame < frames.size) {
+      eh_cursor c{frames.data, hi.fde_limit - hi.eh_frame, frames.size, frames.address};
+      std::uint64_t len = c.fixed(4);
+      if (len == 0xffffffffu) len = c.fixed(8);
+      if (c.ok && len <= c.end - c.pos) frames.size = c.pos + static_cast<std::size_t>(len);
+    }
+    m.table = parse_eh_frame(frames);
+    if (!m.table.error.empty())
+      notes.push_back("unwind: " + m.name + ": " + std::to_string(m.table.skipped) +
+                      " records skipped; first: " + m.table.error);
+    m.table.rows.shrink_to_fit();
+  }
+
+  std::mutex mu_;
+  std::map<key, std::unique_ptr<module_unwind>> modules_;
+  std::vector<std::unique_ptr<unwind_set_storage>> sets_;
+  counts counts_;
+  bool have_counts_ = false;
+  bool revalidate_ = false;  // the first build after release() checks kept modules' hashes
+  unwind_tables_info info_;
+};
+
+inline unwind_tables_state& unwind_tables() {
+  static unwind_tables_state* state = new unwind_tables_state();  // never destroyed: usable from atexit
+  return *state;
+}
+
+}  // namespace detail
+
+// Builds and publishes the unwind tables of every loaded module; rebuilds only when modules were loaded
+// or unloaded since the last call (call it at start and from the collector's periodic check).
+inline status build_unwind_tables() { return detail::unwind_tables().build(false); }
+
+// Unpublishes the tables (the parsed rows of loaded modules are kept for the next start). Call only when
+// no sampling handler can run any more (after stop).
+inline void release_unwind_tables() { detail::unwind_tables().release(); }
+
+inline unwind_tables_info get_unwind_tables_info() { return detail::unwind_tables().info(); }
+
+}  // namespace selfprof
+// ---- end selfprof/unwind/tables.hpp ----
+// ---- begin selfprof/wall/sampler.hpp ----
+// The wall-clock sampler (SELFPROF_MODE=wall): every thread's time, running or not, without ever
+// interrupting a blocking call.
+// Context: its own thread ("selfprof-wall"); start/stop from setup only (the profiler core).
+//
+// Why no EINTR. A signal that arrives while a thread sleeps in poll, epoll_wait, select, nanosleep, a
+// timed futex or a socket read with a timeout makes the call fail with EINTR even under SA_RESTART
+// (signal(7)); a write may return short. So this mode never sends a signal to a thread that could be in
+// the kernel:
+//  - On-CPU stacks come from a per-thread perf_event task clock that counts *user* time only
+//    (exclude_kernel). Its overflow is raised from the timer interrupt only when that interrupt landed in
+//    user mode, and the signal is delivered on the way back to that same user code: the thread is never
+//    inside a system call when it arrives. (A kernel-inclusive event, a CPU-time timer or an itimer can
+//    all fire while the thread is in the kernel on its way to sleep; the sleep then sees the pending
+//    signal and returns EINTR. Wall mode refuses them.)
+//  - Off-CPU stacks are read from outside. This thread looks at up to kWallThreadsPerTick threads per
+//    tick (round robin), each with one clock_gettime of its CPU clock. A thread whose CPU time has not
+//    moved since the last look is still blocked where it was: the stack found then is counted again
+//    (no other work). Otherwise /proc/self/task/<tid>/syscall says "running" or gives the system call,
+//    sp and pc of a blocked thread (the kernel fills it only once the thread is off the CPU); the stack
+//    above sp is copied with process_vm_readv (a short read, never a fault, if it goes away) and unwound
+//    from the copy with the CFI rows the handler uses (unwind_stack_copy). The CPU clock is read again
+//    after the copy: if it moved, the thread ran meanwhile and the copy is not used.
+//  Without a user-only perf_event (perf_event_paranoid 3, seccomp, no fds) no signal is sent at all:
+//  CPU time is still counted, from the CPU clocks, as `[running]` without a stack.
+//
+// Weights are microseconds of wall time. At each look the time since the previous look splits into the
+// thread's CPU time (on-CPU samples, from the signals, stand for it) and the rest, which is off-CPU: it
+// goes to where the thread is blocked now, to where it was blocked before when it has woken since, half
+// to each when it was blocked at both looks and ran in between, and to `[off-cpu]` when it was running at
+// both looks (it blocked and woke unseen, or waited for a CPU). Counted this way, a thread's samples add up
+// to its wall time whatever the number of threads, only more coarsely placed when there are many.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+// ---- begin selfprof/unwind/copied_stack.hpp ----
+// What walking a copied stack needs beyond the walker (signal/unwind.hpp's unwind_stack_copy): the code
+// ranges of every loaded module, which tell a return address from data when scanning for a frame record.
+// Context: the wall sampler's thread (allocates; never the signal handler).
+
+#include <link.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <utility>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+// The executable segments of every loaded module (dl_iterate_phdr), to tell a return address from data.
+class code_ranges {
+ public:
+  void refresh() {
+    ranges_.clear();
+    dl_iterate_phdr(
+        [](struct dl_phdr_info* info, std::size_t, void* self) {
+          auto* r = static_cast<std::vector<std::pair<std::uintptr_t, std::uintptr_t>>*>(self);
+          for (int i = 0; i < info->dlpi_phnum; ++i) {
+            const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+            if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X) || ph.p_memsz == 0) continue;
+            std::uintptr_t start = info->dlpi_addr + ph.p_vaddr;
+            r->emplace_back(start, start + ph.p_memsz);
+          }
+          return 0;
+        },
+        &ranges_);
+    std::sort(ranges_.begin(), ranges_.end());
+  }
+  bool contains(std::uintptr_t addr) const {
+    auto it = std::upper_bound(ranges_.begin(), ranges_.end(), std::make_pair(addr, ~std::uintptr_t(0)));
+    return it != ranges_.begin() && addr < std::prev(it)->second;
+  }
+  bool empty() const { return ranges_.empty(); }
+
+ private:
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/unwind/copied_stack.hpp ----
+// ---- begin selfprof/wall/task_state.hpp ----
+// What the wall-clock sampler learns about another thread of this process without touching it: its
+// CPU time, whether and where it is blocked (/proc/self/task/<tid>/syscall), and a copy of its stack.
+// Context: the wall sampler thread (never the signal handler).
+
+#include <fcntl.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+
+namespace selfprof {
+namespace detail {
+
+// CPU time used so far by thread `tid`, in ns; false when the thread is gone.
+inline bool thread_cpu_ns(pid_t tid, std::uint64_t& out) {
+  struct timespec ts;
+  if (clock_gettime(thread_cpu_clock(tid), &ts) != 0) return false;
+  out = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+  return true;
+}
+
+// A thread's state as /proc/self/task/<tid>/syscall gives it. The kernel fills the file only once the
+// thread is off the CPU (it waits for that, briefly), so "blocked" is exact at the time of the read.
+struct task_syscall {
+  enum kind_t { gone, running, in_syscall, blocked_other } kind = gone;
+  long nr = -1;           // system call number (in_syscall)
+  std::uintptr_t sp = 0;  // user stack pointer at the call
+  std::uintptr_t pc = 0;  // user pc: the instruction after the system call
+};
+
+// Parses the file's text: "running", "-1 <sp> <pc>", or "<nr> <6 args> <sp> <pc>" (numbers in hex
+// after the first). Anything else is `gone` (the thread exited, or the kernel said something new).
+inline task_syscall parse_task_syscall(const char* text) {
+  task_syscall t;
+  if (std::strncmp(text, "running", 7) == 0) {
+    t.kind = task_syscall::running;
+    return t;
+  }
+  char* end = nullptr;
+  errno = 0;
+  long nr = std::strtol(text, &end, 10);
+  if (end == text || errno != 0) return t;
+  unsigned long long v[8];
+  int n = 0;
+  const char* p = end;
+  while (n < 8) {
+    while (*p == ' ') ++p;
+    if (*p == '\0' || *p == '\n') break;
+    char* e = nullptr;
+    v[n] = std::strtoull(p, &e, 16);
+    if (e == p) return t;
+    ++n;
+    p = e;
+  }
+  while (*p == ' ') ++p;
+  if (*p != '\0' && *p != '\n') return t;  // more than the kernel writes
+  if (nr == -1 && n == 2) {
+    t.kind = task_syscall::blocked_other;
+  } else if (nr >= 0 && n == 8) {
+    t.kind = task_syscall::in_syscall;
+  } else {
+    return t;
+  }
+  t.nr = nr;
+  t.sp = static_cast<std::uintptr_t>(v[n - 2]);
+  t.pc = static_cast<std::uintptr_t>(v[n - 1]);
+  return t;
+}
+
+// Opens /proc/self/task/<tid>/syscall through `task_dir` (an open fd of /proc/self/task); -1 if gone.
+inline int open_task_syscall(int task_dir, pid_t tid) {
+  char path[32];
+  std::snprintf(path, sizeof path, "%d/syscall", static_cast<int>(tid));
+  return ::openat(task_dir, path, O_RDONLY | O_CLOEXEC);
+}
+
+// Reads the file afresh from an fd open_task_syscall gave (procfs regenerates it at offset 0, so one
+// fd serves every look: half the cost of open + read + close).
+inline task_syscall read_task_syscall(int fd) {
+  char buf[256];
+  ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return task_syscall{};
+  buf[n] = '\0';
+  return parse_task_syscall(buf);
+}
+
+// Copies up to `len` bytes of this process's memory from `addr` into `out`; returns the bytes copied
+// (fewer where an unmapped page begins). Never faults: the kernel does the reading (process_vm_readv,
+// else /proc/self/mem), so a thread that exits and unmaps its stack meanwhile costs a short read only.
+inline std::size_t copy_own_memory(std::uintptr_t addr, void* out, std::size_t len) {
+  struct iovec local {
+    out, len
+  };
+  struct iovec remote {
+    reinterpret_cast<void*>(addr), len
+  };
+  ssize_t n = ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0);
+  if (n >= 0) return static_cast<std::size_t>(n);
+  if (errno != ENOSYS && errno != EPERM) return 0;
+  int fd = ::open("/proc/self/mem", O_RDONLY | O_CLOEXEC);  // seccomp may forbid process_vm_readv alone
+  if (fd < 0) return 0;
+  std::size_t done = 0;
+  while (done < len) {
+    ssize_t r = ::pread(fd, static_cast<char*>(out) + done, len - done, static_cast<off_t>(addr + done));
+    if (r <= 0) break;
+    done += static_cast<std::size_t>(r);
+  }
+  ::close(fd);
+  return done;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/wall/task_state.hpp ----
+
+namespace selfprof {
+
+namespace detail {
+
+// Threads looked at per tick: bounds the sampler's cost whatever the number of threads (async-profiler
+// signals 8 per tick; a look at an unchanged thread is one clock read, at a changed one a /proc read and
+// a stack copy).
+constexpr std::size_t kWallThreadsPerTick = 16;
+// Bytes of a blocked thread's stack copied per look: deep enough for 128 typical frames.
+constexpr std::size_t kWallStackCopy = 64 * 1024;
+// /proc/self/task/<tid>/syscall fds kept open between looks (beyond this, opened per look).
+constexpr std::size_t kWallCachedFds = 1024;
+// A thread that was running at the last look and was off the CPU for less than 1/this of the time
+// since is taken to be running still, without reading /proc (a busy thread costs one clock read).
+constexpr std::uint64_t kWallBusyRatio = 20;
+
+struct wall_config {
+  double hz = 99;
+  bool oncpu_signals = true;  // on-CPU time comes as signal samples (else counted here as [running])
+  sample_ring* ring = nullptr;
+  std::size_t threads_per_tick = kWallThreadsPerTick;
+  const std::atomic<int>* wake_fd = nullptr;  // written when the ring is half full (the collector's eventfd)
+};
+
+class wall_sampler {
+ public:
+  wall_sampler() = default;
+  wall_sampler(const wall_sampler&) = delete;
+  wall_sampler& operator=(const wall_sampler&) = delete;
+  ~wall_sampler() { stop(); }
+
+  status start(const wall_config& cfg) {
+    stop();
+    cfg_ = cfg;
+    if (cfg_.threads_per_tick == 0) cfg_.threads_per_tick = 1;
+    task_dir_ = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (task_dir_ < 0) return status::error("selfprof: wall mode needs /proc/self/task: " + errno_text());
+    code_.refresh();
+    states_.clear();
+    cached_fds_ = 0;
+    order_.clear();
+    {
+      std::lock_guard<std::mutex> lock(list_mu_);
+      listed_.clear();
+      list_changed_ = true;
+    }
+    cursor_ = 0;
+    pcs_.assign(cfg_.ring ? cfg_.ring->max_depth() : 128, 0);
+    copy_.assign(kWallStackCopy, 0);
+    reset_counters();
+    status st = worker_.start("selfprof-wall", &wall_sampler::main, this);  // its tid is known from here on
+    if (!st) {
+      ::close(task_dir_);
+      task_dir_ = -1;
+    }
+    return st;
+  }
+
+  void stop() {
+    if (!worker_.running()) return;
+    worker_.stop();
+    ::close(task_dir_);
+    task_dir_ = -1;
+    for (auto& st : states_) close_fd(st.second);
+    states_.clear();
+  }
+
+  // The threads to sample (not selfprof's own), given whenever the set changes.
+  void set_threads(const std::vector<pid_t>& tids) {
+    std::lock_guard<std::mutex> lock(list_mu_);
+    listed_ = tids;
+    list_changed_ = true;
+  }
+
+  // In a forked child: the thread does not exist there; forget it without joining.
+  void abandon_after_fork() {
+    if (worker_.running()) {
+      if (task_dir_ >= 0) ::close(task_dir_);
+      task_dir_ = -1;
+      for (auto& st : states_) close_fd(st.second);  // this process's copies of the fds
+      states_.clear();
+    }
+    worker_.abandon_after_fork();
+    new (&list_mu_) std::mutex();
+  }
+
+  pid_t tid() const { return worker_.tid(); }
+
+  wall_stats counters() const {
+    wall_stats c;
+    c.ticks = n_ticks_.load(std::memory_order_relaxed);
+    c.looks = n_looks_.load(std::memory_order_relaxed);
+    c.unchanged = n_unchanged_.load(std::memory_order_relaxed);
+    c.proc_reads = n_proc_reads_.load(std::memory_order_relaxed);
+    c.copies = n_copies_.load(std::memory_order_relaxed);
+    c.raced = n_raced_.load(std::memory_order_relaxed);
+    c.scanned = n_scanned_.load(std::memory_order_relaxed);
+    c.deferred = n_deferred_.load(std::memory_order_relaxed);
+    c.dropped = n_dropped_.load(std::memory_order_relaxed);
+    c.offcpu_us = n_offcpu_us_.load(std::memory_order_relaxed);
+    c.cpu_ns = n_cpu_ns_.load(std::memory_order_relaxed);
+    return c;
+  }
+
+ private:
+  struct thread_state {
+    std::uint64_t last_ns = 0;   // CLOCK_MONOTONIC of the last look (0: never looked at)
+    std::uint64_t last_cpu = 0;  // its CPU clock then
+    std::uint64_t carry_ns = 0;  // off-CPU time below one microsecond, kept for the next record
+    bool blocked = false;        // blocked at the last look; stack/flags say where
+    std::uint16_t flags = 0;
+    std::vector<std::uint64_t> stack;
+    bool listed = true;
+    int fd = -1;  // its /proc/self/task/<tid>/syscall, kept open
+  };
+
+  static std::string errno_text() { return std::strerror(errno); }
+
+  void reset_counters() {
+    for (auto* c : {&n_ticks_, &n_looks_, &n_unchanged_, &n_proc_reads_, &n_copies_, &n_raced_, &n_scanned_,
+                    &n_deferred_, &n_dropped_, &n_offcpu_us_, &n_cpu_ns_})
+      c->store(0, std::memory_order_relaxed);
+  }
+  static void bump(std::atomic<std::uint64_t>& c, std::uint64_t by = 1) {
+    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);  // one writer
+  }
+
+  static void main(void* self) { static_cast<wall_sampler*>(self)->loop(); }
+
+  void loop() {
+    const std::uint64_t period = static_cast<std::uint64_t>(1e9 / (cfg_.hz > 0 ? cfg_.hz : 99));
+    std::uint64_t next = monotonic_ns() + period;
+    std::uint64_t generation = loader_generation();
+    for (;;) {
+      std::uint64_t now = monotonic_ns();
+      if (now < next) {
+        if (!worker_.wait_ns(static_cast<std::int64_t>(next - now))) break;  // stop
+        continue;
+      }
+      next += period;
+      if (next < now) next = now + period;  // fell behind (suspended, overloaded): do not catch up
+      bump(n_ticks_);
+      std::uint64_t g = loader_generation();
+      if (g != generation) {
+        generation = g;
+        code_.refresh();
+      }
+      tick(now);
+      struct timespec cpu;
+      if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
+        n_cpu_ns_.store(
+            static_cast<std::uint64_t>(cpu.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(cpu.tv_nsec),
+            std::memory_order_relaxed);
+    }
+  }
+
+  void refresh_order() {
+    {
+      std::lock_guard<std::mutex> lock(list_mu_);
+      if (!list_changed_) return;
+      list_changed_ = false;
+      order_ = listed_;
+    }
+    pid_t self = worker_.tid();
+    order_.erase(std::remove(order_.begin(), order_.end(), self), order_.end());
+    std::sort(order_.begin(), order_.end());
+    for (auto& s : states_) s.second.listed = false;
+    for (pid_t t : order_) states_[t].listed = true;
+    for (auto it = states_.begin(); it != states_.end();) {
+      if (it->second.listed) {
+        ++it;
+        continue;
+      }
+      close_fd(it->second);
+      it = states_.erase(it);
+    }
+  }
+
+  void tick(std::uint64_t now) {
+    refresh_order();
+    if (order_.empty()) return;
+    std::size_t n = std::min(cfg_.threads_per_tick, order_.size());
+    if (order_.size() > n) bump(n_deferred_, order_.size() - n);
+    if (cursor_ >= order_.size()) cursor_ = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      pid_t tid = order_[(cursor_ + i) % order_.size()];
+      look(tid, states_[tid], now);
+    }
+    cursor_ = (cursor_ + n) % order_.size();
+  }
+
+  void look(pid_t tid, thread_state& st, std::uint64_t now) {
+    bump(n_looks_);
+    std::uint64_t cpu = 0;
+    if (!thread_cpu_ns(tid, cpu)) return;  // gone; dropped at the next list refresh
+    const bool first = st.last_ns == 0;
+    const std::uint64_t wall = first || now < st.last_ns ? 0 : now - st.last_ns;
+    const std::uint64_t ran = cpu >= st.last_cpu ? cpu - st.last_cpu : 0;
+    const std::uint64_t off = first ? 0 : wall > ran ? wall - ran : 0;
+    st.last_ns = now;
+    st.last_cpu = cpu;
+    if (!first && ran == 0 && st.blocked) {  // still where it was: count it again, nothing else to do
+      bump(n_unchanged_);
+      emit_offcpu(tid, st, st, off, now);
+      return;
+    }
+    if (!first && ran > 0 && !cfg_.oncpu_signals) emit_running(tid, ran, now);
+    if (!first && !st.blocked && off * kWallBusyRatio < wall) {  // busy: still running
+      emit_offcpu(tid, st, unseen(), off, now);
+      return;
+    }
+    bump(n_proc_reads_);
+    task_syscall ts = read_syscall_file(tid, st);
+    thread_state before;  // where it was blocked at the last look, if it was
+    const bool was_blocked = st.blocked;
+    if (was_blocked) {
+      before.flags = st.flags;
+      before.stack.swap(st.stack);
+    }
+    st.blocked = false;
+    if (ts.kind == task_syscall::in_syscall || ts.kind == task_syscall::blocked_other)
+      st.blocked = capture_blocked(tid, ts, cpu, st);
+    if (first) return;
+    if (st.blocked && was_blocked) {  // woke from one wait, ran, and waits again: half to each
+      emit_offcpu(tid, st, before, off / 2, now);
+      emit_offcpu(tid, st, st, off - off / 2, now);
+    } else if (st.blocked) {
+      emit_offcpu(tid, st, st, off, now);
+    } else if (was_blocked) {
+      emit_offcpu(tid, st, before, off, now);
+    } else {
+      emit_offcpu(tid, st, unseen(), off, now);
+    }
+  }
+
+  void close_fd(thread_state& st) {
+    if (st.fd >= 0) {
+      ::close(st.fd);
+      --cached_fds_;
+    }
+    st.fd = -1;
+  }
+
+  task_syscall read_syscall_file(pid_t tid, thread_state& st) {
+    if (st.fd >= 0) return read_task_syscall(st.fd);
+    int fd = open_task_syscall(task_dir_, tid);
+    if (fd < 0) return task_syscall{};
+    task_syscall ts = read_task_syscall(fd);
+    if (cached_fds_ < kWallCachedFds) {
+      st.fd = fd;
+      ++cached_fds_;
+    } else {
+      ::close(fd);
+    }
+    return ts;
+  }
+
+  // Where off-CPU time goes when the sampler did not see where: no stack, no call ([off-cpu]).
+  static const thread_state& unseen() {
+    static const thread_state where = [] {
+      thread_state w;
+      w.flags = sample_offcpu;
+      return w;
+    }();
+    return where;
+  }
+
+  // Copies and unwinds the stack of a thread blocked at `ts`; false when it ran meanwhile.
+  bool capture_blocked(pid_t tid, const task_syscall& ts, std::uint64_t cpu, thread_state& st) {
+    std::size_t got = ts.sp ? copy_own_memory(ts.sp, copy_.data(), copy_.size()) : 0;
+    std::uint64_t cpu_after = 0;
+    if (!thread_cpu_ns(tid, cpu_after) || cpu_after != cpu) {
+      bump(n_raced_);
+      return false;
+    }
+    bump(n_copies_);
+    stack_copy mem;
+    mem.base = ts.sp;
+    mem.data = copy_.data();
+    mem.size = got;
+    unwind_result u = unwind_stack_copy(g_unwind_tables.load(std::memory_order_acquire), ts.pc, mem, code_,
+                                        pcs_.data(), pcs_.size());
+    if (u.scanned) bump(n_scanned_);
+    st.stack.assign(pcs_.begin(), pcs_.begin() + static_cast<std::ptrdiff_t>(u.depth));
+    std::uint32_t call = ts.kind == task_syscall::in_syscall && ts.nr >= 0 && ts.nr < 0xFFE
+                             ? static_cast<std::uint32_t>(ts.nr + 1)
+                             : 0;
+    st.flags = static_cast<std::uint16_t>(sample_offcpu | (u.truncated ? sample_truncated : 0) |
+                                          (call << kSampleCallShift));
+    return true;
+  }
+
+  void emit_offcpu(pid_t tid, thread_state& st, const thread_state& where, std::uint64_t off_ns,
+                   std::uint64_t now) {
+    st.carry_ns += off_ns;
+    std::uint64_t us = st.carry_ns / 1000;
+    if (us == 0) return;
+    st.carry_ns -= us * 1000;
+    if (us > 0xFFFFFFFFu) us = 0xFFFFFFFFu;
+    bump(n_offcpu_us_, us);
+    push(tid, where.stack.data(), where.stack.size(), where.flags, static_cast<std::uint32_t>(us), now);
+  }
+
+  void emit_running(pid_t tid, std::uint64_t ran_ns, std::uint64_t now) {
+    std::uint64_t us = ran_ns / 1000;
+    if (us == 0) return;
+    if (us > 0xFFFFFFFFu) us = 0xFFFFFFFFu;
+    push(tid, nullptr, 0, sample_running, static_cast<std::uint32_t>(us), now);
+  }
+
+  void push(pid_t tid, const std::uint64_t* pcs, std::size_t depth, std::uint16_t flags, std::uint32_t weight,
+            std::uint64_t now) {
+    sample_ring* ring = cfg_.ring;
+    if (ring == nullptr) return;
+    std::uint64_t pos = 0;
+    ring_slot* slot = ring->claim(pos);
+    if (slot == nullptr) {
+      bump(n_dropped_);
+      return;
+    }
+    if (depth > ring->max_depth()) depth = ring->max_depth();
+    if (depth) std::memcpy(slot->pcs(), pcs, depth * sizeof(std::uint64_t));
+    sample_header& h = slot->header;
+    h.tid = static_cast<std::uint32_t>(tid);
+    h.depth = static_cast<std::uint16_t>(depth);
+    h.flags = flags;
+    h.weight = weight;
+    h.time_ns = now;
+    h.tag = 0;
+    sample_ring::publish(slot, pos);
+    const std::uint64_t half = ring->capacity() / 2;
+    const int fd = cfg_.wake_fd ? cfg_.wake_fd->load(std::memory_order_acquire) : -1;
+    if (half != 0 && pos % half == half - 1 && fd >= 0) {
+      const std::uint64_t one = 1;
+      raw_syscall3(SYS_write, fd, reinterpret_cast<long>(&one), sizeof one);
+    }
+  }
+
+  wall_config cfg_;
+  worker worker_;  // "selfprof-wall"
+  int task_dir_ = -1;
+  std::size_t cached_fds_ = 0;
+  code_ranges code_;
+  std::unordered_map<pid_t, thread_state> states_;
+  std::vector<pid_t> order_;
+  std::mutex list_mu_;  // listed_, list_changed_
+  std::vector<pid_t> listed_;
+  bool list_changed_ = false;
+  std::size_t cursor_ = 0;
+  std::vector<std::uint64_t> pcs_;
+  std::vector<unsigned char> copy_;
+  std::atomic<std::uint64_t> n_ticks_{0}, n_looks_{0}, n_unchanged_{0}, n_proc_reads_{0}, n_copies_{0},
+      n_raced_{0}, n_scanned_{0}, n_deferred_{0}, n_dropped_{0}, n_offcpu_us_{0}, n_cpu_ns_{0};
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/wall/sampler.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+constexpr unsigned kCollectorWakeMs = 50;
+constexpr unsigned kCollectorBusyWakeMs = 500;
+constexpr unsigned kFullThreadScanMs = 500;  // full /proc/self/task scan even when the count is stable
+constexpr unsigned kSymbolRefreshMs = 200;   // module snapshot while samples arrive and libraries change
+
+struct collector_config {
+  sample_ring* ring = nullptr;
+  sample_store* store = nullptr;
+  thread_registry* threads = nullptr;
+  session_info* session = nullptr;
+  shared_symbolizer* symbols = nullptr;
+  source_config sources;            // what the contention upgrade opens its event with
+  bool upgrade = false;             // auto chose the CPU timer: may switch to perf_event under contention
+  bool wall = false;                // wall mode: the short period
+  bool unwind_rows = false;         // rebuild the handler's CFI rows when libraries come and go
+  std::vector<pid_t> own;           // selfprof's other threads, never armed
+  wall_sampler* sampler = nullptr;  // wall mode: the wall sampler, told the threads to look at
+};
+
+class collector {
+ public:
+  collector() = default;
+  collector(const collector&) = delete;
+  collector& operator=(const collector&) = delete;
+
+  // Starts the thread; the signal handler wakes it through g_handler.wake_fd from now on.
+  status start(const collector_config& c) {
+    config_ = c;
+    wakes_.store(0, std::memory_order_relaxed);
+    contention_.reset(c.upgrade);
+    listed_generation_ = ~std::uint64_t(0);
+    task_dir_fd_ = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    status st = worker_.start("selfprof", &collector::main, this);
+    if (!st) {
+      close_task_dir();
+      return st;
+    }
+    g_handler.task_links.store(0, std::memory_order_relaxed);  // the first scan sets it
+    g_handler.task_dir_fd.store(task_dir_fd_, std::memory_order_release);
+    g_handler.wake_fd.store(worker_.wake_fd(), std::memory_order_release);
+    return status::ok();
+  }
+
+  // Stops the thread. The handler no longer wakes it (it may still run: its write then goes nowhere).
+  void stop() {
+    g_handler.next_thread_check.store(0, std::memory_order_relaxed);
+    g_handler.wake_fd.store(-1, std::memory_order_release);
+    g_handler.task_dir_fd.store(-1, std::memory_order_release);
+    worker_.stop();
+  }
+
+  // After the last handler returned: the fd the handler fstat()s can go.
+  void close_task_dir() {
+    if (task_dir_fd_ >= 0) ::close(task_dir_fd_);
+    task_dir_fd_ = -1;
+  }
+
+  void wake() const { worker_.wake(); }
+  pid_t tid() const { return worker_.tid(); }
+  std::uint64_t wakes() const { return wakes_.load(std::memory_order_relaxed); }
+
+  void abandon_after_fork() {
+    g_handler.wake_fd.store(-1, std::memory_order_release);
+    g_handler.task_dir_fd.store(-1, std::memory_order_release);
+    worker_.abandon_after_fork();
+    close_task_dir();
+  }
+
+ private:
+  static void main(void* self) { static_cast<collector*>(self)->loop(); }
+
+  // The thread count from the link count of /proc/self/task (2 + threads), -1 when unknown.
+  long task_links() const {
+    struct stat st {};
+    if (task_dir_fd_ < 0 || ::fstat(task_dir_fd_, &st) != 0) return -1;
+    return static_cast<long>(st.st_nlink);
+  }
+
+  int wait_ms(bool ticks_arrive, bool boosting) const {
+    unsigned ms = kCollectorWakeMs;
+    if (ticks_arrive && !config_.wall && !boosting && task_dir_fd_ >= 0) ms = kCollectorBusyWakeMs;
+    if (contention_.active() && contention_.period_ms() < ms) ms = contention_.period_ms();
+    return static_cast<int>(ms);
+  }
+
+  std::vector<pid_t> own_threads() const {
+    std::vector<pid_t> own = config_.own;
+    own.push_back(worker_.tid());
+    if (const pid_t jit = jit_flusher_tid()) own.push_back(jit);
+    return own;
+  }
+
+  void loop() {
+    const auto start = std::chrono::steady_clock::now();
+    auto last_full_scan = start;
+    auto last_sym = start;
+    long last_count = -1;  // scan at once: threads may have started since start() looked
+    std::uint64_t last_generation = loader_generation();
+    std::uint64_t last_total = 0;
+    std::uint64_t last_taken = g_handler.taken.load(std::memory_order_relaxed);
+    bool ticks_arrive = false;
+    bool boosting = false;
+    while (worker_.wait(wait_ms(ticks_arrive, boosting))) {
+      wakes_.fetch_add(1, std::memory_order_relaxed);
+      config_.store->drain(*config_.ring);
+      const std::uint64_t total = config_.store->total();
+      const auto now = std::chrono::steady_clock::now();
+      const std::uint64_t taken = g_handler.taken.load(std::memory_order_relaxed);
+      ticks_arrive = taken != last_taken;
+      last_taken = taken;
+      const long count = task_links();  // read before the scan: a thread born after it changes the count
+      const bool full = now - last_full_scan >= std::chrono::milliseconds(kFullThreadScanMs);
+      boosting = boost_game_frame_threads();
+      if (count != last_count || full || count < 0) {
+        config_.threads->scan(own_threads());
+        for (auto& n : config_.threads->take_notes()) config_.session->note(n);
+        if (config_.sampler && config_.threads->list_if_changed(listed_generation_, listed_))
+          config_.sampler->set_threads(listed_);
+        last_count = count;
+        last_full_scan = now;
+      }
+      if (ticks_arrive && contention_.due(now)) check_contention(now);
+      if (count >= 0) {  // the handler compares with this; its next check is at most kThreadCheckNs away
+        g_handler.task_links.store(static_cast<std::uint64_t>(count), std::memory_order_relaxed);
+        std::uint64_t zero = 0;
+        g_handler.next_thread_check.compare_exchange_strong(zero, monotonic_ns() + kThreadCheckNs,
+                                                            std::memory_order_relaxed);
+      }
+      if (config_.unwind_rows)  // nearly free when no module came or went; under the lock fork() takes
+        config_.symbols->locked([] { build_unwind_tables(); });
+      // A library loaded while profiling is parsed while it is still mapped, so its samples keep their
+      // names after a dlclose. Nothing to do while no library comes or goes.
+      const std::uint64_t generation = loader_generation();
+      if (generation != last_generation && total != last_total &&
+          now - last_sym >= std::chrono::milliseconds(kSymbolRefreshMs)) {
+        config_.symbols->refresh();
+        last_sym = now;
+        last_total = total;
+        last_generation = generation;
+      }
+    }
+  }
+
+  // SELFPROF_FRAME_HZ on threads that started marking game frames; true while such a rate is set.
+  bool boost_game_frame_threads() {
+    const double hz = config_.store->game_frame_hz();
+    for (std::uint32_t tid : config_.store->to_boost()) {
+      status st = config_.threads->set_thread_rate(static_cast<pid_t>(tid), hz);
+      if (st.code() == EAGAIN) continue;  // not armed yet: at the next wake
+      if (!st)
+        config_.session->note("SELFPROF_FRAME_HZ not applied to thread " + std::to_string(tid) + ": " +
+                              st.message());
+      config_.store->boost_tried(tid, static_cast<bool>(st));  // tried once either way
+    }
+    return hz != config_.sources.hz;
+  }
+
+  void check_contention(std::chrono::steady_clock::time_point now) {
+    double share = 0;
+    if (!contention_.check(config_.store->samples_by_thread(), now, share)) return;
+    char why[160];
+    std::snprintf(why, sizeof why, "sampled threads waited for a CPU %.0f%% of their run time", 100 * share);
+    std::string why_not;
+    std::unique_ptr<tick_source> perf = open_upgrade_source(config_.sources, why_not);
+    if (!perf) {
+      config_.session->note(std::string(why) +
+                            ": CPU timers may alias with the tick; no perf_event with kernel time to switch "
+                            "to (" +
+                            why_not + ")");
+      return;
+    }
+    source_info s;
+    s.kind = perf->kind();
+    s.detail = perf->describe();
+    s.effective_hz = perf->effective_hz();
+    s.kernel_time = perf->counts_kernel_time();
+    s.reason = std::string("switched from the CPU timer: ") + why +
+               ", so CPU timers would sample on the tick lattice (aliasing); perf_event has an exact period";
+    thread_registry::switch_result r = config_.threads->switch_primary(std::move(perf));
+    config_.store->forget_boosted();  // boosted threads are boosted again on the new source
+    config_.session->set_source(s);
+    config_.session->note("switched to " + s.detail + " (" + why + "); " + std::to_string(r.moved) +
+                          " threads moved" +
+                          (r.kept ? ", " + std::to_string(r.kept) + " kept their timer" : ""));
+  }
+
+  collector_config config_;
+  worker worker_;
+  contention_monitor contention_;
+  int task_dir_fd_ = -1;  // /proc/self/task (handler_globals::task_dir_fd)
+  std::uint64_t listed_generation_ = ~std::uint64_t(0);
+  std::vector<pid_t> listed_;
+  std::atomic<std::uint64_t> wakes_{0};
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/collect/collector.hpp ----
+// ---- begin selfprof/collect/handler_counters.hpp ----
+// The signal handler's counters, read together: they only grow for the life of the process, so a session
+// reports what changed since it began.
+// Context: any thread except the signal handler.
+
+#include <cstdint>
+
+
+namespace selfprof {
+namespace detail {
+
+struct handler_counts {
+  std::uint64_t taken = 0, full = 0, inactive = 0, foreign = 0, truncated = 0;
+  std::uint64_t thread_checks = 0, thread_wakes = 0;
+
+  static handler_counts now() {
+    const handler_globals& g = g_handler;
+    handler_counts c;
+    c.taken = g.taken.load(std::memory_order_relaxed);
+    c.full = g.dropped_full.load(std::memory_order_relaxed);
+    c.inactive = g.dropped_inactive.load(std::memory_order_relaxed);
+    c.foreign = g.foreign.load(std::memory_order_relaxed);
+    c.truncated = g.truncated.load(std::memory_order_relaxed);
+    c.thread_checks = g.thread_checks.load(std::memory_order_relaxed);
+    c.thread_wakes = g.thread_wakes.load(std::memory_order_relaxed);
+    return c;
+  }
+  handler_counts since(const handler_counts& base) const {
+    handler_counts d;
+    d.taken = taken - base.taken;
+    d.full = full - base.full;
+    d.inactive = inactive - base.inactive;
+    d.foreign = foreign - base.foreign;
+    d.truncated = truncated - base.truncated;
+    d.thread_checks = thread_checks - base.thread_checks;
+    d.thread_wakes = thread_wakes - base.thread_wakes;
+    return d;
+  }
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/collect/handler_counters.hpp ----
+// ---- begin selfprof/core/auto_dumps.hpp ----
+// Dumps the program does not ask for itself: on the dump signal (SIGUSR2 by default) and every
+// SELFPROF_INTERVAL seconds, written by the dumper thread ("selfprof-dump") through the one dump path
+// (dump/dump.hpp), so the collector keeps draining while a dump is symbolized and written. Requests that
+// arrive while a dump is being written are answered together by the next one.
+// Context: setup only (start/stop); the dumper thread; flush() from any thread.
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <new>
+#include <string>
+
+// ---- begin selfprof/core/snapshots.hpp ----
+// Snapshots of the running (or last) session: the folded stacks with what the profile is about — mode,
+// unit, source, rate, duration, what was dropped, the notes that belong in every profile — symbolized
+// for a dump, with the slow game frames beside them when frames were marked.
+// Context: any thread except the signal handler (the dumper thread, API callers); begin/end from setup.
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+// ---- begin selfprof/dump/dump.hpp ----
+// One dump, whatever asked for it (the API, the dump signal, the interval, exit): the JIT perf map is
+// flushed first, then every file is written under one dump number and one time — the profile in each
+// format of the path list, the off-CPU part of a wall profile ("-offcpu" before the extension) and the
+// slow game frames when frames were marked ("-slow") — each with the same titles.
+// Context: any thread except the signal handler (the dumper thread, an API caller, exit).
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+// ---- begin selfprof/dump/paths.hpp ----
+// Dump path templates: %p pid, %t unix time, %n dump number, %f rank of a worst game frame, %% a percent
+// sign; comma-separated lists; a tag before a path's extension for companion files.
+// Context: any thread except the signal handler.
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <ctime>
+#include <string>
+#include <vector>
+
+namespace selfprof {
+namespace detail {
+
+// Where dumps go when SELFPROF_OUT is not set: the working directory, one SVG per dump.
+constexpr const char* kDefaultDumpTemplate = "selfprof-%p-%n.svg";
+
+// The values a template's fields take in one dump: every file of a dump gets the same number and time.
+struct path_fields {
+  unsigned long number = 0;
+  long long unix_time = 0;
+  std::string rank;  // %f: empty when the dump has no ranks
+};
+
+inline path_fields fields_now(unsigned long number) {
+  path_fields f;
+  f.number = number;
+  f.unix_time = static_cast<long long>(std::time(nullptr));
+  return f;
+}
+
+inline std::string expand_path_template(const std::string& tmpl, const path_fields& f) {
+  std::string out;
+  for (std::size_t i = 0; i < tmpl.size(); ++i) {
+    if (tmpl[i] != '%' || i + 1 == tmpl.size()) {
+      out += tmpl[i];
+      continue;
+    }
+    const char c = tmpl[++i];
+    if (c == 'p')
+      out += std::to_string(::getpid());
+    else if (c == 't')
+      out += std::to_string(f.unix_time);
+    else if (c == 'n')
+      out += std::to_string(f.number);
+    else if (c == 'f' && !f.rank.empty())
+      out += f.rank;
+    else if (c == '%')
+      out += '%';
+    else {
+      out += '%';
+      out += c;
+    }
+  }
+  return out;
+}
+
+inline std::vector<std::string> split_paths(const std::string& list) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    std::size_t comma = list.find(',', start);
+    std::string part = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!part.empty()) out.push_back(part);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// `path` with `tag` inserted before its extension (".pb.gz" counts as one): "cpu.svg" -> "cpu-slow.svg".
+inline std::string insert_before_extension(const std::string& path, const std::string& tag) {
+  std::size_t slash = path.find_last_of('/');
+  std::size_t base = slash == std::string::npos ? 0 : slash + 1;
+  std::size_t dot = path.size();
+  if (path.size() > base + 6 && path.compare(path.size() - 6, 6, ".pb.gz") == 0)
+    dot = path.size() - 6;
+  else if (path.find('.', base + 1) != std::string::npos)
+    dot = path.find_last_of('.');
+  return path.substr(0, dot) + tag + path.substr(dot);
+}
+
+// The number of the next dump of this process (1, 2, ...), whatever triggered it.
+inline unsigned long next_dump_number() {
+  static std::atomic<unsigned long> n{0};
+  return n.fetch_add(1) + 1;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/dump/paths.hpp ----
+// ---- begin selfprof/output/format.hpp ----
+// Output formats by file extension and the one dispatch from a profile to the bytes of any format, plus
+// the render-and-write-atomically step a dump or the CLI performs for one path.
+// Context: any thread except the signal handler (the collector thread on a dump, or the CLI).
+//
+// Extensions (matched case-insensitively at the end of the path's last component):
+//   .folded .collapsed → folded stacks    .txt → top list    .pb.gz .pprof → gzipped pprof
+//   .svg → flame graph (detail::write_svg of output/svg.hpp, written by the SVG part)
+// Anything else is an error that names the path and lists the extensions.
+
+#include <string>
+#include <utility>
+
+// ---- begin selfprof/output/folded.hpp ----
+// The folded ("collapsed") stack writer: `root;...;leaf COUNT` lines that flamegraph.pl, inferno,
+// speedscope and Pyroscope read, keeping the rules each of them imposes on a line (listed below).
+// Context: any thread except the signal handler (a pure function of the profile).
+//
+// What it promises:
+//  - One line per distinct stack *by name*: stacks that differ only in addresses, modules or source
+//    lines are merged (their counts added, saturating at 2^64-1). Lines are sorted bytewise, counts
+//    are decimal integers, zero counts are omitted, LF line endings. Same profile in, same bytes out.
+//  - Counts are whatever `profile_info::unit` says (samples for cpu/wall profiles); never periods.
+//  - Frame names are made safe (`folded_frame_name`): `;` becomes `:`, CR/LF/NUL are removed, other
+//    control characters become spaces, invalid UTF-8 bytes become U+FFFD, trailing spaces are cut, an
+//    ending "<space><digits>" gets `_` instead of the space (so no reader mistakes it for a count
+//    column), an empty name becomes `[unknown]`. Kinds get the flamegraph.pl annotations: kernel
+//    `_[k]`, jit `_[j]`, inlined `_[i]`; markers and native frames get none.
+//  - `folded_options::thread_roots` adds a root frame per thread in async-profiler's `-t` convention,
+//    `[name tid=N]` (or `[tid=N]` when the thread has no name). We chose it over stackcollapse-perf's
+//    `comm-PID/TID` because the profile is of one process (the PID adds nothing), because the
+//    brackets mark the frame as synthetic, and because it cannot be confused with a function name.
+//    Stacks with tid 0 (merged/unknown) get no thread root.
+//  - A stack with `truncated` set gets a `[truncated]` marker right after its thread root (at the
+//    root side, where frames are missing). A stack whose frames already start with such markers
+//    (e.g. one read back by parse_folded) does not get them twice, so write→parse→write is stable.
+//  - Every line, LF included, is at most `max_line_bytes` (default 65535, under Pyroscope's 64 KiB
+//    scanner limit). A longer line loses frames at the root side (the thread root is kept) and gets
+//    the `[truncated]` marker instead; a single frame longer than the limit is cut at a UTF-8 boundary.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/output/text.hpp ----
+// Locale-independent number formatting and UTF-8 checks for the text writers (printf's %f follows LC_NUMERIC,
+// which a host program may have set to a locale with a decimal comma; our bytes must not depend on it),
+// and the one index sort every writer uses.
+// Context: any thread except the signal handler.
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace selfprof {
+namespace detail {
+
+// `v` rounded to `decimals` places (0..9), with '.' as the decimal point: 2.5 → "2.500".
+// NaN and infinities print as "nan", "inf", "-inf"; magnitudes past 2^63 lose precision.
+inline std::string format_fixed(double v, int decimals) {
+  if (v != v) return "nan";
+  if (v > std::numeric_limits<double>::max() || v < -std::numeric_limits<double>::max())
+    return v < 0 ? "-inf" : "inf";
+  if (decimals < 0) decimals = 0;
+  if (decimals > 9) decimals = 9;
+  std::uint64_t scale = 1;
+  for (int i = 0; i < decimals; ++i) scale *= 10;
+  const bool negative = v < 0;
+  const long double scaled =
+      (negative ? -static_cast<long double>(v) : static_cast<long double>(v)) * scale + 0.5L;
+  const std::uint64_t n = scaled >= 18446744073709551615.0L ? UINT64_MAX : static_cast<std::uint64_t>(scaled);
+  std::string out = std::to_string(n / scale);
+  if (decimals > 0) {
+    std::string frac = std::to_string(n % scale);
+    out += '.';
+    out.append(static_cast<std::size_t>(decimals) - frac.size(), '0');
+    out += frac;
+  }
+  if (negative && n != 0) out.insert(out.begin(), '-');
+  return out;
+}
+
+// a += b, stopping at the largest count instead of wrapping (counts read from files can be anything).
+inline void add_saturating(std::uint64_t& a, std::uint64_t b) { a = (a + b < a) ? UINT64_MAX : a + b; }
+
+// Integral values without decimals ("99"), others with up to `decimals` places, trailing zeros cut.
+inline std::string format_compact(double v, int decimals = 3) {
+  std::string s = format_fixed(v, decimals);
+  if (s.find('.') == std::string::npos) return s;
+  while (s.back() == '0') s.pop_back();
+  if (s.back() == '.') s.pop_back();
+  return s;
+}
+
+// Length of the valid UTF-8 sequence starting at s[i], or 0 when it is not valid (overlong forms,
+// surrogates and code points above U+10FFFF are invalid); `cp` receives the code point.
+inline std::size_t utf8_decode(std::string_view s, std::size_t i, std::uint32_t& cp) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  cp = b0;
+  if (b0 < 0x80) return 1;
+  std::size_t len;
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    len = 2;
+    cp = b0 & 0x1Fu;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    len = 3;
+    cp = b0 & 0x0Fu;
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    len = 4;
+    cp = b0 & 0x07u;
+  } else {
+    return 0;
+  }
+  if (i + len > s.size()) return 0;
+  for (std::size_t k = 1; k < len; ++k) {
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    if ((b & 0xC0u) != 0x80u) return 0;
+    cp = (cp << 6) | (b & 0x3Fu);
+  }
+  if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))) return 0;
+  if (cp >= 0xD800 && cp <= 0xDFFF) return 0;
+  return len;
+}
+
+inline std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
+  std::uint32_t cp = 0;
+  return utf8_decode(s, i, cp);
+}
+
+// Appends `s` with control characters as spaces and invalid UTF-8 bytes as U+FFFD (for header lines).
+inline void append_printable(std::string& out, std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto u = static_cast<unsigned char>(s[i]);
+    if (u >= 0x80) {
+      const std::size_t len = utf8_sequence_length(s, i);
+      if (len == 0) {
+        out += "\xEF\xBF\xBD";
+        ++i;
+      } else {
+        out.append(s.data() + i, len);
+        i += len;
+      }
+      continue;
+    }
+    out += (u < 0x20 || u == 0x7F) ? ' ' : s[i];
+    ++i;
+  }
+}
+
+// Sorts `order` (indices into something `context` points to) by `less`. The writers sort rows, lines and
+// paths through this one function so that the program holds a single std::sort of indices instead of one
+// per comparator (each is a few kilobytes of code to compile). Ties keep no particular order: a `less`
+// that must be stable breaks them by index.
+using index_less = bool (*)(const void* context, std::uint32_t a, std::uint32_t b);
+
+inline void sort_indices(std::vector<std::uint32_t>& order, index_less less, const void* context) {
+  struct by_less {
+    index_less less;
+    const void* context;
+    bool operator()(std::uint32_t a, std::uint32_t b) const { return less(context, a, b); }
+  };
+  std::sort(order.begin(), order.end(), by_less{less, context});
+}
+
+// 0, 1, ..., n-1.
+inline std::vector<std::uint32_t> identity_order(std::size_t n) {
+  std::vector<std::uint32_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<std::uint32_t>(i);
+  return order;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/output/text.hpp ----
+
+namespace selfprof {
+
+struct folded_options {
+  bool thread_roots = false;           // prefix `[name tid=N]` (see above)
+  bool annotate = true;                // `_[k]` `_[j]` `_[i]` suffixes
+  std::size_t max_line_bytes = 65535;  // per line including LF; 0 = no limit
+};
+
+namespace detail {
+
+inline constexpr std::string_view truncated_marker = "[truncated]";
+inline constexpr std::string_view unknown_frame = "[unknown]";
+
+// Appends `name` made safe for a folded line (the rules in the header comment, without annotation).
+inline void append_folded_name(std::string& out, std::string_view name) {
+  const std::size_t start = out.size();
+  for (std::size_t i = 0; i < name.size();) {
+    const char c = name[i];
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x80) {
+      const std::size_t len = utf8_sequence_length(name, i);
+      if (len == 0) {
+        out += "\xEF\xBF\xBD";
+        ++i;
+      } else {
+        out.append(name.data() + i, len);
+        i += len;
+      }
+      continue;
+    }
+    if (c == '\r' || c == '\n' || c == '\0') {
+    } else if (c == ';') {
+      out += ':';
+    } else if (u < 0x20 || u == 0x7F) {
+      out += ' ';
+    } else {
+      out += c;
+    }
+    ++i;
+  }
+  while (out.size() > start && out.back() == ' ') out.pop_back();
+  // "<space><digits>[.<digits>]" at the end would read as a count column: replace that space.
+  std::size_t j = out.size();
+  while (j > start && out[j - 1] >= '0' && out[j - 1] <= '9') --j;
+  if (j < out.size() && j > start && out[j - 1] == '.') {
+    std::size_t k = j - 1;
+    while (k > start && out[k - 1] >= '0' && out[k - 1] <= '9') --k;
+    if (k < j - 1) j = k;
+  }
+  if (j < out.size() && j > start && out[j - 1] == ' ') out[j - 1] = '_';
+  if (out.size() == start) out += unknown_frame;
+}
+
+inline std::string_view kind_annotation(frame_kind kind) {
+  switch (kind) {
+    case frame_kind::kernel:
+      return "_[k]";
+    case frame_kind::jit:
+      return "_[j]";
+    case frame_kind::inlined:
+      return "_[i]";
+    default:
+      return {};
+  }
+}
+
+// The folded text of one frame: the safe name plus its annotation.
+inline std::string folded_frame_name(const frame& f, bool annotate = true) {
+  std::string out;
+  append_folded_name(out, f.name);
+  if (annotate) out += kind_annotation(f.kind);
+  return out;
+}
+
+// `[name tid=N]` or `[tid=N]`; the name is made safe like a frame name.
+inline std::string thread_root_name(std::uint32_t tid, const std::string& name) {
+  std::string out = "[";
+  if (!name.empty()) {
+    std::string safe;
+    append_folded_name(safe, name);
+    if (safe != unknown_frame) {
+      out += safe;
+      out += ' ';
+    }
+  }
+  out += "tid=";
+  out += std::to_string(tid);
+  out += ']';
+  return out;
+}
+
+inline bool is_thread_root_name(std::string_view name) {
+  if (name.size() < 7 || name.front() != '[' || name.back() != ']') return false;
+  const auto pos = name.rfind("tid=");
+  if (pos == std::string_view::npos || (pos != 1 && name[pos - 1] != ' ')) return false;
+  const std::size_t digits_begin = pos + 4, digits_end = name.size() - 1;
+  if (digits_begin == digits_end) return false;
+  for (std::size_t i = digits_begin; i < digits_end; ++i)
+    if (name[i] < '0' || name[i] > '9') return false;
+  return true;
+}
+
+inline const frame* frame_at(const profile& p, std::uint32_t index) {
+  return index < p.frames.size() ? &p.frames[index] : nullptr;
+}
+
+inline bool is_marker(const profile& p, std::uint32_t index, bool (*pred)(std::string_view)) {
+  const frame* f = frame_at(p, index);
+  return f && f->kind == frame_kind::marker && pred(f->name);
+}
+
+inline bool is_truncated_name(std::string_view name) { return name == truncated_marker; }
+
+// Cuts `s` to at most `n` bytes without splitting a UTF-8 sequence.
+inline void cut_utf8(std::string& s, std::size_t n) {
+  if (s.size() <= n) return;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0u) == 0x80u) --n;
+  s.resize(n);
+}
+
+// The folded stack text (without count) of one stack; `names` caches folded_frame_name per frame;
+// `thread_root` is the root frame to add (empty: none); `budget` is the most bytes the text may take
+// (0 = no limit).
+inline std::string folded_stack_text(const profile& p, const stack& s, const std::string& thread_root,
+                                     const std::vector<std::string>& names, std::size_t budget) {
+  std::vector<std::string_view> parts;
+  parts.reserve(s.frames.size() + 2);
+  std::size_t first = 0;  // index in s.frames of the first frame after existing root markers
+  const bool has_root = !s.frames.empty() && is_marker(p, s.frames[0], is_thread_root_name);
+  if (has_root) {
+    parts.push_back(names[s.frames[0]]);
+    first = 1;
+  } else if (!thread_root.empty()) {
+    parts.push_back(thread_root);
+  }
+  const std::size_t root_parts = parts.size();
+  bool has_marker = first < s.frames.size() && is_marker(p, s.frames[first], is_truncated_name);
+  if (s.truncated && !has_marker) parts.push_back(truncated_marker);
+  static const std::string bad = std::string(unknown_frame);
+  for (std::size_t i = first; i < s.frames.size(); ++i)
+    parts.push_back(s.frames[i] < names.size() ? std::string_view(names[s.frames[i]])
+                                               : std::string_view(bad));
+  if (parts.empty()) parts.push_back(unknown_frame);
+
+  std::size_t total = 0;
+  for (auto part : parts) total += part.size() + 1;
+  total -= 1;
+  if (budget == 0 || total <= budget) {
+    std::string out;
+    out.reserve(total);
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      if (i) out += ';';
+      out.append(parts[i].data(), parts[i].size());
+    }
+    return out;
+  }
+  // Too long: keep the thread root and a [truncated] marker, then as many leaf-side frames as fit.
+  std::string head;
+  for (std::size_t i = 0; i < root_parts; ++i) head.append(parts[i].data(), parts[i].size()) += ';';
+  head += truncated_marker;
+  std::size_t first_data = root_parts;
+  if (first_data < parts.size() && parts[first_data] == truncated_marker) ++first_data;
+  if (head.size() > budget) {  // even the head does not fit: drop the thread root
+    head = std::string(truncated_marker);
+  }
+  std::size_t used = head.size();
+  std::size_t keep_from = parts.size();
+  while (keep_from > first_data && used + 1 + parts[keep_from - 1].size() <= budget) {
+    used += 1 + parts[keep_from - 1].size();
+    --keep_from;
+  }
+  std::string out = head;
+  if (keep_from == parts.size() && first_data < parts.size()) {
+    // Not even the leaf fits next to the marker: cut the leaf itself.
+    std::string leaf(parts.back());
+    cut_utf8(leaf, budget > head.size() + 1 ? budget - head.size() - 1 : 0);
+    while (!leaf.empty() && leaf.back() == ' ') leaf.pop_back();
+    if (leaf.empty()) return out;
+    out += ';';
+    out += leaf;
+    return out;
+  }
+  for (std::size_t i = keep_from; i < parts.size(); ++i)
+    (out += ';').append(parts[i].data(), parts[i].size());
+  return out;
+}
+
+// Stack texts merged by name, with their counts; `order` lists them sorted bytewise.
+struct folded_table {
+  std::vector<std::string> texts;
+  std::vector<std::uint64_t> counts;
+  std::vector<std::uint32_t> order;
+};
+
+inline folded_table folded_lines(const profile& p, const folded_options& opts = {}) {
+  std::vector<std::string> names;
+  names.reserve(p.frames.size());
+  for (const auto& f : p.frames) names.push_back(folded_frame_name(f, opts.annotate));
+  // Budget for the stack text: the line minus " COUNT\n" (space, up to 20 digits, LF).
+  std::size_t budget = 0;
+  if (opts.max_line_bytes) {
+    const std::size_t tail = 2 + 20;
+    budget = opts.max_line_bytes > tail + 16 ? opts.max_line_bytes - tail : 16;
+  }
+  std::unordered_map<std::uint32_t, std::string> roots;  // tid → `[name tid=N]`
+  static const std::string no_root;
+  folded_table t;
+  std::unordered_map<std::string, std::size_t> index;  // text -> its place in t.texts
+  index.reserve(p.stacks.size());
+  for (const auto& s : p.stacks) {
+    if (s.count == 0) continue;
+    const std::string* root = &no_root;
+    if (opts.thread_roots && s.tid != 0) {
+      std::string& text = roots[s.tid];  // never empty once made
+      if (text.empty()) text = thread_root_name(s.tid, p.thread_name(s.tid));
+      root = &text;
+    }
+    std::string text = folded_stack_text(p, s, *root, names, budget);
+    auto [it, fresh] = index.try_emplace(text, t.texts.size());
+    if (fresh) {
+      t.texts.push_back(std::move(text));
+      t.counts.push_back(0);
+    }
+    add_saturating(t.counts[it->second], s.count);
+  }
+  t.order = identity_order(t.texts.size());
+  sort_indices(
+      t.order,
+      [](const void* texts, std::uint32_t a, std::uint32_t b) {
+        const auto& x = *static_cast<const std::vector<std::string>*>(texts);
+        return x[a] < x[b];
+      },
+      &t.texts);
+  return t;
+}
+
+}  // namespace detail
+
+// The folded text of a profile (see the promises at the top of this file).
+inline std::string write_folded(const profile& p, const folded_options& opts = {}) {
+  const detail::folded_table lines = detail::folded_lines(p, opts);
+  std::size_t size = 0;
+  for (const auto& text : lines.texts) size += text.size() + 22;
+  std::string out;
+  out.reserve(size);
+  for (const std::uint32_t i : lines.order) {
+    out += lines.texts[i];
+    out += ' ';
+    out += std::to_string(lines.counts[i]);
+    out += '\n';
+  }
+  return out;
+}
+
+}  // namespace selfprof
+// ---- end selfprof/output/folded.hpp ----
+// ---- begin selfprof/output/pprof.hpp ----
+// The pprof writer: a gzipped profile.proto (package perftools.profiles) that `go tool pprof`,
+// Pyroscope, Parca and speedscope read without the binaries.
+// Context: any thread except the signal handler (a pure function of the profile).
+//
+// What it writes, in field order like Go's own encoder:
+//  - sample_type: a samples profile gets Go's CPU convention [samples/count, <mode>/nanoseconds] with
+//    values [n, n*period] (mode cpu → "cpu", wall → "wall", offcpu → "offcpu"); a profile whose unit
+//    is a time (ns/us/ms/s) gets one [<mode>/nanoseconds]; any other unit one [<unit>/count].
+//  - Samples merged by (locations, thread); labels thread_id (num) and thread_name (str).
+//  - One Mapping per module of native/inlined frames, has_functions set (has_filenames,
+//    has_line_numbers, has_inline_frames when true), so pprof never re-symbolizes over our names; its
+//    range spans the addresses seen, file_offset = the module offset of the lowest one. Kernel, JIT
+//    and marker frames use mapping_id 0.
+//  - One Location per distinct (mapping, address, inline chain): a native frame followed by inlined
+//    frames becomes one Location whose Lines list the innermost callee first.
+//  - Functions with name = our (demangled) name and no system_name: the profile holds no mangled
+//    names, and pprof rewrites (simplifies: drops template and parameter lists) any name equal to its
+//    system_name, so an empty system_name is what keeps our names intact. When frames gain a mangled
+//    name it belongs in system_name (field 3).
+//  - A truncated stack gets a `[truncated]` function at its root end, as in the folded output.
+//  - time_nanos, duration_nanos, period_type, period (period_ns, else 1e9/hz), comments (tool version,
+//    source, hz, dropped, notes). No default_sample_type, so tools show the last type.
+// `detail::encode_pprof` gives the raw protobuf bytes (deterministic; pinned by golden files);
+// `write_pprof` gzips them (zlib or stored blocks, see gzip.hpp).
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/output/gzip.hpp ----
+// gzip framing for the pprof writer: zlib's deflate when SELFPROF_HAS_ZLIB is 1, otherwise stored
+// (uncompressed) deflate blocks, both with the RFC 1952 header, CRC-32 and size trailer.
+// Context: any thread except the signal handler.
+//
+// SELFPROF_HAS_ZLIB (config.hpp; 0/1, default 0): 1 needs <zlib.h> and linking with -lz (the build sets
+// it when it finds zlib). It must have the same value in every translation unit of a program. The
+// stored form is about 0.01% larger than its input but needs nothing; every gzip reader accepts it.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+
+#if SELFPROF_HAS_ZLIB
+#include <zlib.h>
+#endif
+
+namespace selfprof {
+namespace detail {
+
+// CRC-32 (ISO-HDLC: reflected polynomial 0xEDB88320, init and final xor 0xFFFFFFFF) as gzip uses it.
+// `crc` continues an earlier result (0 to start).
+inline std::uint32_t crc32(std::string_view bytes, std::uint32_t crc = 0) {
+  struct table_t {
+    std::uint32_t v[256];
+    table_t() {
+      for (std::uint32_t i = 0; i < 256; ++i) {
+        std::uint32_t c = i;
+        for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        v[i] = c;
+      }
+    }
+  };
+  static const table_t table;
+  crc = ~crc;
+  for (const char ch : bytes) crc = table.v[(crc ^ static_cast<unsigned char>(ch)) & 0xFFu] ^ (crc >> 8);
+  return ~crc;
+}
+
+inline void put_le32(std::string& out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out += static_cast<char>((v >> (8 * i)) & 0xFFu);
+}
+
+// gzip member with a fixed header (no name, mtime 0, OS 3 = Unix) and stored deflate blocks.
+inline std::string gzip_stored(std::string_view bytes) {
+  constexpr std::size_t block_max = 65535;  // a stored block's LEN is 16 bits (RFC 1951 §3.2.4)
+  std::string out("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", 10);
+  out.reserve(out.size() + bytes.size() + (bytes.size() / block_max + 1) * 5 + 8);
+  std::size_t pos = 0;
+  do {
+    const std::size_t len = bytes.size() - pos < block_max ? bytes.size() - pos : block_max;
+    const bool last = pos + len == bytes.size();
+    out += static_cast<char>(last ? 1 : 0);  // BFINAL, BTYPE=00; the rest of the byte is padding
+    out += static_cast<char>(len & 0xFFu);
+    out += static_cast<char>((len >> 8) & 0xFFu);
+    out += static_cast<char>(~len & 0xFFu);
+    out += static_cast<char>((~len >> 8) & 0xFFu);
+    out.append(bytes.data() + pos, len);
+    pos += len;
+  } while (pos < bytes.size());
+  put_le32(out, crc32(bytes));
+  put_le32(out, static_cast<std::uint32_t>(bytes.size() & 0xFFFFFFFFu));
+  return out;
+}
+
+#if SELFPROF_HAS_ZLIB
+// zlib deflate with a gzip wrapper; returns an empty string when zlib fails (the caller falls back).
+inline std::string gzip_zlib(std::string_view bytes, int level = Z_DEFAULT_COMPRESSION) {
+  z_stream zs{};
+  if (deflateInit2(&zs, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) return {};
+  std::string out(deflateBound(&zs, static_cast<uLong>(bytes.size())) + 32, '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
+  zs.avail_in = static_cast<uInt>(bytes.size());
+  zs.next_out = reinterpret_cast<Bytef*>(&out[0]);
+  zs.avail_out = static_cast<uInt>(out.size());
+  const int rc = deflate(&zs, Z_FINISH);
+  const std::size_t produced = out.size() - zs.avail_out;
+  deflateEnd(&zs);
+  if (rc != Z_STREAM_END) return {};
+  out.resize(produced);
+  return out;
+}
+#endif
+
+// gzip of `bytes`: zlib when built with it (and inputs fit its 32-bit sizes), stored blocks otherwise.
+inline std::string gzip_compress(std::string_view bytes) {
+#if SELFPROF_HAS_ZLIB
+  if (bytes.size() < 0xFFFFFFFFu) {
+    std::string z = gzip_zlib(bytes);
+    if (!z.empty()) return z;
+  }
+#endif
+  return gzip_stored(bytes);
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/output/gzip.hpp ----
+// ---- begin selfprof/output/protobuf.hpp ----
+// A minimal protocol-buffers encoder (varints, length-delimited fields, packed repeats): enough to
+// write pprof's profile.proto without a third-party library.
+// Context: any thread except the signal handler.
+
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
+
+namespace selfprof {
+namespace detail {
+
+class proto_writer {
+ public:
+  enum wire : std::uint32_t { varint_wire = 0, bytes_wire = 2 };
+
+  // An unsigned (or int64 as two's complement: negative values take ten bytes, as in protobuf) field.
+  void varint_field(std::uint32_t field, std::uint64_t v) {
+    tag(field, varint_wire);
+    varint(v);
+  }
+  // Proto3 leaves fields at their default out: these skip zero / false / empty.
+  void varint_field_nz(std::uint32_t field, std::uint64_t v) {
+    if (v) varint_field(field, v);
+  }
+  void int64_field_nz(std::uint32_t field, std::int64_t v) {
+    if (v) varint_field(field, static_cast<std::uint64_t>(v));
+  }
+  void bool_field_nz(std::uint32_t field, bool v) {
+    if (v) varint_field(field, 1);
+  }
+  // Strings, bytes and nested messages; repeated string fields write empty strings too.
+  void bytes_field(std::uint32_t field, std::string_view bytes) {
+    tag(field, bytes_wire);
+    varint(bytes.size());
+    out_.append(bytes.data(), bytes.size());
+  }
+  void message_field(std::uint32_t field, const proto_writer& sub) { bytes_field(field, sub.out_); }
+  // A packed repeated varint field (skipped when empty).
+  void packed_field(std::uint32_t field, const std::vector<std::uint64_t>& values) {
+    if (values.empty()) return;
+    proto_writer body;
+    for (const auto v : values) body.varint(v);
+    bytes_field(field, body.out_);
+  }
+
+  void varint(std::uint64_t v) {
+    while (v >= 0x80) {
+      out_ += static_cast<char>((v & 0x7F) | 0x80);
+      v >>= 7;
+    }
+    out_ += static_cast<char>(v);
+  }
+
+  const std::string& bytes() const { return out_; }
+  std::string take() { return std::move(out_); }
+  void clear() { out_.clear(); }
+
+ private:
+  void tag(std::uint32_t field, wire w) { varint((static_cast<std::uint64_t>(field) << 3) | w); }
+  std::string out_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/output/protobuf.hpp ----
+// ---- begin selfprof/version.hpp ----
+// The library version, written once here and read by CMake and Meson.
+// Context: any thread.
+
+#define SELFPROF_VERSION_MAJOR 0
+#define SELFPROF_VERSION_MINOR 1
+#define SELFPROF_VERSION_PATCH 0
+#define SELFPROF_VERSION_STRING "0.1.0"
+#define SELFPROF_VERSION \
+  (SELFPROF_VERSION_MAJOR * 10000 + SELFPROF_VERSION_MINOR * 100 + SELFPROF_VERSION_PATCH)
+// ---- end selfprof/version.hpp ----
+
+namespace selfprof {
+
+struct pprof_options {
+  bool gzip = true;  // on-disk pprof profiles are gzipped; false gives the raw protobuf
+};
+
+namespace detail {
+
+class pprof_builder {
+ public:
+  explicit pprof_builder(const profile& p) : p_(p), frame_location_(p.frames.size(), 0) { intern(""); }
+
+  std::string encode() {
+    value_setup();
+    for (const auto& s : p_.stacks) add_stack(s);
+
+    proto_writer out;
+    for (std::size_t i = 0; i < sample_type_count_; ++i) {
+      proto_writer vt;
+      vt.varint_field_nz(1, static_cast<std::uint64_t>(intern(sample_types_[i].type)));
+      vt.varint_field_nz(2, static_cast<std::uint64_t>(intern(sample_types_[i].unit)));
+      out.message_field(1, vt);
+    }
+    for (const auto& s : samples_) {
+      proto_writer m;
+      m.packed_field(1, s.locations);
+      m.packed_field(2, s.values);
+      if (s.tid != 0) {
+        proto_writer l;
+        l.varint_field_nz(1, static_cast<std::uint64_t>(intern("thread_id")));
+        l.varint_field_nz(3, s.tid);
+        m.message_field(3, l);
+        const std::string& name = p_.thread_name(s.tid);
+        if (!name.empty()) {
+          proto_writer n;
+          n.varint_field_nz(1, static_cast<std::uint64_t>(intern("thread_name")));
+          n.varint_field_nz(2, static_cast<std::uint64_t>(intern(name)));
+          m.message_field(3, n);
+        }
+      }
+      out.message_field(2, m);
+    }
+    for (std::size_t i = 0; i < mappings_.size(); ++i) {
+      const auto& mp = mappings_[i];
+      proto_writer m;
+      m.varint_field_nz(1, i + 1);
+      m.varint_field_nz(2, mp.start);
+      m.varint_field_nz(3, mp.limit);
+      m.varint_field_nz(4, mp.offset);
+      m.varint_field_nz(5, static_cast<std::uint64_t>(intern(mp.filename)));
+      m.bool_field_nz(7, true);
+      m.bool_field_nz(8, mp.has_filenames);
+      m.bool_field_nz(9, mp.has_lines);
+      m.bool_field_nz(10, mp.has_inline);
+      out.message_field(3, m);
+    }
+    for (std::size_t i = 0; i < locations_.size(); ++i) {
+      const auto& loc = locations_[i];
+      proto_writer m;
+      m.varint_field_nz(1, i + 1);
+      m.varint_field_nz(2, loc.mapping_id);
+      m.varint_field_nz(3, loc.address);
+      for (const auto& [function_id, line] : loc.lines) {
+        proto_writer l;
+        l.varint_field_nz(1, function_id);
+        l.varint_field_nz(2, line);
+        m.message_field(4, l);
+      }
+      out.message_field(4, m);
+    }
+    for (std::size_t i = 0; i < functions_.size(); ++i) {
+      const auto& fn = functions_[i];
+      proto_writer m;
+      m.varint_field_nz(1, i + 1);
+      m.varint_field_nz(2, static_cast<std::uint64_t>(fn.name));
+      m.varint_field_nz(4, static_cast<std::uint64_t>(fn.filename));
+      out.message_field(5, m);
+    }
+    // Strings used only by the trailing fields must be interned before the table is written.
+    const std::int64_t period_type = intern(period_type_name_), period_unit = intern("nanoseconds");
+    std::vector<std::uint64_t> comments;
+    for (const auto& c : comment_lines()) comments.push_back(static_cast<std::uint64_t>(intern(c)));
+    for (const auto& s : strings_) out.bytes_field(6, s);
+    out.int64_field_nz(9, static_cast<std::int64_t>(p_.info.start_unix_ns & 0x7FFFFFFFFFFFFFFFull));
+    out.int64_field_nz(10, clamp_i64(p_.info.duration_s * 1e9));
+    proto_writer pt;
+    pt.varint_field_nz(1, static_cast<std::uint64_t>(period_type));
+    pt.varint_field_nz(2, static_cast<std::uint64_t>(period_unit));
+    out.message_field(11, pt);
+    out.int64_field_nz(12, static_cast<std::int64_t>(period_ns_));
+    for (const auto c : comments) out.varint_field(13, c);
+    return out.take();
+  }
+
+ private:
+  struct mapping_rec {
+    std::string filename;
+    std::uint64_t start = 0, limit = 0, offset = 0;
+    bool has_filenames = false, has_lines = false, has_inline = false;
+  };
+  struct location_rec {
+    std::uint64_t mapping_id = 0, address = 0;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> lines;  // function id, line; innermost first
+  };
+  struct function_rec {
+    std::int64_t name = 0, filename = 0;
+  };
+  struct value_type {
+    std::string type, unit;
+  };
+  struct sample_rec {
+    std::vector<std::uint64_t> locations;  // leaf first
+    std::vector<std::uint64_t> values;     // int64 values, all in [0, INT64_MAX]
+    std::uint32_t tid = 0;
+  };
+
+  static std::int64_t clamp_i64(long double v) {
+    if (!(v > 0)) return 0;
+    if (v >= 9.2e18L) return INT64_MAX;
+    return static_cast<std::int64_t>(v + 0.5L);
+  }
+
+  std::int64_t intern(const std::string& s) {
+    auto [it, fresh] = string_ids_.try_emplace(s, strings_.size());
+    if (fresh) strings_.push_back(s);
+    return static_cast<std::int64_t>(it->second);
+  }
+
+  void value_setup() {
+    const std::string time_type = mode_name(p_.info.mode);
+    period_type_name_ = time_type;
+    period_ns_ = p_.info.period_ns;
+    if (period_ns_ == 0 && p_.info.hz > 0)
+      period_ns_ = static_cast<std::uint64_t>(std::llround(1e9 / p_.info.hz));
+    const std::string& unit = p_.info.unit;
+    if (unit.empty() || unit == "samples") {
+      sample_types_[0] = {"samples", "count"};
+      sample_types_[1] = {time_type, "nanoseconds"};
+      sample_type_count_ = 2;
+      factor_ = static_cast<long double>(period_ns_);
+      two_values_ = true;
+    } else if (unit == "ns" || unit == "nanoseconds" || unit == "us" || unit == "microseconds" ||
+               unit == "ms" || unit == "milliseconds" || unit == "s" || unit == "seconds") {
+      const char c = unit[0];
+      factor_ = c == 'n' ? 1.0L : c == 'u' ? 1e3L : c == 'm' ? 1e6L : 1e9L;
+      sample_types_[0] = {time_type, "nanoseconds"};
+      sample_type_count_ = 1;
+    } else {
+      factor_ = 1;
+      sample_types_[0] = {unit, "count"};
+      sample_type_count_ = 1;
+    }
+  }
+
+  std::vector<std::string> comment_lines() const {
+    std::vector<std::string> c;
+    c.emplace_back("selfprof " SELFPROF_VERSION_STRING);
+    std::string line = "mode=";
+    line += mode_name(p_.info.mode);
+    line += " unit=";
+    line += p_.info.unit;
+    if (!p_.info.source.empty()) {
+      line += " source=";
+      line += p_.info.source;
+    }
+    line += " hz=";
+    line += format_compact(p_.info.hz);
+    line += " samples=";
+    line += std::to_string(p_.info.samples);
+    line += " dropped=";
+    line += std::to_string(p_.info.dropped);
+    line += " truncated=";
+    line += std::to_string(p_.info.truncated);
+    c.push_back(std::move(line));
+    if (!p_.info.view.empty()) c.push_back("view=" + p_.info.view);
+    for (const auto& l : p_.info.frame_loops) c.push_back("frames: " + frame_stats_line(l));
+    for (const auto& n : p_.info.notes) c.push_back(n);
+    return c;
+  }
+
+  std::uint64_t mapping_for(const frame& f) {
+    if (f.module.empty() || f.kind == frame_kind::kernel || f.kind == frame_kind::jit ||
+        f.kind == frame_kind::marker)
+      return 0;
+    auto [it, fresh] = mapping_ids_.try_emplace(f.module, mappings_.size() + 1);
+    if (fresh) {
+      mapping_rec m;
+      m.filename = f.module;
+      m.start = f.address;
+      m.limit = f.address + 1;
+      m.offset = f.module_offset;
+      mappings_.push_back(m);
+    }
+    auto& m = mappings_[it->second - 1];
+    if (f.address < m.start) {
+      m.start = f.address;
+      m.offset = f.module_offset;
+    }
+    if (f.address >= m.limit) m.limit = f.address + 1;
+    if (!f.file.empty()) m.has_filenames = true;
+    if (f.line != 0) m.has_lines = true;
+    if (f.kind == frame_kind::inlined) m.has_inline = true;
+    return it->second;
+  }
+
+  std::uint64_t function_for(const std::string& name, const std::string& file) {
+    std::string key = name;
+    key += '\0';
+    key += file;
+    auto [it, fresh] = function_ids_.try_emplace(std::move(key), functions_.size() + 1);
+    if (fresh)
+      functions_.push_back({intern(name.empty() ? "[unknown]" : name), file.empty() ? 0 : intern(file)});
+    return it->second;
+  }
+
+  // A location for frames [first, last] of a stack (a physical frame and the frames inlined into it).
+  std::uint64_t location_for(const std::vector<const frame*>& group) {
+    location_rec loc;
+    const frame& phys = *group.front();
+    loc.address = phys.address;
+    loc.mapping_id = 0;
+    for (const frame* f : group) {
+      const std::uint64_t m = mapping_for(*f);
+      if (!loc.mapping_id) loc.mapping_id = m;
+    }
+    for (auto it = group.rbegin(); it != group.rend(); ++it)
+      loc.lines.push_back({function_for((*it)->name, (*it)->file), (*it)->line});
+    std::string key;
+    append_key(key, loc.mapping_id);
+    append_key(key, loc.address);
+    for (const auto& [fn, line] : loc.lines) {
+      append_key(key, fn);
+      append_key(key, line);
+    }
+    auto [it, fresh] = location_ids_.try_emplace(std::move(key), locations_.size() + 1);
+    if (fresh) locations_.push_back(std::move(loc));
+    return it->second;
+  }
+
+  void add_stack(const stack& s) {
+    if (s.count == 0) return;
+    static const frame unknown{"[unknown]", "", 0, 0, "", 0, frame_kind::marker};
+    static const frame truncated{"[truncated]", "", 0, 0, "", 0, frame_kind::marker};
+    std::vector<std::uint64_t> root_first;
+    std::vector<const frame*> group;
+    std::size_t group_index = 0;  // frame index of a one-frame group, for the per-frame cache
+    auto flush = [&] {
+      if (group.size() == 1 && group_index < frame_location_.size()) {
+        auto& cached = frame_location_[group_index];
+        if (!cached) cached = location_for(group);
+        root_first.push_back(cached);
+      } else if (!group.empty()) {
+        root_first.push_back(location_for(group));
+      }
+      group.clear();
+    };
+    bool marker_present = false;
+    for (std::size_t i = 0; i < s.frames.size(); ++i) {
+      const frame* f = s.frames[i] < p_.frames.size() ? &p_.frames[s.frames[i]] : &unknown;
+      if (i < 2 && f->kind == frame_kind::marker && f->name == "[truncated]") marker_present = true;
+      if (!(f->kind == frame_kind::inlined && !group.empty())) {
+        flush();
+        group_index = s.frames[i];
+      }
+      group.push_back(f);
+    }
+    flush();
+    std::uint64_t truncated_id = 0;  // location ids start at 1
+    if (s.truncated && !marker_present) truncated_id = location_for({&truncated});
+    if (root_first.empty() && truncated_id == 0) root_first.push_back(location_for({&unknown}));
+
+    sample_rec rec;  // leaf first: root_first backwards, then the [truncated] root
+    rec.locations.reserve(root_first.size() + 1);
+    for (std::size_t i = root_first.size(); i-- > 0;) rec.locations.push_back(root_first[i]);
+    if (truncated_id != 0) rec.locations.push_back(truncated_id);
+    rec.tid = s.tid;
+    std::string key;
+    append_key(key, s.tid);
+    for (const auto id : rec.locations) append_key(key, id);
+    auto [it, fresh] = sample_ids_.try_emplace(std::move(key), samples_.size());
+    if (fresh) {
+      rec.values.assign(sample_type_count_, 0);
+      samples_.push_back(std::move(rec));
+    }
+    auto& values = samples_[it->second].values;
+    const long double n = static_cast<long double>(s.count);
+    if (two_values_) {
+      values[0] = add_clamped(values[0], clamp_i64(n));
+      values[1] = add_clamped(values[1], clamp_i64(n * factor_));
+    } else {
+      values[0] = add_clamped(values[0], clamp_i64(n * factor_));
+    }
+  }
+
+  // Appends `v` to a map key as a varint (unambiguous: each value ends with a byte below 0x80).
+  static void append_key(std::string& key, std::uint64_t v) {
+    while (v >= 0x80) {
+      key += static_cast<char>((v & 0x7F) | 0x80);
+      v >>= 7;
+    }
+    key += static_cast<char>(v);
+  }
+
+  // a + b capped at INT64_MAX, for a in [0, INT64_MAX] and b >= 0.
+  static std::uint64_t add_clamped(std::uint64_t a, std::int64_t b) {
+    return a > static_cast<std::uint64_t>(INT64_MAX - b) ? static_cast<std::uint64_t>(INT64_MAX)
+                                                         : a + static_cast<std::uint64_t>(b);
+  }
+
+  const profile& p_;
+  std::vector<std::string> strings_;
+  // Every index by bytes below is this one map type (one instantiation for all the writers).
+  std::unordered_map<std::string, std::size_t> string_ids_;
+  value_type sample_types_[2];
+  std::size_t sample_type_count_ = 0;
+  std::string period_type_name_;
+  std::uint64_t period_ns_ = 0;
+  long double factor_ = 1;
+  bool two_values_ = false;
+  std::vector<mapping_rec> mappings_;
+  std::unordered_map<std::string, std::uint64_t> mapping_ids_;
+  std::vector<std::uint64_t> frame_location_;  // per frame index: its one-frame location id (0: none yet)
+  std::vector<location_rec> locations_;
+  std::unordered_map<std::string, std::uint64_t> location_ids_;
+  std::vector<function_rec> functions_;
+  std::unordered_map<std::string, std::uint64_t> function_ids_;
+  std::vector<sample_rec> samples_;
+  std::unordered_map<std::string, std::size_t> sample_ids_;
+};
+
+// The raw (not gzipped) profile.proto bytes of a profile.
+inline std::string encode_pprof(const profile& p) { return pprof_builder(p).encode(); }
+
+}  // namespace detail
+
+// The pprof bytes of a profile: gzipped unless `opts.gzip` is false.
+inline std::string write_pprof(const profile& p, const pprof_options& opts = {}) {
+  std::string raw = detail::encode_pprof(p);
+  return opts.gzip ? detail::gzip_compress(raw) : raw;
+}
+
+}  // namespace selfprof
+// ---- end selfprof/output/pprof.hpp ----
+// ---- begin selfprof/output/sink.hpp ----
+// The file sink: writes a profile's bytes to a path atomically (temp file + rename), mode 0600, never
+// through a symbolic link and, unless told otherwise, never into a directory other users can write.
+// Context: any thread except the signal handler (the collector thread on a dump, or the CLI).
+//
+// Policy, in the order it is checked (every refusal names the path and the reason):
+//  1. The directory is opened once (O_DIRECTORY) and every later step works relative to that
+//     descriptor, so a directory path swapped underneath us cannot redirect the write.
+//  2. The target itself must not be a symbolic link, even a dangling one, nor anything but a regular
+//     file (a FIFO, a device or a directory is refused): we replace files, we do not write into them.
+//  3. A *shared* directory is one writable by "other" users, or writable by its group when that group
+//     is not our effective group (with user-private groups and umask 002 a user's own 0775 directory
+//     is not shared). In a shared directory:
+//       - without the sticky bit anyone may rename or delete our file after we wrote it, or replace it
+//         between our checks: refused unless `sink_options::allow_shared_dir`;
+//       - with the sticky bit (/tmp, /var/tmp) other users cannot touch our files, so the write is
+//         allowed, but an existing target owned by someone else is refused (someone planted it;
+//         Linux's fs.protected_regular would refuse it as well).
+//  4. The bytes go to a fresh temp file ".<name>.tmp-<pid>-<n>" in the same directory, created with
+//     O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC and mode 0600 (and fchmod 0600, whatever the umask), written
+//     with a full write loop that retries EINTR, fsync'ed, closed (close errors count: NFS reports
+//     write-back failures there), then renamed over the target. The directory is fsync'ed afterwards.
+//  5. On any failure the temp file is removed and the old target (if any) is left untouched.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <utility>
+
+
+namespace selfprof {
+
+struct sink_options {
+  // Write into a directory that other users can write without the sticky bit (see the policy above).
+  bool allow_shared_dir = false;
+  // fsync the file before the rename and the directory after it. Off only for tests and benchmarks.
+  bool sync = true;
+};
+
+namespace detail {
+
+// "selfprof: cannot write PATH: REASON"
+inline status sink_error(const std::string& path, const std::string& reason) {
+  std::string message = "selfprof: cannot write ";
+  message += path;
+  message += ": ";
+  message += reason;
+  return status::error(std::move(message));
+}
+
+inline std::string errno_text(int err) {
+  char buf[256];
+  // GNU strerror_r returns the message pointer (which may or may not be buf).
+#if defined(__GLIBC__) && defined(_GNU_SOURCE)
+  const char* text = ::strerror_r(err, buf, sizeof buf);
+  return text ? std::string(text) : std::string("error ") + std::to_string(err);
+#else
+  if (::strerror_r(err, buf, sizeof buf) != 0) return "error " + std::to_string(err);
+  return std::string(buf);
+#endif
+}
+
+// Splits "a/b/c" into "a/b" and "c"; "c" into "." and "c"; "/c" into "/" and "c".
+inline void split_path(const std::string& path, std::string& dir, std::string& base) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) {
+    dir = ".";
+    base = path;
+  } else {
+    dir = slash == 0 ? std::string("/") : path.substr(0, slash);
+    base = path.substr(slash + 1);
+  }
+}
+
+// True when users other than us may create, rename or delete entries of a directory with this stat.
+inline bool dir_is_shared(const struct stat& st) {
+  if (st.st_mode & S_IWOTH) return true;
+  if ((st.st_mode & S_IWGRP) && st.st_gid != ::getegid()) return true;
+  return false;
+}
+
+// Owns a descriptor opened through the seam and closes it through the seam.
+class sink_fd {
+ public:
+  explicit sink_fd(int fd) : fd_(fd) {}
+  sink_fd(const sink_fd&) = delete;
+  sink_fd& operator=(const sink_fd&) = delete;
+  ~sink_fd() { reset(); }
+  int get() const { return fd_; }
+  // Closes now and returns close()'s result (0 when there was nothing to close).
+  int reset() {
+    int rc = 0;
+    if (fd_ >= 0) rc = sys().close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+// Writes all of `bytes`, retrying EINTR and short writes. Returns 0 or an errno value.
+inline int write_all(int fd, std::string_view bytes) {
+  const char* p = bytes.data();
+  std::size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EIO;  // a regular file never returns 0 for a non-empty write
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  return 0;
+}
+
+inline std::string temp_name_for(const std::string& base, unsigned attempt) {
+  static std::atomic<unsigned> counter{0};
+  const unsigned n = counter.fetch_add(1, std::memory_order_relaxed);
+  // A long name keeps its first 200 bytes so the temp name stays under NAME_MAX (255).
+  std::string name = ".";
+  name.append(base, 0, 200);
+  name += ".tmp-";
+  name += std::to_string(::getpid());
+  name += '-';
+  name += std::to_string(n);
+  name += '-';
+  name += std::to_string(attempt);
+  return name;
+}
+
+// Writes `bytes` to `path` atomically, following the policy at the top of this file.
+inline status write_file_atomic(const std::string& path, std::string_view bytes,
+                                const sink_options& opts = {}) {
+  if (path.empty()) return status::error("selfprof: cannot write an empty path");
+  std::string dir, base;
+  split_path(path, dir, base);
+  if (base.empty() || base == "." || base == "..")
+    return sink_error(path, "not a file name (the path ends in '/', '.' or '..')");
+
+  sink_fd dirfd(sys().open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0));
+  auto dir_error = [&path, &dir](int err) {
+    return sink_error(path, "directory " + dir + ": " + errno_text(err));
+  };
+  if (dirfd.get() < 0) return dir_error(errno);
+
+  struct stat dst {};
+  if (::fstat(dirfd.get(), &dst) != 0) return dir_error(errno);
+  const bool shared = dir_is_shared(dst);
+  const bool sticky = (dst.st_mode & S_ISVTX) != 0;
+  if (shared && !sticky && !opts.allow_shared_dir)
+    return sink_error(path, "directory " + dir +
+                                " is writable by other users and has no sticky bit (refusing; "
+                                "allow_shared_dir overrides)");
+
+  struct stat tst {};
+  if (::fstatat(dirfd.get(), base.c_str(), &tst, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (S_ISLNK(tst.st_mode))
+      return sink_error(path, "the target is a symbolic link (refusing to follow it)");
+    if (!S_ISREG(tst.st_mode)) return sink_error(path, "the target exists and is not a regular file");
+    if (shared && tst.st_uid != ::geteuid() && !opts.allow_shared_dir)
+      return sink_error(path, "the target exists in a shared directory and belongs to another user (uid " +
+                                  std::to_string(tst.st_uid) + ")");
+  } else if (errno != ENOENT) {
+    return sink_error(path, errno_text(errno));
+  }
+
+  std::string temp;
+  int tfd = -1;
+  for (unsigned attempt = 0; attempt < 100; ++attempt) {
+    temp = temp_name_for(base, attempt);
+    tfd = sys().openat(dirfd.get(), temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (tfd >= 0 || errno != EEXIST) break;
+  }
+  if (tfd < 0) return sink_error(path, errno_text(errno));
+  sink_fd file(tfd);
+
+  auto fail = [&](int err, const char* step) {
+    file.reset();
+    ::unlinkat(dirfd.get(), temp.c_str(), 0);
+    std::string reason = errno_text(err);
+    if (step) {
+      reason += " (";
+      reason += step;
+      reason += ')';
+    }
+    return sink_error(path, reason);
+  };
+
+  if (::fchmod(file.get(), 0600) != 0) return fail(errno, "fchmod");
+  if (const int err = write_all(file.get(), bytes)) return fail(err, "write");
+  if (opts.sync && ::fsync(file.get()) != 0) return fail(errno, "fsync");
+  if (file.reset() != 0) return fail(errno, "close");
+  if (::renameat(dirfd.get(), temp.c_str(), dirfd.get(), base.c_str()) != 0) return fail(errno, "rename");
+  if (opts.sync) ::fsync(dirfd.get());  // best effort: the file is complete either way
+  return status::ok();
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/output/sink.hpp ----
+// ---- begin selfprof/output/svg.hpp ----
+// The interactive SVG flame graph writer: flamegraph.pl's DOM and tooltips, inferno's fg:x/fg:w, one
+// self-contained file.
+// Context: any thread (pure function of the profile; runs on the dump path, never in the signal handler).
+
+#include <cstdint>
+#include <ctime>
+#include <string>
+#include <string_view>
 #include <vector>
 
 // ---- begin selfprof/output/flame_tree.hpp ----
@@ -2070,12 +10196,9 @@ class flame_tree {
 
   // Interns a frame name (annotated) and returns its id.
   std::uint32_t intern(std::string name) {
-    auto it = name_ids_.find(name);
-    if (it != name_ids_.end()) return it->second;
-    auto id = static_cast<std::uint32_t>(names_.size());
-    name_ids_.emplace(name, id);
-    names_.push_back(std::move(name));
-    return id;
+    auto [it, fresh] = name_ids_.try_emplace(name, names_.size());
+    if (fresh) names_.push_back(std::move(name));
+    return static_cast<std::uint32_t>(it->second);
   }
 
   // Queues one stack (root first) with its values; build() merges the queue into the tree.
@@ -2096,27 +10219,22 @@ class flame_tree {
   void build(bool sorted) {
     std::vector<std::uint32_t> key(names_.size());  // what paths are compared by
     if (sorted) {
-      std::vector<std::uint32_t> by_name(names_.size());
-      for (std::uint32_t i = 0; i < by_name.size(); ++i) by_name[i] = i;
-      std::sort(by_name.begin(), by_name.end(),
-                [this](std::uint32_t a, std::uint32_t b) { return names_[a] < names_[b]; });
+      std::vector<std::uint32_t> by_name = identity_order(names_.size());
+      sort_indices(
+          by_name,
+          [](const void* tree, std::uint32_t a, std::uint32_t b) {
+            const auto& names = static_cast<const flame_tree*>(tree)->names_;
+            return names[a] < names[b];
+          },
+          this);
       for (std::uint32_t r = 0; r < by_name.size(); ++r) key[by_name[r]] = r;
     } else {
       for (std::uint32_t i = 0; i < key.size(); ++i) key[i] = i;
     }
-    std::vector<std::uint32_t> order(pending_.size());
-    for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::vector<std::uint32_t> order = identity_order(pending_.size());
     if (sorted) {
       for (auto& id : path_ids_) id = key[id];  // compare ranks, then map back below
-      std::stable_sort(order.begin(), order.end(), [this](std::uint32_t a, std::uint32_t b) {
-        const pending& x = pending_[a];
-        const pending& y = pending_[b];
-        return std::lexicographical_compare(
-            path_ids_.begin() + static_cast<std::ptrdiff_t>(x.offset),
-            path_ids_.begin() + static_cast<std::ptrdiff_t>(x.offset + x.length),
-            path_ids_.begin() + static_cast<std::ptrdiff_t>(y.offset),
-            path_ids_.begin() + static_cast<std::ptrdiff_t>(y.offset + y.length));
-      });
+      sort_indices(order, path_less, this);
       std::vector<std::uint32_t> unrank(key.size());
       for (std::uint32_t i = 0; i < key.size(); ++i) unrank[key[i]] = i;
       for (auto& id : path_ids_) id = unrank[id];
@@ -2131,15 +10249,15 @@ class flame_tree {
       while (common < p.length && common < prev_len && ids[common] == prev[common]) ++common;
       path_nodes.resize(common + 1);
       for (std::size_t d = common; d < p.length; ++d) path_nodes.push_back(new_child(path_nodes[d], ids[d]));
-      for (std::size_t d = 0; d <= p.length; ++d) {
+      for (std::size_t d = 0; d <= p.length; ++d) {  // sums saturate: counts from files can be huge
         flame_node& n = nodes_[path_nodes[d]];
-        n.before += p.before;
-        n.after += p.after;
-        n.width += p.width;
+        add_saturating(n.before, p.before);
+        add_saturating(n.after, p.after);
+        add_saturating(n.width, p.width);
       }
       flame_node& leaf = nodes_[path_nodes[p.length]];
-      leaf.self_before += p.before;
-      leaf.self_after += p.after;
+      add_saturating(leaf.self_before, p.before);
+      add_saturating(leaf.self_after, p.after);
       prev = ids;
       prev_len = p.length;
     }
@@ -2175,9 +10293,9 @@ class flame_tree {
         const flame_node& n = nodes_[c];
         if (n.width == 0 && n.before == 0 && n.after == 0) continue;
         if (n.width == 0 || static_cast<double>(n.width) < min_width) {
-          agg.width += n.width;
-          agg.before += n.before;
-          agg.after += n.after;
+          add_saturating(agg.width, n.width);
+          add_saturating(agg.before, n.before);
+          add_saturating(agg.after, n.after);
           ++agg.elided;
           continue;
         }
@@ -2207,6 +10325,19 @@ class flame_tree {
     std::uint64_t before = 0, after = 0, width = 0;
   };
 
+  // Orders queued stacks by their paths (ranks of names), equal paths by queue order (a stable sort).
+  static bool path_less(const void* tree, std::uint32_t a, std::uint32_t b) {
+    const flame_tree& t = *static_cast<const flame_tree*>(tree);
+    const pending& x = t.pending_[a];
+    const pending& y = t.pending_[b];
+    const std::uint32_t* p = t.path_ids_.data();
+    const std::size_t n = x.length < y.length ? x.length : y.length;
+    for (std::size_t i = 0; i < n; ++i)
+      if (p[x.offset + i] != p[y.offset + i]) return p[x.offset + i] < p[y.offset + i];
+    if (x.length != y.length) return x.length < y.length;
+    return a < b;
+  }
+
   static void fill_values(laid_frame& f, const flame_node& n) {
     f.before = n.before;
     f.after = n.after;
@@ -2230,7 +10361,7 @@ class flame_tree {
   }
 
   std::vector<std::string> names_;
-  std::unordered_map<std::string, std::uint32_t> name_ids_;
+  std::unordered_map<std::string, std::size_t> name_ids_;  // the writers' one string-keyed map type
   std::vector<flame_node> nodes_;
   std::vector<pending> pending_;
   std::vector<std::uint32_t> path_ids_;
@@ -2279,17 +10410,6 @@ void add_profile(flame_tree& tree, const profile& p, int channel, const flame_bu
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/output/flame_tree.hpp ----
-// ---- begin selfprof/output/svg.hpp ----
-// The interactive SVG flame graph writer: flamegraph.pl's DOM and tooltips, inferno's fg:x/fg:w, one
-// self-contained file.
-// Context: any thread (pure function of the profile; runs on the dump path, never in the signal handler).
-
-#include <cstdint>
-#include <ctime>
-#include <string>
-#include <string_view>
-#include <vector>
-
 // ---- begin selfprof/output/palette.hpp ----
 // Flame-graph colours: flamegraph.pl's hue formulas and multi palettes, stable name hashes, palette.map
 // files.
@@ -2964,108 +11084,6 @@ function step(dir) {
 #include <string>
 #include <string_view>
 
-// ---- begin selfprof/output/text.hpp ----
-// Locale-independent number formatting and UTF-8 checks for the text writers (printf's %f follows LC_NUMERIC,
-// which a host program may have set to a locale with a decimal comma; our bytes must not depend on it).
-// Context: any thread except the signal handler.
-
-#include <cmath>
-#include <cstdint>
-#include <string>
-#include <string_view>
-
-namespace selfprof {
-namespace detail {
-
-// `v` rounded to `decimals` places (0..9), with '.' as the decimal point: 2.5 → "2.500".
-// NaN and infinities print as "nan", "inf", "-inf"; magnitudes past 2^63 lose precision.
-inline std::string format_fixed(double v, int decimals) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
-  if (decimals < 0) decimals = 0;
-  if (decimals > 9) decimals = 9;
-  std::uint64_t scale = 1;
-  for (int i = 0; i < decimals; ++i) scale *= 10;
-  const bool negative = v < 0;
-  const long double scaled = std::fabs(static_cast<long double>(v)) * scale + 0.5L;
-  const std::uint64_t n = scaled >= 18446744073709551615.0L ? UINT64_MAX : static_cast<std::uint64_t>(scaled);
-  std::string out = std::to_string(n / scale);
-  if (decimals > 0) {
-    std::string frac = std::to_string(n % scale);
-    out += '.';
-    out.append(static_cast<std::size_t>(decimals) - frac.size(), '0');
-    out += frac;
-  }
-  return negative && n != 0 ? "-" + out : out;
-}
-
-// Integral values without decimals ("99"), others with up to `decimals` places, trailing zeros cut.
-inline std::string format_compact(double v, int decimals = 3) {
-  std::string s = format_fixed(v, decimals);
-  if (s.find('.') == std::string::npos) return s;
-  while (s.back() == '0') s.pop_back();
-  if (s.back() == '.') s.pop_back();
-  return s;
-}
-
-// Length of the valid UTF-8 sequence starting at s[i], or 0 when it is not valid (overlong forms,
-// surrogates and code points above U+10FFFF are invalid); `cp` receives the code point.
-inline std::size_t utf8_decode(std::string_view s, std::size_t i, std::uint32_t& cp) {
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  cp = b0;
-  if (b0 < 0x80) return 1;
-  std::size_t len;
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    len = 2;
-    cp = b0 & 0x1Fu;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    len = 3;
-    cp = b0 & 0x0Fu;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    len = 4;
-    cp = b0 & 0x07u;
-  } else {
-    return 0;
-  }
-  if (i + len > s.size()) return 0;
-  for (std::size_t k = 1; k < len; ++k) {
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    if ((b & 0xC0u) != 0x80u) return 0;
-    cp = (cp << 6) | (b & 0x3Fu);
-  }
-  if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))) return 0;
-  if (cp >= 0xD800 && cp <= 0xDFFF) return 0;
-  return len;
-}
-
-inline std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
-  std::uint32_t cp = 0;
-  return utf8_decode(s, i, cp);
-}
-
-// Appends `s` with control characters as spaces and invalid UTF-8 bytes as U+FFFD (for header lines).
-inline void append_printable(std::string& out, std::string_view s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const auto u = static_cast<unsigned char>(s[i]);
-    if (u >= 0x80) {
-      const std::size_t len = utf8_sequence_length(s, i);
-      if (len == 0) {
-        out += "\xEF\xBF\xBD";
-        ++i;
-      } else {
-        out.append(s.data() + i, len);
-        i += len;
-      }
-      continue;
-    }
-    out += (u < 0x20 || u == 0x7F) ? ' ' : s[i];
-    ++i;
-  }
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/output/text.hpp ----
 
 namespace selfprof {
 namespace detail {
@@ -3214,17 +11232,6 @@ inline std::string truncate_label(std::string_view name, std::size_t max_chars, 
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/output/svg_text.hpp ----
-// ---- begin selfprof/version.hpp ----
-// The library version, written once here and read by CMake and Meson.
-// Context: any thread.
-
-#define SELFPROF_VERSION_MAJOR 0
-#define SELFPROF_VERSION_MINOR 1
-#define SELFPROF_VERSION_PATCH 0
-#define SELFPROF_VERSION_STRING "0.1.0"
-#define SELFPROF_VERSION \
-  (SELFPROF_VERSION_MAJOR * 10000 + SELFPROF_VERSION_MINOR * 100 + SELFPROF_VERSION_PATCH)
-// ---- end selfprof/version.hpp ----
 
 namespace selfprof {
 
@@ -3316,33 +11323,53 @@ inline std::string css_font_family(std::string_view font) {
 }
 
 inline std::string format_duration(double s) {
-  if (s >= 100) return fixed(s, 0) + " s";
-  if (s >= 1) return fixed(s, 2) + " s";
-  return fixed(s * 1000, 1) + " ms";
+  std::string out = s >= 100 ? fixed(s, 0) : s >= 1 ? fixed(s, 2) : fixed(s * 1000, 1);
+  out += s >= 1 ? " s" : " ms";
+  return out;
 }
 
 // The footer line: what was sampled, how, and how much was lost.
 inline std::string footer_text(const profile_info& info, std::uint64_t total, const std::string& count_name) {
-  std::string s = info.mode.empty() ? std::string("profile") : info.mode + " profile";
+  std::string s = mode_name(info.mode);
+  s += " profile";
   if (info.hz > 0) {
     s += " | ";
     append_trimmed(s, info.hz, 2);
     s += " Hz";
   }
-  if (info.duration_s > 0) s += " | " + format_duration(info.duration_s);
+  if (info.duration_s > 0) {
+    s += " | ";
+    s += format_duration(info.duration_s);
+  }
   std::uint64_t samples = info.samples ? info.samples : total;
-  s += " | " + with_commas(samples) + " " + (info.unit.empty() ? count_name : info.unit);
-  s += " | " + with_commas(info.dropped) + " dropped";
-  if (info.truncated) s += " | " + with_commas(info.truncated) + " truncated";
-  if (!info.source.empty()) s += " | source: " + info.source;
-  if (!info.view.empty()) s += " | view: " + info.view;  // [frames]
+  s += " | ";
+  s += with_commas(samples);
+  s += ' ';
+  s += info.unit.empty() ? count_name : info.unit;
+  s += " | ";
+  s += with_commas(info.dropped);
+  s += " dropped";
+  if (info.truncated) {
+    s += " | ";
+    s += with_commas(info.truncated);
+    s += " truncated";
+  }
+  if (!info.source.empty()) {
+    s += " | source: ";
+    s += info.source;
+  }
+  if (!info.view.empty()) {
+    s += " | view: ";
+    s += info.view;
+  }
   if (info.start_unix_ns) {
     std::time_t t = static_cast<std::time_t>(info.start_unix_ns / 1000000000ULL);
     std::tm tm{};
     if (gmtime_r(&t, &tm)) {
       char buf[40];
       std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
-      s += std::string(" | started ") + buf;
+      s += " | started ";
+      s += buf;
     }
   }
   s += " | selfprof " SELFPROF_VERSION_STRING;
@@ -3400,20 +11427,35 @@ inline void append_tooltip(std::string& out, const svg_input& in, const laid_fra
   }
   out += ')';
   if (f.node == no_node) {
-    if (in.diff) out += "\nbefore " + with_commas(f.before) + ", after " + with_commas(f.after);
+    if (in.diff) {
+      out += "\nbefore ";
+      out += with_commas(f.before);
+      out += ", after ";
+      out += with_commas(f.after);
+    }
     return;
   }
   if (in.diff) {
-    out += "\nbefore " + with_commas(f.before) + " (";
+    out += "\nbefore ";
+    out += with_commas(f.before);
+    out += " (";
     append_pct(out, f.before, in.before_total);
-    out += "), after " + with_commas(f.after) + " (";
+    out += "), after ";
+    out += with_commas(f.after);
+    out += " (";
     append_pct(out, f.after, in.value_total);
-    out += ")\nself before " + with_commas(f.self_before) + ", after " + with_commas(f.self_after);
+    out += ")\nself before ";
+    out += with_commas(f.self_before);
+    out += ", after ";
+    out += with_commas(f.self_after);
     return;
   }
   // Only the self count is stored (when not zero): the script derives % of total, % of parent and
   // depth from it on hover, which keeps large graphs no larger than flamegraph.pl's.
-  if (f.self_after) out += "\nself " + with_commas(f.self_after);
+  if (f.self_after) {
+    out += "\nself ";
+    out += with_commas(f.self_after);
+  }
 }
 
 inline std::string frame_fill(const svg_input& in, const laid_frame& f, std::string_view annotated,
@@ -3483,9 +11525,11 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
 
   background bg;
   resolve_background(o.bg_colors, o.colors, bg);
-  out += "<defs><linearGradient id=\"background\" y1=\"0\" y2=\"1\" x1=\"0\" x2=\"0\"><stop stop-color=\"" +
-         bg.top + "\" offset=\"5%\"/><stop stop-color=\"" + bg.bottom +
-         "\" offset=\"95%\"/></linearGradient></defs>\n";
+  out += "<defs><linearGradient id=\"background\" y1=\"0\" y2=\"1\" x1=\"0\" x2=\"0\"><stop stop-color=\"";
+  out += bg.top;
+  out += "\" offset=\"5%\"/><stop stop-color=\"";
+  out += bg.bottom;
+  out += "\" offset=\"95%\"/></linearGradient></defs>\n";
 
   out += "<style type=\"text/css\">\ntext{font-family:";
   out += xml_escape(css_font_family(o.font));
@@ -3493,23 +11537,30 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
   append_num(out, f, 2);
   out += "px;fill:rgb(0,0,0)}\n#title{font-size:";
   append_num(out, f + 5, 2);
-  out += "px}\n#title,#subtitle,#details,#unzoom,#search,#ignorecase,#matched{fill:" + ui +
-         "}\n#footer{font-size:";
+  out += "px}\n#title,#subtitle,#details,#unzoom,#search,#ignorecase,#matched{fill:";
+  out += ui;
+  out += "}\n#footer{font-size:";
   append_num(out, f > 3 ? f - 2 : f, 2);
   out += "px}\n";
-  if (is_hex_color(o.stroke_color)) out += "#frames rect{stroke:" + o.stroke_color + ";stroke-width:0.5}\n";
+  if (is_hex_color(o.stroke_color)) {
+    out += "#frames rect{stroke:";
+    out += o.stroke_color;
+    out += ";stroke-width:0.5}\n";
+  }
   out += svg_static_css;
   out += "</style>\n";
 
   if (o.javascript) {
-    out += "<script type=\"text/ecmascript\"><![CDATA[\nvar nametype = " + js_string(o.name_type) +
-           ";\nvar fontsize = ";
+    out += "<script type=\"text/ecmascript\"><![CDATA[\nvar nametype = ";
+    out += js_string(o.name_type);
+    out += ";\nvar fontsize = ";
     append_num(out, f, 2);
     out += ";\nvar fontwidth = ";
     append_num(out, o.font_width > 0 ? o.font_width : 0.59, 4);
     out += ";\nvar xpad = 10;\nvar inverted = ";
     out += o.inverted ? "true" : "false";
-    out += ";\nvar searchcolor = " + js_string(is_hex_color(o.search_color) ? o.search_color : "#e600e6");
+    out += ";\nvar searchcolor = ";
+    out += js_string(is_hex_color(o.search_color) ? o.search_color : "#e600e6");
     out += ";\nvar fluiddrawing = ";
     out += o.fluid ? "true" : "false";
     out += ";\nvar truncate_text_right = ";
@@ -3528,11 +11579,15 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
   append_num(out, H, 0);
   out += "\" fill=\"url(#background)\"/>\n<text id=\"title\" x=\"50%\" y=\"";
   append_num(out, f * 2, 2);
-  out += "\">" + xml_escape(title) + "</text>\n";
+  out += "\">";
+  out += xml_escape(title);
+  out += "</text>\n";
   if (!o.subtitle.empty()) {
     out += "<text id=\"subtitle\" x=\"50%\" y=\"";
     append_num(out, f * 4, 2);
-    out += "\">" + xml_escape(o.subtitle) + "</text>\n";
+    out += "\">";
+    out += xml_escape(o.subtitle);
+    out += "</text>\n";
   }
   const double bottom_line = H - g.footer_h - (g.ypad2 - g.footer_h) / 2;
   out += "<text id=\"details\" x=\"10\" y=\"";
@@ -3555,12 +11610,16 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
   if (o.footer && in.info) {
     out += "<text id=\"footer\" x=\"10\" y=\"";
     append_num(out, H - 6, 2);
-    out += "\">" + xml_escape(footer_text(*in.info, in.value_total, o.count_name)) + "</text>\n";
+    out += "\">";
+    out += xml_escape(footer_text(*in.info, in.value_total, o.count_name));
+    out += "</text>\n";
   }
 
   out += "<svg id=\"frames\" x=\"10\" width=\"";
   append_num(out, frames_w, 0);
-  out += "\" total_samples=\"" + std::to_string(in.total) + "\">\n";
+  out += "\" total_samples=\"";
+  out += std::to_string(in.total);
+  out += "\">\n";
 
   const auto& names = in.tree->names();
   std::vector<std::string> fill_cache(names.size());
@@ -3572,7 +11631,9 @@ inline std::string render_svg(const svg_input& in, const svg_options& o) {
     std::string_view annotated;
     std::string_view display;
     if (fr.node == no_node) {
-      agg_name = "[" + std::to_string(fr.elided) + " elided frames]";
+      agg_name = "[";
+      agg_name += std::to_string(fr.elided);
+      agg_name += " elided frames]";
       annotated = display = agg_name;
     } else if (fr.parent == no_node) {
       annotated = display = "all";
@@ -3670,1381 +11731,331 @@ inline std::string write_svg(const profile& p, const svg_options& o) {
   in.frames = tree.layout(min_width_samples(o, in.total));
   in.frames[0].width = in.total;  // the root spans the whole width, also with a larger `total`
   if (p.info.frame_loops.empty()) return render_svg(in, o);
-  svg_options with_frames = o;  // [frames] frame statistics under the title
-  for (const auto& l : p.info.frame_loops)
-    with_frames.subtitle += (with_frames.subtitle.empty() ? "" : "; ") + frame_stats_line(l);
+  svg_options with_frames = o;  // game-frame statistics under the title
+  for (const auto& l : p.info.frame_loops) {
+    if (!with_frames.subtitle.empty()) with_frames.subtitle += "; ";
+    with_frames.subtitle += frame_stats_line(l);
+  }
   return render_svg(in, with_frames);
 }
 
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/output/svg.hpp ----
-
-namespace selfprof {
-
-// Which count sets a frame's width in the differential SVG.
-enum class diff_width : std::uint8_t {
-  larger,  // max(before, after) per stack (default): stacks that vanished stay visible
-  after,   // the new profile, as flamegraph.pl draws difffolded output
-  before,  // the baseline
-};
-
-struct diff_options {
-  bool normalize = false;  // difffolded -n: scale "before" counts by total_after/total_before (truncated)
-  bool strip_hex = false;  // difffolded -s: every 0x[0-9a-fA-F]+ becomes 0x... before matching stacks
-  bool negate = false;     // flamegraph.pl --negate: swap the hues and the sign shown
-  bool inclusive = false;  // colour by each frame's inclusive change instead of its self change
-  diff_width widths = diff_width::larger;
-};
-
-namespace detail {
-
-// A frame name in folded text: annotated, `;` -> `:`, CR/LF/NUL removed, never empty.
-inline std::string folded_frame_text(const frame& f) {
-  std::string n = annotated_frame_name(f);
-  std::string out;
-  out.reserve(n.size());
-  for (char c : n) {
-    if (c == ';')
-      out += ':';
-    else if (c == '\n' || c == '\r' || c == '\0')
-      continue;
-    else
-      out += c;
-  }
-  return out.empty() ? std::string("[unknown]") : out;
-}
-
-inline std::string strip_hex_numbers(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (std::size_t i = 0; i < s.size();) {
-    if (s[i] == '0' && i + 2 < s.size() && s[i + 1] == 'x' &&
-        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
-      std::size_t j = i + 2;
-      while (j < s.size() && std::isxdigit(static_cast<unsigned char>(s[j]))) ++j;
-      out += "0x...";
-      i = j;
-    } else {
-      out += s[i++];
-    }
-  }
-  return out;
-}
-
-// Adds each stack of `p` as a folded key into `counts` (channel 0: before, 1: after); returns the total.
-inline std::uint64_t fold_into(std::map<std::string, std::pair<std::uint64_t, std::uint64_t>>& counts,
-                               const profile& p, int channel, bool strip_hex) {
-  std::vector<std::string> names(p.frames.size());
-  std::vector<bool> named(p.frames.size(), false);
-  std::uint64_t total = 0;
-  std::string key;
-  for (const stack& s : p.stacks) {
-    if (s.count == 0) continue;
-    key.clear();
-    for (std::uint32_t fi : s.frames) {
-      if (fi >= p.frames.size()) continue;
-      if (!named[fi]) {
-        names[fi] = folded_frame_text(p.frames[fi]);
-        named[fi] = true;
-      }
-      if (!key.empty()) key += ';';
-      key += names[fi];
-    }
-    if (key.empty()) key = "[unknown]";
-    if (strip_hex) key = strip_hex_numbers(key);
-    auto& c = counts[key];
-    (channel == 0 ? c.first : c.second) += s.count;
-    total += s.count;
-  }
-  return total;
-}
-
-struct diff_table {
-  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> counts;  // stack -> (before, after), sorted
-  std::uint64_t total_before = 0, total_after = 0;                        // after normalisation
-};
-
-inline diff_table diff_counts(const profile& before, const profile& after, const diff_options& o) {
-  diff_table t;
-  std::uint64_t t1 = fold_into(t.counts, before, 0, o.strip_hex);
-  std::uint64_t t2 = fold_into(t.counts, after, 1, o.strip_hex);
-  t.total_after = t2;
-  if (o.normalize && t1 != t2 && t1 != 0) {
-    const std::uint64_t original = t1;
-    t1 = 0;
-    for (auto& kv : t.counts) {  // as difffolded: int(c1 * total2 / total1), in double arithmetic
-      double scaled =
-          static_cast<double>(kv.second.first) * static_cast<double>(t2) / static_cast<double>(original);
-      kv.second.first = static_cast<std::uint64_t>(scaled);
-      t1 += kv.second.first;
-    }
-  }
-  t.total_before = t1;
-  return t;
-}
-
-// difffolded output: `stack before after` for every stack of either profile, sorted by bytes.
-inline std::string write_diff_folded(const profile& before, const profile& after, const diff_options& o) {
-  diff_table t = diff_counts(before, after, o);
-  std::string out;
-  for (const auto& kv : t.counts) {
-    out += kv.first;
-    out += ' ';
-    out += std::to_string(kv.second.first);
-    out += ' ';
-    out += std::to_string(kv.second.second);
-    out += '\n';
-  }
-  return out;
-}
-
-// The differential flame graph: red frames grew, blue ones shrank (by self change unless
-// `inclusive`); tooltips carry before and after counts. `before`-only stacks stay visible unless
-// widths follow `after`.
-inline std::string write_diff_svg(const profile& before, const profile& after, const svg_options& so,
-                                  const diff_options& o) {
-  diff_table t = diff_counts(before, after, o);
-  flame_tree tree;
-  std::vector<std::uint32_t> path;
-  for (const auto& kv : t.counts) {
-    const std::string& key = kv.first;
-    path.clear();
-    std::size_t start = 0;
-    while (start <= key.size()) {
-      std::size_t semi = key.find(';', start);
-      if (semi == std::string::npos) semi = key.size();
-      path.push_back(tree.intern(key.substr(start, semi - start)));
-      start = semi + 1;
-    }
-    if (so.reverse) std::reverse(path.begin(), path.end());
-    std::uint64_t c1 = kv.second.first, c2 = kv.second.second;
-    std::uint64_t w = o.widths == diff_width::after    ? c2
-                      : o.widths == diff_width::before ? c1
-                                                       : std::max(c1, c2);
-    tree.add(path.data(), path.size(), c1, c2, w);
-  }
-  tree.build(true);
-  svg_options opt = so;
-  if (opt.title.empty()) opt.title = "Differential Flame Graph";
-  if (opt.subtitle.empty())
-    opt.subtitle = std::string(o.negate ? "blue: grew, red: shrank" : "red: grew, blue: shrank") +
-                   (o.inclusive ? " (inclusive change)" : " (self change)") + "; widths: " +
-                   (o.widths == diff_width::after    ? "after"
-                    : o.widths == diff_width::before ? "before"
-                                                     : "larger of before and after");
-  if (tree.total_width() == 0) return render_error_svg(opt, "ERROR: No stack counts found");
-  svg_input in;
-  in.tree = &tree;
-  in.total = std::max<std::uint64_t>(tree.total_width(), so.total);
-  in.value_total = t.total_after;
-  in.before_total = t.total_before;
-  in.diff = true;
-  in.negate = o.negate;
-  in.inclusive_delta = o.inclusive;
-  in.info = &after.info;
-  in.frames = tree.layout(min_width_samples(opt, in.total));
-  in.frames[0].width = in.total;
-  std::int64_t max_delta = 1;
-  for (const auto& n : tree.nodes()) {
-    std::int64_t d = o.inclusive
-                         ? static_cast<std::int64_t>(n.after) - static_cast<std::int64_t>(n.before)
-                         : static_cast<std::int64_t>(n.self_after) - static_cast<std::int64_t>(n.self_before);
-    if (d < 0) d = -d;
-    if (d > max_delta) max_delta = d;
-  }
-  in.max_delta = max_delta;
-  return render_svg(in, opt);
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/output/diff.hpp ----
-// ---- begin selfprof/output/folded_parse.hpp ----
-// The folded ("collapsed") stack reader: turns any folded dialect of reference formats.md §1 back into a
-// profile, with the reasons for every line it could not use.
-// Context: any thread except the signal handler (used by the CLI, the diff and SVG writers, tests).
-//
-// Accepted: `FRAME(;FRAME)* COUNT` with one or more spaces or tabs before the count; CRLF line ends;
-// blank lines and `# ` comment lines (skipped); surrounding whitespace; fractional counts like
-// flamegraph.pl's `12.5` (truncated to integers as inferno does, with a warning); differential lines
-// `STACK COUNT1 COUNT2` (the profile takes COUNT2, the "after" column; COUNT1 goes to before_counts).
-// Frames are interned by name: a trailing `_[k]`/`_[j]`/`_[i]` sets frame_kind and is stripped from
-// the name; `[name tid=N]` as first frame and `[truncated]` at the root side become marker frames (kept
-// in the stack, so writing the profile again gives the same bytes) and set stack::tid / a thread name
-// and stack::truncated. Identical lines are merged. Malformed lines are skipped and reported with
-// source name and 1-based line number; nothing here throws or crashes on bad input.
-
-#include <cstddef>
-#include <cstdint>
-#include <string>
-#include <string_view>
-#include <unordered_map>
-#include <vector>
-
-// ---- begin selfprof/output/folded.hpp ----
-// The folded ("collapsed") stack writer: `root;...;leaf COUNT` lines that flamegraph.pl, inferno,
-// speedscope and Pyroscope read (reference formats.md §1 and §12).
+// ---- begin selfprof/output/top.hpp ----
+// The top-list writer (`.txt`): the flat ranking `perf report --no-children` prints, self and total
+// per function (optionally per module too), under a header with the profile's sampling metadata.
 // Context: any thread except the signal handler (a pure function of the profile).
 //
-// What it promises:
-//  - One line per distinct stack *by name*: stacks that differ only in addresses, modules or source
-//    lines are merged (their counts added, saturating at 2^64-1). Lines are sorted bytewise, counts
-//    are decimal integers, zero counts are omitted, LF line endings. Same profile in, same bytes out.
-//  - Counts are whatever `profile_info::unit` says (samples for cpu/wall profiles); never periods.
-//  - Frame names are made safe (`folded_frame_name`): `;` becomes `:`, CR/LF/NUL are removed, other
-//    control characters become spaces, invalid UTF-8 bytes become U+FFFD, trailing spaces are cut, an
-//    ending "<space><digits>" gets `_` instead of the space (so no reader mistakes it for a count
-//    column), an empty name becomes `[unknown]`. Kinds get the flamegraph.pl annotations: kernel
-//    `_[k]`, jit `_[j]`, inlined `_[i]`; markers and native frames get none.
-//  - `folded_options::thread_roots` adds a root frame per thread in async-profiler's `-t` convention,
-//    `[name tid=N]` (or `[tid=N]` when the thread has no name). We chose it over stackcollapse-perf's
-//    `comm-PID/TID` because the profile is of one process (the PID adds nothing), because the
-//    brackets mark the frame as synthetic, and because it cannot be confused with a function name.
-//    Stacks with tid 0 (merged/unknown) get no thread root.
-//  - A stack with `truncated` set gets a `[truncated]` marker right after its thread root (at the
-//    root side, where frames are missing). A stack whose frames already start with such markers
-//    (e.g. one read back by parse_folded) does not get them twice, so write→parse→write is stable.
-//  - Every line, LF included, is at most `max_line_bytes` (default 65535, under Pyroscope's 64 KiB
-//    scanner limit). A longer line loses frames at the root side (the thread root is kept) and gets
-//    the `[truncated]` marker instead; a single frame longer than the limit is cut at a UTF-8 boundary.
+// Definitions: self = samples whose leaf is the function; total = samples whose stack contains the
+// function, counted once per stack even when it recurses; percentages are of all samples in the
+// profile's stacks. Functions are identified by their folded name (so the kinds' `_[k]` `_[j]` `_[i]`
+// show and hostile characters are made safe as in the folded output); thread-root markers are not
+// functions and are skipped. Rows are sorted by self, then total (both descending), then name
+// (bytewise). Numbers are formatted without the C locale's help, so the bytes never depend on it.
 
 #include <algorithm>
-#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <utility>
 #include <vector>
 
 
 namespace selfprof {
 
-struct folded_options {
-  bool thread_roots = false;           // prefix `[name tid=N]` (see above)
-  bool annotate = true;                // `_[k]` `_[j]` `_[i]` suffixes
-  std::size_t max_line_bytes = 65535;  // per line including LF; 0 = no limit
+struct top_options {
+  std::size_t limit = 0;   // rows per table; 0 = all
+  bool by_module = false;  // add a table ranking modules the same way
 };
 
 namespace detail {
 
-inline constexpr std::string_view truncated_marker = "[truncated]";
-inline constexpr std::string_view unknown_frame = "[unknown]";
+struct top_row {
+  std::string name;
+  std::uint64_t self = 0, total = 0;
+};
 
-// Appends `name` made safe for a folded line (the rules in the header comment, without annotation).
-inline void append_folded_name(std::string& out, std::string_view name) {
-  const std::size_t start = out.size();
-  for (std::size_t i = 0; i < name.size();) {
-    const char c = name[i];
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x80) {
-      const std::size_t len = utf8_sequence_length(name, i);
-      if (len == 0) {
-        out += "\xEF\xBF\xBD";
-        ++i;
-      } else {
-        out.append(name.data() + i, len);
-        i += len;
-      }
-      continue;
-    }
-    if (c == '\r' || c == '\n' || c == '\0') {
-    } else if (c == ';') {
-      out += ':';
-    } else if (u < 0x20 || u == 0x7F) {
-      out += ' ';
-    } else {
-      out += c;
-    }
-    ++i;
-  }
-  while (out.size() > start && out.back() == ' ') out.pop_back();
-  // "<space><digits>[.<digits>]" at the end would read as a count column: replace that space.
-  std::size_t j = out.size();
-  while (j > start && out[j - 1] >= '0' && out[j - 1] <= '9') --j;
-  if (j < out.size() && j > start && out[j - 1] == '.') {
-    std::size_t k = j - 1;
-    while (k > start && out[k - 1] >= '0' && out[k - 1] <= '9') --k;
-    if (k < j - 1) j = k;
-  }
-  if (j < out.size() && j > start && out[j - 1] == ' ') out[j - 1] = '_';
-  if (out.size() == start) out += unknown_frame;
-}
-
-inline std::string_view kind_annotation(frame_kind kind) {
-  switch (kind) {
-    case frame_kind::kernel:
-      return "_[k]";
-    case frame_kind::jit:
-      return "_[j]";
-    case frame_kind::inlined:
-      return "_[i]";
-    default:
-      return {};
-  }
-}
-
-// The folded text of one frame: the safe name plus its annotation.
-inline std::string folded_frame_name(const frame& f, bool annotate = true) {
-  std::string out;
-  append_folded_name(out, f.name);
-  if (annotate) out += kind_annotation(f.kind);
-  return out;
-}
-
-// `[name tid=N]` or `[tid=N]`; the name is made safe like a frame name.
-inline std::string thread_root_name(std::uint32_t tid, const std::string& name) {
-  std::string out = "[";
-  if (!name.empty()) {
+// Module label of a frame for the per-module table.
+inline std::string top_module_name(const frame& f) {
+  if (!f.module.empty()) {
     std::string safe;
-    append_folded_name(safe, name);
-    if (safe != unknown_frame) out += safe + " ";
+    append_folded_name(safe, f.module);
+    return safe;
   }
-  return out + "tid=" + std::to_string(tid) + "]";
-}
-
-inline bool is_thread_root_name(std::string_view name) {
-  if (name.size() < 7 || name.front() != '[' || name.back() != ']') return false;
-  const auto pos = name.rfind("tid=");
-  if (pos == std::string_view::npos || (pos != 1 && name[pos - 1] != ' ')) return false;
-  const std::size_t digits_begin = pos + 4, digits_end = name.size() - 1;
-  if (digits_begin == digits_end) return false;
-  for (std::size_t i = digits_begin; i < digits_end; ++i)
-    if (name[i] < '0' || name[i] > '9') return false;
-  return true;
-}
-
-inline const frame* frame_at(const profile& p, std::uint32_t index) {
-  return index < p.frames.size() ? &p.frames[index] : nullptr;
-}
-
-inline bool is_marker(const profile& p, std::uint32_t index, bool (*pred)(std::string_view)) {
-  const frame* f = frame_at(p, index);
-  return f && f->kind == frame_kind::marker && pred(f->name);
-}
-
-inline bool is_truncated_name(std::string_view name) { return name == truncated_marker; }
-
-// Cuts `s` to at most `n` bytes without splitting a UTF-8 sequence.
-inline void cut_utf8(std::string& s, std::size_t n) {
-  if (s.size() <= n) return;
-  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0u) == 0x80u) --n;
-  s.resize(n);
-}
-
-inline void add_saturating(std::uint64_t& a, std::uint64_t b) { a = (a + b < a) ? UINT64_MAX : a + b; }
-
-// The folded stack text (without count) of one stack; `names` caches folded_frame_name per frame;
-// `thread_root` is the root frame to add (empty: none); `budget` is the most bytes the text may take
-// (0 = no limit).
-inline std::string folded_stack_text(const profile& p, const stack& s, const std::string& thread_root,
-                                     const std::vector<std::string>& names, std::size_t budget) {
-  std::vector<std::string_view> parts;
-  parts.reserve(s.frames.size() + 2);
-  std::size_t first = 0;  // index in s.frames of the first frame after existing root markers
-  const bool has_root = !s.frames.empty() && is_marker(p, s.frames[0], is_thread_root_name);
-  if (has_root) {
-    parts.push_back(names[s.frames[0]]);
-    first = 1;
-  } else if (!thread_root.empty()) {
-    parts.push_back(thread_root);
+  switch (f.kind) {
+    case frame_kind::kernel:
+      return "[kernel]";
+    case frame_kind::jit:
+      return "[jit]";
+    case frame_kind::marker:
+      return "[selfprof]";
+    default:
+      return "[unknown]";
   }
-  const std::size_t root_parts = parts.size();
-  bool has_marker = first < s.frames.size() && is_marker(p, s.frames[first], is_truncated_name);
-  if (s.truncated && !has_marker) parts.push_back(truncated_marker);
-  static const std::string bad = std::string(unknown_frame);
-  for (std::size_t i = first; i < s.frames.size(); ++i)
-    parts.push_back(s.frames[i] < names.size() ? std::string_view(names[s.frames[i]])
-                                               : std::string_view(bad));
-  if (parts.empty()) parts.push_back(unknown_frame);
+}
 
-  std::size_t total = 0;
-  for (auto part : parts) total += part.size() + 1;
-  total -= 1;
-  if (budget == 0 || total <= budget) {
-    std::string out;
-    out.reserve(total);
-    for (std::size_t i = 0; i < parts.size(); ++i) {
-      if (i) out += ';';
-      out.append(parts[i].data(), parts[i].size());
+// The row key of a frame: its folded name, or its module with `by_module`; no frame is "[unknown]".
+inline std::string top_key(const frame* f, bool by_module) {
+  if (f == nullptr) return std::string(unknown_frame);
+  return by_module ? top_module_name(*f) : folded_frame_name(*f);
+}
+
+// Self/total rows per function (per module with `by_module`); an index past the frame table counts as
+// "[unknown]". Sorted by self, then total (both descending), then name.
+inline std::vector<top_row> top_rows(const profile& p, std::uint64_t& grand_total, bool by_module) {
+  std::unordered_map<std::string, std::size_t> index;
+  std::vector<top_row> rows;
+  std::vector<std::size_t> seen_mark;  // per row: last stack number that counted it (+1)
+  auto row_for = [&](std::string key) -> std::size_t {
+    auto [it, fresh] = index.try_emplace(key, rows.size());
+    if (fresh) {
+      rows.push_back({std::move(key), 0, 0});
+      seen_mark.push_back(0);
     }
-    return out;
-  }
-  // Too long: keep the thread root and a [truncated] marker, then as many leaf-side frames as fit.
-  std::string head;
-  for (std::size_t i = 0; i < root_parts; ++i) head.append(parts[i].data(), parts[i].size()) += ';';
-  head += truncated_marker;
-  std::size_t first_data = root_parts;
-  if (first_data < parts.size() && parts[first_data] == truncated_marker) ++first_data;
-  if (head.size() > budget) {  // even the head does not fit: drop the thread root
-    head = std::string(truncated_marker);
-  }
-  std::size_t used = head.size();
-  std::size_t keep_from = parts.size();
-  while (keep_from > first_data && used + 1 + parts[keep_from - 1].size() <= budget) {
-    used += 1 + parts[keep_from - 1].size();
-    --keep_from;
-  }
-  std::string out = head;
-  if (keep_from == parts.size() && first_data < parts.size()) {
-    // Not even the leaf fits next to the marker: cut the leaf itself.
-    std::string leaf(parts.back());
-    cut_utf8(leaf, budget > head.size() + 1 ? budget - head.size() - 1 : 0);
-    while (!leaf.empty() && leaf.back() == ' ') leaf.pop_back();
-    if (leaf.empty()) return out;
-    return out + ";" + leaf;
-  }
-  for (std::size_t i = keep_from; i < parts.size(); ++i)
-    (out += ';').append(parts[i].data(), parts[i].size());
-  return out;
-}
-
-// (stack text, count) pairs, merged by name and sorted bytewise.
-inline std::vector<std::pair<std::string, std::uint64_t>> folded_lines(const profile& p,
-                                                                       const folded_options& opts = {}) {
-  std::vector<std::string> names;
-  names.reserve(p.frames.size());
-  for (const auto& f : p.frames) names.push_back(folded_frame_name(f, opts.annotate));
-  // Budget for the stack text: the line minus " COUNT\n" (space, up to 20 digits, LF).
-  std::size_t budget = 0;
-  if (opts.max_line_bytes) {
-    const std::size_t tail = 2 + 20;
-    budget = opts.max_line_bytes > tail + 16 ? opts.max_line_bytes - tail : 16;
-  }
-  std::unordered_map<std::uint32_t, std::string> roots;  // tid → `[name tid=N]`
-  static const std::string no_root;
-  std::unordered_map<std::string, std::uint64_t> merged;
-  merged.reserve(p.stacks.size());
+    return it->second;
+  };
+  grand_total = 0;
+  std::size_t stack_number = 0;
   for (const auto& s : p.stacks) {
     if (s.count == 0) continue;
-    const std::string* root = &no_root;
-    if (opts.thread_roots && s.tid != 0) {
-      auto [it, fresh] = roots.try_emplace(s.tid);
-      if (fresh) it->second = thread_root_name(s.tid, p.thread_name(s.tid));
-      root = &it->second;
+    ++stack_number;
+    add_saturating(grand_total, s.count);
+    std::size_t leaf = static_cast<std::size_t>(-1);
+    for (const auto fi : s.frames) {
+      const frame* f = frame_at(p, fi);
+      if (f && f->kind == frame_kind::marker && is_thread_root_name(f->name)) continue;
+      const std::size_t r = row_for(top_key(f, by_module));
+      if (seen_mark[r] != stack_number) {
+        seen_mark[r] = stack_number;
+        add_saturating(rows[r].total, s.count);
+      }
+      leaf = r;
     }
-    add_saturating(merged[folded_stack_text(p, s, *root, names, budget)], s.count);
+    if (leaf == static_cast<std::size_t>(-1)) {
+      leaf = row_for(std::string(unknown_frame));
+      add_saturating(rows[leaf].total, s.count);
+    }
+    add_saturating(rows[leaf].self, s.count);
   }
-  std::vector<std::pair<std::string, std::uint64_t>> lines;
-  lines.reserve(merged.size());
-  for (auto& kv : merged) lines.emplace_back(kv.first, kv.second);
-  std::sort(lines.begin(), lines.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  return lines;
+  std::vector<std::uint32_t> order = identity_order(rows.size());
+  sort_indices(
+      order,
+      [](const void* all, std::uint32_t ia, std::uint32_t ib) {
+        const top_row& a = (*static_cast<const std::vector<top_row>*>(all))[ia];
+        const top_row& b = (*static_cast<const std::vector<top_row>*>(all))[ib];
+        if (a.self != b.self) return a.self > b.self;
+        if (a.total != b.total) return a.total > b.total;
+        return a.name < b.name;
+      },
+      &rows);
+  std::vector<top_row> sorted;
+  sorted.reserve(rows.size());
+  for (std::uint32_t i : order) sorted.push_back(std::move(rows[i]));
+  return sorted;
+}
+
+inline std::string top_percent(std::uint64_t part, std::uint64_t whole) {
+  const double pct = whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+  std::string s = format_fixed(pct, 2);
+  s += '%';
+  return s;
+}
+
+// Appends `s` right-aligned in `width` columns.
+inline void append_padded(std::string& out, std::string_view s, std::size_t width) {
+  if (s.size() < width) out.append(width - s.size(), ' ');
+  out += s;
+}
+
+inline void append_top_table(std::string& out, const std::vector<top_row>& rows, std::uint64_t total,
+                             const char* what, std::size_t limit) {
+  std::size_t width = 5;
+  for (const auto& r : rows) width = std::max(width, std::to_string(r.total).size());
+  append_padded(out, "self%", 7);
+  out += ' ';
+  append_padded(out, "total%", 7);
+  out += "  ";
+  append_padded(out, "self", width);
+  out += "  ";
+  append_padded(out, "total", width);
+  out += "  ";
+  out += what;
+  out += '\n';
+  const std::size_t shown = limit && limit < rows.size() ? limit : rows.size();
+  for (std::size_t i = 0; i < shown; ++i) {
+    const auto& r = rows[i];
+    append_padded(out, top_percent(r.self, total), 7);
+    out += ' ';
+    append_padded(out, top_percent(r.total, total), 7);
+    out += "  ";
+    append_padded(out, std::to_string(r.self), width);
+    out += "  ";
+    append_padded(out, std::to_string(r.total), width);
+    out += "  ";
+    out += r.name;
+    out += '\n';
+  }
+  if (shown < rows.size()) {
+    out += "... ";
+    out += std::to_string(rows.size() - shown);
+    out += " more (limit ";
+    out += std::to_string(limit);
+    out += ")\n";
+  }
 }
 
 }  // namespace detail
 
-// The folded text of a profile (see the promises at the top of this file).
-inline std::string write_folded(const profile& p, const folded_options& opts = {}) {
-  const auto lines = detail::folded_lines(p, opts);
-  std::size_t size = 0;
-  for (const auto& line : lines) size += line.first.size() + 22;
-  std::string out;
-  out.reserve(size);
-  for (const auto& [text, count] : lines) {
-    out += text;
-    out += ' ';
-    out += std::to_string(count);
+// The top list of a profile (see the definitions at the top of this file).
+inline std::string write_top(const profile& p, const top_options& opts = {}) {
+  std::uint64_t total = 0;
+  const auto functions = detail::top_rows(p, total, false);
+  const auto& info = p.info;
+  std::string out =
+      "# selfprof " SELFPROF_VERSION_STRING " top: self and total per function (perf report --no-children)\n";
+  out += "# mode: ";
+  out += mode_name(info.mode);
+  out += "  unit: ";
+  out += info.unit;
+  out += "  source: ";
+  out += info.source.empty() ? "-" : info.source;
+  out += "  hz: ";
+  out += detail::format_compact(info.hz);
+  out += "  duration: ";
+  out += detail::format_fixed(info.duration_s, 3);
+  out += " s\n# samples: ";
+  out += std::to_string(total);
+  out += "  dropped: ";
+  out += std::to_string(info.dropped);
+  out += "  truncated: ";
+  out += std::to_string(info.truncated);
+  out += '\n';
+  if (!info.view.empty()) {
+    out += "# view: ";
+    out += info.view;
     out += '\n';
+  }
+  for (const auto& loop : info.frame_loops) {
+    out += "# frames: ";
+    detail::append_printable(out, frame_stats_line(loop));
+    out += "\n";
+  }
+  for (const auto& note : info.notes) {
+    out += "# note: ";
+    detail::append_printable(out, note);
+    out += "\n";
+  }
+  out += "\n";
+  if (total == 0) return out + "(no samples)\n";
+  detail::append_top_table(out, functions, total, "function", opts.limit);
+  if (opts.by_module) {
+    std::uint64_t module_total = 0;
+    const auto modules = detail::top_rows(p, module_total, true);
+    out += "\n";
+    detail::append_top_table(out, modules, module_total, "module", opts.limit);
   }
   return out;
 }
 
 }  // namespace selfprof
-// ---- end selfprof/output/folded.hpp ----
+// ---- end selfprof/output/top.hpp ----
 
 namespace selfprof {
 
-struct folded_parse_error {
-  std::string source;    // the source_name given to parse_folded (a path, "<stdin>", ...)
-  std::size_t line = 0;  // 1-based
-  std::string message;
-  // "source:line: message"
-  std::string to_string() const { return source + ":" + std::to_string(line) + ": " + message; }
+enum class output_format { folded, top, pprof, svg };
+
+// Options of every writer, for render() to pick from.
+struct output_options {
+  folded_options folded;
+  top_options top;
+  pprof_options pprof;
+  svg_options svg;
 };
 
-struct folded_parse_result {
-  selfprof::profile prof;                    // frames by name, one stack per distinct line
-  std::vector<folded_parse_error> errors;    // lines skipped, first `max_reported` of them
-  std::vector<folded_parse_error> warnings;  // lines used but changed (the first fractional count)
-  std::size_t lines = 0;                     // lines read (the last one may lack its LF)
-  std::size_t ignored_lines = 0;             // malformed lines skipped (all of them, reported or not)
-  std::size_t comment_lines = 0;             // blank lines and `# ` comments
-  std::size_t zero_count_lines = 0;          // well-formed lines whose count is 0 (no stack made)
-  std::size_t fractional_lines = 0;          // counts that had a fraction cut off
-  bool differential = false;                 // some line had two counts
-  std::vector<std::uint64_t> before_counts;  // per stack, COUNT1 of differential lines (else 0)
-
-  static constexpr std::size_t max_reported = 100;
-  bool ok() const { return ignored_lines == 0; }
+struct format_lookup {
+  output_format format = output_format::folded;
+  status result;  // an error naming the path when the extension is unknown
 };
+
+inline const char* format_name(output_format f) {
+  switch (f) {
+    case output_format::folded:
+      return "folded";
+    case output_format::top:
+      return "top";
+    case output_format::pprof:
+      return "pprof";
+    case output_format::svg:
+      return "svg";
+  }
+  return "?";
+}
 
 namespace detail {
-
-inline bool is_folded_space(char c) { return c == ' ' || c == '\t'; }
-
-// Parses `\d+(\.\d*)?` into an integer (fraction cut). Returns false when the token is not a count
-// or overflows; `fractional` is set when digits after the dot were non-zero.
-inline bool parse_folded_count(std::string_view tok, std::uint64_t& value, bool& fractional) {
-  value = 0;
-  fractional = false;
-  std::size_t i = 0;
-  if (tok.empty() || tok[0] < '0' || tok[0] > '9') return false;
-  for (; i < tok.size() && tok[i] >= '0' && tok[i] <= '9'; ++i) {
-    const std::uint64_t d = static_cast<std::uint64_t>(tok[i] - '0');
-    if (value > (UINT64_MAX - d) / 10) return false;
-    value = value * 10 + d;
-  }
-  if (i == tok.size()) return true;
-  if (tok[i] != '.') return false;
-  for (++i; i < tok.size(); ++i) {
-    if (tok[i] < '0' || tok[i] > '9') return false;
-    if (tok[i] != '0') fractional = true;
+inline bool ends_with_ci(const std::string& s, const char* suffix) {
+  const std::size_t n = std::char_traits<char>::length(suffix);
+  if (s.size() < n) return false;
+  for (std::size_t i = 0; i < n; ++i) {
+    char c = s[s.size() - n + i];
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    if (c != suffix[i]) return false;
   }
   return true;
 }
-
-// Splits off the last whitespace-separated token of `s` (already trimmed on the right).
-inline bool split_last_token(std::string_view s, std::string_view& rest, std::string_view& tok) {
-  std::size_t end = s.size();
-  std::size_t b = end;
-  while (b > 0 && !is_folded_space(s[b - 1])) --b;
-  if (b == 0) return false;
-  tok = s.substr(b, end - b);
-  std::size_t r = b;
-  while (r > 0 && is_folded_space(s[r - 1])) --r;
-  rest = s.substr(0, r);
-  return true;
-}
-
-inline frame_kind strip_folded_annotation(std::string_view& name) {
-  if (name.size() >= 4 && name.substr(name.size() - 4, 2) == "_[" && name.back() == ']') {
-    const char k = name[name.size() - 2];
-    frame_kind kind = frame_kind::native;
-    if (k == 'k')
-      kind = frame_kind::kernel;
-    else if (k == 'j')
-      kind = frame_kind::jit;
-    else if (k == 'i')
-      kind = frame_kind::inlined;
-    if (kind != frame_kind::native) name.remove_suffix(4);
-    return kind;
-  }
-  return frame_kind::native;
-}
-
-class folded_parser {
- public:
-  folded_parser(folded_parse_result& r, const std::string& source) : r_(r), source_(source) {}
-
-  void line(std::size_t number, std::string_view text) {
-    if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
-    while (!text.empty() && is_folded_space(text.front())) text.remove_prefix(1);
-    while (!text.empty() && is_folded_space(text.back())) text.remove_suffix(1);
-    if (text.empty() || text == "#" || text.substr(0, 2) == "# ") {
-      ++r_.comment_lines;
-      return;
-    }
-    std::string_view stack_text, tok;
-    if (!split_last_token(text, stack_text, tok)) return error(number, "no count at the end of the line");
-    std::uint64_t count = 0, before = 0;
-    bool frac = false, frac_before = false, diff = false;
-    if (!parse_folded_count(tok, count, frac))
-      return error(number, "count '" + std::string(tok.substr(0, 40)) + "' is not a non-negative number");
-    std::string_view rest2, tok2;
-    if (split_last_token(stack_text, rest2, tok2) && parse_folded_count(tok2, before, frac_before)) {
-      diff = true;
-      stack_text = rest2;
-    }
-    if (stack_text.empty()) return error(number, "empty stack before the count");
-    if (frac || frac_before) {
-      if (r_.fractional_lines++ == 0)
-        r_.warnings.push_back({source_, number,
-                               "fractional count '" + std::string(tok.substr(0, 40)) +
-                                   "' cut to an integer (counts are integers; scale the input first)"});
-    }
-    if (count == 0 && !diff) {
-      ++r_.zero_count_lines;
-      return;
-    }
-    if (count == 0 && before == 0) {
-      ++r_.zero_count_lines;
-      return;
-    }
-    if (diff) r_.differential = true;
-    add_stack(stack_text, count, before);
-  }
-
- private:
-  void error(std::size_t number, std::string message) {
-    ++r_.ignored_lines;
-    if (r_.errors.size() < folded_parse_result::max_reported)
-      r_.errors.push_back({source_, number, std::move(message)});
-  }
-
-  std::uint32_t intern(std::string_view name, frame_kind kind) {
-    std::string key(1, static_cast<char>('0' + static_cast<int>(kind)));
-    key.append(name.data(), name.size());
-    auto [it, fresh] = frames_.try_emplace(std::move(key), 0u);
-    if (fresh) {
-      it->second = static_cast<std::uint32_t>(r_.prof.frames.size());
-      frame f;
-      f.name = std::string(name);
-      f.kind = kind;
-      r_.prof.frames.push_back(std::move(f));
-    }
-    return it->second;
-  }
-
-  void add_stack(std::string_view text, std::uint64_t count, std::uint64_t before) {
-    auto found = stacks_.find(std::string(text));
-    if (found != stacks_.end()) {
-      auto& s = r_.prof.stacks[found->second];
-      add_saturating(s.count, count);
-      add_saturating(r_.before_counts[found->second], before);
-      return;
-    }
-    stack s;
-    s.count = count;
-    std::size_t pos = 0, index = 0;
-    while (pos <= text.size()) {
-      std::size_t semi = text.find(';', pos);
-      if (semi == std::string_view::npos) semi = text.size();
-      std::string_view name = text.substr(pos, semi - pos);
-      frame_kind kind = strip_folded_annotation(name);
-      if (kind == frame_kind::native) {
-        if (index == 0 && is_thread_root_name(name)) {
-          kind = frame_kind::marker;
-          note_thread(name, s);
-        } else if (name == truncated_marker && (index == 0 || (index == 1 && s.tid != 0))) {
-          kind = frame_kind::marker;
-          s.truncated = true;
-        }
-      }
-      s.frames.push_back(intern(name, kind));
-      ++index;
-      pos = semi + 1;
-    }
-    stacks_.emplace(std::string(text), r_.prof.stacks.size());
-    r_.prof.stacks.push_back(std::move(s));
-    r_.before_counts.push_back(before);
-  }
-
-  void note_thread(std::string_view root, stack& s) {
-    const auto pos = root.rfind("tid=");
-    std::uint64_t tid = 0;
-    bool frac = false;
-    if (!parse_folded_count(root.substr(pos + 4, root.size() - 1 - (pos + 4)), tid, frac) ||
-        tid > UINT32_MAX || tid == 0)
-      return;
-    s.tid = static_cast<std::uint32_t>(tid);
-    if (thread_seen_.emplace(s.tid, true).second) {
-      thread_info t;
-      t.tid = s.tid;
-      if (pos > 2) t.name = std::string(root.substr(1, pos - 2));
-      r_.prof.threads.push_back(std::move(t));
-    }
-  }
-
-  folded_parse_result& r_;
-  const std::string& source_;
-  std::unordered_map<std::string, std::uint32_t> frames_;
-  std::unordered_map<std::string, std::size_t> stacks_;
-  std::unordered_map<std::uint32_t, bool> thread_seen_;
-};
-
 }  // namespace detail
 
-// Reads folded text; `source_name` only labels errors. See the top of this file for the dialects.
-inline folded_parse_result parse_folded(std::string_view text, const std::string& source_name) {
-  folded_parse_result r;
-  r.prof.info.source = "file";
-  {
-    detail::folded_parser parser(r, source_name);
-    std::size_t pos = 0;
-    while (pos < text.size()) {
-      std::size_t nl = text.find('\n', pos);
-      if (nl == std::string_view::npos) nl = text.size();
-      parser.line(++r.lines, text.substr(pos, nl - pos));
-      pos = nl + 1;
+// The format a path asks for by its extension.
+inline format_lookup format_for_path(const std::string& path) {
+  format_lookup r;
+  const auto slash = path.find_last_of('/');
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  struct entry {
+    const char* ext;
+    output_format format;
+  };
+  static const entry table[] = {{".folded", output_format::folded}, {".collapsed", output_format::folded},
+                                {".txt", output_format::top},       {".pb.gz", output_format::pprof},
+                                {".pprof", output_format::pprof},   {".svg", output_format::svg}};
+  for (const auto& e : table) {
+    if (name.size() > std::char_traits<char>::length(e.ext) && detail::ends_with_ci(name, e.ext)) {
+      r.format = e.format;
+      return r;
     }
   }
-  for (const auto& s : r.prof.stacks) {
-    detail::add_saturating(r.prof.info.samples, s.count);
-    if (s.truncated) detail::add_saturating(r.prof.info.truncated, s.count);
-  }
+  std::string message = "selfprof: cannot write ";
+  message += path;
+  message += ": unknown output format (use .folded, .collapsed, .txt, .pb.gz, .pprof or .svg)";
+  r.result = status::error(std::move(message));
   return r;
 }
 
-namespace detail {
-using selfprof::folded_parse_result;  // the brief's spelling: detail::folded_parse_result
-using selfprof::parse_folded;
-}  // namespace detail
-
-}  // namespace selfprof
-// ---- end selfprof/output/folded_parse.hpp ----
-// ---- begin selfprof/profiler.hpp ----
-// The public API: start and stop sampling, take a profile, write it to files, read the counters.
-// Context: any thread (not the signal handler).
-
-#include <unistd.h>
-
-#include <cstdio>
-#include <ctime>
-#include <string>
-#include <vector>
-
-// ---- begin selfprof/collect/collector.hpp ----
-// The profiler core: one per process. Owns the sample ring, the tick source, the thread list and the
-// stack table, and runs the collector thread that drains the ring, finds new threads and answers dumps.
-// Context: setup only (start/stop), the collector thread, and any thread calling the public API.
-
-#include <link.h>
-#include <poll.h>
-#include <pthread.h>
-#include <sched.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <chrono>
-#include <cstddef>
-#include <cstdio>
-#include <cstring>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <unordered_map>
-#include <vector>
-
-// ---- begin selfprof/collect/dumps.hpp ----
-// Dumps the program does not ask for itself: on the dump signal (SIGUSR2 by default), every
-// SELFPROF_INTERVAL seconds, each written by a dumper thread so the collector keeps draining.
-// Context: setup only (start/stop) and the collector thread (poll); the dumper thread writes.
-
-#include <pthread.h>
-#include <signal.h>
-
-#include <chrono>
-#include <condition_variable>
-#include <cstdio>
-#include <cstring>
-#include <deque>
-#include <functional>
-#include <mutex>
-#include <new>
-#include <string>
-#include <thread>
-#include <vector>
-
-// ---- begin selfprof/collect/frame_tracker.hpp ----
-// The collector's view of game/engine frames: holds each tagged sample until its frame closes, keeps the
-// samples of frames over budget as the "slow frames" table, the worst frames in time order, and the
-// frame-duration statistics of every loop.
-// Context: collector thread (and dump callers holding the collector's table lock).
-
-#include <algorithm>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <deque>
-#include <map>
-#include <string>
-#include <utility>
-#include <vector>
-
-// ---- begin selfprof/collect/stack_table.hpp ----
-// The stack table: raw stacks (addresses, thread, flags) folded into counts. Memory grows with unique
-// stacks, not with samples.
-// Context: collector thread (and dump callers holding the collector's table lock).
-
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-
-namespace selfprof {
-namespace detail {
-
-class stack_table {
- public:
-  struct entry {
-    std::uint64_t hash;
-    std::uint64_t count;
-    std::uint32_t offset;  // into pcs_
-    std::uint32_t tid;
-    std::uint16_t depth;
-    std::uint16_t flags;
-  };
-
-  void add(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth,
-           std::uint64_t weight) {
-    std::uint64_t h = hash(tid, flags, pcs, depth);
-    if ((entries_.size() + 1) * 10 > index_.size() * 7) grow();
-    std::size_t mask = index_.size() - 1;
-    for (std::size_t i = h & mask;; i = (i + 1) & mask) {
-      std::uint32_t slot = index_[i];
-      if (slot == 0) {
-        entries_.push_back(entry{h, weight, static_cast<std::uint32_t>(pcs_.size()), tid,
-                                 static_cast<std::uint16_t>(depth), flags});
-        pcs_.insert(pcs_.end(), pcs, pcs + depth);
-        index_[i] = static_cast<std::uint32_t>(entries_.size());
-        total_ += weight;
-        return;
-      }
-      entry& e = entries_[slot - 1];
-      if (e.hash == h && e.tid == tid && e.flags == flags && e.depth == depth &&
-          std::memcmp(&pcs_[e.offset], pcs, depth * sizeof(std::uint64_t)) == 0) {
-        e.count += weight;
-        total_ += weight;
-        return;
-      }
-    }
+// The bytes of a profile in a format.
+inline std::string render(const profile& p, output_format f, const output_options& opts = {}) {
+  switch (f) {
+    case output_format::folded:
+      return write_folded(p, opts.folded);
+    case output_format::top:
+      return write_top(p, opts.top);
+    case output_format::pprof:
+      return write_pprof(p, opts.pprof);
+    case output_format::svg:
+      return detail::write_svg(p, opts.svg);
   }
-
-  void merge(const stack_table& other) {
-    for (const entry& e : other.entries_) add(e.tid, e.flags, other.pcs(e), e.depth, e.count);
-  }
-
-  const std::vector<entry>& entries() const { return entries_; }
-  const std::uint64_t* pcs(const entry& e) const { return pcs_.data() + e.offset; }
-  std::size_t unique() const { return entries_.size(); }
-  std::uint64_t total() const { return total_; }
-  std::size_t memory_bytes() const {
-    return entries_.capacity() * sizeof(entry) + pcs_.capacity() * 8 + index_.capacity() * 4;
-  }
-  void clear() {
-    entries_.clear();
-    pcs_.clear();
-    index_.assign(index_.size(), 0);
-    total_ = 0;
-  }
-
- private:
-  static std::uint64_t hash(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
-                            std::size_t depth) {
-    std::uint64_t h =
-        0x9E3779B97F4A7C15ull ^ (std::uint64_t(tid) << 16) ^ flags ^ (std::uint64_t(depth) << 48);
-    for (std::size_t i = 0; i < depth; ++i) {
-      h ^= pcs[i] + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-      h *= 0xff51afd7ed558ccdull;
-    }
-    return h ^ (h >> 33);
-  }
-
-  void grow() {
-    std::size_t n = index_.empty() ? 1024 : index_.size() * 2;
-    index_.assign(n, 0);
-    for (std::size_t k = 0; k < entries_.size(); ++k) {
-      for (std::size_t i = entries_[k].hash & (n - 1);; i = (i + 1) & (n - 1)) {
-        if (index_[i] == 0) {
-          index_[i] = static_cast<std::uint32_t>(k + 1);
-          break;
-        }
-      }
-    }
-  }
-
-  std::vector<entry> entries_;
-  std::vector<std::uint64_t> pcs_;
-  std::vector<std::uint32_t> index_;
-  std::uint64_t total_ = 0;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/collect/stack_table.hpp ----
-// ---- begin selfprof/signal/ring.hpp ----
-// Signal-handler code: the preallocated multi-producer, single-consumer ring of fixed-size sample records.
-// Context: producers run in the signal handler (lock-free, never wait); the one consumer is whoever holds
-// the collector's table lock.
-
-#include <atomic>
-#include <cstddef>
-#include <cstdint>
-
-namespace selfprof {
-namespace detail {
-
-enum sample_flags : std::uint16_t {
-  sample_truncated = 1u << 0,   // the depth limit cut the stack: root-side frames are missing
-  sample_offcpu = 1u << 1,      // wall mode: the thread was not running
-  sample_leaf_fixed = 1u << 2,  // the caller of the interrupted frame was recovered by a leaf heuristic
-  sample_running = 1u << 3,     // wall mode without on-CPU signals: CPU time of a thread, no stack
-};
-// Wall mode: off-CPU samples carry the blocking system call in the flags' upper bits (number + 1; 0 when
-// the thread was blocked outside a system call), so stacks that wait in different calls stay apart.
-constexpr unsigned kSampleCallShift = 4;
-constexpr std::uint16_t kSampleCallMask = 0xFFF0;
-constexpr std::uint16_t kSampleKeptFlags =
-    sample_truncated | sample_offcpu | sample_running | kSampleCallMask;
-
-// One sample, as the handler writes it. `pcs` follows the header in the slot: pcs[0] is the interrupted
-// pc, pcs[1..depth) are return addresses, leaf first.
-struct sample_header {
-  std::uint32_t tid;
-  std::uint16_t depth;
-  std::uint16_t flags;
-  std::uint32_t weight;   // ticks this sample stands for (1 + timer overruns)
-  std::uint32_t aux;      // wall mode: blocking system call number + 1 (0: none)
-  std::uint64_t time_ns;  // CLOCK_MONOTONIC when taken
-  std::uint64_t tag;      // frame marker of the thread (game frames), 0 if none
-};
-
-struct ring_slot {
-  std::atomic<std::uint64_t> seq;
-  sample_header header;
-  // followed by max_depth std::uint64_t program counters
-  std::uint64_t* pcs() { return reinterpret_cast<std::uint64_t*>(this + 1); }
-};
-static_assert(sizeof(ring_slot) % 8 == 0, "slots must keep 8-byte alignment");
-
-// A bounded MPSC queue (sequence numbers per slot, after D. Vyukov's design). The memory is given by the
-// owner and outlives every handler that may still run.
-class sample_ring {
- public:
-  sample_ring() = default;
-  sample_ring(const sample_ring&) = delete;
-  sample_ring& operator=(const sample_ring&) = delete;
-
-  static std::size_t stride_for(std::size_t max_depth) {
-    return sizeof(ring_slot) + max_depth * sizeof(std::uint64_t);
-  }
-
-  // `memory` must hold capacity * stride_for(max_depth) bytes, 8-byte aligned; capacity a power of two.
-  void init(void* memory, std::size_t capacity, std::size_t max_depth) {
-    base_ = static_cast<unsigned char*>(memory);
-    capacity_ = capacity;
-    mask_ = capacity - 1;
-    max_depth_ = max_depth;
-    stride_ = stride_for(max_depth);
-    // std::atomic<uint64_t> is trivially default-constructible: zeroed memory from the owner holds one.
-    for (std::size_t i = 0; i < capacity; ++i) slot(i)->seq.store(i, std::memory_order_relaxed);
-    head_.store(0, std::memory_order_relaxed);
-    tail_ = 0;
-  }
-
-  std::size_t capacity() const { return capacity_; }
-  std::size_t max_depth() const { return max_depth_; }
-
-  // Producer: claims a slot or returns nullptr when the ring is full. Fill it, then publish(slot, pos).
-  ring_slot* claim(std::uint64_t& pos) {
-    std::uint64_t p = head_.load(std::memory_order_relaxed);
-    for (;;) {
-      ring_slot* s = slot(p & mask_);
-      std::uint64_t seq = s->seq.load(std::memory_order_acquire);
-      auto dif = static_cast<std::int64_t>(seq - p);
-      if (dif == 0) {
-        if (head_.compare_exchange_weak(p, p + 1, std::memory_order_relaxed)) {
-          pos = p;
-          return s;
-        }
-      } else if (dif < 0) {
-        return nullptr;  // full: the consumer has not freed this slot yet
-      } else {
-        p = head_.load(std::memory_order_relaxed);
-      }
-    }
-  }
-  static void publish(ring_slot* s, std::uint64_t pos) { s->seq.store(pos + 1, std::memory_order_release); }
-
-  // Consumer: the next published slot, or nullptr. Call release() when done with it.
-  ring_slot* peek() {
-    ring_slot* s = slot(tail_ & mask_);
-    std::uint64_t seq = s->seq.load(std::memory_order_acquire);
-    return seq == tail_ + 1 ? s : nullptr;
-  }
-  void release(ring_slot* s) {
-    s->seq.store(tail_ + capacity_, std::memory_order_release);
-    ++tail_;
-  }
-
- private:
-  ring_slot* slot(std::size_t i) { return reinterpret_cast<ring_slot*>(base_ + i * stride_); }
-
-  unsigned char* base_ = nullptr;
-  std::size_t capacity_ = 0, mask_ = 0, max_depth_ = 0, stride_ = 0;
-  alignas(64) std::atomic<std::uint64_t> head_{0};
-  alignas(64) std::uint64_t tail_ = 0;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/signal/ring.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-// Program counters held for frames not closed yet, over all threads (8 bytes each): 16 MiB. Past it,
-// the oldest open frame of the thread that adds loses its samples (counted in held_dropped).
-constexpr std::size_t kMaxHeldPcs = std::size_t(1) << 21;
-// Worst frames kept with their samples in time order, for the per-frame drill-down.
-constexpr std::size_t kWorstFramesKept = 16;
-// Frame verdicts remembered per thread for samples that reach the collector after their frame closed.
-constexpr std::size_t kRecentVerdicts = 64;
-
-// Frame durations in log-spaced buckets 1% wide from 1 µs: bounded memory, quantiles within 1%.
-class duration_histogram {
- public:
-  static constexpr std::size_t kBuckets = 2200;  // 1 µs * 1.01^2200 ≈ 3 hours
-  void add(std::uint64_t ns) {
-    if (counts_.empty()) counts_.assign(kBuckets, 0);
-    ++counts_[index(ns)];
-    ++count_;
-    if (ns > max_) max_ = ns;
-  }
-  std::uint64_t count() const { return count_; }
-  std::uint64_t max_ns() const { return max_; }
-  // The q-quantile (0 < q <= 1): the geometric middle of the bucket holding the rank ceil(q * count).
-  double quantile_ns(double q) const {
-    if (count_ == 0) return 0;
-    auto rank = static_cast<std::uint64_t>(std::ceil(q * static_cast<double>(count_)));
-    if (rank < 1) rank = 1;
-    std::uint64_t seen = 0;
-    for (std::size_t i = 0; i < counts_.size(); ++i) {
-      seen += counts_[i];
-      if (seen < rank) continue;
-      double mid = i == 0 ? 500.0 : 1000.0 * std::pow(kRatio, static_cast<double>(i) - 0.5);
-      return std::min(mid, static_cast<double>(max_));
-    }
-    return static_cast<double>(max_);
-  }
-
- private:
-  static constexpr double kRatio = 1.01;
-  static std::size_t index(std::uint64_t ns) {
-    if (ns < 1000) return 0;
-    double i = 1 + std::floor(std::log(static_cast<double>(ns) / 1000.0) / std::log(kRatio));
-    return i >= double(kBuckets - 1) ? kBuckets - 1 : static_cast<std::size_t>(i);
-  }
-  std::vector<std::uint64_t> counts_;
-  std::uint64_t count_ = 0, max_ = 0;
-};
-
-// One sample of a marked thread, as drained from the ring.
-struct held_sample {
-  std::uint64_t time_ns = 0;
-  std::uint32_t tid = 0;
-  std::uint16_t flags = 0;
-  std::uint32_t weight = 1;
-  std::vector<std::uint64_t> pcs;
-};
-
-// One closed frame kept whole for the drill-down; samples in the order they were taken.
-struct kept_frame {
-  std::string loop;
-  std::uint32_t tid = 0;
-  std::uint64_t seq = 0, start_ns = 0, end_ns = 0;
-  std::vector<held_sample> samples;
-  double duration_ms() const { return static_cast<double>(end_ns - start_ns) / 1e6; }
-};
-
-class frame_tracker {
- public:
-  // budget_ms: a frame longer than this is slow. Call before the first sample of a profile.
-  void configure(double budget_ms, std::uint64_t start_ns) {
-    budget_ns_ = static_cast<std::uint64_t>(budget_ms * 1e6);
-    budget_ms_ = budget_ms;
-    start_ns_ = start_ns;
-  }
-  void clear() {
-    loops_.clear();
-    stats_.clear();
-    slow_.clear();
-    worst_.clear();
-    pending_.clear();
-    held_pcs_ = held_dropped_ = late_ = 0;
-  }
-
-  // Step 1 of a drain: take the frames closed so far (before draining the sample ring, so every sample
-  // of these frames that the handler published before the mark is in the ring by then).
-  void collect_closed() {
-    std::uint32_t n = g_frame_slots.high_water.load(std::memory_order_acquire);
-    for (std::uint32_t i = 0; i < n && i < kFrameSlots; ++i) {
-      frame_slot& s = g_frame_slots.slots[i];
-      std::uint32_t st = s.state.load(std::memory_order_acquire);
-      if (st != frame_slot_live && st != frame_slot_retired) continue;
-      loop_state& ls = loop_for(i, s);
-      std::uint64_t head = s.head.load(std::memory_order_acquire);
-      for (std::uint64_t t = s.tail.load(std::memory_order_relaxed); t != head; ++t)
-        pending_.push_back(closing{i, s.ring[t % kClosedFrameRing]});
-      s.tail.store(head, std::memory_order_release);
-      std::uint64_t lost = s.lost.load(std::memory_order_relaxed);
-      if (lost > ls.lost_seen) {
-        stats_for(ls).lost += lost - ls.lost_seen;
-        ls.lost_seen = lost;
-      }
-      if (st == frame_slot_retired) ls.retire_after_processing = true;
-    }
-  }
-
-  // Step 2, for each drained sample: holds a tagged sample until its frame closes. Returns false when
-  // the sample is not on a marked thread.
-  bool add_sample(const sample_header& h, const std::uint64_t* pcs, std::size_t depth, std::uint16_t flags) {
-    if (h.tag == 0) return false;
-    std::size_t slot = frame_tag_slot(h.tag);
-    if (slot >= kFrameSlots || !loops_.count(slot)) return true;  // the collector has not seen the slot yet
-    loop_state& ls = loops_[slot];
-    std::uint64_t seq = frame_tag_seq(h.tag);
-    held_sample hs;
-    hs.time_ns = h.time_ns;
-    hs.tid = h.tid;
-    hs.flags = flags;
-    hs.weight = h.weight;
-    hs.pcs.assign(pcs, pcs + depth);
-    if (seq <= ls.last_closed) {  // its frame was decided already (the sample was late in the ring)
-      ++late_;
-      for (auto& v : ls.recent)
-        if (v.first == seq && v.second) slow_.add(hs.tid, hs.flags, pcs, depth, hs.weight);
-      return true;
-    }
-    held_pcs_ += depth;
-    ls.open[seq].push_back(std::move(hs));
-    while (held_pcs_ > kMaxHeldPcs && !ls.open.empty()) {
-      auto oldest = ls.open.begin();
-      for (auto& x : oldest->second) {
-        held_pcs_ -= x.pcs.size();
-        ++held_dropped_;
-      }
-      ls.open.erase(oldest);
-    }
-    return true;
-  }
-
-  // Step 3: decide the frames taken in step 1: statistics, slow table, worst frames; free retired slots.
-  void process_closed() {
-    for (closing& c : pending_) {
-      auto it = loops_.find(c.slot);
-      if (it == loops_.end()) continue;
-      loop_state& ls = it->second;
-      std::vector<held_sample> samples;
-      auto open = ls.open.find(c.frame.seq);
-      if (open != ls.open.end()) {
-        samples = std::move(open->second);
-        ls.open.erase(open);
-        for (auto& x : samples) held_pcs_ -= x.pcs.size();
-      }
-      // Samples of frames before this one can no longer arrive complete: drop them.
-      while (!ls.open.empty() && ls.open.begin()->first < c.frame.seq) {
-        for (auto& x : ls.open.begin()->second) held_pcs_ -= x.pcs.size();
-        ls.open.erase(ls.open.begin());
-      }
-      ls.last_closed = std::max(ls.last_closed, c.frame.seq);
-      if (c.frame.start_ns < start_ns_) continue;  // began before this profile
-      const std::uint64_t dur = c.frame.end_ns - c.frame.start_ns;
-      frame_loop_acc& acc = stats_for(ls);
-      acc.hist.add(dur);
-      const bool slow = dur > budget_ns_;
-      if (slow) ++acc.over;
-      ls.recent.emplace_back(c.frame.seq, slow);
-      if (ls.recent.size() > kRecentVerdicts) ls.recent.pop_front();
-      if (slow)
-        for (auto& x : samples) slow_.add(x.tid, x.flags, x.pcs.data(), x.pcs.size(), x.weight);
-      keep_if_worst(ls, c.frame, std::move(samples));
-    }
-    pending_.clear();
-    for (auto it = loops_.begin(); it != loops_.end();) {
-      if (!it->second.retire_after_processing) {
-        ++it;
-        continue;
-      }
-      for (auto& o : it->second.open)
-        for (auto& x : o.second) held_pcs_ -= x.pcs.size();
-      frame_slot& s = g_frame_slots.slots[it->first];
-      std::uint32_t expected = frame_slot_retired;
-      s.state.compare_exchange_strong(expected, frame_slot_free, std::memory_order_acq_rel);
-      it = loops_.erase(it);
-    }
-  }
-
-  bool any_marked() const { return !stats_.empty(); }
-  const stack_table& slow_table() const { return slow_; }
-  std::uint64_t held_dropped() const { return held_dropped_; }
-  std::uint64_t late_samples() const { return late_; }
-  double budget_ms() const { return budget_ms_; }
-  // Threads that mark frames now (the collector may sample them faster).
-  std::vector<std::uint32_t> live_tids() const {
-    std::vector<std::uint32_t> out;
-    for (auto& l : loops_)
-      if (!l.second.retire_after_processing) out.push_back(l.second.tid);
-    return out;
-  }
-
-  std::vector<frame_loop_stats> stats() const {
-    std::vector<frame_loop_stats> out;
-    for (auto& e : stats_) {
-      frame_loop_stats s;
-      s.name = e.first.first;
-      s.tid = e.first.second;
-      s.count = e.second.hist.count();
-      s.over_budget = e.second.over;
-      s.lost = e.second.lost;
-      s.budget_ms = budget_ms_;
-      s.p50_ms = e.second.hist.quantile_ns(0.50) / 1e6;
-      s.p95_ms = e.second.hist.quantile_ns(0.95) / 1e6;
-      s.p99_ms = e.second.hist.quantile_ns(0.99) / 1e6;
-      s.max_ms = static_cast<double>(e.second.hist.max_ns()) / 1e6;
-      out.push_back(s);
-    }
-    return out;
-  }
-
-  // The worst frames kept so far, longest first.
-  const std::vector<kept_frame>& worst() const { return worst_; }
-
- private:
-  struct loop_state {
-    std::uint32_t generation = 0, tid = 0;
-    std::string name;
-    std::uint64_t last_closed = 0, lost_seen = 0;
-    bool retire_after_processing = false;
-    std::map<std::uint64_t, std::vector<held_sample>> open;  // frame seq -> samples
-    std::deque<std::pair<std::uint64_t, bool>> recent;       // (seq, slow) of the last frames decided
-  };
-  struct frame_loop_acc {
-    duration_histogram hist;
-    std::uint64_t over = 0, lost = 0;
-  };
-  struct closing {
-    std::size_t slot;
-    closed_frame frame;
-  };
-
-  loop_state& loop_for(std::size_t i, frame_slot& s) {
-    std::uint32_t gen = s.generation.load(std::memory_order_relaxed);
-    auto it = loops_.find(i);
-    if (it != loops_.end() && it->second.generation == gen) return it->second;
-    loop_state& ls = loops_[i];
-    for (auto& o : ls.open)
-      for (auto& x : o.second) held_pcs_ -= x.pcs.size();
-    ls = loop_state{};
-    ls.generation = gen;
-    ls.tid = s.tid.load(std::memory_order_relaxed);
-    const char* n = s.name.load(std::memory_order_relaxed);
-    ls.name = n ? n : "frame";
-    ls.lost_seen = s.lost.load(std::memory_order_relaxed);  // losses before this profile are not its own
-    stats_for(ls);  // a loop shows in the statistics from its first mark
-    return ls;
-  }
-
-  frame_loop_acc& stats_for(const loop_state& ls) { return stats_[{ls.name, ls.tid}]; }
-
-  void keep_if_worst(const loop_state& ls, const closed_frame& f, std::vector<held_sample> samples) {
-    const std::uint64_t dur = f.end_ns - f.start_ns;
-    if (worst_.size() >= kWorstFramesKept && dur <= worst_.back().end_ns - worst_.back().start_ns) return;
-    kept_frame k;
-    k.loop = ls.name;
-    k.tid = ls.tid;
-    k.seq = f.seq;
-    k.start_ns = f.start_ns;
-    k.end_ns = f.end_ns;
-    k.samples = std::move(samples);
-    auto pos = std::find_if(worst_.begin(), worst_.end(),
-                            [&](const kept_frame& w) { return w.end_ns - w.start_ns < dur; });
-    worst_.insert(pos, std::move(k));
-    if (worst_.size() > kWorstFramesKept) worst_.pop_back();
-  }
-
-  double budget_ms_ = 16.7;
-  std::uint64_t budget_ns_ = 16700000, start_ns_ = 0;
-  std::map<std::size_t, loop_state> loops_;                                // by slot index
-  std::map<std::pair<std::string, std::uint32_t>, frame_loop_acc> stats_;  // by (loop, tid)
-  std::vector<closing> pending_;
-  stack_table slow_;
-  std::vector<kept_frame> worst_;
-  std::size_t held_pcs_ = 0;
-  std::uint64_t held_dropped_ = 0, late_ = 0;
-};
-
-// A profile of one kept frame: `table` holds its distinct stacks and `order` lists, sample by sample in
-// time order, the table entry and weight. reorder_frame_profile() turns the symbolized stacks into that
-// sequence, so a flame chart (svg_options::flamechart) shows the frame left to right in time.
-struct frame_sequence {
-  stack_table table;
-  std::vector<std::pair<std::uint32_t, std::uint64_t>> order;
-};
-
-inline frame_sequence make_frame_sequence(const kept_frame& k) {
-  frame_sequence out;
-  std::map<std::pair<std::uint32_t, std::vector<std::uint64_t>>, std::uint32_t> index;
-  for (const held_sample& s : k.samples) {
-    auto key = std::make_pair(static_cast<std::uint32_t>(s.flags), s.pcs);
-    auto it = index.find(key);
-    std::uint32_t at = 0;
-    if (it == index.end()) {
-      at = static_cast<std::uint32_t>(out.table.unique());  // add() appends a new entry at the end
-      out.table.add(s.tid, s.flags, s.pcs.data(), s.pcs.size(), 1);
-      index.emplace(std::move(key), at);
-    } else {
-      at = it->second;
-    }
-    out.order.emplace_back(at, s.weight);
-  }
-  return out;
+  return {};
 }
 
-// `p` built from frame_sequence::table (one stack per entry, in entry order): stacks become the sequence.
-inline void reorder_frame_profile(profile& p, const frame_sequence& seq) {
-  std::vector<stack> ordered;
-  ordered.reserve(seq.order.size());
-  std::uint64_t total = 0;
-  for (auto& o : seq.order) {
-    if (o.first >= p.stacks.size()) continue;
-    stack s = p.stacks[o.first];
-    s.count = o.second;
-    total += o.second;
-    ordered.push_back(std::move(s));
-  }
-  p.stacks = std::move(ordered);
-  p.info.samples = total;
+// Renders `p` in the format of `path`'s extension and writes it atomically (see sink.hpp). On failure
+// nothing at `path` changes and the message names the path and the reason.
+inline status write_profile_file(const profile& p, const std::string& path, const output_options& opts = {},
+                                 const sink_options& sink = {}) {
+  const format_lookup lookup = format_for_path(path);
+  if (!lookup.result) return lookup.result;
+  return detail::write_file_atomic(path, render(p, lookup.format, opts), sink);
 }
 
-}  // namespace detail
 }  // namespace selfprof
-
-namespace selfprof {
-namespace detail {
-
-// `path` with `tag` inserted before its extension (".pb.gz" counts as one): "cpu.svg" -> "cpu-slow.svg".
-// Applied to each path of a comma-separated list.
-inline std::string insert_before_extension(const std::string& paths, const std::string& tag) {
-  std::string out;
-  std::size_t start = 0;
-  while (start <= paths.size()) {
-    std::size_t comma = paths.find(',', start);
-    std::string p = paths.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    std::size_t slash = p.find_last_of('/');
-    std::size_t base = slash == std::string::npos ? 0 : slash + 1;
-    std::size_t dot = p.size();
-    if (p.size() > base + 6 && p.compare(p.size() - 6, 6, ".pb.gz") == 0)
-      dot = p.size() - 6;
-    else if (p.find('.', base + 1) != std::string::npos)
-      dot = p.find_last_of('.');
-    if (!out.empty() || start > 0) out += ',';
-    out += p.substr(0, dot) + tag + p.substr(dot);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/collect/frame_tracker.hpp ----
-// ---- begin selfprof/collect/symbolize.hpp ----
-// Turns the raw stack table into a profile value: addresses become frames (pc - 1 for return
-// addresses), stacks become root-first frame lists.
-// Context: any thread (never the signal handler); runs only when a profile is written.
-
-#include <algorithm>
-#include <cstdint>
-#include <string>
-#include <unordered_map>
-#include <utility>
-#include <vector>
-
+// ---- end selfprof/output/format.hpp ----
 // ---- begin selfprof/output/markers.hpp ----
 // Marker frames made explicit: per-thread root frames and `[truncated]` become frames of the profile,
 // so every writer (folded, SVG, top, pprof) shows the same stacks.
@@ -5099,7 +12110,7 @@ inline profile offcpu_view(const profile& wall) {
   p.frames = wall.frames;
   p.threads = wall.threads;
   p.info = wall.info;
-  p.info.mode = "offcpu";
+  p.info.mode = profile_mode::offcpu;
   std::uint64_t total = 0, truncated = 0;
   for (const stack& s : wall.stacks) {
     if (!s.offcpu) continue;
@@ -5115,1920 +12126,119 @@ inline profile offcpu_view(const profile& wall) {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/output/markers.hpp ----
-// ---- begin selfprof/symbols/symbolizer.hpp ----
-// selfprof::symbolizer: turns addresses of this process into frames (demangled function, module, offset),
-// from ELF symbols of every module ever mapped, separate debug files, the vdso and perf maps for JIT code;
-// with SELFPROF_HAS_LIBDW=1 also file:line and inlined calls as their own frames (dwarf_lines.hpp).
-// Context: collector thread or any single thread (not thread-safe; never the signal handler).
-
-#include <unistd.h>
-
-#include <cstdint>
-#include <cstdio>
-#include <string>
-#include <utility>
-#include <vector>
-
-// ---- begin selfprof/symbols/dwarf_lines.hpp ----
-// Source lines and inline chains from DWARF through elfutils libdw (SELFPROF_HAS_LIBDW=1): for an address
-// of a mapped file, the real function and each inlined callee down to the innermost, each with file:line.
-// Context: collector thread or any single thread (not thread-safe; never the signal handler).
-//
-// One Dwfl session per module file, opened on the first lookup in that file and kept for the lifetime of
-// the symbolizer; each address's answer is cached. DWARF comes from the module file itself, else from
-// the separate debug file the module registry found (build-id or .gnu_debuglink), else from a search of
-// the same debug roots. No debuginfod and no other network access: only local files are read.
-// With SELFPROF_HAS_LIBDW=0 this header holds a stub whose lookups find nothing.
-
-#include <cstddef>
-#include <cstdint>
-#include <string>
-#include <vector>
-
-// ---- begin selfprof/symbols/modules.hpp ----
-// The module registry: executable mappings of this process from /proc/self/maps (files with their load
-// bias, the vdso read from memory, anonymous memory, memfd and deleted files), each file's symbols parsed
-// once when first seen, and unmapped modules kept so samples taken before a dlclose still get names.
-// Context: collector thread (refresh ~every 100 ms) or setup; not thread-safe, never the signal handler.
-
-#include <dirent.h>
-#include <link.h>
-#include <sys/auxv.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <cstdio>
-#include <map>
-#include <memory>
-#include <string>
-#include <tuple>
-#include <utility>
-#include <vector>
-
-// ---- begin selfprof/symbols/debug_file.hpp ----
-// Finds the separate debug file of a stripped module: by GNU build-id under each debug root
-// (<root>/.build-id/xx/rest.debug), then by .gnu_debuglink (module dir, its .debug/, <root>/<module dir>),
-// checking the build-id or the debuglink CRC so a stale debug file is never used.
-// Context: collector thread or setup (never the signal handler).
-
-#include <array>
-#include <cstdint>
-#include <string>
-#include <vector>
-
-// ---- begin selfprof/symbols/elf.hpp ----
-// A bounds-checked ELF64 reader over bytes in memory (an mmap'd file or a loaded image such as the vdso):
-// headers, sections by name or type (reusable by an .eh_frame parser), PT_LOAD segments, load bias,
-// build-id note and .gnu_debuglink.
-// Context: collector thread or setup (never the signal handler).
-
-#include <elf.h>
-
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <string>
-#include <string_view>
-#include <vector>
-
 
 namespace selfprof {
 namespace detail {
 
-// A span of bytes; every read below checks it.
-struct byte_view {
-  const unsigned char* data = nullptr;
-  std::size_t size = 0;
-
-  bool contains(std::uint64_t offset, std::uint64_t length) const {
-    return offset <= size && length <= size - offset;
-  }
-  byte_view sub(std::uint64_t offset, std::uint64_t length) const {
-    if (!contains(offset, length)) return {};
-    return byte_view{data + offset, static_cast<std::size_t>(length)};
-  }
+struct dump_settings {
+  std::string paths;  // comma-separated path templates
+  sink_options sink;
+  bool thread_roots = false;      // a root frame per thread
+  double frame_budget_ms = 16.7;  // named in the slow-frames title
 };
 
-// Copies a T out of `bytes` at `offset` (no alignment assumed); false when it does not fit.
-template <class T>
-inline bool read_at(byte_view bytes, std::uint64_t offset, T& out) {
-  if (!bytes.contains(offset, sizeof(T))) return false;
-  std::memcpy(&out, bytes.data + offset, sizeof(T));
-  return true;
-}
-
-// The NUL-terminated string at `offset` in a string table; empty when out of bounds or unterminated.
-inline std::string_view string_at(byte_view table, std::uint64_t offset) {
-  if (offset >= table.size) return {};
-  const char* begin = reinterpret_cast<const char*>(table.data + offset);
-  const void* nul = std::memchr(begin, 0, table.size - static_cast<std::size_t>(offset));
-  if (nul == nullptr) return {};
-  return std::string_view(begin, static_cast<std::size_t>(static_cast<const char*>(nul) - begin));
-}
-
-struct elf_section {
-  std::string name;
-  std::uint32_t type = 0;
-  std::uint64_t flags = 0;
-  std::uint64_t addr = 0;
-  std::uint64_t offset = 0;
-  std::uint64_t size = 0;
-  std::uint32_t link = 0;
-  std::uint32_t info = 0;
-  std::uint64_t addralign = 0;
-  std::uint64_t entsize = 0;
+// What one dump holds: the profile and, when game frames were marked, the samples of the slow ones.
+struct dump_contents {
+  profile main;
+  bool slow_marked = false;
+  profile slow;
 };
 
-struct elf_segment {
-  std::uint32_t type = 0;
-  std::uint32_t flags = 0;
-  std::uint64_t offset = 0;
-  std::uint64_t vaddr = 0;
-  std::uint64_t filesz = 0;
-  std::uint64_t memsz = 0;
-  std::uint64_t align = 0;
-};
-
-// Limits that keep a hostile header from making us loop or allocate for long.
-constexpr std::uint32_t elf_max_sections = 1u << 16;
-constexpr std::uint32_t elf_max_segments = 1u << 12;
-constexpr std::uint64_t elf_page_size = 4096;  // mapping granularity assumed when rounding p_offset
-
-class elf_image {
- public:
-  // Parses the ELF header, section headers (with names) and program headers of `bytes`, which must
-  // outlive this object. `what` names the input in error messages (usually the path).
-  status parse(byte_view bytes, const std::string& what) {
-    *this = elf_image();
-    bytes_ = bytes;
-    Elf64_Ehdr eh;
-    if (!read_at(bytes, 0, eh)) return status::error(what + ": not ELF: shorter than an ELF header");
-    if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) return status::error(what + ": not ELF: bad magic");
-    if (eh.e_ident[EI_CLASS] != ELFCLASS64) return status::error(what + ": ELF: not a 64-bit file");
-    if (eh.e_ident[EI_DATA] != host_data_encoding())
-      return status::error(what + ": ELF: byte order differs from this machine");
-    type_ = eh.e_type;
-    machine_ = eh.e_machine;
-
-    // Section headers; e_shnum == 0 with e_shoff set means the count is in section 0 (ELF gABI).
-    if (eh.e_shoff != 0) {
-      if (eh.e_shentsize < sizeof(Elf64_Shdr))
-        return status::error(what + ": ELF: section header entry size " + std::to_string(eh.e_shentsize) +
-                             " too small");
-      Elf64_Shdr first;
-      if (!read_at(bytes, eh.e_shoff, first))
-        return status::error(what + ": ELF: section headers at offset " + std::to_string(eh.e_shoff) +
-                             " are past the end of the file (truncated?)");
-      std::uint64_t count = eh.e_shnum != 0 ? eh.e_shnum : first.sh_size;
-      std::uint64_t names_index = eh.e_shstrndx == SHN_XINDEX ? first.sh_link : eh.e_shstrndx;
-      if (count > elf_max_sections) return status::error(what + ": ELF: too many sections");
-      if (!bytes.contains(eh.e_shoff, count * eh.e_shentsize))
-        return status::error(what + ": ELF: " + std::to_string(count) +
-                             " section headers do not fit in the file (truncated?)");
-      sections_.resize(static_cast<std::size_t>(count));
-      std::vector<std::uint32_t> name_offsets(sections_.size());
-      for (std::size_t i = 0; i < sections_.size(); ++i) {
-        Elf64_Shdr sh;
-        read_at(bytes, eh.e_shoff + i * eh.e_shentsize, sh);
-        elf_section& s = sections_[i];
-        s.type = sh.sh_type;
-        s.flags = sh.sh_flags;
-        s.addr = sh.sh_addr;
-        s.offset = sh.sh_offset;
-        s.size = sh.sh_size;
-        s.link = sh.sh_link;
-        s.info = sh.sh_info;
-        s.addralign = sh.sh_addralign;
-        s.entsize = sh.sh_entsize;
-        name_offsets[i] = sh.sh_name;
-      }
-      if (names_index < sections_.size()) {
-        byte_view names = section_bytes(sections_[static_cast<std::size_t>(names_index)]);
-        for (std::size_t i = 0; i < sections_.size(); ++i)
-          sections_[i].name = std::string(string_at(names, name_offsets[i]));
-      }
-    }
-
-    // Program headers.
-    if (eh.e_phoff != 0 && eh.e_phnum != 0) {
-      if (eh.e_phentsize < sizeof(Elf64_Phdr))
-        return status::error(what + ": ELF: program header entry size too small");
-      if (eh.e_phnum > elf_max_segments) return status::error(what + ": ELF: too many program headers");
-      if (!bytes.contains(eh.e_phoff, std::uint64_t{eh.e_phnum} * eh.e_phentsize))
-        return status::error(what + ": ELF: program headers do not fit in the file (truncated?)");
-      for (std::uint32_t i = 0; i < eh.e_phnum; ++i) {
-        Elf64_Phdr ph;
-        read_at(bytes, eh.e_phoff + std::uint64_t{i} * eh.e_phentsize, ph);
-        segments_.push_back(
-            elf_segment{ph.p_type, ph.p_flags, ph.p_offset, ph.p_vaddr, ph.p_filesz, ph.p_memsz, ph.p_align});
-      }
-    }
-    return status::ok();
+// The name of this program for titles: /proc/self/comm.
+inline std::string program_name() {
+  std::string comm;
+  std::FILE* f = std::fopen("/proc/self/comm", "r");
+  if (f) {
+    char buf[64] = {0};
+    if (std::fgets(buf, sizeof buf, f)) comm = buf;
+    std::fclose(f);
   }
-
-  byte_view bytes() const { return bytes_; }
-  std::uint16_t type() const { return type_; }
-  std::uint16_t machine() const { return machine_; }
-  const std::vector<elf_section>& sections() const { return sections_; }
-  const std::vector<elf_segment>& segments() const { return segments_; }
-
-  // The first section called `name`, or nullptr.
-  const elf_section* find_section(std::string_view name) const {
-    for (const auto& s : sections_)
-      if (s.name == name) return &s;
-    return nullptr;
-  }
-  // The first section of ELF type `type` (SHT_SYMTAB, SHT_DYNSYM, ...), or nullptr.
-  const elf_section* find_section_type(std::uint32_t type) const {
-    for (const auto& s : sections_)
-      if (s.type == type) return &s;
-    return nullptr;
-  }
-  const elf_section* section_at(std::uint64_t index) const {
-    return index < sections_.size() ? &sections_[static_cast<std::size_t>(index)] : nullptr;
-  }
-  // The bytes of a section inside the image; empty for SHT_NOBITS or a section that does not fit.
-  byte_view section_bytes(const elf_section& s) const {
-    if (s.type == SHT_NOBITS) return {};
-    return bytes_.sub(s.offset, s.size);
-  }
-
-  // Load bias of a mapping of this file; see elf_load_bias below.
-  std::uint64_t load_bias(std::uint64_t map_start, std::uint64_t file_offset) const;
-
-  // GNU build-id as lower-case hex, or empty. Looks in SHT_NOTE sections, else PT_NOTE segments.
-  std::string build_id() const {
-    std::string out;
-    for (const auto& s : sections_)
-      if (s.type == SHT_NOTE && find_build_id(section_bytes(s), s.addralign == 8 ? 8 : 4, out)) return out;
-    for (const auto& seg : segments_)
-      if (seg.type == PT_NOTE &&
-          find_build_id(bytes_.sub(seg.offset, seg.filesz), seg.align == 8 ? 8 : 4, out))
-        return out;
-    return {};
-  }
-
-  // The .gnu_debuglink file name and CRC; false when absent or malformed.
-  bool debuglink(std::string& name, std::uint32_t& crc) const {
-    const elf_section* s = find_section(".gnu_debuglink");
-    if (s == nullptr) return false;
-    byte_view b = section_bytes(*s);
-    std::string_view n = string_at(b, 0);
-    if (n.empty()) return false;
-    std::uint64_t crc_offset = (n.size() + 1 + 3) & ~std::uint64_t{3};
-    if (!read_at(b, crc_offset, crc)) return false;
-    name = std::string(n);
-    return true;
-  }
-
- private:
-  static unsigned char host_data_encoding() {
-    const std::uint16_t probe = 1;
-    unsigned char first;
-    std::memcpy(&first, &probe, 1);
-    return first == 1 ? ELFDATA2LSB : ELFDATA2MSB;
-  }
-
-  static bool find_build_id(byte_view notes, std::uint64_t align, std::string& out) {
-    std::uint64_t pos = 0;
-    while (pos < notes.size) {
-      Elf64_Nhdr nh;
-      if (!read_at(notes, pos, nh)) return false;
-      std::uint64_t name_pos = pos + sizeof(nh);
-      std::uint64_t desc_pos = name_pos + ((std::uint64_t{nh.n_namesz} + align - 1) & ~(align - 1));
-      std::uint64_t next = desc_pos + ((std::uint64_t{nh.n_descsz} + align - 1) & ~(align - 1));
-      if (!notes.contains(name_pos, nh.n_namesz) || !notes.contains(desc_pos, nh.n_descsz)) return false;
-      if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
-          std::memcmp(notes.data + name_pos, "GNU", 4) == 0 && nh.n_descsz > 0) {
-        static const char hex[] = "0123456789abcdef";
-        out.clear();
-        for (std::uint32_t i = 0; i < nh.n_descsz; ++i) {
-          unsigned char c = notes.data[desc_pos + i];
-          out += hex[c >> 4];
-          out += hex[c & 15];
-        }
-        return true;
-      }
-      if (next <= pos) return false;
-      pos = next;
-    }
-    return false;
-  }
-
-  byte_view bytes_;
-  std::uint16_t type_ = 0;
-  std::uint16_t machine_ = 0;
-  std::vector<elf_section> sections_;
-  std::vector<elf_segment> segments_;
-};
-
-// Load bias of a mapping that maps file offset `file_offset` at address `map_start`: the value added to
-// ELF virtual addresses to get run-time addresses. Uses the PT_LOAD segment that holds the offset
-// (preferring an executable one); falls back to start - offset when none matches.
-inline std::uint64_t elf_load_bias(const std::vector<elf_segment>& segments, std::uint64_t map_start,
-                                   std::uint64_t file_offset) {
-  const elf_segment* best = nullptr;
-  for (const auto& seg : segments) {
-    if (seg.type != PT_LOAD) continue;
-    std::uint64_t page_start = seg.offset & ~(elf_page_size - 1);
-    if (file_offset < page_start || file_offset - page_start >= seg.filesz + (seg.offset - page_start))
-      continue;
-    if (best == nullptr || ((seg.flags & PF_X) != 0 && (best->flags & PF_X) == 0)) best = &seg;
-  }
-  if (best == nullptr) return map_start - file_offset;
-  // The segment puts file offset p_offset at p_vaddr, so file_offset lives at p_vaddr + (file_offset -
-  // p_offset).
-  return map_start - (best->vaddr + file_offset - best->offset);
+  while (!comm.empty() && (comm.back() == '\n' || comm.back() == ' ')) comm.pop_back();
+  return comm;
 }
 
-inline std::uint64_t elf_image::load_bias(std::uint64_t map_start, std::uint64_t file_offset) const {
-  return elf_load_bias(segments_, map_start, file_offset);
+// What a dump of this process writes: the SVG titled with the program's name and pid, and what the
+// samples do not cover (kernel time) as its subtitle.
+inline output_options dump_output_options(const profile& p) {
+  output_options oo;
+  const std::string comm = program_name();
+  const profile_mode mode = p.info.mode;
+  oo.svg.title = (mode == profile_mode::cpu    ? std::string("CPU profile of ")
+                  : mode == profile_mode::wall ? std::string("Wall-clock profile of ")
+                                               : std::string("Off-CPU time of ")) +
+                 (comm.empty() ? std::string("this process") : comm) + " (pid " + std::to_string(::getpid()) +
+                 ")";
+  if (mode == profile_mode::offcpu) oo.svg.colors = palette::io;  // Gregg's off-CPU convention: blue frames
+  if (!p.info.unit.empty() && p.info.unit != "samples") oo.svg.count_name = p.info.unit;
+  if (!p.info.kernel_time) oo.svg.subtitle = "time spent in the kernel is not sampled (user-only ticks)";
+  return oo;
 }
 
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/elf.hpp ----
-// ---- begin selfprof/symbols/mapped_file.hpp ----
-// A read-only memory mapping of a whole file (opened through the syscall seam), released on destruction.
-// Context: collector thread or setup (never the signal handler).
-
-#include <sys/mman.h>
-#include <sys/stat.h>
-
-#include <cerrno>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <string>
-#include <utility>
-
-
-namespace selfprof {
-namespace detail {
-
-// Largest file we map for symbols; bigger ones are refused rather than eating the address space.
-constexpr std::uint64_t max_mapped_file_bytes = std::uint64_t{4} << 30;
-
-class mapped_file {
- public:
-  mapped_file() = default;
-  mapped_file(const mapped_file&) = delete;
-  mapped_file& operator=(const mapped_file&) = delete;
-  mapped_file(mapped_file&& other) noexcept { swap(other); }
-  mapped_file& operator=(mapped_file&& other) noexcept {
-    if (this != &other) {
-      reset();
-      swap(other);
-    }
-    return *this;
+// Writes `p` to every path of the list `paths` (templates expanded with `fields`), each in the format of
+// its extension. Errors of all paths are joined; the others are still written.
+inline status write_profile_paths(const profile& p, const std::string& paths, const path_fields& fields,
+                                  const output_options& oo, const sink_options& sink) {
+  const std::vector<std::string> list = split_paths(paths);
+  if (list.empty()) return status::error("selfprof: no output path given");
+  std::string errors;
+  for (const std::string& tmpl : list) {
+    status st = write_profile_file(p, expand_path_template(tmpl, fields), oo, sink);
+    if (!st) errors += (errors.empty() ? "" : "\n") + st.message();
   }
-  ~mapped_file() { reset(); }
-
-  // Maps `path` read-only. `expect_inode` (when non-zero) must match the opened file's inode, so a
-  // library replaced on disk after it was mapped is not mistaken for the one in memory.
-  status open(const std::string& path, std::uint64_t expect_inode = 0) {
-    reset();
-    int fd = sys().open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0) return status::error(path + ": open failed: " + std::strerror(errno));
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      int e = errno;
-      sys().close(fd);
-      return status::error(path + ": fstat failed: " + std::strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-      sys().close(fd);
-      return status::error(path + ": not a regular file");
-    }
-    if (expect_inode != 0 && static_cast<std::uint64_t>(st.st_ino) != expect_inode) {
-      sys().close(fd);
-      return status::error(path + ": file on disk differs from the mapped one (inode changed)");
-    }
-    if (st.st_size <= 0) {
-      sys().close(fd);
-      return status::error(path + ": empty file");
-    }
-    if (static_cast<std::uint64_t>(st.st_size) > max_mapped_file_bytes) {
-      sys().close(fd);
-      return status::error(path + ": file too large to map");
-    }
-    std::size_t size = static_cast<std::size_t>(st.st_size);
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    sys().close(fd);
-    if (p == MAP_FAILED) return status::error(path + ": mmap failed: " + std::strerror(e));
-    data_ = static_cast<const unsigned char*>(p);
-    size_ = size;
-    return status::ok();
-  }
-
-  void reset() {
-    if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), size_);
-    data_ = nullptr;
-    size_ = 0;
-  }
-
-  const unsigned char* data() const { return data_; }
-  std::size_t size() const { return size_; }
-
- private:
-  void swap(mapped_file& o) noexcept {
-    std::swap(data_, o.data_);
-    std::swap(size_, o.size_);
-  }
-  const unsigned char* data_ = nullptr;
-  std::size_t size_ = 0;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/mapped_file.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-// The CRC-32 (IEEE, reflected) that .gnu_debuglink stores for its debug file.
-inline std::uint32_t debuglink_crc32(byte_view bytes, std::uint32_t crc = 0) {
-  static const std::array<std::uint32_t, 256> table = [] {
-    std::array<std::uint32_t, 256> t{};
-    for (std::uint32_t i = 0; i < 256; ++i) {
-      std::uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) != 0 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  crc = ~crc;
-  for (std::size_t i = 0; i < bytes.size; ++i) crc = table[(crc ^ bytes.data[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
+  return errors.empty() ? status::ok() : status::error(errors);
 }
 
-inline std::vector<std::string> build_id_debug_paths(const std::vector<std::string>& roots,
-                                                     const std::string& build_id) {
-  std::vector<std::string> out;
-  if (build_id.size() < 3) return out;
-  for (const auto& root : roots)
-    out.push_back(root + "/.build-id/" + build_id.substr(0, 2) + "/" + build_id.substr(2) + ".debug");
+// `paths` with `tag` before each path's extension.
+inline std::string companion_paths(const std::string& paths, const std::string& tag) {
+  std::string out;
+  for (const std::string& p : split_paths(paths))
+    out += (out.empty() ? "" : ",") + insert_before_extension(p, tag);
   return out;
 }
 
-inline std::vector<std::string> debuglink_paths(const std::vector<std::string>& roots,
-                                                const std::string& module_path, const std::string& link) {
-  std::vector<std::string> out;
-  if (link.empty() || link.find('/') != std::string::npos || module_path.empty() || module_path[0] != '/')
-    return out;
-  std::string::size_type slash = module_path.rfind('/');
-  std::string dir = module_path.substr(0, slash + 1);  // with its trailing slash
-  out.push_back(dir + link);
-  out.push_back(dir + ".debug/" + link);
-  for (const auto& root : roots) out.push_back(root + dir + link);
-  return out;
-}
-
-struct debug_file {
-  std::string path;
-  mapped_file file;
-  elf_image image;
-};
-
-// Opens the separate debug file for `module` (at `module_path`) with a .symtab; false when none fits.
-inline bool find_debug_file(const std::vector<std::string>& roots, const std::string& module_path,
-                            const elf_image& module, debug_file& out) {
-  auto try_open = [&](const std::string& path, const std::string& want_build_id, bool check_crc,
-                      std::uint32_t crc) {
-    if (path == module_path) return false;
-    if (!out.file.open(path)) return false;
-    bool ok = static_cast<bool>(out.image.parse(byte_view{out.file.data(), out.file.size()}, path)) &&
-              out.image.find_section_type(SHT_SYMTAB) != nullptr;
-    if (ok && !want_build_id.empty()) ok = out.image.build_id() == want_build_id;
-    if (ok && check_crc) ok = debuglink_crc32(out.image.bytes()) == crc;
-    if (!ok) {
-      out.image = elf_image();
-      out.file.reset();
-      return false;
-    }
-    out.path = path;
-    return true;
+// The one dump: see the top of this file. Every file is attempted even when an earlier one failed;
+// the errors are joined. Nothing collected is lost either way (`c` is a copy).
+inline status write_dump(dump_contents& c, const dump_settings& s) {
+  if (jit_runtime_slot().load(std::memory_order_acquire) != nullptr) {
+    status j = jit_global().flush();  // the perf map is complete whenever a profile is
+    (void)j;                          // reported on stderr once by the runtime; the profile is still written
+  }
+  const path_fields fields = fields_now(next_dump_number());
+  std::string errors;
+  auto keep = [&](const status& st) {
+    if (!st) errors += (errors.empty() ? "" : "\n") + st.message();
   };
-  std::string id = module.build_id();
-  for (const auto& path : build_id_debug_paths(roots, id))
-    if (try_open(path, id, false, 0)) return true;
-  std::string link;
-  std::uint32_t crc = 0;
-  if (module.debuglink(link, crc))
-    for (const auto& path : debuglink_paths(roots, module_path, link))
-      if (try_open(path, id, true, crc)) return true;
-  return false;
+  add_marker_frames(c.main, s.thread_roots);
+  keep(write_profile_paths(c.main, s.paths, fields, dump_output_options(c.main), s.sink));
+  if (c.main.info.mode == profile_mode::wall) {
+    const profile off = offcpu_view(c.main);
+    keep(write_profile_paths(off, companion_paths(s.paths, "-offcpu"), fields, dump_output_options(off),
+                             s.sink));
+  }
+  if (c.slow_marked) {
+    add_marker_frames(c.slow, s.thread_roots);
+    output_options oo = dump_output_options(c.slow);
+    oo.svg.title = "Slow frames (over " + format_compact(s.frame_budget_ms) + " ms): " + oo.svg.title;
+    keep(write_profile_paths(c.slow, companion_paths(s.paths, "-slow"), fields, oo, s.sink));
+  }
+  return errors.empty() ? status::ok() : status::error(errors);
 }
 
 }  // namespace detail
 }  // namespace selfprof
-// ---- end selfprof/symbols/debug_file.hpp ----
-// ---- begin selfprof/symbols/proc_maps.hpp ----
-// Reading and parsing /proc/<pid>/maps lines (address range, permissions, offset, device, inode, path).
-// Context: collector thread or setup (never the signal handler).
-
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdint>
-#include <string>
-#include <string_view>
-
-
-namespace selfprof {
-namespace detail {
-
-struct maps_entry {
-  std::uint64_t start = 0;
-  std::uint64_t end = 0;
-  std::uint64_t offset = 0;
-  std::uint64_t inode = 0;
-  std::uint32_t dev_major = 0;
-  std::uint32_t dev_minor = 0;
-  bool readable = false;
-  bool executable = false;
-  bool deleted = false;  // the path ended in " (deleted)" (removed file, or a memfd)
-  std::string path;      // without the " (deleted)" suffix; empty for anonymous memory
-};
-
-// Parses one hexadecimal field ending at `stop` (or the end); advances `pos`. False when empty or bad.
-inline bool parse_hex_field(std::string_view line, std::size_t& pos, char stop, std::uint64_t& out) {
-  out = 0;
-  std::size_t begin = pos;
-  while (pos < line.size() && line[pos] != stop) {
-    char c = line[pos];
-    unsigned digit;
-    if (c >= '0' && c <= '9')
-      digit = static_cast<unsigned>(c - '0');
-    else if (c >= 'a' && c <= 'f')
-      digit = static_cast<unsigned>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F')
-      digit = static_cast<unsigned>(c - 'A' + 10);
-    else
-      return false;
-    if (pos - begin >= 16) return false;
-    out = (out << 4) | digit;
-    ++pos;
-  }
-  if (pos == begin) return false;
-  if (pos < line.size()) ++pos;  // the stop character
-  return true;
-}
-
-// Parses "start-end perms offset major:minor inode   path" (path optional, may hold spaces).
-inline bool parse_maps_line(std::string_view line, maps_entry& out) {
-  out = maps_entry();
-  std::size_t pos = 0;
-  if (!parse_hex_field(line, pos, '-', out.start) || !parse_hex_field(line, pos, ' ', out.end)) return false;
-  if (pos + 5 > line.size() || line[pos + 4] != ' ') return false;
-  out.readable = line[pos] == 'r';
-  out.executable = line[pos + 2] == 'x';
-  pos += 5;
-  std::uint64_t major = 0, minor = 0;
-  if (!parse_hex_field(line, pos, ' ', out.offset) || !parse_hex_field(line, pos, ':', major) ||
-      !parse_hex_field(line, pos, ' ', minor))
-    return false;
-  out.dev_major = static_cast<std::uint32_t>(major);
-  out.dev_minor = static_cast<std::uint32_t>(minor);
-  std::size_t begin = pos;
-  while (pos < line.size() && line[pos] >= '0' && line[pos] <= '9')
-    out.inode = out.inode * 10 + (line[pos++] - '0');
-  if (pos == begin || out.end < out.start) return false;
-  while (pos < line.size() && line[pos] == ' ') ++pos;
-  std::string_view path = line.substr(pos);
-  constexpr std::string_view deleted = " (deleted)";
-  if (path.size() > deleted.size() && path.substr(path.size() - deleted.size()) == deleted) {
-    out.deleted = true;
-    path.remove_suffix(deleted.size());
-  }
-  out.path = std::string(path);
-  return true;
-}
-
-// Reads a whole (proc) file into `out`; false on failure.
-inline bool read_text_file(const char* path, std::string& out) {
-  out.clear();
-  int fd = sys().open(path, O_RDONLY | O_CLOEXEC, 0);
-  if (fd < 0) return false;
-  char buffer[16384];
-  for (;;) {
-    ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      sys().close(fd);
-      return n == 0;
-    }
-    out.append(buffer, static_cast<std::size_t>(n));
-  }
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/proc_maps.hpp ----
-// ---- begin selfprof/symbols/symbol_table.hpp ----
-// A per-module table of function symbols (.symtab, .dynsym, synthesized PLT stubs) sorted by address,
-// with sizes respected and zero-size symbols extended to the next one, plus cached demangled names.
-// Context: collector thread or setup (never the signal handler).
-
-#include <elf.h>
+// ---- end selfprof/dump/dump.hpp ----
+// ---- begin selfprof/dump/symbolize.hpp ----
+// Turns the raw stack table into a profile value: addresses become frames (pc - 1 for return
+// addresses), stacks become root-first frame lists.
+// Context: any thread (never the signal handler); runs only when a profile is written.
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
-#include <string_view>
-#include <vector>
-
-// ---- begin selfprof/symbols/demangle.hpp ----
-// C++ symbol demangling through the C++ runtime's abi::__cxa_demangle, falling back to the raw name.
-// Context: collector thread or any thread (allocates; never the signal handler).
-
-#include <cxxabi.h>
-
-#include <cstdlib>
-#include <string>
-#include <string_view>
-
-namespace selfprof {
-namespace detail {
-
-// Demangles an Itanium-ABI name ("_Z..."); a name that is not mangled or does not demangle is returned
-// unchanged. A "@plt" suffix (our PLT stub names) is kept after the demangled part.
-inline std::string demangle(std::string_view name) {
-  std::string_view suffix;
-  std::string_view base = name;
-  constexpr std::string_view plt = "@plt";
-  if (base.size() > plt.size() && base.substr(base.size() - plt.size()) == plt) {
-    suffix = plt;
-    base.remove_suffix(plt.size());
-  }
-  if (base.size() < 3 || base[0] != '_' || base[1] != 'Z') return std::string(name);
-  std::string raw(base);
-  int status = 0;
-  char* out = abi::__cxa_demangle(raw.c_str(), nullptr, nullptr, &status);
-  if (out == nullptr || status != 0) {
-    std::free(out);
-    return std::string(name);
-  }
-  std::string result(out);
-  std::free(out);
-  result += suffix;
-  return result;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/demangle.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-// How far back a lookup walks past symbols that end before the address, looking for an enclosing
-// (overlapping) symbol; overlaps are rare and shallow, so a small bound keeps lookups O(log n).
-constexpr int symbol_overlap_lookback = 8;
-// Size of one PLT entry on x86-64 and AArch64, and of the PLT header (PLT0) before the entries.
-constexpr std::uint64_t plt_entry_bytes = 16;
-
-class symbol_table {
- public:
-  struct hit {
-    std::uint32_t index = 0;
-    std::uint64_t start = 0;  // ELF virtual address of the symbol
-    std::uint64_t end = 0;    // one past its last byte
-  };
-
-  // Adds the function symbols of a SHT_SYMTAB or SHT_DYNSYM section of `image`; returns how many.
-  std::size_t add_symbols(const elf_image& image, const elf_section& symtab) {
-    if (symtab.type != SHT_SYMTAB && symtab.type != SHT_DYNSYM) return 0;
-    if ((symtab.flags & SHF_COMPRESSED) != 0) return 0;
-    const elf_section* strtab_section = image.section_at(symtab.link);
-    if (strtab_section == nullptr) return 0;
-    byte_view syms = image.section_bytes(symtab);
-    byte_view strtab = image.section_bytes(*strtab_section);
-    std::size_t count = syms.size / sizeof(Elf64_Sym), added = 0;
-    for (std::size_t i = 1; i < count; ++i) {
-      Elf64_Sym sym;
-      read_at(syms, i * sizeof(Elf64_Sym), sym);
-      unsigned type = ELF64_ST_TYPE(sym.st_info);
-      unsigned bind = ELF64_ST_BIND(sym.st_info);
-      if (sym.st_shndx == SHN_UNDEF || sym.st_shndx >= SHN_LORESERVE) continue;
-      const elf_section* in = image.section_at(sym.st_shndx);
-      bool exec_section = in != nullptr && (in->flags & SHF_EXECINSTR) != 0;
-      if (type == STT_NOTYPE) {
-        if (sym.st_size == 0 || !exec_section) continue;
-      } else if (type != STT_FUNC && type != STT_GNU_IFUNC) {
-        continue;
-      }
-      std::string_view name = string_at(strtab, sym.st_name);
-      if (name.empty() || name[0] == '$' || name.substr(0, 2) == ".L") continue;
-      std::uint64_t section_end = 0;
-      if (in != nullptr && in->size != 0 && sym.st_value >= in->addr && sym.st_value - in->addr < in->size)
-        section_end = in->addr + in->size;
-      unsigned rank = bind == STB_GLOBAL ? 3 : bind == STB_WEAK ? 2 : 1;
-      if (type != STT_NOTYPE) rank += 4;
-      add(sym.st_value, sym.st_size, section_end, name, rank);
-      ++added;
-    }
-    return added;
-  }
-
-  // Adds `name@plt` for each PLT stub (x86-64 and AArch64; .plt.sec when present). Cheap: one pass
-  // over .rela.plt; returns how many were added.
-  std::size_t add_plt(const elf_image& image) {
-    const elf_section* rela = image.find_section(".rela.plt");
-    if (rela == nullptr || rela->type != SHT_RELA) return 0;
-    const elf_section* dynsym = image.section_at(rela->link);
-    if (dynsym == nullptr || dynsym->type != SHT_DYNSYM) return 0;
-    const elf_section* dynstr = image.section_at(dynsym->link);
-    if (dynstr == nullptr) return 0;
-    std::uint64_t first = 0;
-    const elf_section* plt = image.find_section(".plt.sec");
-    std::uint32_t jump_slot = 0;
-    if (image.machine() == EM_X86_64) {
-      jump_slot = R_X86_64_JUMP_SLOT;
-      if (plt == nullptr) {
-        plt = image.find_section(".plt");
-        first = plt_entry_bytes;  // PLT0 is one entry
-      }
-    } else if (image.machine() == EM_AARCH64) {
-      jump_slot = R_AARCH64_JUMP_SLOT;
-      plt = image.find_section(".plt");
-      first = 2 * plt_entry_bytes;  // PLT0 is 32 bytes
-    }
-    if (plt == nullptr || jump_slot == 0) return 0;
-    byte_view relocs = image.section_bytes(*rela), syms = image.section_bytes(*dynsym);
-    byte_view strs = image.section_bytes(*dynstr);
-    std::size_t count = relocs.size / sizeof(Elf64_Rela), added = 0;
-    for (std::size_t i = 0; i < count; ++i) {
-      std::uint64_t offset = first + i * plt_entry_bytes;
-      if (offset + plt_entry_bytes > plt->size) break;
-      Elf64_Rela r;
-      read_at(relocs, i * sizeof(Elf64_Rela), r);
-      if (ELF64_R_TYPE(r.r_info) != jump_slot) continue;
-      Elf64_Sym sym;
-      if (!read_at(syms, std::uint64_t{ELF64_R_SYM(r.r_info)} * sizeof(Elf64_Sym), sym)) continue;
-      std::string_view name = string_at(strs, sym.st_name);
-      if (name.empty()) continue;
-      add(plt->addr + offset, plt_entry_bytes, 0, std::string(name) + "@plt", 0);
-      ++added;
-    }
-    return added;
-  }
-
-  // Sorts, keeps the best name per address and computes where zero-size symbols end. Call once after
-  // the add_* calls and before lookups.
-  void finish() {
-    std::sort(entries_.begin(), entries_.end(), [this](const entry& a, const entry& b) {
-      if (a.start != b.start) return a.start < b.start;
-      return better(a, b);
-    });
-    std::vector<entry> unique;
-    unique.reserve(entries_.size());
-    for (const entry& e : entries_) {
-      if (!unique.empty() && unique.back().start == e.start) {
-        unique.back().size = std::max(unique.back().size, e.size);
-        continue;
-      }
-      unique.push_back(e);
-    }
-    for (std::size_t i = 0; i < unique.size(); ++i) {
-      entry& e = unique[i];
-      if (e.size != 0) continue;
-      // A zero-size symbol (hand-written assembly) runs to the next symbol or the end of its section.
-      std::uint64_t end = i + 1 < unique.size() ? unique[i + 1].start : ~std::uint64_t{0};
-      if (e.section_end != 0) end = std::min(end, e.section_end);
-      e.size = end > e.start && end != ~std::uint64_t{0} ? end - e.start : 1;
-    }
-    entries_ = std::move(unique);
-    entries_.shrink_to_fit();
-    demangled_.assign(entries_.size(), std::string());
-  }
-
-  // The symbol covering ELF virtual address `vaddr`, if any: an address past a symbol's end is not
-  // charged to it.
-  bool lookup(std::uint64_t vaddr, hit& out) const {
-    auto it = std::upper_bound(entries_.begin(), entries_.end(), vaddr,
-                               [](std::uint64_t v, const entry& e) { return v < e.start; });
-    for (int back = 0; it != entries_.begin() && back < symbol_overlap_lookback; ++back) {
-      --it;
-      if (vaddr - it->start < it->size) {
-        out.index = static_cast<std::uint32_t>(it - entries_.begin());
-        out.start = it->start;
-        out.end = it->start + it->size;
-        return true;
-      }
-    }
-    return false;
-  }
-
-  std::string_view raw_name(std::uint32_t index) const {
-    const entry& e = entries_[index];
-    return std::string_view(names_).substr(e.name_offset, e.name_size);
-  }
-
-  // Demangled name of entry `index`, computed on first use and cached.
-  const std::string& name(std::uint32_t index) {
-    std::string& d = demangled_[index];
-    if (d.empty()) d = demangle(raw_name(index));
-    return d;
-  }
-
-  std::size_t size() const { return entries_.size(); }
-
- private:
-  struct entry {
-    std::uint64_t start;
-    std::uint64_t size;
-    std::uint64_t section_end;
-    std::uint32_t name_offset;
-    std::uint32_t name_size;
-    std::uint32_t rank;
-  };
-
-  void add(std::uint64_t start, std::uint64_t size, std::uint64_t section_end, std::string_view name,
-           unsigned rank) {
-    entry e{start,
-            size,
-            section_end,
-            static_cast<std::uint32_t>(names_.size()),
-            static_cast<std::uint32_t>(name.size()),
-            rank};
-    names_.append(name.data(), name.size());
-    entries_.push_back(e);
-  }
-
-  static std::size_t leading_underscores(std::string_view s) {
-    std::size_t n = 0;
-    while (n < s.size() && s[n] == '_') ++n;
-    return n;
-  }
-
-  // Which of two symbols at one address names it: sized, FUNC over NOTYPE, global over weak over
-  // local, fewer leading underscores (malloc over __libc_malloc), shorter, then alphabetical.
-  bool better(const entry& a, const entry& b) const {
-    if ((a.size != 0) != (b.size != 0)) return a.size != 0;
-    if (a.rank != b.rank) return a.rank > b.rank;
-    std::string_view na = std::string_view(names_).substr(a.name_offset, a.name_size);
-    std::string_view nb = std::string_view(names_).substr(b.name_offset, b.name_size);
-    std::size_t ua = leading_underscores(na), ub = leading_underscores(nb);
-    if (ua != ub) return ua < ub;
-    if (na.size() != nb.size()) return na.size() < nb.size();
-    return na < nb;
-  }
-
-  std::vector<entry> entries_;
-  std::string names_;
-  std::vector<std::string> demangled_;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/symbol_table.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-enum class module_kind : std::uint8_t {
-  file,       // a file-backed mapping (also memfd and deleted files)
-  vdso,       // the kernel's vdso, parsed from memory
-  anonymous,  // anonymous executable memory (JIT code); named only by perf maps
-  special,    // other kernel-provided mappings such as [vsyscall]
-};
-
-// What was parsed from one ELF file (shared by every mapping of that file).
-struct module_symbols {
-  std::string build_id;
-  std::string debug_path;             // separate debug file used, if any
-  std::vector<elf_segment> segments;  // for the load bias of each mapping
-  symbol_table table;
-  bool elf_ok = false;
-};
-
-struct module {
-  std::uint64_t start = 0;
-  std::uint64_t end = 0;
-  std::uint64_t offset = 0;  // file offset mapped at start
-  std::uint64_t bias = 0;    // run-time address minus ELF virtual address
-  std::uint64_t inode = 0;
-  std::uint32_t dev_major = 0;
-  std::uint32_t dev_minor = 0;
-  std::string path;      // as in the maps (without " (deleted)"), "[vdso]", or "//anon"
-  std::string basename;  // for "[basename+0xoffset]" names
-  module_kind kind = module_kind::file;
-  bool deleted = false;
-  bool mapped = true;                       // false once unmapped; kept so earlier samples are still named
-  std::uint64_t unmapped_seq = 0;           // orders unmapped modules: a later unmap wins an overlap
-  std::shared_ptr<module_symbols> symbols;  // null for anonymous and special mappings
-};
-
-struct module_registry_options {
-  std::vector<std::string> debug_roots{"/usr/lib/debug"};  // where build-id and debuglink files live
-  std::string maps_path = "/proc/self/maps";
-};
-
-class module_registry {
- public:
-  module_registry() = default;
-  explicit module_registry(module_registry_options options) : options_(std::move(options)) {}
-
-  // Re-reads the maps when the dynamic loader's load/unload counters (dl_iterate_phdr's dlpi_adds and
-  // dlpi_subs) moved since the last snapshot, or on the first call: a few hundred nanoseconds otherwise.
-  // Returns true when the module set changed.
-  bool refresh() {
-    std::pair<unsigned long long, unsigned long long> counters = loader_counters();
-    if (scans_ != 0 && counters == last_counters_) return false;
-    last_counters_ = counters;
-    return rescan();
-  }
-
-  // Re-reads the maps unconditionally (for mappings made without the loader: JIT code, mmap of a
-  // file); returns early when the text is unchanged. Returns true when the module set changed.
-  bool rescan() {
-    std::string text;
-    if (!read_text_file(options_.maps_path.c_str(), text)) {
-      warn("selfprof: cannot read " + options_.maps_path + "; frames will be [unknown]");
-      return false;
-    }
-    ++reads_;
-    text = executable_lines(text);  // data mappings come and go with every allocation: ignore them
-    if (scans_ != 0 && text == last_text_) return false;
-    last_text_ = std::move(text);
-    ++scans_;
-    apply(last_text_);
-    return true;
-  }
-
-  // The module holding `address`: a mapped one first, else the most recently unmapped one.
-  // The pointer is valid until the next refresh()/rescan().
-  const module* find(std::uint64_t address) const {
-    auto it = std::upper_bound(mapped_.begin(), mapped_.end(), address,
-                               [this](std::uint64_t a, std::size_t i) { return a < modules_[i].start; });
-    if (it != mapped_.begin()) {
-      const module& m = modules_[*(it - 1)];
-      if (address < m.end) return &m;
-    }
-    for (std::size_t i : unmapped_)
-      if (address >= modules_[i].start && address < modules_[i].end) return &modules_[i];
-    return nullptr;
-  }
-
-  const std::vector<module>& modules() const { return modules_; }
-  // Messages about modules whose symbols could not be read (one per file); cleared by this call.
-  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
-  std::uint64_t scans() const { return scans_; }  // times the maps text changed and was applied
-  std::uint64_t reads() const { return reads_; }  // times the maps file was read
-  std::size_t parsed_files() const { return symbols_cache_.size(); }
-
- private:
-  using mapping_key = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t, std::string>;
-  using file_key = std::tuple<std::uint32_t, std::uint32_t, std::uint64_t, std::string>;
-
-  static std::pair<unsigned long long, unsigned long long> loader_counters() {
-    std::pair<unsigned long long, unsigned long long> out{0, 0};
-    ::dl_iterate_phdr(
-        [](struct dl_phdr_info* info, std::size_t size, void* data) -> int {
-          if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
-            auto* c = static_cast<std::pair<unsigned long long, unsigned long long>*>(data);
-            c->first = info->dlpi_adds;
-            c->second = info->dlpi_subs;
-          }
-          return 1;  // the counters are the same in every entry: stop after the first
-        },
-        &out);
-    return out;
-  }
-
-  // The lines of maps text whose permissions include 'x' ("start-end r-xp ...").
-  static std::string executable_lines(const std::string& text) {
-    std::string out;
-    std::size_t pos = 0;
-    while (pos < text.size()) {
-      std::size_t eol = text.find('\n', pos);
-      if (eol == std::string::npos) eol = text.size();
-      std::size_t space = text.find(' ', pos);
-      if (space != std::string::npos && space + 3 < eol && text[space + 3] == 'x')
-        out.append(text, pos, eol - pos + 1);
-      pos = eol + 1;
-    }
-    return out;
-  }
-
-  void warn(std::string message) { warnings_.push_back(std::move(message)); }
-
-  void apply(const std::string& text) {
-    std::vector<module> next;
-    std::vector<bool> seen(modules_.size(), false);
-    std::map<mapping_key, std::size_t> index;
-    for (std::size_t i = 0; i < modules_.size(); ++i) index.emplace(key_of(modules_[i]), i);
-
-    std::size_t pos = 0;
-    while (pos < text.size()) {
-      std::size_t eol = text.find('\n', pos);
-      if (eol == std::string::npos) eol = text.size();
-      maps_entry e;
-      if (parse_maps_line(std::string_view(text).substr(pos, eol - pos), e) && e.executable) {
-        auto found = index.find(mapping_key{e.start, e.end, e.offset, e.inode, e.path});
-        if (found != index.end()) {
-          seen[found->second] = true;
-          next.push_back(modules_[found->second]);
-          next.back().mapped = true;
-        } else {
-          next.push_back(make_module(e));
-        }
-      }
-      pos = eol + 1;
-    }
-    // Unmapped modules stay (anonymous memory excepted: it has no symbols to keep).
-    for (std::size_t i = 0; i < modules_.size(); ++i) {
-      if (seen[i] || modules_[i].kind == module_kind::anonymous) continue;
-      module m = modules_[i];
-      if (m.mapped) m.unmapped_seq = ++unmapped_seq_;
-      m.mapped = false;
-      next.push_back(std::move(m));
-    }
-    modules_ = std::move(next);
-    mapped_.clear();
-    unmapped_.clear();
-    for (std::size_t i = 0; i < modules_.size(); ++i) (modules_[i].mapped ? mapped_ : unmapped_).push_back(i);
-    std::sort(mapped_.begin(), mapped_.end(),
-              [this](std::size_t a, std::size_t b) { return modules_[a].start < modules_[b].start; });
-    std::sort(unmapped_.begin(), unmapped_.end(), [this](std::size_t a, std::size_t b) {
-      return modules_[a].unmapped_seq > modules_[b].unmapped_seq;
-    });
-  }
-
-  static mapping_key key_of(const module& m) {
-    return mapping_key{m.start, m.end, m.offset, m.inode,
-                       m.kind == module_kind::anonymous && m.path == "//anon" ? std::string() : m.path};
-  }
-
-  module make_module(const maps_entry& e) {
-    module m;
-    m.start = e.start;
-    m.end = e.end;
-    m.offset = e.offset;
-    m.inode = e.inode;
-    m.dev_major = e.dev_major;
-    m.dev_minor = e.dev_minor;
-    m.deleted = e.deleted;
-    m.path = e.path;
-    if (e.path.empty()) {
-      m.kind = module_kind::anonymous;
-      m.path = "//anon";
-    } else if (e.path == "[vdso]") {
-      m.kind = module_kind::vdso;
-    } else if (e.path[0] == '[') {
-      m.kind = e.path == "[vsyscall]" ? module_kind::special : module_kind::anonymous;
-    }
-    std::string::size_type slash = m.path.rfind('/');
-    if (m.kind == module_kind::file)
-      m.basename = slash == std::string::npos ? m.path : m.path.substr(slash + 1);
-    else if (m.path.size() > 2 && m.path.front() == '[' && m.path.back() == ']')
-      m.basename = m.path.substr(1, m.path.size() - 2);  // "[vdso]" names frames "[vdso+0x...]"
-    else
-      m.basename = m.path;
-    if (m.kind == module_kind::file) m.symbols = file_symbols(e);
-    if (m.kind == module_kind::vdso) m.symbols = vdso_symbols(e);
-    m.bias = m.symbols && m.symbols->elf_ok ? elf_load_bias(m.symbols->segments, m.start, m.offset)
-                                            : m.start - m.offset;
-    return m;
-  }
-
-  std::shared_ptr<module_symbols> file_symbols(const maps_entry& e) {
-    file_key key{e.dev_major, e.dev_minor, e.inode, e.path};
-    auto cached = symbols_cache_.find(key);
-    if (cached != symbols_cache_.end()) return cached->second;
-    auto result = std::make_shared<module_symbols>();
-    symbols_cache_.emplace(key, result);
-
-    // Deleted files and memfds are reachable through /proc/self/map_files (opening its entries needs
-    // CAP_SYS_ADMIN, or CAP_CHECKPOINT_RESTORE since Linux 5.9; see proc(5)), else through a descriptor
-    // we still hold; map_files also serves a file replaced on disk since it was mapped.
-    char buffer[64];
-    std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
-                  static_cast<unsigned long long>(e.start), static_cast<unsigned long long>(e.end));
-    std::string via_map_files = buffer;
-    bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
-    mapped_file file;
-    status st = file.open(hidden ? via_map_files : e.path, e.inode);
-    if (!st && hidden) st = open_through_fd(e, file);
-    if (!st && !hidden) st = file.open(via_map_files, e.inode);
-    // Overlay file systems can report another inode in the maps than fstat does: last, trust the path.
-    if (!st && !hidden) st = file.open(e.path);
-    if (!st) {
-      warn("selfprof: no symbols for " + e.path + ": " + st.message() +
-           "; its frames are named [module+0xoffset]");
-      return result;
-    }
-    load_elf(byte_view{file.data(), file.size()}, e.path, hidden, *result);
-    return result;
-  }
-
-  // Without the rights map_files needs, a memfd or deleted file is still readable through a
-  // descriptor the process holds open (a JIT usually keeps its memfd): find it in /proc/self/fd.
-  static status open_through_fd(const maps_entry& e, mapped_file& file) {
-    DIR* dir = ::opendir("/proc/self/fd");
-    if (dir == nullptr) return status::error(e.path + ": no readable descriptor");
-    status st = status::error(e.path + ": not in map_files (permission) nor held open by this process");
-    while (struct dirent* d = ::readdir(dir)) {
-      if (d->d_name[0] < '0' || d->d_name[0] > '9') continue;
-      std::string path = std::string("/proc/self/fd/") + d->d_name;
-      struct stat sb;
-      if (::stat(path.c_str(), &sb) != 0 || static_cast<std::uint64_t>(sb.st_ino) != e.inode ||
-          major(sb.st_dev) != e.dev_major || minor(sb.st_dev) != e.dev_minor || !S_ISREG(sb.st_mode))
-        continue;
-      if (file.open(path, e.inode)) {
-        st = status::ok();
-        break;
-      }
-    }
-    ::closedir(dir);
-    return st;
-  }
-
-  std::shared_ptr<module_symbols> vdso_symbols(const maps_entry& e) {
-    auto result = std::make_shared<module_symbols>();
-    // The vdso is mapped whole and laid out as its file, so its section headers are in memory too.
-    unsigned long base = ::getauxval(AT_SYSINFO_EHDR);
-    if (base == 0 || base < e.start || base >= e.end || !e.readable) return result;
-    load_elf(byte_view{reinterpret_cast<const unsigned char*>(base), static_cast<std::size_t>(e.end - base)},
-             "[vdso]", true, *result);
-    return result;
-  }
-
-  void load_elf(byte_view bytes, const std::string& path, bool no_debug_search, module_symbols& out) {
-    elf_image image;
-    status st = image.parse(bytes, path);
-    if (!st) {
-      warn("selfprof: no symbols for " + path + ": " + st.message() +
-           "; its frames are named [module+0xoffset]");
-      return;
-    }
-    out.elf_ok = true;
-    out.segments = image.segments();
-    out.build_id = image.build_id();
-    std::size_t from_symtab = 0;
-    if (const elf_section* symtab = image.find_section_type(SHT_SYMTAB))
-      from_symtab = out.table.add_symbols(image, *symtab);
-    if (from_symtab == 0) {
-      debug_file debug;
-      // A deleted or memory file has no directory for debuglink; build-id lookups still work.
-      if (find_debug_file(options_.debug_roots, no_debug_search ? std::string() : path, image, debug)) {
-        if (const elf_section* symtab = debug.image.find_section_type(SHT_SYMTAB))
-          out.table.add_symbols(debug.image, *symtab);
-        out.debug_path = debug.path;
-      }
-    }
-    if (const elf_section* dynsym = image.find_section_type(SHT_DYNSYM))
-      out.table.add_symbols(image, *dynsym);
-    out.table.add_plt(image);
-    out.table.finish();
-  }
-
-  module_registry_options options_;
-  std::vector<module> modules_;
-  std::vector<std::size_t> mapped_;    // indices into modules_, by start address
-  std::vector<std::size_t> unmapped_;  // indices into modules_, latest unmapped first
-  std::map<file_key, std::shared_ptr<module_symbols>> symbols_cache_;
-  std::vector<std::string> warnings_;
-  std::string last_text_;
-  std::pair<unsigned long long, unsigned long long> last_counters_{0, 0};
-  std::uint64_t scans_ = 0;
-  std::uint64_t reads_ = 0;
-  std::uint64_t unmapped_seq_ = 0;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/modules.hpp ----
-
-#if SELFPROF_HAS_LIBDW
-#include <dwarf.h>  // DW_TAG_* and DW_AT_* (elfutils' copy, installed with libdw-dev)
-#include <elfutils/libdw.h>
-#include <elfutils/libdwfl.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <map>
-#include <memory>
-#include <queue>
 #include <unordered_map>
 #include <utility>
-
-#endif
-
-namespace selfprof {
-namespace detail {
-
-// One level of the source chain of an address.
-struct source_frame {
-  std::string function;    // demangled DWARF name (linkage name when present); empty when unnamed
-  std::string file;        // source file as DWARF records it (absolute when the compile dir is known)
-  std::uint32_t line = 0;  // 0 when unknown
-  bool inlined = false;    // true for an inlined callee; false for the real (outermost) function
-};
-
-// The source chain of an address, outermost first: the real function, whose file:line is the call
-// site of the first inlined callee (or the address's own line when nothing is inlined there), then each
-// inlined callee with the file:line of the call into the next, the innermost with the address's line.
-using source_chain = std::vector<source_frame>;
-
-#if SELFPROF_HAS_LIBDW
-
-// Largest number of inlined levels reported for one address; deeper nesting loses its outermost levels.
-// Real code stays far below (GCC's inline depth limit is in the tens); the bound only stops a corrupt
-// parent chain.
-constexpr std::size_t dwarf_max_inline_depth = 1024;
-// Most function DIEs indexed per compile unit; past it a unit's remaining functions get no inline frames.
-constexpr std::size_t dwarf_max_cu_functions = std::size_t{1} << 24;
-
-// DIE tags of code that has a name and source position: real functions and inlined instances.
-inline bool dwarf_is_function(int tag) {
-  return tag == DW_TAG_subprogram || tag == DW_TAG_inlined_subroutine || tag == DW_TAG_entry_point;
-}
-
-// The functions of one compile unit laid out by address, built once per unit on its first lookup:
-// libdw's dwarf_getscopes re-walks the whole unit on every call (measured: 14 ms a lookup in a unit
-// that includes all of selfprof), this answers in O(log n).
-struct dwarf_cu_index {
-  struct function {
-    Dwarf_Die die;        // DW_TAG_subprogram, DW_TAG_inlined_subroutine or DW_TAG_entry_point
-    std::int32_t parent;  // enclosing function in the DIE tree (what addr2line -i follows), -1 at the top
-  };
-  struct segment {
-    Dwarf_Addr start;    // the segment runs to the next one's start
-    std::int32_t owner;  // the deepest function whose ranges hold it, -1 for none
-  };
-  std::vector<function> functions;
-  std::vector<segment> segments;  // sorted by start
-
-  // The deepest function holding `pc`, or -1.
-  std::int32_t find(Dwarf_Addr pc) const {
-    auto it = std::upper_bound(segments.begin(), segments.end(), pc,
-                               [](Dwarf_Addr a, const segment& s) { return a < s.start; });
-    return it == segments.begin() ? -1 : (it - 1)->owner;
-  }
-
-  void build(Dwarf_Die* cu) {
-    struct interval {
-      Dwarf_Addr low, high;
-      int depth;
-      std::int32_t function;
-    };
-    struct pending {
-      Dwarf_Die die;
-      int depth;
-      std::int32_t parent;
-    };
-    std::vector<interval> intervals;
-    std::vector<pending> stack;
-    Dwarf_Die first;
-    if (::dwarf_child(cu, &first) == 0) stack.push_back(pending{first, 1, -1});
-    while (!stack.empty() && functions.size() < dwarf_max_cu_functions) {
-      pending at = stack.back();
-      stack.pop_back();
-      Dwarf_Die next;
-      if (::dwarf_siblingof(&at.die, &next) == 0) stack.push_back(pending{next, at.depth, at.parent});
-      int tag = ::dwarf_tag(&at.die);
-      std::int32_t parent = at.parent;
-      if (dwarf_is_function(tag)) {
-        parent = static_cast<std::int32_t>(functions.size());
-        functions.push_back(function{at.die, at.parent});
-        Dwarf_Addr base = 0, low = 0, high = 0;
-        for (std::ptrdiff_t off = 0; (off = ::dwarf_ranges(&at.die, off, &base, &low, &high)) > 0;)
-          if (high > low) intervals.push_back(interval{low, high, at.depth, parent});
-      }
-      // Code lives in functions, blocks, and functions nested in namespaces and classes; types,
-      // variables and parameters hold none, so their subtrees are skipped.
-      bool may_hold_code = dwarf_is_function(tag) || tag == DW_TAG_lexical_block || tag == DW_TAG_namespace ||
-                           tag == DW_TAG_class_type || tag == DW_TAG_structure_type ||
-                           tag == DW_TAG_union_type || tag == DW_TAG_module;
-      Dwarf_Die child;
-      if (may_hold_code && ::dwarf_haschildren(&at.die) > 0 && ::dwarf_child(&at.die, &child) == 0)
-        stack.push_back(pending{child, at.depth + 1, parent});
-    }
-    // Sweep the range boundaries; the deepest interval active over each elementary piece owns it.
-    std::vector<Dwarf_Addr> bounds;
-    for (const auto& i : intervals) {
-      bounds.push_back(i.low);
-      bounds.push_back(i.high);
-    }
-    std::sort(bounds.begin(), bounds.end());
-    bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
-    std::sort(intervals.begin(), intervals.end(),
-              [](const interval& a, const interval& b) { return a.low < b.low; });
-    auto shallower = [](const interval& a, const interval& b) {
-      return a.depth != b.depth ? a.depth < b.depth
-                                : a.low < b.low;  // ties: the later start is the inner one
-    };
-    std::priority_queue<interval, std::vector<interval>, decltype(shallower)> active(shallower);
-    std::size_t next = 0;
-    for (Dwarf_Addr b : bounds) {
-      while (next < intervals.size() && intervals[next].low <= b) active.push(intervals[next++]);
-      while (!active.empty() && active.top().high <= b) active.pop();  // lazily drops ended intervals
-      // An ended interval under a deeper active one is dropped when it surfaces: check the top only.
-      std::int32_t owner = active.empty() ? -1 : active.top().function;
-      if (segments.empty() || segments.back().owner != owner) segments.push_back(segment{b, owner});
-    }
-  }
-};
-
-class dwarf_lines {
- public:
-  static constexpr bool enabled = true;
-
-  dwarf_lines() = default;
-  explicit dwarf_lines(std::vector<std::string> debug_roots)
-      : debug_roots_(std::make_shared<const std::vector<std::string>>(std::move(debug_roots))) {}
-
-  // The source chain of `vaddr` (an ELF virtual address of module `m`'s file, i.e. the run-time
-  // address minus the module's bias), or nullptr when no DWARF covers it. The pointer stays valid for
-  // the lifetime of this object.
-  const source_chain* lookup(const module& m, std::uint64_t vaddr) {
-    if (m.kind != module_kind::file || !m.symbols || !m.symbols->elf_ok) return nullptr;
-    dwarf_file* file = file_for(m);  // heap-allocated: Dwfl keeps pointers to its callbacks and userdata
-    if (file == nullptr) return nullptr;
-    auto cached = file->chains.find(vaddr);
-    if (cached != file->chains.end()) return cached->second.empty() ? nullptr : &cached->second;
-    ++queries_;
-    source_chain& chain = file->chains[vaddr];
-    query(*file, vaddr, chain);
-    return chain.empty() ? nullptr : &chain;
-  }
-
-  std::size_t files_opened() const { return files_opened_; }  // module files given a Dwfl session
-  std::size_t files_with_dwarf() const { return files_with_dwarf_; }
-  std::size_t queries() const { return queries_; }  // lookups that reached libdw (cache misses)
-
- private:
-  struct dwarf_file {
-    std::shared_ptr<const std::vector<std::string>> debug_roots;
-    std::shared_ptr<module_symbols> symbols;  // keeps the cache key alive; holds debug_path
-    std::string path;                         // module file as opened (maybe via /proc/self/map_files)
-    std::string search_path;                  // for .gnu_debuglink search; empty for deleted/memfd files
-    Dwfl_Callbacks callbacks{};
-    Dwfl* dwfl = nullptr;
-    Dwfl_Module* mod = nullptr;
-    bool has_dwarf = false;
-    std::unordered_map<std::uint64_t, source_chain> chains;
-    std::unordered_map<Dwarf_Off, dwarf_cu_index> units;  // by the compile unit DIE's offset
-
-    dwarf_file() = default;
-    dwarf_file(const dwarf_file&) = delete;
-    dwarf_file& operator=(const dwarf_file&) = delete;
-    ~dwarf_file() {
-      if (dwfl != nullptr) ::dwfl_end(dwfl);
-    }
-  };
-
-  // The Dwfl session of m's file, opened on first use; nullptr when the file cannot be read or has no
-  // DWARF anywhere (remembered, so a module without debug info costs one attempt).
-  dwarf_file* file_for(const module& m) {
-    auto it = files_.find(m.symbols.get());
-    if (it == files_.end()) it = files_.emplace(m.symbols.get(), open_file(m)).first;
-    return it->second && it->second->has_dwarf ? it->second.get() : nullptr;
-  }
-
-  std::unique_ptr<dwarf_file> open_file(const module& m) {
-    auto file = std::make_unique<dwarf_file>();
-    file->debug_roots = debug_roots_;
-    file->symbols = m.symbols;
-    // A deleted file or memfd is reachable only through map_files while mapped (see modules.hpp).
-    bool hidden = m.deleted || m.path.compare(0, 7, "/memfd:") == 0;
-    char buffer[64];
-    std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
-                  static_cast<unsigned long long>(m.start), static_cast<unsigned long long>(m.end));
-    file->path = hidden ? std::string(buffer) : m.path;
-    file->search_path = hidden ? std::string() : m.path;
-    int fd = open_checked(file->path, m.inode);
-    if (fd < 0 && !hidden) {
-      file->path = buffer;
-      fd = open_checked(file->path, m.inode);
-    }
-    if (fd < 0) return file;
-    ++files_opened_;
-    file->callbacks.find_elf = nullptr;  // not consulted: the file is reported with dwfl_report_elf
-    file->callbacks.find_debuginfo = &dwarf_lines::find_debuginfo;
-    file->callbacks.section_address = nullptr;
-    file->callbacks.debuginfo_path = nullptr;
-    file->dwfl = ::dwfl_begin(&file->callbacks);
-    if (file->dwfl == nullptr) {
-      sys().close(fd);
-      return file;
-    }
-    ::dwfl_report_begin(file->dwfl);
-    // base 0 with add_p_vaddr: Dwfl addresses are the file's own virtual addresses (ET_DYN and ET_EXEC).
-    file->mod = ::dwfl_report_elf(file->dwfl, m.basename.c_str(), file->path.c_str(), fd, 0, true);
-    ::dwfl_report_end(file->dwfl, nullptr, nullptr);
-    if (file->mod == nullptr) {
-      sys().close(fd);  // consumed only on success
-      return file;
-    }
-    void** userdata = nullptr;
-    ::dwfl_module_info(file->mod, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
-    if (userdata != nullptr) *userdata = file.get();
-    Dwarf_Addr bias = 0;
-    file->has_dwarf = ::dwfl_module_getdwarf(file->mod, &bias) != nullptr;
-    if (file->has_dwarf) ++files_with_dwarf_;
-    return file;
-  }
-
-  // Opens `path` read-only through the syscall seam; -1 unless it is a regular file with inode
-  // `inode` (a library replaced on disk since it was mapped must not describe the mapped code).
-  static int open_checked(const std::string& path, std::uint64_t inode) {
-    int fd = sys().open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    struct stat st;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-        (inode != 0 && static_cast<std::uint64_t>(st.st_ino) != inode)) {
-      sys().close(fd);
-      return -1;
-    }
-    return fd;
-  }
-
-  // Dwfl's find_debuginfo callback, called when the module file itself has no DWARF: the debug file the
-  // module registry found, else one found here by build-id/debuglink under the same roots. Returns an
-  // open descriptor (Dwfl takes it) and the file's name in malloc'd memory, or -1.
-  static int find_debuginfo(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, const char*, const char*,
-                            GElf_Word, char** debuginfo_file_name) {
-    if (userdata == nullptr || *userdata == nullptr) return -1;
-    const dwarf_file& file = *static_cast<const dwarf_file*>(*userdata);
-    std::string path = file.symbols->debug_path;
-    if (path.empty()) path = search_debug_file(file);
-    if (path.empty()) return -1;
-    int fd = open_checked(path, 0);
-    if (fd < 0) return -1;
-    if (debuginfo_file_name != nullptr) *debuginfo_file_name = ::strdup(path.c_str());
-    return fd;
-  }
-
-  // The module registry looks for a debug file only when a module lacks .symtab; a module stripped of
-  // DWARF alone (strip -g) gets its debug file found here.
-  static std::string search_debug_file(const dwarf_file& file) {
-    mapped_file bytes;
-    if (!bytes.open(file.path)) return {};
-    elf_image image;
-    if (!image.parse(byte_view{bytes.data(), bytes.size()}, file.path)) return {};
-    debug_file debug;
-    if (!find_debug_file(*file.debug_roots, file.search_path, image, debug)) return {};
-    return debug.path;
-  }
-
-  // Fills `chain` (outermost first) for `vaddr`; leaves it empty when no DWARF covers the address.
-  static void query(dwarf_file& file, std::uint64_t vaddr, source_chain& chain) {
-    Dwarf_Addr bias = 0;
-    Dwarf_Die* cu = ::dwfl_module_addrdie(file.mod, vaddr, &bias);
-    if (cu == nullptr) return;
-    const Dwarf_Addr pc = vaddr - bias;
-    Dwarf_Attribute comp_attr;
-    const char* comp_dir = ::dwarf_formstring(::dwarf_attr(cu, DW_AT_comp_dir, &comp_attr));
-
-    // The innermost location: the line table row of the address.
-    source_frame innermost;
-    if (Dwarf_Line* row = ::dwarf_getsrc_die(cu, pc)) {
-      if (const char* name = ::dwarf_linesrc(row, nullptr, nullptr))
-        innermost.file = source_path(name, comp_dir);
-      int line = 0;
-      if (::dwarf_lineno(row, &line) == 0 && line > 0) innermost.line = static_cast<std::uint32_t>(line);
-    }
-
-    // The deepest function holding pc, then its parents in the DIE tree, as addr2line -i walks them
-    // (a nested inlined call can hold pc where its parent's ranges do not, seen with GCC -O2).
-    auto unit = file.units.find(::dwarf_dieoffset(cu));
-    if (unit == file.units.end()) {
-      unit = file.units.emplace(::dwarf_dieoffset(cu), dwarf_cu_index()).first;
-      unit->second.build(cu);
-    }
-    const dwarf_cu_index& index = unit->second;
-    std::vector<source_frame> inner_first;  // the chain, innermost first
-    Dwarf_Files* files = nullptr;
-    std::size_t nfiles = 0;
-    bool have_files = false, files_tried = false;
-    source_frame current = innermost;  // the location inside the scope being visited
-    std::int32_t at = index.find(pc);
-    for (std::size_t level = 0; at >= 0 && level < dwarf_max_inline_depth; ++level) {
-      Dwarf_Die die = index.functions[static_cast<std::size_t>(at)].die;
-      at = index.functions[static_cast<std::size_t>(at)].parent;
-      Dwarf_Die* scope = &die;
-      int tag = ::dwarf_tag(scope);
-      current.function = function_name(scope);
-      current.inlined = tag == DW_TAG_inlined_subroutine;
-      if (!current.inlined) {
-        inner_first.push_back(std::move(current));
-        break;
-      }
-      // The caller's location is where this inlined instance was called from.
-      source_frame caller;
-      Dwarf_Attribute attr;
-      Dwarf_Word value = 0;
-      if (::dwarf_formudata(::dwarf_attr(scope, DW_AT_call_file, &attr), &value) == 0) {
-        if (!files_tried) {
-          files_tried = true;
-          have_files = ::dwarf_getsrcfiles(cu, &files, &nfiles) == 0;
-        }
-        if (have_files && value < nfiles)
-          if (const char* name = ::dwarf_filesrc(files, static_cast<std::size_t>(value), nullptr, nullptr))
-            caller.file = source_path(name, comp_dir);
-      }
-      if (::dwarf_formudata(::dwarf_attr(scope, DW_AT_call_line, &attr), &value) == 0 && value <= UINT32_MAX)
-        caller.line = static_cast<std::uint32_t>(value);
-      inner_first.push_back(std::move(current));
-      current = std::move(caller);
-    }
-    if (inner_first.empty() || inner_first.back().inlined) {
-      // No enclosing real function in the DWARF (assembly with line info only, or a cut walk): the
-      // outermost level is the location reached so far, unnamed.
-      current.inlined = false;
-      if (!current.file.empty() || current.line != 0 || !inner_first.empty())
-        inner_first.push_back(std::move(current));
-    }
-    chain.assign(std::make_move_iterator(inner_first.rbegin()), std::make_move_iterator(inner_first.rend()));
-  }
-
-  // libdw joins a file name with its line-table directory but leaves a relative directory (a file
-  // compiled as `cc ../src/x.c`) relative; addr2line then prefixes the compile directory: so do we.
-  static std::string source_path(const char* name, const char* comp_dir) {
-    if (name[0] == '/' || comp_dir == nullptr || comp_dir[0] == '\0') return name;
-    std::string out = comp_dir;
-    if (out.back() != '/') out += '/';
-    return out + name;
-  }
-
-  // Demangled linkage name (following abstract origin and specification), else the plain DWARF name.
-  static std::string function_name(Dwarf_Die* die) {
-    Dwarf_Attribute attr;
-    const char* linkage = ::dwarf_formstring(::dwarf_attr_integrate(die, DW_AT_linkage_name, &attr));
-    if (linkage == nullptr)
-      linkage = ::dwarf_formstring(::dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr));
-    if (linkage != nullptr) return demangle(linkage);
-    const char* name = ::dwarf_diename(die);
-    return name != nullptr ? std::string(name) : std::string();
-  }
-
-  std::shared_ptr<const std::vector<std::string>> debug_roots_ =
-      std::make_shared<const std::vector<std::string>>(std::vector<std::string>{"/usr/lib/debug"});
-  std::map<const module_symbols*, std::unique_ptr<dwarf_file>> files_;
-  std::size_t files_opened_ = 0;
-  std::size_t files_with_dwarf_ = 0;
-  std::size_t queries_ = 0;
-};
-
-#else  // !SELFPROF_HAS_LIBDW
-
-// Without libdw: no source lines, no inline frames; the symbolizer names functions from ELF symbols.
-class dwarf_lines {
- public:
-  static constexpr bool enabled = false;
-  dwarf_lines() = default;
-  explicit dwarf_lines(const std::vector<std::string>&) {}
-  const source_chain* lookup(const module&, std::uint64_t) { return nullptr; }
-  std::size_t files_opened() const { return 0; }
-  std::size_t files_with_dwarf() const { return 0; }
-  std::size_t queries() const { return 0; }
-};
-
-#endif  // SELFPROF_HAS_LIBDW
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/dwarf_lines.hpp ----
-// ---- begin selfprof/symbols/perf_map.hpp ----
-// Reader of perf's JIT symbol map, /tmp/perf-<pid>.map ("START SIZE name" lines, hex without 0x; the
-// last line wins where ranges overlap), re-read when its size or mtime changes; never created here.
-// Context: collector thread or setup (never the signal handler).
-
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <cstdint>
-#include <iterator>
-#include <map>
-#include <string>
-#include <string_view>
 #include <vector>
 
-
-namespace selfprof {
-namespace detail {
-
-// A perf map larger than this is not read (a runaway JIT or a hostile file).
-constexpr std::uint64_t perf_map_max_bytes = std::uint64_t{256} << 20;
-
-class perf_map {
- public:
-  struct hit {
-    std::string_view name;
-    std::uint64_t start = 0;
-    std::uint64_t end = 0;
-  };
-
-  explicit perf_map(std::string path = default_path(::getpid())) : path_(std::move(path)) {}
-
-  static std::string default_path(long pid) { return "/tmp/perf-" + std::to_string(pid) + ".map"; }
-  const std::string& path() const { return path_; }
-
-  // Re-reads the file when its identity, size or modification time changed since the last read.
-  // A missing file keeps the names read before. A symlink, a non-regular file or a file owned by
-  // another user (neither us nor root) is ignored. Returns true when the entries were replaced.
-  bool reload_if_changed() {
-    struct stat st;
-    if (::lstat(path_.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
-    if (same_stamp(st)) return false;
-    int fd = sys().open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
-    if (fd < 0) return false;
-    bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (st.st_uid == ::geteuid() || st.st_uid == 0) &&
-              static_cast<std::uint64_t>(st.st_size) <= perf_map_max_bytes;
-    std::string text;
-    if (ok) {
-      char buffer[65536];
-      for (;;) {
-        ssize_t n = ::read(fd, buffer, sizeof buffer);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0 || text.size() + static_cast<std::size_t>(n) > perf_map_max_bytes) break;
-        text.append(buffer, static_cast<std::size_t>(n));
-      }
-    }
-    sys().close(fd);
-    if (!ok) return false;
-    stamp_ = {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
-              static_cast<std::uint64_t>(st.st_size), static_cast<std::uint64_t>(st.st_mtim.tv_sec),
-              static_cast<std::uint64_t>(st.st_mtim.tv_nsec)};
-    has_stamp_ = true;
-    parse(text);
-    return true;
-  }
-
-  // Replaces the entries with those of `text`. Malformed lines are skipped; size 0 means one byte (as perf).
-  void parse(std::string_view text) {
-    struct raw {
-      std::uint64_t start, end;
-      std::size_t name;
-    };
-    std::vector<raw> lines;
-    names_.clear();
-    std::size_t pos = 0;
-    while (pos < text.size()) {
-      std::size_t eol = text.find('\n', pos);
-      if (eol == std::string_view::npos) eol = text.size();
-      std::string_view line = text.substr(pos, eol - pos);
-      pos = eol + 1;
-      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      std::uint64_t start = 0, size = 0;
-      if (!take_hex(line, start) || !take_hex(line, size) || line.empty()) continue;
-      if (size == 0) size = 1;
-      std::uint64_t end = start + size < start ? ~std::uint64_t{0} : start + size;
-      lines.push_back(raw{start, end, names_.size()});
-      names_.emplace_back(line);
-    }
-    // Paint from the last line back: a range only takes the parts no later line covered.
-    std::map<std::uint64_t, std::pair<std::uint64_t, std::size_t>> painted;  // start -> (end, name)
-    for (auto r = lines.rbegin(); r != lines.rend(); ++r) {
-      std::uint64_t cur = r->start;
-      auto it = painted.upper_bound(cur);
-      if (it != painted.begin() && std::prev(it)->second.first > cur) cur = std::prev(it)->second.first;
-      while (cur < r->end) {
-        std::uint64_t next = it == painted.end() ? ~std::uint64_t{0} : it->first;
-        if (next > cur) {
-          std::uint64_t gap_end = std::min(r->end, next);
-          painted.emplace_hint(it, cur, std::make_pair(gap_end, r->name));
-          cur = gap_end;
-        }
-        if (it == painted.end() || it->first >= r->end) break;
-        cur = std::max(cur, it->second.first);
-        ++it;
-      }
-    }
-    entries_.clear();
-    entries_.reserve(painted.size());
-    for (const auto& p : painted) entries_.push_back(entry{p.first, p.second.first, p.second.second});
-  }
-
-  bool lookup(std::uint64_t address, hit& out) const {
-    auto it = std::upper_bound(entries_.begin(), entries_.end(), address,
-                               [](std::uint64_t a, const entry& e) { return a < e.start; });
-    if (it == entries_.begin()) return false;
-    --it;
-    if (address >= it->end) return false;
-    out.name = names_[it->name];
-    out.start = it->start;
-    out.end = it->end;
-    return true;
-  }
-
-  std::size_t size() const { return entries_.size(); }
-
- private:
-  struct entry {
-    std::uint64_t start, end;
-    std::size_t name;
-  };
-  struct file_stamp {
-    std::uint64_t dev, ino, size, mtime_s, mtime_ns;
-  };
-
-  bool same_stamp(const struct stat& st) const {
-    return has_stamp_ && stamp_.dev == static_cast<std::uint64_t>(st.st_dev) &&
-           stamp_.ino == static_cast<std::uint64_t>(st.st_ino) &&
-           stamp_.size == static_cast<std::uint64_t>(st.st_size) &&
-           stamp_.mtime_s == static_cast<std::uint64_t>(st.st_mtim.tv_sec) &&
-           stamp_.mtime_ns == static_cast<std::uint64_t>(st.st_mtim.tv_nsec);
-  }
-
-  // Takes a hex number (optional 0x) and the spaces after it off the front of `s`.
-  static bool take_hex(std::string_view& s, std::uint64_t& out) {
-    std::size_t i = 0;
-    if (s.size() >= 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) i = 2;
-    std::size_t digits = 0;
-    out = 0;
-    for (; i < s.size(); ++i, ++digits) {
-      char c = s[i];
-      unsigned d;
-      if (c >= '0' && c <= '9')
-        d = static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        d = static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F')
-        d = static_cast<unsigned>(c - 'A' + 10);
-      else
-        break;
-      if (digits >= 16) return false;
-      out = (out << 4) | d;
-    }
-    if (digits == 0 || i >= s.size() || s[i] != ' ') return false;
-    while (i < s.size() && s[i] == ' ') ++i;
-    s.remove_prefix(i);
-    return true;
-  }
-
-  std::string path_;
-  std::vector<std::string> names_;
-  std::vector<entry> entries_;
-  file_stamp stamp_{};
-  bool has_stamp_ = false;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/perf_map.hpp ----
-
-namespace selfprof {
-
-struct symbolizer_options {
-  // Roots searched for separate debug files: <root>/.build-id/xx/rest.debug and <root>/<module dir>/<link>.
-  std::vector<std::string> debug_roots{"/usr/lib/debug"};
-  // perf map naming JIT code; empty means /tmp/perf-<getpid()>.map. Set use_perf_map to false to skip it.
-  std::string perf_map_path;
-  bool use_perf_map = true;
-  std::string maps_path = "/proc/self/maps";
-};
-
-class symbolizer {
- public:
-  symbolizer() : symbolizer(symbolizer_options()) {}
-  explicit symbolizer(symbolizer_options options)
-      : modules_(detail::module_registry_options{options.debug_roots, options.maps_path}),
-        perf_map_(options.perf_map_path.empty() ? detail::perf_map::default_path(::getpid())
-                                                : options.perf_map_path),
-        use_perf_map_(options.use_perf_map),
-        dwarf_(options.debug_roots) {}
-
-  // Snapshots the modules mapped now (parsing the symbols of new ones); keeps unmapped ones. Cheap when
-  // no library was loaded or unloaded since the last call: meant to run every ~100 ms while profiling.
-  void refresh() {
-    modules_.refresh();
-    refreshed_ = true;
-    rescanned_on_miss_ = false;
-    perf_map_checked_ = false;
-  }
-
-  // Appends the frames for one address, outermost first: one frame, or with libdw the real function
-  // (kind native, file:line of its call into the first inlined callee) then each inlined callee (kind
-  // inlined) down to the innermost, as `addr2line -f -C -i` lists them bottom up.
-  // `address` is what to look up: callers pass pc-1 for return addresses.
-  void resolve(std::uint64_t address, std::vector<frame>& out) {
-    {
-      frame jit;  // code registered with selfprof::jit, named by what was there when the sample was taken
-      if (jit::detail::name_tagged(address, jit)) {
-        out.push_back(std::move(jit));
-        return;
-      }
-    }
-    if (!refreshed_) refresh();
-    const detail::module* m = modules_.find(address);
-    if (m == nullptr && !rescanned_on_miss_) {
-      // Mapped without the loader since the last refresh (JIT code, mmap): look once per refresh.
-      rescanned_on_miss_ = true;
-      modules_.rescan();
-      m = modules_.find(address);
-    }
-    frame f;
-    f.address = address;
-    if (m == nullptr || m->kind == detail::module_kind::anonymous) {
-      if (resolve_jit(address, f)) {
-        out.push_back(std::move(f));
-        return;
-      }
-      f.name = "[unknown]";
-      if (m != nullptr) {
-        f.module = m->path;
-        f.module_offset = address - m->start;
-      }
-      out.push_back(std::move(f));
-      return;
-    }
-    f.module = m->path;
-    f.module_offset = address - m->bias;
-    detail::symbol_table::hit hit;
-    const bool named = m->symbols && m->symbols->table.lookup(f.module_offset, hit);
-    if (named) {
-      f.name = m->symbols->table.name(hit.index);
-    } else {
-      char offset[32];
-      std::snprintf(offset, sizeof offset, "+0x%llx]", static_cast<unsigned long long>(f.module_offset));
-      f.name = "[" + m->basename + offset;
-    }
-    if (const detail::source_chain* chain = dwarf_.lookup(*m, f.module_offset)) {
-      append_source_chain(*chain, named, std::move(f), out);
-      return;
-    }
-    out.push_back(std::move(f));
-  }
-
-  // Convenience for one frame: the real function holding the address (the outermost frame; with libdw
-  // it carries the file:line of its call into the inline chain, which is dropped).
-  frame resolve_one(std::uint64_t address) {
-    std::vector<frame> frames;
-    resolve(address, frames);
-    return frames.empty() ? frame() : std::move(frames.front());
-  }
-
-  // One message per module whose symbols could not be read (truncated ELF, unreadable file, ...);
-  // the caller decides where they go (profile notes, stderr). Cleared by this call.
-  std::vector<std::string> take_warnings() { return modules_.take_warnings(); }
-
-  const detail::module_registry& modules() const { return modules_; }
-  const detail::perf_map& jit_map() const { return perf_map_; }
-  const detail::dwarf_lines& source_lines() const { return dwarf_; }
-
- private:
-  // `f` as named by the symbol table (`named` false for the "[module+0xoffset]" fallback); `chain` from
-  // DWARF, outermost first. The outermost frame keeps the symbol table's name (DWARF's fills in a miss)
-  // and takes the chain's first file:line; each further level becomes an inlined frame.
-  static void append_source_chain(const detail::source_chain& chain, bool named, frame f,
-                                  std::vector<frame>& out) {
-    f.file = chain.front().file;
-    f.line = chain.front().line;
-    if (!named && !chain.front().function.empty()) f.name = chain.front().function;
-    out.push_back(f);
-    for (std::size_t i = 1; i < chain.size(); ++i) {
-      frame callee;
-      callee.name = chain[i].function.empty() ? std::string("[inlined]") : chain[i].function;
-      callee.module = f.module;
-      callee.address = f.address;
-      callee.module_offset = f.module_offset;
-      callee.file = chain[i].file;
-      callee.line = chain[i].line;
-      callee.kind = frame_kind::inlined;
-      out.push_back(std::move(callee));
-    }
-  }
-
-  bool resolve_jit(std::uint64_t address, frame& f) {
-    if (!use_perf_map_) return false;
-    if (!perf_map_checked_) {
-      perf_map_checked_ = true;
-      perf_map_.reload_if_changed();
-    }
-    detail::perf_map::hit hit;
-    if (!perf_map_.lookup(address, hit)) return false;
-    f.name = std::string(hit.name);
-    f.module = perf_map_.path();
-    f.module_offset = address - hit.start;
-    f.kind = frame_kind::jit;
-    return true;
-  }
-
-  detail::module_registry modules_;
-  detail::perf_map perf_map_;
-  bool use_perf_map_ = true;
-  bool refreshed_ = false;
-  bool rescanned_on_miss_ = false;
-  bool perf_map_checked_ = false;
-  detail::dwarf_lines dwarf_;  // file:line and inline frames (a stub finding nothing without libdw)
-};
-
-}  // namespace selfprof
-// ---- end selfprof/symbols/symbolizer.hpp ----
 // ---- begin selfprof/wall/syscalls.hpp ----
 // Names of the system calls a thread can block in, for the `[blocked: name]` frames of wall-clock
 // profiles (the number comes from /proc/self/task/<tid>/syscall).
@@ -7297,12 +12507,6 @@ inline std::string syscall_name(long nr) {
 namespace selfprof {
 namespace detail {
 
-struct raw_snapshot {
-  stack_table table;
-  std::unordered_map<std::uint32_t, std::string> thread_names;
-  profile_info info;
-};
-
 // The leaf marker of an off-CPU stack: the system call it waits in, "[blocked]" when it waits outside
 // one (a page fault, a stop), "[off-cpu]" when the sampler did not see where (no stack).
 inline std::string offcpu_marker_name(std::uint16_t flags, std::size_t depth) {
@@ -7370,1103 +12574,144 @@ inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
 
 }  // namespace detail
 }  // namespace selfprof
-// ---- end selfprof/collect/symbolize.hpp ----
-// ---- begin selfprof/output/dump_paths.hpp ----
-// Output path templates (%p pid, %t unix time, %n dump number) and writing one profile to a
-// comma-separated list of paths, each in the format of its extension.
-// Context: any thread except the signal handler.
-
-#include <unistd.h>
-
-#include <atomic>
-#include <cstdio>
-#include <ctime>
-#include <string>
-#include <vector>
-
-// ---- begin selfprof/output/format.hpp ----
-// Output formats by file extension and the one dispatch from a profile to the bytes of any format, plus
-// the render-and-write-atomically step a dump or the CLI performs for one path.
-// Context: any thread except the signal handler (the collector thread on a dump, or the CLI).
-//
-// Extensions (matched case-insensitively at the end of the path's last component):
-//   .folded .collapsed → folded stacks    .txt → top list    .pb.gz .pprof → gzipped pprof
-//   .svg → flame graph (detail::write_svg of output/svg.hpp, written by the SVG part)
-// Anything else is an error that names the path and lists the extensions.
-
-#include <string>
-
-// ---- begin selfprof/output/pprof.hpp ----
-// The pprof writer: a gzipped profile.proto (package perftools.profiles) that `go tool pprof`,
-// Pyroscope, Parca and speedscope read without the binaries (reference formats.md §8 and §12).
-// Context: any thread except the signal handler (a pure function of the profile).
-//
-// What it writes, in field order like Go's own encoder:
-//  - sample_type: a samples profile gets Go's CPU convention [samples/count, <mode>/nanoseconds] with
-//    values [n, n*period] (mode cpu → "cpu", wall → "wall", offcpu → "offcpu"); a profile whose unit
-//    is a time (ns/us/ms/s) gets one [<mode>/nanoseconds]; any other unit one [<unit>/count].
-//  - Samples merged by (locations, thread); labels thread_id (num) and thread_name (str).
-//  - One Mapping per module of native/inlined frames, has_functions set (has_filenames,
-//    has_line_numbers, has_inline_frames when true), so pprof never re-symbolizes over our names; its
-//    range spans the addresses seen, file_offset = the module offset of the lowest one. Kernel, JIT
-//    and marker frames use mapping_id 0.
-//  - One Location per distinct (mapping, address, inline chain): a native frame followed by inlined
-//    frames becomes one Location whose Lines list the innermost callee first.
-//  - Functions with name = our (demangled) name and no system_name: the profile holds no mangled
-//    names, and pprof rewrites (simplifies: drops template and parameter lists) any name equal to its
-//    system_name, so an empty system_name is what keeps our names intact. When frames gain a mangled
-//    name it belongs in system_name (field 3).
-//  - A truncated stack gets a `[truncated]` function at its root end, as in the folded output.
-//  - time_nanos, duration_nanos, period_type, period (period_ns, else 1e9/hz), comments (tool version,
-//    source, hz, dropped, notes). No default_sample_type, so tools show the last type.
-// `detail::encode_pprof` gives the raw protobuf bytes (deterministic; pinned by golden files);
-// `write_pprof` gzips them (zlib or stored blocks, see gzip.hpp).
-
-#include <cmath>
-#include <cstdint>
-#include <map>
-#include <string>
-#include <string_view>
-#include <unordered_map>
-#include <utility>
-#include <vector>
-
-// ---- begin selfprof/output/gzip.hpp ----
-// gzip framing for the pprof writer: zlib's deflate when SELFPROF_HAS_ZLIB is 1, otherwise stored
-// (uncompressed) deflate blocks, both with the RFC 1952 header, CRC-32 and size trailer.
-// Context: any thread except the signal handler.
-//
-// SELFPROF_HAS_ZLIB (config.hpp; 0/1, default 0): 1 needs <zlib.h> and linking with -lz (the build sets
-// it when it finds zlib). It must have the same value in every translation unit of a program. The
-// stored form is about 0.01% larger than its input but needs nothing; every gzip reader accepts it.
-
-#include <cstddef>
-#include <cstdint>
-#include <string>
-#include <string_view>
-
-
-#if SELFPROF_HAS_ZLIB
-#include <zlib.h>
-#endif
+// ---- end selfprof/dump/symbolize.hpp ----
 
 namespace selfprof {
 namespace detail {
 
-// CRC-32 (ISO-HDLC: reflected polynomial 0xEDB88320, init and final xor 0xFFFFFFFF) as gzip uses it.
-// `crc` continues an earlier result (0 to start).
-inline std::uint32_t crc32(std::string_view bytes, std::uint32_t crc = 0) {
-  struct table_t {
-    std::uint32_t v[256];
-    table_t() {
-      for (std::uint32_t i = 0; i < 256; ++i) {
-        std::uint32_t c = i;
-        for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        v[i] = c;
-      }
-    }
-  };
-  static const table_t table;
-  crc = ~crc;
-  for (const char ch : bytes) crc = table.v[(crc ^ static_cast<unsigned char>(ch)) & 0xFFu] ^ (crc >> 8);
-  return ~crc;
-}
-
-inline void put_le32(std::string& out, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) out += static_cast<char>((v >> (8 * i)) & 0xFFu);
-}
-
-// gzip member with a fixed header (no name, mtime 0, OS 3 = Unix) and stored deflate blocks.
-inline std::string gzip_stored(std::string_view bytes) {
-  constexpr std::size_t block_max = 65535;  // a stored block's LEN is 16 bits (RFC 1951 §3.2.4)
-  std::string out("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", 10);
-  out.reserve(out.size() + bytes.size() + (bytes.size() / block_max + 1) * 5 + 8);
-  std::size_t pos = 0;
-  do {
-    const std::size_t len = bytes.size() - pos < block_max ? bytes.size() - pos : block_max;
-    const bool last = pos + len == bytes.size();
-    out += static_cast<char>(last ? 1 : 0);  // BFINAL, BTYPE=00; the rest of the byte is padding
-    out += static_cast<char>(len & 0xFFu);
-    out += static_cast<char>((len >> 8) & 0xFFu);
-    out += static_cast<char>(~len & 0xFFu);
-    out += static_cast<char>((~len >> 8) & 0xFFu);
-    out.append(bytes.data() + pos, len);
-    pos += len;
-  } while (pos < bytes.size());
-  put_le32(out, crc32(bytes));
-  put_le32(out, static_cast<std::uint32_t>(bytes.size() & 0xFFFFFFFFu));
-  return out;
-}
-
-#if SELFPROF_HAS_ZLIB
-// zlib deflate with a gzip wrapper; returns an empty string when zlib fails (the caller falls back).
-inline std::string gzip_zlib(std::string_view bytes, int level = Z_DEFAULT_COMPRESSION) {
-  z_stream zs{};
-  if (deflateInit2(&zs, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) return {};
-  std::string out(deflateBound(&zs, static_cast<uLong>(bytes.size())) + 32, '\0');
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
-  zs.avail_in = static_cast<uInt>(bytes.size());
-  zs.next_out = reinterpret_cast<Bytef*>(&out[0]);
-  zs.avail_out = static_cast<uInt>(out.size());
-  const int rc = deflate(&zs, Z_FINISH);
-  const std::size_t produced = out.size() - zs.avail_out;
-  deflateEnd(&zs);
-  if (rc != Z_STREAM_END) return {};
-  out.resize(produced);
-  return out;
-}
-#endif
-
-// gzip of `bytes`: zlib when built with it (and inputs fit its 32-bit sizes), stored blocks otherwise.
-inline std::string gzip_compress(std::string_view bytes) {
-#if SELFPROF_HAS_ZLIB
-  if (bytes.size() < 0xFFFFFFFFu) {
-    std::string z = gzip_zlib(bytes);
-    if (!z.empty()) return z;
-  }
-#endif
-  return gzip_stored(bytes);
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/output/gzip.hpp ----
-// ---- begin selfprof/output/protobuf.hpp ----
-// A minimal protocol-buffers encoder (varints, length-delimited fields, packed repeats): enough to
-// write pprof's profile.proto without a third-party library.
-// Context: any thread except the signal handler.
-
-#include <cstdint>
-#include <string>
-#include <string_view>
-#include <utility>
-#include <vector>
-
-namespace selfprof {
-namespace detail {
-
-class proto_writer {
- public:
-  enum wire : std::uint32_t { varint_wire = 0, bytes_wire = 2 };
-
-  // An unsigned (or int64 as two's complement: negative values take ten bytes, as in protobuf) field.
-  void varint_field(std::uint32_t field, std::uint64_t v) {
-    tag(field, varint_wire);
-    varint(v);
-  }
-  // Proto3 leaves fields at their default out: these skip zero / false / empty.
-  void varint_field_nz(std::uint32_t field, std::uint64_t v) {
-    if (v) varint_field(field, v);
-  }
-  void int64_field_nz(std::uint32_t field, std::int64_t v) {
-    if (v) varint_field(field, static_cast<std::uint64_t>(v));
-  }
-  void bool_field_nz(std::uint32_t field, bool v) {
-    if (v) varint_field(field, 1);
-  }
-  // Strings, bytes and nested messages; repeated string fields write empty strings too.
-  void bytes_field(std::uint32_t field, std::string_view bytes) {
-    tag(field, bytes_wire);
-    varint(bytes.size());
-    out_.append(bytes.data(), bytes.size());
-  }
-  void message_field(std::uint32_t field, const proto_writer& sub) { bytes_field(field, sub.out_); }
-  // A packed repeated varint field (skipped when empty).
-  void packed_field(std::uint32_t field, const std::vector<std::uint64_t>& values) {
-    if (values.empty()) return;
-    proto_writer body;
-    for (const auto v : values) body.varint(v);
-    bytes_field(field, body.out_);
-  }
-
-  void varint(std::uint64_t v) {
-    while (v >= 0x80) {
-      out_ += static_cast<char>((v & 0x7F) | 0x80);
-      v >>= 7;
-    }
-    out_ += static_cast<char>(v);
-  }
-
-  const std::string& bytes() const { return out_; }
-  std::string take() { return std::move(out_); }
-  void clear() { out_.clear(); }
-
- private:
-  void tag(std::uint32_t field, wire w) { varint((static_cast<std::uint64_t>(field) << 3) | w); }
-  std::string out_;
+// The parts a snapshot reads; they live as long as the profiler.
+struct session_parts {
+  sample_ring* ring = nullptr;
+  sample_store* store = nullptr;
+  thread_registry* threads = nullptr;
+  session_info* session = nullptr;
+  shared_symbolizer* symbols = nullptr;
 };
 
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/output/protobuf.hpp ----
-
-namespace selfprof {
-
-struct pprof_options {
-  bool gzip = true;  // on-disk pprof profiles are gzipped; false gives the raw protobuf
-};
-
-namespace detail {
-
-class pprof_builder {
+class snapshot_maker {
  public:
-  explicit pprof_builder(const profile& p) : p_(p), frame_location_(p.frames.size(), 0) { intern(""); }
+  explicit snapshot_maker(session_parts parts) : parts_(parts) {}
 
-  std::string encode() {
-    value_setup();
-    for (const auto& s : p_.stacks) add_stack(s);
+  // A session starts (setup only): what later snapshots say about it.
+  void begin(const options& o, const handler_counts& base) {
+    opts_ = o;
+    base_ = base;
+    start_unix_ns_ = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                    std::chrono::system_clock::now().time_since_epoch())
+                                                    .count());
+    start_ = std::chrono::steady_clock::now();
+    running_ = true;
+  }
+  // The session ends (setup only): its duration stops growing.
+  void end() {
+    stop_ = std::chrono::steady_clock::now();
+    running_ = false;
+  }
+  bool began() const { return start_unix_ns_ != 0; }
 
-    proto_writer out;
-    for (const auto& [type, unit] : sample_types_) {
-      proto_writer vt;
-      vt.varint_field_nz(1, static_cast<std::uint64_t>(intern(type)));
-      vt.varint_field_nz(2, static_cast<std::uint64_t>(intern(unit)));
-      out.message_field(1, vt);
-    }
-    for (const auto& s : samples_) {
-      proto_writer m;
-      m.packed_field(1, s.locations);
-      std::vector<std::uint64_t> values;
-      for (const auto v : s.values) values.push_back(static_cast<std::uint64_t>(v));
-      m.packed_field(2, values);
-      if (s.tid != 0) {
-        proto_writer l;
-        l.varint_field_nz(1, static_cast<std::uint64_t>(intern("thread_id")));
-        l.varint_field_nz(3, s.tid);
-        m.message_field(3, l);
-        const std::string& name = p_.thread_name(s.tid);
-        if (!name.empty()) {
-          proto_writer n;
-          n.varint_field_nz(1, static_cast<std::uint64_t>(intern("thread_name")));
-          n.varint_field_nz(2, static_cast<std::uint64_t>(intern(name)));
-          m.message_field(3, n);
-        }
-      }
-      out.message_field(2, m);
-    }
-    for (std::size_t i = 0; i < mappings_.size(); ++i) {
-      const auto& mp = mappings_[i];
-      proto_writer m;
-      m.varint_field_nz(1, i + 1);
-      m.varint_field_nz(2, mp.start);
-      m.varint_field_nz(3, mp.limit);
-      m.varint_field_nz(4, mp.offset);
-      m.varint_field_nz(5, static_cast<std::uint64_t>(intern(mp.filename)));
-      m.bool_field_nz(7, true);
-      m.bool_field_nz(8, mp.has_filenames);
-      m.bool_field_nz(9, mp.has_lines);
-      m.bool_field_nz(10, mp.has_inline);
-      out.message_field(3, m);
-    }
-    for (std::size_t i = 0; i < locations_.size(); ++i) {
-      const auto& loc = locations_[i];
-      proto_writer m;
-      m.varint_field_nz(1, i + 1);
-      m.varint_field_nz(2, loc.mapping_id);
-      m.varint_field_nz(3, loc.address);
-      for (const auto& [function_id, line] : loc.lines) {
-        proto_writer l;
-        l.varint_field_nz(1, function_id);
-        l.varint_field_nz(2, line);
-        m.message_field(4, l);
-      }
-      out.message_field(4, m);
-    }
-    for (std::size_t i = 0; i < functions_.size(); ++i) {
-      const auto& fn = functions_[i];
-      proto_writer m;
-      m.varint_field_nz(1, i + 1);
-      m.varint_field_nz(2, static_cast<std::uint64_t>(fn.name));
-      m.varint_field_nz(4, static_cast<std::uint64_t>(fn.filename));
-      out.message_field(5, m);
-    }
-    // Strings used only by the trailing fields must be interned before the table is written.
-    const std::int64_t period_type = intern(period_type_name_), period_unit = intern("nanoseconds");
-    std::vector<std::int64_t> comments;
-    for (const auto& c : comment_lines()) comments.push_back(intern(c));
-    for (const auto& s : strings_) out.bytes_field(6, s);
-    out.int64_field_nz(9, static_cast<std::int64_t>(p_.info.start_unix_ns & 0x7FFFFFFFFFFFFFFFull));
-    out.int64_field_nz(10, clamp_i64(p_.info.duration_s * 1e9));
-    proto_writer pt;
-    pt.varint_field_nz(1, static_cast<std::uint64_t>(period_type));
-    pt.varint_field_nz(2, static_cast<std::uint64_t>(period_unit));
-    out.message_field(11, pt);
-    out.int64_field_nz(12, static_cast<std::int64_t>(period_ns_));
-    for (const auto c : comments) out.varint_field(13, static_cast<std::uint64_t>(c));
-    return out.take();
+  // Everything collected so far (the ring is drained first), or with `windowed` the last window not yet
+  // written (see sample_store::copy_table).
+  raw_snapshot raw(bool windowed = false, std::uint64_t* window_seq = nullptr) {
+    raw_snapshot s;
+    parts_.store->copy_table(running_ ? parts_.ring : nullptr, windowed, s, window_seq);
+    s.thread_names = parts_.threads->names();
+    const bool wall = opts_.mode == profile_mode::wall;
+    const source_info src = parts_.session->source();
+    s.info.mode = opts_.mode;
+    s.info.unit = wall ? "us" : "samples";
+    s.info.source = source_name(src.kind);
+    s.info.hz = opts_.hz;
+    s.info.period_ns = static_cast<std::uint64_t>(period_ns_for(opts_.hz));
+    s.info.dropped = handler_counts::now().since(base_).full;
+    s.info.start_unix_ns = start_unix_ns_;
+    s.info.kernel_time =
+        wall || src.kernel_time;  // a wall profile counts every microsecond, on or off the CPU
+    const auto end = running_ ? std::chrono::steady_clock::now() : stop_;
+    s.info.duration_s = began() ? std::chrono::duration<double>(end - start_).count() : 0;
+    if (!src.kernel_time && !wall)
+      s.info.notes.push_back("time spent in the kernel is not sampled (user-only perf_event)");
+    std::vector<std::string> all;
+    parts_.session->notes(all, &s.info.notes);
+    if (wall && src.kind == source_kind::none)
+      s.info.notes.push_back("wall mode without on-CPU stacks: " + src.reason);
+    for (auto& r : parts_.session->refused()) s.info.notes.push_back("refused " + r);
+    return s;
   }
 
- private:
-  struct mapping_rec {
-    std::string filename;
-    std::uint64_t start = 0, limit = 0, offset = 0;
-    bool has_filenames = false, has_lines = false, has_inline = false;
-  };
-  struct location_rec {
-    std::uint64_t mapping_id = 0, address = 0;
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> lines;  // function id, line; innermost first
-  };
-  struct function_rec {
-    std::int64_t name = 0, filename = 0;
-  };
-  struct sample_rec {
-    std::vector<std::uint64_t> locations;  // leaf first
-    std::vector<std::int64_t> values;
-    std::uint32_t tid = 0;
-  };
-
-  static std::int64_t clamp_i64(long double v) {
-    if (!(v > 0)) return 0;
-    if (v >= 9.2e18L) return INT64_MAX;
-    return static_cast<std::int64_t>(v + 0.5L);
+  profile symbolize(const raw_snapshot& raw) {
+    return parts_.symbols->with_fresh([&](symbolizer& sym) { return build_profile(raw, sym); });
   }
 
-  std::int64_t intern(const std::string& s) {
-    auto [it, fresh] = string_ids_.try_emplace(s, static_cast<std::int64_t>(strings_.size()));
-    if (fresh) strings_.push_back(s);
-    return it->second;
+  // The samples of game frames over budget, described like raw(); `marked`: any game frame was marked.
+  raw_snapshot slow_raw(bool& marked) {
+    raw_snapshot s = raw();
+    s.table = parts_.store->slow_table(marked);
+    s.info.view = "slow frames";
+    const double hz = parts_.store->game_frame_hz();
+    s.info.hz = hz;
+    s.info.period_ns = static_cast<std::uint64_t>(period_ns_for(hz));
+    return s;
   }
 
-  void value_setup() {
-    const std::string& mode = p_.info.mode;
-    const std::string time_type = mode == "wall" ? "wall" : mode == "offcpu" ? "offcpu" : "cpu";
-    period_type_name_ = time_type;
-    period_ns_ = p_.info.period_ns;
-    if (period_ns_ == 0 && p_.info.hz > 0)
-      period_ns_ = static_cast<std::uint64_t>(std::llround(1e9 / p_.info.hz));
-    const std::string& unit = p_.info.unit;
-    if (unit.empty() || unit == "samples") {
-      sample_types_ = {{"samples", "count"}, {time_type, "nanoseconds"}};
-      factor_ = static_cast<long double>(period_ns_);
-      two_values_ = true;
-    } else if (unit == "ns" || unit == "nanoseconds" || unit == "us" || unit == "microseconds" ||
-               unit == "ms" || unit == "milliseconds" || unit == "s" || unit == "seconds") {
-      const char c = unit[0];
-      factor_ = c == 'n' ? 1.0L : c == 'u' ? 1e3L : c == 'm' ? 1e6L : 1e9L;
-      sample_types_ = {{time_type, "nanoseconds"}};
-    } else {
-      factor_ = 1;
-      sample_types_ = {{unit, "count"}};
-    }
-  }
+  // A windowed dump was written: its samples are not handed out again.
+  void window_written(std::uint64_t seq) { parts_.store->window_written(seq); }
 
-  std::vector<std::string> comment_lines() const {
-    std::vector<std::string> c;
-    c.push_back(std::string("selfprof ") + SELFPROF_VERSION_STRING);
-    std::string line = "mode=" + p_.info.mode + " unit=" + p_.info.unit;
-    if (!p_.info.source.empty()) line += " source=" + p_.info.source;
-    line += " hz=" + format_compact(p_.info.hz) + " samples=" + std::to_string(p_.info.samples) +
-            " dropped=" + std::to_string(p_.info.dropped) + " truncated=" + std::to_string(p_.info.truncated);
-    c.push_back(line);
-    if (!p_.info.view.empty()) c.push_back("view=" + p_.info.view);  // [frames]
-    for (const auto& l : p_.info.frame_loops) c.push_back("frames: " + frame_stats_line(l));
-    for (const auto& n : p_.info.notes) c.push_back(n);
+  // What one dump writes (dump/dump.hpp).
+  dump_contents contents(bool windowed = false, std::uint64_t* window_seq = nullptr) {
+    dump_contents c;
+    c.main = symbolize(raw(windowed, window_seq));
+    raw_snapshot slow = slow_raw(c.slow_marked);
+    if (c.slow_marked) c.slow = symbolize(slow);
     return c;
   }
 
-  std::uint64_t mapping_for(const frame& f) {
-    if (f.module.empty() || f.kind == frame_kind::kernel || f.kind == frame_kind::jit ||
-        f.kind == frame_kind::marker)
-      return 0;
-    auto [it, fresh] = mapping_ids_.try_emplace(f.module, mappings_.size() + 1);
-    if (fresh) {
-      mapping_rec m;
-      m.filename = f.module;
-      m.start = f.address;
-      m.limit = f.address + 1;
-      m.offset = f.module_offset;
-      mappings_.push_back(m);
+  // The `n` longest game frames as flame charts in time order, longest first.
+  std::vector<profile> worst_game_frames(std::size_t n) {
+    std::vector<kept_game_frame> kept = parts_.store->worst(running_ ? parts_.ring : nullptr, n);
+    std::vector<profile> out;
+    const raw_snapshot base = raw();
+    const double hz = parts_.store->game_frame_hz();
+    for (std::size_t i = 0; i < kept.size(); ++i) {
+      const kept_game_frame& k = kept[i];
+      game_frame_sequence seq = make_game_frame_sequence(k);
+      raw_snapshot r;
+      r.table = seq.table;
+      r.thread_names = base.thread_names;
+      r.info = base.info;
+      r.info.hz = hz;
+      r.info.period_ns = static_cast<std::uint64_t>(period_ns_for(hz));
+      r.info.duration_s = static_cast<double>(k.end_ns - k.start_ns) / 1e9;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "frame %llu of %s (tid %u): %.2f ms, worst %zu of %zu, time order",
+                    static_cast<unsigned long long>(k.seq), k.loop.c_str(), static_cast<unsigned>(k.tid),
+                    k.duration_ms(), i + 1, kept.size());
+      r.info.view = buf;
+      profile p = symbolize(r);
+      reorder_game_frame_profile(p, seq);
+      out.push_back(std::move(p));
     }
-    auto& m = mappings_[it->second - 1];
-    if (f.address < m.start) {
-      m.start = f.address;
-      m.offset = f.module_offset;
-    }
-    if (f.address >= m.limit) m.limit = f.address + 1;
-    if (!f.file.empty()) m.has_filenames = true;
-    if (f.line != 0) m.has_lines = true;
-    if (f.kind == frame_kind::inlined) m.has_inline = true;
-    return it->second;
+    return out;
   }
 
-  std::uint64_t function_for(const std::string& name, const std::string& file) {
-    std::string key = name;
-    key += '\0';
-    key += file;
-    auto [it, fresh] = function_ids_.try_emplace(std::move(key), functions_.size() + 1);
-    if (fresh)
-      functions_.push_back({intern(name.empty() ? "[unknown]" : name), file.empty() ? 0 : intern(file)});
-    return it->second;
-  }
-
-  // A location for frames [first, last] of a stack (a physical frame and the frames inlined into it).
-  std::uint64_t location_for(const std::vector<const frame*>& group) {
-    location_rec loc;
-    const frame& phys = *group.front();
-    loc.address = phys.address;
-    loc.mapping_id = 0;
-    for (const frame* f : group) {
-      const std::uint64_t m = mapping_for(*f);
-      if (!loc.mapping_id) loc.mapping_id = m;
-    }
-    for (auto it = group.rbegin(); it != group.rend(); ++it)
-      loc.lines.emplace_back(function_for((*it)->name, (*it)->file), (*it)->line);
-    std::string key;
-    append_key(key, loc.mapping_id);
-    append_key(key, loc.address);
-    for (const auto& [fn, line] : loc.lines) {
-      append_key(key, fn);
-      append_key(key, line);
-    }
-    auto [it, fresh] = location_ids_.try_emplace(std::move(key), locations_.size() + 1);
-    if (fresh) locations_.push_back(std::move(loc));
-    return it->second;
-  }
-
-  void add_stack(const stack& s) {
-    if (s.count == 0) return;
-    static const frame unknown{"[unknown]", "", 0, 0, "", 0, frame_kind::marker};
-    static const frame truncated{"[truncated]", "", 0, 0, "", 0, frame_kind::marker};
-    std::vector<std::uint64_t> root_first;
-    std::vector<const frame*> group;
-    std::size_t group_index = 0;  // frame index of a one-frame group, for the per-frame cache
-    auto flush = [&] {
-      if (group.size() == 1 && group_index < frame_location_.size()) {
-        auto& cached = frame_location_[group_index];
-        if (!cached) cached = location_for(group);
-        root_first.push_back(cached);
-      } else if (!group.empty()) {
-        root_first.push_back(location_for(group));
-      }
-      group.clear();
-    };
-    bool marker_present = false;
-    for (std::size_t i = 0; i < s.frames.size(); ++i) {
-      const frame* f = s.frames[i] < p_.frames.size() ? &p_.frames[s.frames[i]] : &unknown;
-      if (i < 2 && f->kind == frame_kind::marker && f->name == "[truncated]") marker_present = true;
-      if (!(f->kind == frame_kind::inlined && !group.empty())) {
-        flush();
-        group_index = s.frames[i];
-      }
-      group.push_back(f);
-    }
-    flush();
-    if (s.truncated && !marker_present) root_first.insert(root_first.begin(), location_for({&truncated}));
-    if (root_first.empty()) root_first.push_back(location_for({&unknown}));
-
-    sample_rec rec;
-    rec.locations.assign(root_first.rbegin(), root_first.rend());
-    rec.tid = s.tid;
-    std::string key;
-    append_key(key, s.tid);
-    for (const auto id : rec.locations) append_key(key, id);
-    auto [it, fresh] = sample_ids_.try_emplace(std::move(key), samples_.size());
-    if (fresh) {
-      rec.values.assign(sample_types_.size(), 0);
-      samples_.push_back(std::move(rec));
-    }
-    auto& values = samples_[it->second].values;
-    const long double n = static_cast<long double>(s.count);
-    if (two_values_) {
-      values[0] = add_clamped(values[0], clamp_i64(n));
-      values[1] = add_clamped(values[1], clamp_i64(n * factor_));
-    } else {
-      values[0] = add_clamped(values[0], clamp_i64(n * factor_));
-    }
-  }
-
-  // Appends `v` to a map key as a varint (unambiguous: each value ends with a byte below 0x80).
-  static void append_key(std::string& key, std::uint64_t v) {
-    while (v >= 0x80) {
-      key += static_cast<char>((v & 0x7F) | 0x80);
-      v >>= 7;
-    }
-    key += static_cast<char>(v);
-  }
-
-  static std::int64_t add_clamped(std::int64_t a, std::int64_t b) {
-    return a > INT64_MAX - b ? INT64_MAX : a + b;
-  }
-
-  const profile& p_;
-  std::vector<std::string> strings_;
-  std::unordered_map<std::string, std::int64_t> string_ids_;
-  std::vector<std::pair<std::string, std::string>> sample_types_;
-  std::string period_type_name_;
-  std::uint64_t period_ns_ = 0;
-  long double factor_ = 1;
-  bool two_values_ = false;
-  std::vector<mapping_rec> mappings_;
-  std::unordered_map<std::string, std::uint64_t> mapping_ids_;
-  std::vector<std::uint64_t> frame_location_;  // per frame index: its one-frame location id (0: none yet)
-  std::vector<location_rec> locations_;
-  std::unordered_map<std::string, std::uint64_t> location_ids_;
-  std::vector<function_rec> functions_;
-  std::unordered_map<std::string, std::uint64_t> function_ids_;
-  std::vector<sample_rec> samples_;
-  std::unordered_map<std::string, std::size_t> sample_ids_;
-};
-
-// The raw (not gzipped) profile.proto bytes of a profile.
-inline std::string encode_pprof(const profile& p) { return pprof_builder(p).encode(); }
-
-}  // namespace detail
-
-// The pprof bytes of a profile: gzipped unless `opts.gzip` is false.
-inline std::string write_pprof(const profile& p, const pprof_options& opts = {}) {
-  std::string raw = detail::encode_pprof(p);
-  return opts.gzip ? detail::gzip_compress(raw) : raw;
-}
-
-}  // namespace selfprof
-// ---- end selfprof/output/pprof.hpp ----
-// ---- begin selfprof/output/sink.hpp ----
-// The file sink: writes a profile's bytes to a path atomically (temp file + rename), mode 0600, never
-// through a symbolic link and, unless told otherwise, never into a directory other users can write.
-// Context: any thread except the signal handler (the collector thread on a dump, or the CLI).
-//
-// Policy, in the order it is checked (every refusal names the path and the reason):
-//  1. The directory is opened once (O_DIRECTORY) and every later step works relative to that
-//     descriptor, so a directory path swapped underneath us cannot redirect the write.
-//  2. The target itself must not be a symbolic link, even a dangling one, nor anything but a regular
-//     file (a FIFO, a device or a directory is refused): we replace files, we do not write into them.
-//  3. A *shared* directory is one writable by "other" users, or writable by its group when that group
-//     is not our effective group (with user-private groups and umask 002 a user's own 0775 directory
-//     is not shared). In a shared directory:
-//       - without the sticky bit anyone may rename or delete our file after we wrote it, or replace it
-//         between our checks: refused unless `sink_options::allow_shared_dir`;
-//       - with the sticky bit (/tmp, /var/tmp) other users cannot touch our files, so the write is
-//         allowed, but an existing target owned by someone else is refused (someone planted it;
-//         Linux's fs.protected_regular would refuse it as well).
-//  4. The bytes go to a fresh temp file ".<name>.tmp-<pid>-<n>" in the same directory, created with
-//     O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC and mode 0600 (and fchmod 0600, whatever the umask), written
-//     with a full write loop that retries EINTR, fsync'ed, closed (close errors count: NFS reports
-//     write-back failures there), then renamed over the target. The directory is fsync'ed afterwards.
-//  5. On any failure the temp file is removed and the old target (if any) is left untouched.
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cerrno>
-#include <cstring>
-#include <string>
-#include <string_view>
-
-
-namespace selfprof {
-
-struct sink_options {
-  // Write into a directory that other users can write without the sticky bit (see the policy above).
-  bool allow_shared_dir = false;
-  // fsync the file before the rename and the directory after it. Off only for tests and benchmarks.
-  bool sync = true;
-};
-
-namespace detail {
-
-// "selfprof: cannot write PATH: REASON"
-inline status sink_error(const std::string& path, const std::string& reason) {
-  return status::error("selfprof: cannot write " + path + ": " + reason);
-}
-
-inline std::string errno_text(int err) {
-  char buf[256];
-  // GNU strerror_r returns the message pointer (which may or may not be buf).
-#if defined(__GLIBC__) && defined(_GNU_SOURCE)
-  const char* text = ::strerror_r(err, buf, sizeof buf);
-  return text ? std::string(text) : std::string("error ") + std::to_string(err);
-#else
-  if (::strerror_r(err, buf, sizeof buf) != 0) return "error " + std::to_string(err);
-  return std::string(buf);
-#endif
-}
-
-// Splits "a/b/c" into "a/b" and "c"; "c" into "." and "c"; "/c" into "/" and "c".
-inline void split_path(const std::string& path, std::string& dir, std::string& base) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) {
-    dir = ".";
-    base = path;
-  } else {
-    dir = slash == 0 ? std::string("/") : path.substr(0, slash);
-    base = path.substr(slash + 1);
-  }
-}
-
-// True when users other than us may create, rename or delete entries of a directory with this stat.
-inline bool dir_is_shared(const struct stat& st) {
-  if (st.st_mode & S_IWOTH) return true;
-  if ((st.st_mode & S_IWGRP) && st.st_gid != ::getegid()) return true;
-  return false;
-}
-
-// Owns a descriptor opened through the seam and closes it through the seam.
-class sink_fd {
- public:
-  explicit sink_fd(int fd) : fd_(fd) {}
-  sink_fd(const sink_fd&) = delete;
-  sink_fd& operator=(const sink_fd&) = delete;
-  ~sink_fd() { reset(); }
-  int get() const { return fd_; }
-  // Closes now and returns close()'s result (0 when there was nothing to close).
-  int reset() {
-    int rc = 0;
-    if (fd_ >= 0) rc = sys().close(fd_);
-    fd_ = -1;
-    return rc;
-  }
+  const options& opts() const { return opts_; }
+  handler_counts counts() const { return handler_counts::now().since(base_); }
 
  private:
-  int fd_;
+  session_parts parts_;
+  options opts_;
+  handler_counts base_;
+  std::uint64_t start_unix_ns_ = 0;
+  std::chrono::steady_clock::time_point start_{}, stop_{};
+  bool running_ = false;
 };
-
-// Writes all of `bytes`, retrying EINTR and short writes. Returns 0 or an errno value.
-inline int write_all(int fd, std::string_view bytes) {
-  const char* p = bytes.data();
-  std::size_t left = bytes.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (n == 0) return EIO;  // a regular file never returns 0 for a non-empty write
-    p += n;
-    left -= static_cast<std::size_t>(n);
-  }
-  return 0;
-}
-
-inline std::string temp_name_for(const std::string& base, unsigned attempt) {
-  static std::atomic<unsigned> counter{0};
-  const unsigned n = counter.fetch_add(1, std::memory_order_relaxed);
-  // A long name keeps its first 200 bytes so the temp name stays under NAME_MAX (255).
-  return "." + base.substr(0, 200) + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(n) + "-" +
-         std::to_string(attempt);
-}
-
-// Writes `bytes` to `path` atomically, following the policy at the top of this file.
-inline status write_file_atomic(const std::string& path, std::string_view bytes,
-                                const sink_options& opts = {}) {
-  if (path.empty()) return status::error("selfprof: cannot write an empty path");
-  std::string dir, base;
-  split_path(path, dir, base);
-  if (base.empty() || base == "." || base == "..")
-    return sink_error(path, "not a file name (the path ends in '/', '.' or '..')");
-
-  sink_fd dirfd(sys().open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0));
-  if (dirfd.get() < 0) return sink_error(path, "directory " + dir + ": " + errno_text(errno));
-
-  struct stat dst {};
-  if (::fstat(dirfd.get(), &dst) != 0) return sink_error(path, "directory " + dir + ": " + errno_text(errno));
-  const bool shared = dir_is_shared(dst);
-  const bool sticky = (dst.st_mode & S_ISVTX) != 0;
-  if (shared && !sticky && !opts.allow_shared_dir)
-    return sink_error(path, "directory " + dir +
-                                " is writable by other users and has no sticky bit (refusing; "
-                                "allow_shared_dir overrides)");
-
-  struct stat tst {};
-  if (::fstatat(dirfd.get(), base.c_str(), &tst, AT_SYMLINK_NOFOLLOW) == 0) {
-    if (S_ISLNK(tst.st_mode))
-      return sink_error(path, "the target is a symbolic link (refusing to follow it)");
-    if (!S_ISREG(tst.st_mode)) return sink_error(path, "the target exists and is not a regular file");
-    if (shared && tst.st_uid != ::geteuid() && !opts.allow_shared_dir)
-      return sink_error(path, "the target exists in a shared directory and belongs to another user (uid " +
-                                  std::to_string(tst.st_uid) + ")");
-  } else if (errno != ENOENT) {
-    return sink_error(path, errno_text(errno));
-  }
-
-  std::string temp;
-  int tfd = -1;
-  for (unsigned attempt = 0; attempt < 100; ++attempt) {
-    temp = temp_name_for(base, attempt);
-    tfd = sys().openat(dirfd.get(), temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (tfd >= 0 || errno != EEXIST) break;
-  }
-  if (tfd < 0) return sink_error(path, errno_text(errno));
-  sink_fd file(tfd);
-
-  auto fail = [&](int err, const char* step) {
-    file.reset();
-    ::unlinkat(dirfd.get(), temp.c_str(), 0);
-    std::string reason = errno_text(err);
-    if (step) reason += std::string(" (") + step + ")";
-    return sink_error(path, reason);
-  };
-
-  if (::fchmod(file.get(), 0600) != 0) return fail(errno, "fchmod");
-  if (const int err = write_all(file.get(), bytes)) return fail(err, "write");
-  if (opts.sync && ::fsync(file.get()) != 0) return fail(errno, "fsync");
-  if (file.reset() != 0) return fail(errno, "close");
-  if (::renameat(dirfd.get(), temp.c_str(), dirfd.get(), base.c_str()) != 0) return fail(errno, "rename");
-  if (opts.sync) ::fsync(dirfd.get());  // best effort: the file is complete either way
-  return status::ok();
-}
 
 }  // namespace detail
 }  // namespace selfprof
-// ---- end selfprof/output/sink.hpp ----
-// ---- begin selfprof/output/top.hpp ----
-// The top-list writer (`.txt`): the flat ranking `perf report --no-children` prints, self and total
-// per function (optionally per module too), under a header with the profile's sampling metadata.
-// Context: any thread except the signal handler (a pure function of the profile).
-//
-// Definitions: self = samples whose leaf is the function; total = samples whose stack contains the
-// function, counted once per stack even when it recurses; percentages are of all samples in the
-// profile's stacks. Functions are identified by their folded name (so the kinds' `_[k]` `_[j]` `_[i]`
-// show and hostile characters are made safe as in the folded output); thread-root markers are not
-// functions and are skipped. Rows are sorted by self, then total (both descending), then name
-// (bytewise). Numbers are formatted without the C locale's help, so the bytes never depend on it.
-
-#include <algorithm>
-#include <cstdint>
-#include <string>
-#include <unordered_map>
-#include <vector>
-
-
-namespace selfprof {
-
-struct top_options {
-  std::size_t limit = 0;   // rows per table; 0 = all
-  bool by_module = false;  // add a table ranking modules the same way
-};
-
-namespace detail {
-
-struct top_row {
-  std::string name;
-  std::uint64_t self = 0, total = 0;
-};
-
-// Module label of a frame for the per-module table.
-inline std::string top_module_name(const frame& f) {
-  if (!f.module.empty()) {
-    std::string safe;
-    append_folded_name(safe, f.module);
-    return safe;
-  }
-  switch (f.kind) {
-    case frame_kind::kernel:
-      return "[kernel]";
-    case frame_kind::jit:
-      return "[jit]";
-    case frame_kind::marker:
-      return "[selfprof]";
-    default:
-      return "[unknown]";
-  }
-}
-
-// Self/total rows keyed by `key_of(frame index)`; an index past the frame table counts as "[unknown]".
-template <typename KeyOf>
-std::vector<top_row> top_rows(const profile& p, std::uint64_t& grand_total, KeyOf key_of) {
-  std::unordered_map<std::string, std::size_t> index;
-  std::vector<top_row> rows;
-  std::vector<std::size_t> seen_mark;  // per row: last stack number that counted it (+1)
-  auto row_for = [&](const std::string& key) -> std::size_t {
-    auto [it, fresh] = index.try_emplace(key, rows.size());
-    if (fresh) {
-      rows.push_back({key, 0, 0});
-      seen_mark.push_back(0);
-    }
-    return it->second;
-  };
-  grand_total = 0;
-  std::size_t stack_number = 0;
-  for (const auto& s : p.stacks) {
-    if (s.count == 0) continue;
-    ++stack_number;
-    add_saturating(grand_total, s.count);
-    std::size_t leaf = static_cast<std::size_t>(-1);
-    for (const auto fi : s.frames) {
-      const frame* f = frame_at(p, fi);
-      if (f && f->kind == frame_kind::marker && is_thread_root_name(f->name)) continue;
-      const std::size_t r = row_for(key_of(f));
-      if (seen_mark[r] != stack_number) {
-        seen_mark[r] = stack_number;
-        add_saturating(rows[r].total, s.count);
-      }
-      leaf = r;
-    }
-    if (leaf == static_cast<std::size_t>(-1)) {
-      leaf = row_for(std::string(unknown_frame));
-      add_saturating(rows[leaf].total, s.count);
-    }
-    add_saturating(rows[leaf].self, s.count);
-  }
-  std::sort(rows.begin(), rows.end(), [](const top_row& a, const top_row& b) {
-    if (a.self != b.self) return a.self > b.self;
-    if (a.total != b.total) return a.total > b.total;
-    return a.name < b.name;
-  });
-  return rows;
-}
-
-inline std::string top_percent(std::uint64_t part, std::uint64_t whole) {
-  const double pct = whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
-  return format_fixed(pct, 2) + "%";
-}
-
-inline std::string pad_left(const std::string& s, std::size_t width) {
-  return s.size() >= width ? s : std::string(width - s.size(), ' ') + s;
-}
-
-inline void append_top_table(std::string& out, const std::vector<top_row>& rows, std::uint64_t total,
-                             const char* what, std::size_t limit) {
-  std::size_t width = 5;
-  for (const auto& r : rows) width = std::max(width, std::to_string(r.total).size());
-  out += pad_left("self%", 7) + " " + pad_left("total%", 7) + "  " + pad_left("self", width) + "  " +
-         pad_left("total", width) + "  " + what + "\n";
-  const std::size_t shown = limit && limit < rows.size() ? limit : rows.size();
-  for (std::size_t i = 0; i < shown; ++i) {
-    const auto& r = rows[i];
-    out += pad_left(top_percent(r.self, total), 7) + " " + pad_left(top_percent(r.total, total), 7) + "  " +
-           pad_left(std::to_string(r.self), width) + "  " + pad_left(std::to_string(r.total), width) + "  " +
-           r.name + "\n";
-  }
-  if (shown < rows.size())
-    out += "... " + std::to_string(rows.size() - shown) + " more (limit " + std::to_string(limit) + ")\n";
-}
-
-}  // namespace detail
-
-// The top list of a profile (see the definitions at the top of this file).
-inline std::string write_top(const profile& p, const top_options& opts = {}) {
-  std::uint64_t total = 0;
-  const auto functions = detail::top_rows(p, total, [](const frame* f) {
-    return f ? detail::folded_frame_name(*f) : std::string(detail::unknown_frame);
-  });
-  const auto& info = p.info;
-  std::string out =
-      "# selfprof " SELFPROF_VERSION_STRING " top: self and total per function (perf report --no-children)\n";
-  out += "# mode: " + info.mode + "  unit: " + info.unit +
-         "  source: " + (info.source.empty() ? "-" : info.source) +
-         "  hz: " + detail::format_compact(info.hz) +
-         "  duration: " + detail::format_fixed(info.duration_s, 3) + " s\n";
-  out += "# samples: " + std::to_string(total) + "  dropped: " + std::to_string(info.dropped) +
-         "  truncated: " + std::to_string(info.truncated) + "\n";
-  if (!info.view.empty()) out += "# view: " + info.view + "\n";  // [frames]
-  for (const auto& loop : info.frame_loops) {
-    out += "# frames: ";
-    detail::append_printable(out, frame_stats_line(loop));
-    out += "\n";
-  }
-  for (const auto& note : info.notes) {
-    out += "# note: ";
-    detail::append_printable(out, note);
-    out += "\n";
-  }
-  out += "\n";
-  if (total == 0) return out + "(no samples)\n";
-  detail::append_top_table(out, functions, total, "function", opts.limit);
-  if (opts.by_module) {
-    std::uint64_t module_total = 0;
-    const auto modules = detail::top_rows(p, module_total, [](const frame* f) {
-      return f ? detail::top_module_name(*f) : std::string("[unknown]");
-    });
-    out += "\n";
-    detail::append_top_table(out, modules, module_total, "module", opts.limit);
-  }
-  return out;
-}
-
-}  // namespace selfprof
-// ---- end selfprof/output/top.hpp ----
-
-namespace selfprof {
-
-enum class output_format { folded, top, pprof, svg };
-
-// Options of every writer, for render() to pick from.
-struct output_options {
-  folded_options folded;
-  top_options top;
-  pprof_options pprof;
-  svg_options svg;
-};
-
-struct format_lookup {
-  output_format format = output_format::folded;
-  status result;  // an error naming the path when the extension is unknown
-};
-
-inline const char* format_name(output_format f) {
-  switch (f) {
-    case output_format::folded:
-      return "folded";
-    case output_format::top:
-      return "top";
-    case output_format::pprof:
-      return "pprof";
-    case output_format::svg:
-      return "svg";
-  }
-  return "?";
-}
-
-namespace detail {
-inline bool ends_with_ci(const std::string& s, const char* suffix) {
-  const std::string suf(suffix);
-  if (s.size() < suf.size()) return false;
-  for (std::size_t i = 0; i < suf.size(); ++i) {
-    char c = s[s.size() - suf.size() + i];
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    if (c != suf[i]) return false;
-  }
-  return true;
-}
-}  // namespace detail
-
-// The format a path asks for by its extension.
-inline format_lookup format_for_path(const std::string& path) {
-  format_lookup r;
-  const auto slash = path.find_last_of('/');
-  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  struct entry {
-    const char* ext;
-    output_format format;
-  };
-  static const entry table[] = {{".folded", output_format::folded}, {".collapsed", output_format::folded},
-                                {".txt", output_format::top},       {".pb.gz", output_format::pprof},
-                                {".pprof", output_format::pprof},   {".svg", output_format::svg}};
-  for (const auto& e : table) {
-    if (name.size() > std::string(e.ext).size() && detail::ends_with_ci(name, e.ext)) {
-      r.format = e.format;
-      return r;
-    }
-  }
-  r.result = status::error("selfprof: cannot write " + path +
-                           ": unknown output format (use .folded, .collapsed, .txt, .pb.gz, .pprof or .svg)");
-  return r;
-}
-
-// The bytes of a profile in a format.
-inline std::string render(const profile& p, output_format f, const output_options& opts = {}) {
-  switch (f) {
-    case output_format::folded:
-      return write_folded(p, opts.folded);
-    case output_format::top:
-      return write_top(p, opts.top);
-    case output_format::pprof:
-      return write_pprof(p, opts.pprof);
-    case output_format::svg:
-      return detail::write_svg(p, opts.svg);
-  }
-  return {};
-}
-
-// Renders `p` in the format of `path`'s extension and writes it atomically (see sink.hpp). On failure
-// nothing at `path` changes and the message names the path and the reason.
-inline status write_profile_file(const profile& p, const std::string& path, const output_options& opts = {},
-                                 const sink_options& sink = {}) {
-  const format_lookup lookup = format_for_path(path);
-  if (!lookup.result) return lookup.result;
-  return detail::write_file_atomic(path, render(p, lookup.format, opts), sink);
-}
-
-}  // namespace selfprof
-// ---- end selfprof/output/format.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-// %p pid, %t unix time, %n dump number, %% a percent sign.
-inline std::string expand_path_template(const std::string& tmpl, unsigned long dump_number) {
-  std::string out;
-  for (std::size_t i = 0; i < tmpl.size(); ++i) {
-    if (tmpl[i] != '%' || i + 1 == tmpl.size()) {
-      out += tmpl[i];
-      continue;
-    }
-    char c = tmpl[++i];
-    if (c == 'p')
-      out += std::to_string(::getpid());
-    else if (c == 't')
-      out += std::to_string(static_cast<long long>(std::time(nullptr)));
-    else if (c == 'n')
-      out += std::to_string(dump_number);
-    else if (c == '%')
-      out += '%';
-    else {
-      out += '%';
-      out += c;
-    }
-  }
-  return out;
-}
-
-inline std::vector<std::string> split_paths(const std::string& list) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= list.size()) {
-    std::size_t comma = list.find(',', start);
-    std::string part = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (!part.empty()) out.push_back(part);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-// What a dump of this process writes: the SVG titled with the program's name and pid, the profile's
-// remarks (a refused tick source, kernel time not sampled) as its subtitle.
-inline output_options dump_output_options(const profile& p) {
-  output_options oo;
-  std::string comm;
-  std::FILE* f = std::fopen("/proc/self/comm", "r");
-  if (f) {
-    char buf[64] = {0};
-    if (std::fgets(buf, sizeof buf, f)) comm = buf;
-    std::fclose(f);
-  }
-  while (!comm.empty() && (comm.back() == '\n' || comm.back() == ' ')) comm.pop_back();
-  const std::string& mode = p.info.mode;
-  oo.svg.title = (mode == "cpu"      ? std::string("CPU profile of ")
-                  : mode == "wall"   ? std::string("Wall-clock profile of ")
-                  : mode == "offcpu" ? std::string("Off-CPU time of ")
-                                     : mode + " profile of ") +
-                 (comm.empty() ? std::string("this process") : comm) + " (pid " + std::to_string(::getpid()) +
-                 ")";
-  if (mode == "offcpu") oo.svg.colors = palette::io;  // Gregg's off-CPU convention: blue frames
-  if (!p.info.unit.empty() && p.info.unit != "samples") oo.svg.count_name = p.info.unit;
-  for (const auto& n : p.info.notes) {
-    if (n.find("not sampled") == std::string::npos) continue;
-    oo.svg.subtitle += (oo.svg.subtitle.empty() ? "" : "; ") + n;
-  }
-  return oo;
-}
-
-inline unsigned long next_dump_number() {
-  static std::atomic<unsigned long> n{0};
-  return n.fetch_add(1) + 1;
-}
-
-// Writes one profile to every path of a comma-separated list; errors of all paths are joined.
-inline status write_profile(const profile& p, const std::string& paths, const output_options& oo,
-                            const sink_options& sink = {}) {
-  std::vector<std::string> list = split_paths(paths);
-  if (list.empty()) return status::error("selfprof: no output path given");
-  unsigned long number = next_dump_number();
-  std::string errors;
-  for (const std::string& tmpl : list) {
-    std::string path = expand_path_template(tmpl, number);
-    status st = write_profile_file(p, path, oo, sink);
-    if (!st) errors += (errors.empty() ? "" : "\n") + st.message();
-  }
-  return errors.empty() ? status::ok() : status::error(errors);
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/output/dump_paths.hpp ----
+// ---- end selfprof/core/snapshots.hpp ----
 // ---- begin selfprof/signal/dump_request.hpp ----
-// Signal-handler code: the dump signal (SIGUSR2 by default) only counts a request and wakes the
-// collector through its eventfd; the collector does the work (peers.md pitfall 24).
+// Signal-handler code: the dump signal (SIGUSR2 by default) only counts a request and wakes the dumper
+// thread through its eventfd; that thread does the work (a handler that opens files and allocates, as
+// some profilers' dump signals do, deadlocks when it interrupts malloc).
 // Context: signal handler (async-signal-safe: one atomic add and one write(2)).
 
 #include <signal.h>
@@ -8505,46 +12750,38 @@ inline void dump_signal_handler(int, siginfo_t*, void*) {
 namespace selfprof {
 namespace detail {
 
-// Where dumps go when SELFPROF_OUT is not set: the working directory, one SVG per dump.
-constexpr const char* kDefaultDumpTemplate = "selfprof-%p-%n.svg";
-
-// A wall profile's companion: its off-CPU part written to `out` with "-offcpu" before the extension.
-// Nothing to do (ok) for other profiles.
-inline status write_offcpu_companion(const profile& p, const std::string& out, const sink_options& so) {
-  if (p.info.mode != "wall") return status::ok();
-  profile off = offcpu_view(p);
-  return write_profile(off, insert_before_extension(out, "-offcpu"), dump_output_options(off), so);
-}
-
-class dump_scheduler {
+class auto_dumps {
  public:
-  struct hooks {
-    std::function<raw_snapshot(bool windowed, std::uint64_t& window_seq)> take;
-    std::function<profile(const raw_snapshot&)> symbolize;
-    std::function<void(std::uint64_t window_seq)> window_written;
-    // The slow-frame profile (frames over budget); `marked` says whether any frame was marked at all.
-    std::function<raw_snapshot(bool& marked)> take_slow;
-  };
+  explicit auto_dumps(snapshot_maker& snapshots) : snapshots_(snapshots) {}
 
-  status start(const options& o, hooks h, std::vector<std::string>& notes) {
+  // Starts the dumper thread and takes the dump signal when no one else handles it (else a note says so).
+  status start(const options& o, session_info& session) {
     opts_ = o;
-    hooks_ = std::move(h);
-    handled_ = g_dump_requests.requests.load();
-    next_interval_ = std::chrono::steady_clock::now() + interval();
-    stopping_ = false;
-    written_ = failed_ = 0;
-    worker_tid_.store(0);
-    worker_ = std::thread([this] { worker_loop(); });
-    while (worker_tid_.load() == 0) std::this_thread::yield();  // so the thread scan can leave it out
+    settings_.paths = o.out.empty() ? kDefaultDumpTemplate : o.out;
+    settings_.sink.allow_shared_dir = o.allow_shared_dir;
+    settings_.thread_roots = o.thread_roots;
+    settings_.frame_budget_ms = o.frame_budget_ms;
+    written_.store(0);
+    failed_.store(0);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      handled_ = g_dump_requests.requests.load();
+      done_ = handled_;
+      busy_ = false;
+    }
+    status st = worker_.start("selfprof-dump", &auto_dumps::main, this);
+    if (!st) return st;
+    g_dump_requests.wake_fd.store(worker_.wake_fd(), std::memory_order_release);
     if (o.dump_signal > 0) {
       struct sigaction cur {};
       sys().sigaction(o.dump_signal, nullptr, &cur);
-      bool free = !(cur.sa_flags & SA_SIGINFO) && (cur.sa_handler == SIG_DFL || cur.sa_handler == SIG_IGN);
+      const bool free =
+          !(cur.sa_flags & SA_SIGINFO) && (cur.sa_handler == SIG_DFL || cur.sa_handler == SIG_IGN);
       if (!free) {
         std::string n = "signal " + std::to_string(o.dump_signal) +
-                        " already has a handler installed by the "
-                        "application: dumps on that signal are off (set SELFPROF_SIGNAL to another one)";
-        notes.push_back(n);
+                        " already has a handler installed by the application: dumps on that signal are off "
+                        "(set SELFPROF_SIGNAL to another one)";
+        session.note(n);
         std::fprintf(stderr, "selfprof: %s\n", n.c_str());
       } else {
         struct sigaction act {};
@@ -8557,1685 +12794,109 @@ class dump_scheduler {
     return status::ok();
   }
 
-  void set_wake_fd(int fd) { g_dump_requests.wake_fd.store(fd, std::memory_order_release); }
-
+  // Gives the dump signal back, answers what was requested, stops the thread.
   void stop() {
-    g_dump_requests.wake_fd.store(-1, std::memory_order_release);
     if (signal_ != 0) {
       sys().sigaction(signal_, &previous_, nullptr);
       signal_ = 0;
     }
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    if (worker_.joinable()) worker_.join();
+    g_dump_requests.wake_fd.store(-1, std::memory_order_release);
+    worker_.stop();
   }
 
-  // fork child: the worker thread does not exist there; forget it without joining.
+  // Waits until every dump requested so far is written (tests, exit); at most `limit`.
+  void flush(std::chrono::milliseconds limit = std::chrono::milliseconds(30000)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const std::uint64_t want = g_dump_requests.requests.load();
+    worker_.wake();
+    done_cv_.wait_for(lock, limit, [&] { return !worker_.running() || (done_ >= want && !busy_); });
+  }
+
   void abandon_after_fork() {
-    if (worker_.joinable()) new (&worker_) std::thread();  // the old object is leaked on purpose
-    new (&jobs_) std::deque<job>();                        // as are queued jobs and the locks' state
-    new (&mu_) std::mutex();
     g_dump_requests.wake_fd.store(-1, std::memory_order_release);
+    worker_.abandon_after_fork();
+    new (&mu_) std::mutex();
+    new (&done_cv_) std::condition_variable();
     if (signal_ != 0) sys().sigaction(signal_, &previous_, nullptr);
     signal_ = 0;
   }
 
   int signal_number() const { return signal_; }
-  pid_t worker_tid() const { return worker_tid_.load(); }
+  pid_t tid() const { return worker_.tid(); }
   unsigned long written() const { return written_.load(); }
   unsigned long failed() const { return failed_.load(); }
-
-  // Called by the collector after each drain: queue a dump for each signal received and when the
-  // interval has passed.
-  void poll(std::chrono::steady_clock::time_point now) {
-    std::uint64_t requests = g_dump_requests.requests.load(std::memory_order_acquire);
-    bool due = opts_.interval_s > 0 && now >= next_interval_;
-    if (requests == handled_ && !due) return;
-    handled_ = requests;
-    if (due) next_interval_ = now + interval();
-    enqueue();
-  }
-
-  // Time left until the next interval dump is due (a day when there are none), so the collector does
-  // not sleep past it.
-  std::chrono::steady_clock::duration until_due(std::chrono::steady_clock::time_point now) const {
-    if (opts_.interval_s <= 0) return std::chrono::hours(24);
-    return next_interval_ > now ? next_interval_ - now : std::chrono::steady_clock::duration::zero();
-  }
-
-  // Waits until every queued dump is written (tests, exit).
-  void flush() {
-    std::unique_lock<std::mutex> l(mu_);
-    idle_cv_.wait(l, [&] { return jobs_.empty() && !busy_; });
-  }
+  const dump_settings& settings() const { return settings_; }
 
  private:
-  struct job {
-    raw_snapshot raw;
-    raw_snapshot slow;
-    bool slow_marked = false;
-    std::uint64_t window_seq = 0;
-    bool windowed = false;
-  };
+  static void main(void* self) { static_cast<auto_dumps*>(self)->loop(); }
 
   std::chrono::steady_clock::duration interval() const {
     return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(opts_.interval_s > 0 ? opts_.interval_s : 1));
+        std::chrono::duration<double>(opts_.interval_s));
   }
 
-  void enqueue() {
-    job j;
-    j.windowed = opts_.window_s > 0;
-    j.raw = hooks_.take(j.windowed, j.window_seq);
-    if (hooks_.take_slow) j.slow = hooks_.take_slow(j.slow_marked);
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      jobs_.push_back(std::move(j));
-    }
-    cv_.notify_all();
-  }
-
-  void worker_loop() {
-    pthread_setname_np(pthread_self(), "selfprof-dump");
-    worker_tid_.store(static_cast<pid_t>(raw_gettid()));
-    std::unique_lock<std::mutex> l(mu_);
+  void loop() {
+    auto next = std::chrono::steady_clock::now() + interval();
     for (;;) {
-      cv_.wait(l, [&] { return stopping_ || !jobs_.empty(); });
-      if (jobs_.empty()) break;  // stopping and nothing left
-      job j = std::move(jobs_.front());
-      jobs_.pop_front();
-      busy_ = true;
-      l.unlock();
-      write(j);
-      l.lock();
-      busy_ = false;
-      idle_cv_.notify_all();
+      int timeout = -1;
+      if (opts_.interval_s > 0) {
+        const auto left = next - std::chrono::steady_clock::now();
+        timeout =
+            left <= std::chrono::steady_clock::duration::zero()
+                ? 0
+                : static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(left).count()) + 1;
+      }
+      if (!worker_.wait(timeout)) return;
+      const auto now = std::chrono::steady_clock::now();
+      const bool due = opts_.interval_s > 0 && now >= next;
+      if (due) next = now + interval();
+      const std::uint64_t requests = g_dump_requests.requests.load(std::memory_order_acquire);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (requests == handled_ && !due) continue;
+        handled_ = requests;
+        busy_ = true;
+      }
+      write();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_ = requests;
+        busy_ = false;
+      }
+      done_cv_.notify_all();
     }
   }
 
-  void write(job& j) {
-    profile p = hooks_.symbolize(j.raw);
-    add_marker_frames(p, opts_.thread_roots);
-    output_options oo = dump_output_options(p);
-    sink_options so;
-    so.allow_shared_dir = opts_.allow_shared_dir;
-    const std::string out = opts_.out.empty() ? kDefaultDumpTemplate : opts_.out;
-    status st = write_profile(p, out, oo, so);
-    if (st) st = write_offcpu_companion(p, out, so);
-    if (st &&
-        j.slow_marked) {  // frames were marked: the slow-frame profile too, "-slow" before the extension
-      profile sp = hooks_.symbolize(j.slow);
-      add_marker_frames(sp, opts_.thread_roots);
-      output_options so_oo = dump_output_options(sp);
-      so_oo.svg.title = "Slow frames: " + so_oo.svg.title;
-      st = write_profile(sp, insert_before_extension(out, "-slow"), so_oo, so);
-    }
+  void write() {
+    std::uint64_t window_seq = 0;
+    const bool windowed = opts_.window_s > 0;
+    dump_contents c = snapshots_.contents(windowed, &window_seq);
+    status st = write_dump(c, settings_);
     if (st) {
       ++written_;
-      if (j.windowed) hooks_.window_written(j.window_seq);
+      if (windowed) snapshots_.window_written(window_seq);
     } else {
       ++failed_;  // the cumulative profile is intact, and an unwritten window stays for the next dump
       std::fprintf(stderr, "%s\n", st.message().c_str());
     }
   }
 
+  snapshot_maker& snapshots_;
   options opts_;
-  hooks hooks_;
-  std::uint64_t handled_ = 0;
-  std::chrono::steady_clock::time_point next_interval_{};
+  dump_settings settings_;
+  worker worker_;
   int signal_ = 0;
   struct sigaction previous_ {};
-  std::thread worker_;
-  std::atomic<pid_t> worker_tid_{0};
   std::mutex mu_;
-  std::condition_variable cv_, idle_cv_;
-  std::deque<job> jobs_;
-  bool stopping_ = false, busy_ = false;
+  std::condition_variable done_cv_;
+  std::uint64_t handled_ = 0, done_ = 0;
+  bool busy_ = false;
   std::atomic<unsigned long> written_{0}, failed_{0};
 };
 
 }  // namespace detail
 }  // namespace selfprof
-// ---- end selfprof/collect/dumps.hpp ----
-// ---- begin selfprof/collect/threads.hpp ----
-// Thread discovery from /proc/self/task: the list of live threads, a cheap "did the count change" check,
-// thread names, the main thread's stack end, and whether a thread blocks a signal.
-// Context: setup only and the collector thread.
-
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <string>
-#include <vector>
-
-namespace selfprof {
-namespace detail {
-
-inline std::vector<pid_t> list_threads() {
-  std::vector<pid_t> tids;
-  DIR* dir = ::opendir("/proc/self/task");
-  if (dir == nullptr) return tids;
-  while (struct dirent* e = ::readdir(dir)) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    tids.push_back(static_cast<pid_t>(std::strtol(e->d_name, nullptr, 10)));
-  }
-  ::closedir(dir);
-  return tids;
-}
-
-inline std::string read_small_file(const std::string& path) {
-  std::string out;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return out;
-  char buf[4096];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n <= 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-    if (out.size() > (1u << 20)) break;
-  }
-  ::close(fd);
-  return out;
-}
-
-inline std::string thread_name(pid_t tid) {
-  std::string s = read_small_file("/proc/self/task/" + std::to_string(tid) + "/comm");
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\0')) s.pop_back();
-  return s;
-}
-
-// True when the thread currently blocks `sig` (SigBlk in /proc/self/task/<tid>/status).
-inline bool thread_blocks_signal(pid_t tid, int sig) {
-  std::string s = read_small_file("/proc/self/task/" + std::to_string(tid) + "/status");
-  std::size_t at = s.find("SigBlk:");
-  if (at == std::string::npos || sig <= 0 || sig > 64) return false;
-  unsigned long long mask = std::strtoull(s.c_str() + at + 7, nullptr, 16);
-  return (mask >> (sig - 1)) & 1ull;
-}
-
-// Upper end of the main thread's stack ([stack] in /proc/self/maps), or 0.
-inline std::uintptr_t main_stack_end() {
-  std::string maps = read_small_file("/proc/self/maps");
-  std::size_t at = maps.find("[stack]");
-  if (at == std::string::npos) return 0;
-  std::size_t line = maps.rfind('\n', at);
-  line = line == std::string::npos ? 0 : line + 1;
-  const char* p = maps.c_str() + line;
-  char* end = nullptr;
-  std::strtoull(p, &end, 16);
-  if (end == nullptr || *end != '-') return 0;
-  return static_cast<std::uintptr_t>(std::strtoull(end + 1, nullptr, 16));
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/collect/threads.hpp ----
-// ---- begin selfprof/collect/unwind_tables.hpp ----
-// Builds the unwind rows of every loaded module (from .eh_frame in memory, found through
-// dl_iterate_phdr and PT_GNU_EH_FRAME) and publishes them to the signal handler as one immutable set.
-// Context: setup only (start/stop) and the collector thread; the handler only reads g_unwind_tables.
-
-#include <elf.h>
-#include <link.h>
-
-#include <algorithm>
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <tuple>
-#include <vector>
-
-// ---- begin selfprof/signal/unwind_dwarf.hpp ----
-// Signal-handler code: the mixed unwinder that follows pre-built CFI rows (parsed from .eh_frame off the
-// signal path) and falls back to one frame-pointer step where a module has no row for the pc.
-// Context: signal handler (async-signal-safe: no locks, no allocation; stack reads bounded and probed).
-
-#include <atomic>
-#include <cstddef>
-#include <cstdint>
-
-// ---- begin selfprof/signal/unwind_fp.hpp ----
-// Signal-handler code: the frame-pointer unwinder, with every read bounds-checked and probed.
-// Context: signal handler (async-signal-safe: no locks, no allocation, no libc state).
-
-#include <cstddef>
-#include <cstdint>
-
-
-namespace selfprof {
-namespace detail {
-
-// Every bound of the walk, with its reason.
-// A single frame larger than this is taken for a corrupted chain (async-profiler uses 256 KiB too).
-constexpr std::uintptr_t kMaxFrameSize = 256 * 1024;
-// How far above sp the walk may go when the thread's stack end is unknown (main-thread default
-// RLIMIT_STACK is 8 MiB; deeper stacks are still walked when the thread's end is known).
-constexpr std::uintptr_t kMaxStackSpan = 16 * 1024 * 1024;
-// A known thread stack larger than this is not trusted as a bound (guards against a bogus descriptor).
-constexpr std::uintptr_t kMaxKnownStack = 1024ull * 1024 * 1024;
-// Frame records are 16-byte aligned in ABI-conforming x86-64 code; 8 tolerates hand-written assembly.
-constexpr std::uintptr_t kFrameAlign = 8;
-// Return addresses below this are not code: the chain ended in zeroed memory.
-constexpr std::uintptr_t kMinCodeAddress = 4096;
-constexpr std::uintptr_t kPageSize = 4096;
-
-// Remembers the highest page range already shown readable, so each page is probed once per walk.
-struct read_guard {
-  std::uintptr_t ok_lo = 1, ok_hi = 0;  // empty
-
-  bool readable(std::uintptr_t addr, std::size_t len) {
-    std::uintptr_t end = addr + len;
-    if (end < addr) return false;
-    if (addr >= ok_lo && end <= ok_hi) return true;
-    std::uintptr_t first = addr & ~(kPageSize - 1);
-    std::uintptr_t last = (end - 1) & ~(kPageSize - 1);
-    for (std::uintptr_t page = first;; page += kPageSize) {
-      if (!(page >= ok_lo && page + kPageSize <= ok_hi) && !raw_readable(page)) return false;
-      if (page == last) break;
-    }
-    if (ok_lo <= ok_hi && first >= ok_lo && first <= ok_hi) {
-      if (last + kPageSize > ok_hi) ok_hi = last + kPageSize;  // contiguous: extend
-    } else {
-      ok_lo = first;
-      ok_hi = last + kPageSize;
-    }
-    return true;
-  }
-};
-
-// Reads of the interrupted thread's stack and code: bounds-checked and probed by the walkers, and not
-// instrumented, since a sanitizer would take a read of another frame's saved registers for a bug.
-#if defined(__clang__) || defined(__GNUC__)
-#define SELFPROF_DETAIL_NO_SANITIZE __attribute__((no_sanitize("address", "thread", "undefined")))
-#else
-#define SELFPROF_DETAIL_NO_SANITIZE
-#endif
-
-SELFPROF_DETAIL_NO_SANITIZE inline std::uint64_t load_word(std::uintptr_t addr) {
-  return *reinterpret_cast<const volatile std::uint64_t*>(addr);
-}
-SELFPROF_DETAIL_NO_SANITIZE inline unsigned char load_byte(std::uintptr_t addr) {
-  return *reinterpret_cast<const volatile unsigned char*>(addr);
-}
-
-// The highest address the current thread's frames may occupy, or 0 when unknown.
-// glibc places a thread's descriptor (what %fs:0x10 points to) at the top of its stack block.
-inline std::uintptr_t current_thread_stack_end(std::uintptr_t sp, std::uintptr_t main_end, bool is_main) {
-  if (is_main && main_end > sp && main_end - sp <= kMaxKnownStack) return main_end;
-#if defined(__x86_64__) && defined(__GLIBC__)
-  std::uintptr_t self;
-  __asm__("mov %%fs:0x10, %0" : "=r"(self));
-  if (self > sp && self - sp <= kMaxKnownStack) return self;
-#endif
-  return 0;
-}
-
-struct unwind_result {
-  std::size_t depth = 0;
-  bool truncated = false;
-  bool leaf_fixed = false;
-};
-
-// x86-64 prologue/epilogue bytes at the interrupted pc (async-profiler's heuristics): at a function's first
-// byte (push %rbp, endbr64) or on `ret` the return address is at [sp], right after `push %rbp` at [sp+8];
-// %rbp still holds the caller's frame. Used by both walkers for a leaf without a frame record. The slot of
-// the return address, or 0 when the bytes say nothing.
-inline std::uintptr_t leaf_return_slot(std::uintptr_t pc, std::uintptr_t sp) {
-#if defined(__x86_64__)
-  read_guard code_guard;
-  if (pc < kMinCodeAddress || !code_guard.readable(pc, 4)) return 0;
-  const unsigned char code[4] = {load_byte(pc), load_byte(pc + 1), load_byte(pc + 2), load_byte(pc + 3)};
-  const unsigned char b0 = code[0];
-  if (b0 == 0x55 || b0 == 0xC3 || (b0 == 0xF3 && code[1] == 0x0F && code[2] == 0x1E && code[3] == 0xFA))
-    return sp;
-  if (b0 == 0x48 && code[1] == 0x89 && code[2] == 0xE5) return sp + 8;
-#else
-  (void)pc;
-  (void)sp;
-#endif
-  return 0;
-}
-
-// Walks from an interrupted context. out[0] = pc, then return addresses, leaf first.
-inline unwind_result unwind_fp(std::uintptr_t pc, std::uintptr_t sp, std::uintptr_t fp,
-                               std::uintptr_t stack_end, std::uint64_t* out, std::size_t max_depth) {
-  unwind_result r;
-  if (max_depth == 0) return r;
-  out[r.depth++] = pc;
-  std::uintptr_t hi = sp + kMaxStackSpan;
-  if (hi < sp) hi = ~std::uintptr_t(0);
-  if (stack_end != 0 && stack_end < hi) hi = stack_end;
-  read_guard guard;
-
-  // Prologue/epilogue: the caller's return address may not be in a frame record yet (or any more).
-  if (max_depth > 1) {
-    const std::uintptr_t ra_slot = leaf_return_slot(pc, sp);
-    if (ra_slot != 0 && ra_slot % 8 == 0 && ra_slot + 8 <= hi && guard.readable(ra_slot, 8)) {
-      std::uintptr_t ra = load_word(ra_slot);
-      if (ra >= kMinCodeAddress) {
-        out[r.depth++] = ra;
-        r.leaf_fixed = true;
-      }
-    }
-  }
-
-  std::uintptr_t prev = sp;
-  while (true) {
-    if (fp < prev || fp % kFrameAlign != 0 || fp - prev > kMaxFrameSize) break;
-    if (fp + 16 > hi || fp + 16 < fp) break;
-    if (!guard.readable(fp, 16)) break;
-    std::uintptr_t next = load_word(fp);
-    std::uintptr_t ra = load_word(fp + 8);
-    if (ra < kMinCodeAddress) break;
-    if (r.depth == max_depth) {
-      r.truncated = true;  // a valid frame exists beyond the limit
-      break;
-    }
-    out[r.depth++] = ra;
-    if (next <= fp) break;  // the chain must grow towards the stack end
-    prev = fp;
-    fp = next;
-  }
-  return r;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/signal/unwind_fp.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-// How the canonical frame address (CFA: the caller's sp, just above the return address) is computed
-// at one pc, and what the row means for the walk.
-enum unwind_row_kind : std::uint8_t {
-  row_cfa_rsp = 0,    // CFA = rsp + cfa_off
-  row_cfa_rbp = 1,    // CFA = rbp + cfa_off
-  row_cfa_plt = 2,    // PLT entry: CFA = rsp + cfa_off, +8 more once (pc & 15) >= plt_threshold
-  row_unknown = 3,    // CFI this walker does not model (expressions, other registers): one FP step
-  row_outermost = 4,  // the return address is undefined: the thread's first frame, stop here
-  row_no_info = 5,    // a gap between FDEs: no CFI covers the pc, one FP step
-};
-
-// One row of a module's table: valid from `pc` (offset from the module's start) to the next row.
-// The return address is always at CFA-8 (x86-64); rows where it is not are row_unknown.
-struct unwind_row {
-  std::uint32_t pc;
-  std::int32_t cfa_off;
-  std::int16_t fp_off;  // the caller's rbp is saved at CFA + fp_off; 0: rbp still holds it
-  std::uint8_t kind;    // unwind_row_kind
-  std::uint8_t plt_threshold;
-};
-static_assert(sizeof(unwind_row) == 12, "rows are packed: libc alone has ~30,000 of them");
-
-// The rows of one module, covering the runtime addresses [start, end).
-struct unwind_module {
-  std::uintptr_t start;
-  std::uintptr_t end;
-  const unwind_row* rows;  // sorted by pc; the last one is row_no_info at `end - start`
-  std::size_t count;
-};
-
-// Every module's rows, sorted by start and not overlapping. Immutable once published.
-struct unwind_table_set {
-  const unwind_module* modules;
-  std::size_t count;
-};
-
-// The set the handler reads; published by collect/unwind_tables.hpp, never freed while profiling runs.
-inline std::atomic<const unwind_table_set*> g_unwind_tables{nullptr};
-
-// The row in effect at `pc`, or nullptr when no CFI covers it. Binary searches; reads only the set.
-inline const unwind_row* find_unwind_row(const unwind_table_set* set, std::uintptr_t pc) {
-  if (set == nullptr || set->count == 0) return nullptr;
-  std::size_t lo = 0, hi = set->count;  // first module with start > pc
-  while (lo < hi) {
-    std::size_t mid = lo + (hi - lo) / 2;
-    if (set->modules[mid].start <= pc)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  if (lo == 0) return nullptr;
-  const unwind_module& m = set->modules[lo - 1];
-  if (pc >= m.end || m.count == 0) return nullptr;
-  const std::uint32_t off = static_cast<std::uint32_t>(pc - m.start);
-  lo = 0;
-  hi = m.count;  // first row with pc > off
-  while (lo < hi) {
-    std::size_t mid = lo + (hi - lo) / 2;
-    if (m.rows[mid].pc <= off)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  if (lo == 0) return nullptr;
-  const unwind_row* row = &m.rows[lo - 1];
-  return row->kind == row_no_info ? nullptr : row;
-}
-
-// The CFA `row` gives at (pc, sp, fp), or 0 when that is no step up the stack: it wraps around, is
-// misaligned, leaves no room for the return address above sp, or makes a frame over kMaxFrameSize.
-inline std::uintptr_t row_cfa(const unwind_row* row, std::uintptr_t pc, std::uintptr_t sp,
-                              std::uintptr_t fp) {
-  std::uintptr_t base = row->kind == row_cfa_rbp ? fp : sp;
-  std::intptr_t off = row->cfa_off;
-  if (row->kind == row_cfa_plt && (pc & 15) >= row->plt_threshold) off += 8;
-  std::uintptr_t cfa = base + static_cast<std::uintptr_t>(off);
-  if ((off >= 0) != (cfa >= base)) return 0;  // wrapped around
-  if (cfa < sp + 8 || cfa % 8 != 0 || cfa - sp > kMaxFrameSize) return 0;
-  return cfa;
-}
-
-// Walks from an interrupted context with `set` (nullptr: frame pointers only). Same contract and bounds
-// as unwind_fp: out[0] = pc, then return addresses, leaf first; every stack read lies in
-// [sp, min(stack_end, sp + kMaxStackSpan)), is 8-aligned, probed, and each frame moves sp up by at most
-// kMaxFrameSize.
-inline unwind_result unwind_with_tables(const unwind_table_set* set, std::uintptr_t pc, std::uintptr_t sp,
-                                        std::uintptr_t fp, std::uintptr_t stack_end, std::uint64_t* out,
-                                        std::size_t max_depth) {
-  unwind_result r;
-  if (max_depth == 0) return r;
-  out[r.depth++] = pc;
-  std::uintptr_t hi = sp + kMaxStackSpan;
-  if (hi < sp) hi = ~std::uintptr_t(0);
-  if (stack_end != 0 && stack_end < hi) hi = stack_end;
-  read_guard guard;
-  bool leaf = true;
-  while (true) {
-    // A return address points after its call: look up pc-1, inside the calling instruction.
-    const unwind_row* row = find_unwind_row(set, leaf ? pc : pc - 1);
-    std::uintptr_t ra = 0, next_sp = 0, next_fp = fp;
-    bool fixed_leaf = false;
-    if (row != nullptr && row->kind == row_outermost) break;
-    if (row != nullptr && row->kind != row_unknown) {
-      const std::uintptr_t cfa = row_cfa(row, pc, sp, fp);
-      if (cfa == 0 || cfa > hi) break;
-      if (!guard.readable(cfa - 8, 8)) break;
-      ra = load_word(cfa - 8);
-      if (row->fp_off != 0) {
-        std::uintptr_t slot = cfa + static_cast<std::uintptr_t>(static_cast<std::intptr_t>(row->fp_off));
-        if (slot < sp || slot + 8 > cfa - 8 || slot % 8 != 0 || !guard.readable(slot, 8)) break;
-        next_fp = load_word(slot);
-      }
-      next_sp = cfa;
-    } else {
-      std::uintptr_t slot = leaf && max_depth > 1 ? leaf_return_slot(pc, sp) : 0;
-      if (slot != 0) {  // entry or exit of a function without CFI: rbp still belongs to the caller
-        if (slot % 8 != 0 || slot + 8 > hi || !guard.readable(slot, 8)) break;
-        ra = load_word(slot);
-        next_sp = slot + 8;
-        fixed_leaf = true;
-      } else {  // one frame-pointer step: [fp] = caller's rbp, [fp+8] = return address
-        if (fp < sp || fp % kFrameAlign != 0 || fp - sp > kMaxFrameSize) break;
-        if (fp + 16 > hi || fp + 16 < fp || !guard.readable(fp, 16)) break;
-        next_fp = load_word(fp);
-        ra = load_word(fp + 8);
-        next_sp = fp + 16;
-      }
-    }
-    if (ra < kMinCodeAddress) break;
-    if (r.depth == max_depth) {
-      r.truncated = true;  // a valid frame exists beyond the limit
-      break;
-    }
-    out[r.depth++] = ra;
-    if (fixed_leaf) r.leaf_fixed = true;
-    if (next_sp <= sp) break;  // the walk must move towards the stack end
-    sp = next_sp;
-    fp = next_fp;
-    pc = ra;
-    leaf = false;
-  }
-  return r;
-}
-
-// The handler's entry point: unwind_fp's signature, using the published tables when there are any.
-inline unwind_result unwind_mixed(std::uintptr_t pc, std::uintptr_t sp, std::uintptr_t fp,
-                                  std::uintptr_t stack_end, std::uint64_t* out, std::size_t max_depth) {
-  const unwind_table_set* set = g_unwind_tables.load(std::memory_order_acquire);
-  if (set == nullptr) return unwind_fp(pc, sp, fp, stack_end, out, max_depth);
-  return unwind_with_tables(set, pc, sp, fp, stack_end, out, max_depth);
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/signal/unwind_dwarf.hpp ----
-// ---- begin selfprof/symbols/eh_frame.hpp ----
-// The .eh_frame / .eh_frame_hdr reader: turns a module's call frame information (CIEs and FDEs, as GCC,
-// clang and glibc emit them) into the compact sorted unwind rows the signal handler follows.
-// Context: collector thread or setup only (allocates; never the signal handler).
-
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <string>
-#include <unordered_map>
-#include <vector>
-
-
-namespace selfprof {
-namespace detail {
-
-// Bytes to parse: `size` readable bytes at `data`, which live at runtime address `address` (pc-relative
-// pointers are resolved against it; parsing a copy works when `address` is the original's).
-struct eh_frame_input {
-  const std::uint8_t* data = nullptr;
-  std::size_t size = 0;
-  std::uintptr_t address = 0;
-};
-
-// A module's rows (pc offsets from `start`) and what the parse met on the way.
-struct eh_frame_table {
-  std::uintptr_t start = 0, end = 0;  // runtime pc range covered by the FDEs
-  std::vector<unwind_row> rows;
-  std::size_t cies = 0, fdes = 0;
-  std::size_t skipped = 0;  // records left out (malformed, unsupported encoding or augmentation)
-  std::size_t unknown = 0;  // rows the handler cannot follow (CFA expressions other than PLT, ...)
-  std::string error;        // the first problem, with its offset; empty when none
-};
-
-// DWARF register numbers of x86-64 (System V psABI, figure 3.36).
-constexpr unsigned kDwarfRbp = 6, kDwarfRsp = 7, kDwarfRa = 16;
-// remember_state nesting kept; deeper nesting makes the rest of that FDE row_unknown.
-constexpr std::size_t kMaxRememberDepth = 16;
-// A module whose FDEs span more than this cannot be expressed with 32-bit row offsets.
-constexpr std::uintptr_t kMaxModuleSpan = 0xFFFFFFF0u;
-
-// A bounds-checked little-endian reader: any read past the end sets ok = false and returns 0.
-struct eh_cursor {
-  const std::uint8_t* base;  // start of the whole input (offsets are relative to it)
-  std::size_t pos, end;
-  std::uintptr_t address;  // runtime address of base[0]
-  bool ok = true;
-
-  bool has(std::size_t n) const { return ok && pos <= end && end - pos >= n; }
-  std::uint64_t fixed(std::size_t n) {
-    if (!has(n)) return fail();
-    std::uint64_t v = 0;
-    for (std::size_t i = 0; i < n; ++i) v |= std::uint64_t(base[pos + i]) << (8 * i);
-    pos += n;
-    return v;
-  }
-  std::uint8_t u8() { return static_cast<std::uint8_t>(fixed(1)); }
-  std::uint64_t uleb() {
-    std::uint64_t v = 0;
-    for (unsigned shift = 0;; shift += 7) {
-      if (!has(1) || shift > 63) return fail();
-      std::uint8_t b = base[pos++];
-      v |= std::uint64_t(b & 0x7f) << shift;
-      if (!(b & 0x80)) return v;
-    }
-  }
-  std::int64_t sleb() {
-    std::uint64_t v = 0;
-    unsigned shift = 0;
-    std::uint8_t b = 0;
-    do {
-      if (!has(1) || shift > 63) return static_cast<std::int64_t>(fail());
-      b = base[pos++];
-      v |= std::uint64_t(b & 0x7f) << shift;
-      shift += 7;
-    } while (b & 0x80);
-    if (shift < 64 && (b & 0x40)) v |= ~std::uint64_t(0) << shift;
-    return static_cast<std::int64_t>(v);
-  }
-  // A DW_EH_PE_* encoded pointer. `apply` = false reads the value only (pc ranges, skipped pointers).
-  // Indirect pointers are reported through `indirect` and never dereferenced.
-  std::uint64_t pointer(std::uint8_t enc, bool apply = true, bool* indirect = nullptr) {
-    if (enc == 0xff) return 0;  // DW_EH_PE_omit
-    const std::uintptr_t field = address + pos;
-    std::uint64_t v = 0;
-    switch (enc & 0x0f) {
-      case 0x00:
-        v = fixed(8);
-        break;  // absptr
-      case 0x01:
-        v = uleb();
-        break;  // uleb128
-      case 0x02:
-        v = fixed(2);
-        break;  // udata2
-      case 0x03:
-        v = fixed(4);
-        break;  // udata4
-      case 0x04:
-        v = fixed(8);
-        break;  // udata8
-      case 0x09:
-        v = static_cast<std::uint64_t>(sleb());
-        break;  // sleb128
-      case 0x0a:
-        v = static_cast<std::uint64_t>(std::int64_t(std::int16_t(fixed(2))));
-        break;  // sdata2
-      case 0x0b:
-        v = static_cast<std::uint64_t>(std::int64_t(std::int32_t(fixed(4))));
-        break;  // sdata4
-      case 0x0c:
-        v = fixed(8);
-        break;  // sdata8
-      default:
-        return fail();
-    }
-    if (indirect) *indirect = (enc & 0x80) != 0;
-    if (!apply) return v;
-    switch (enc & 0x70) {
-      case 0x00:
-        break;  // absolute
-      case 0x10:
-        v += field;
-        break;  // pcrel
-      default:
-        return fail();  // textrel/datarel/funcrel/aligned: not used in .eh_frame FDEs
-    }
-    return v;
-  }
-  std::uint64_t fail() {
-    ok = false;
-    return 0;
-  }
-};
-
-// One parsed CIE: what its FDEs need.
-struct eh_cie {
-  bool valid = false;
-  std::uint64_t code_align = 1;
-  std::int64_t data_align = -8;
-  std::uint64_t ra_reg = kDwarfRa;
-  std::uint8_t fde_enc = 0;  // DW_EH_PE_absptr unless 'R' says otherwise
-  bool has_aug_data = false;
-  std::size_t insns = 0, insns_end = 0;  // initial instructions, offsets in the input
-};
-
-// The register rules the walker cares about, at one pc.
-struct cfa_state {
-  std::uint8_t kind = row_cfa_rsp;  // row_cfa_rsp, row_cfa_rbp, row_cfa_plt or row_unknown
-  std::int64_t cfa_off = 8;
-  std::uint8_t plt_threshold = 0;
-  std::int64_t fp_off = 0;  // 0: rbp unchanged
-  bool fp_unknown = false;  // rbp saved somewhere this walker does not follow
-  bool ra_undefined = false;
-  bool ra_unusual = false;  // return address not at CFA-8
-
-  unwind_row row(std::uint32_t pc) const {
-    unwind_row r{pc, 0, 0, row_unknown, 0};
-    if (ra_undefined) {
-      r.kind = row_outermost;
-      return r;
-    }
-    // rbp saved where this walker cannot follow (an expression, as in stack-realigning DRAP frames):
-    // the caller's rbp is unknown, so the row cannot be used; one frame-pointer step instead.
-    if (kind == row_unknown || ra_unusual || fp_unknown || cfa_off < -0x7fffffff || cfa_off > 0x7fffffff ||
-        fp_off < -0x8000 || fp_off > 0x7fff)
-      return r;
-    r.kind = kind;
-    r.cfa_off = static_cast<std::int32_t>(cfa_off);
-    r.fp_off = static_cast<std::int16_t>(fp_off);
-    r.plt_threshold = plt_threshold;
-    return r;
-  }
-};
-
-// The PLT CFA expression binutils emits for lazy PLT entries:
-//   DW_OP_breg7 (rsp) N; DW_OP_breg16 (rip) 0; DW_OP_lit15; DW_OP_and; DW_OP_lit<T>; DW_OP_ge;
-//   DW_OP_lit3; DW_OP_shl; DW_OP_plus   =>   CFA = rsp + N + ((rip & 15) >= T ? 8 : 0)
-// Anything else makes the row row_unknown (one frame-pointer step instead).
-inline bool match_plt_expression(eh_cursor c, std::size_t end, cfa_state& s) {
-  c.end = end;
-  if (c.u8() != 0x77) return false;  // DW_OP_breg7
-  std::int64_t n = c.sleb();
-  if (c.u8() != 0x80 || c.sleb() != 0) return false;   // DW_OP_breg16 0
-  if (c.u8() != 0x3f || c.u8() != 0x1a) return false;  // lit15, and
-  std::uint8_t lit = c.u8();
-  if (lit < 0x30 || lit > 0x3f) return false;
-  if (c.u8() != 0x2a || c.u8() != 0x33 || c.u8() != 0x24 || c.u8() != 0x22) return false;  // ge lit3 shl plus
-  if (!c.ok || c.pos != end) return false;
-  s.kind = row_cfa_plt;
-  s.cfa_off = n;
-  s.plt_threshold = static_cast<std::uint8_t>(lit - 0x30);
-  return true;
-}
-
-// Runs CFA instructions [pos, end) from `state`, appending a row at each location change.
-// Returns false on a malformed instruction stream (rows so far are kept: they were valid).
-inline bool run_cfa_program(eh_cursor c, std::size_t end, const eh_cie& cie, const cfa_state& initial,
-                            cfa_state& state, std::uint64_t& loc, std::uint64_t loc_end, std::uint64_t start,
-                            std::vector<unwind_row>* rows) {
-  c.end = end;
-  cfa_state stack[kMaxRememberDepth];
-  std::size_t depth = 0;  // may exceed kMaxRememberDepth: those states are not kept
-  auto advance = [&](std::uint64_t delta) {
-    std::uint64_t next = loc + delta * cie.code_align;
-    if (next < loc || next > loc_end) {  // past the FDE: the remaining rules never apply
-      if (rows && loc < loc_end) rows->push_back(state.row(static_cast<std::uint32_t>(loc - start)));
-      loc = loc_end;
-      return false;
-    }
-    if (rows && next != loc) rows->push_back(state.row(static_cast<std::uint32_t>(loc - start)));
-    loc = next;
-    return true;
-  };
-  auto set_offset = [&](std::uint64_t reg, std::int64_t off) {
-    if (reg == kDwarfRbp) state.fp_off = off, state.fp_unknown = false;
-    if (reg == cie.ra_reg) state.ra_unusual = off != -8, state.ra_undefined = false;
-  };
-  auto other_rule = [&](std::uint64_t reg) {  // register / expression rules we do not follow
-    if (reg == kDwarfRbp) state.fp_unknown = true, state.fp_off = 0;
-    if (reg == cie.ra_reg) state.ra_unusual = true;
-  };
-  auto restore = [&](std::uint64_t reg) {
-    if (reg == kDwarfRbp) state.fp_off = initial.fp_off, state.fp_unknown = initial.fp_unknown;
-    if (reg == cie.ra_reg) state.ra_unusual = initial.ra_unusual, state.ra_undefined = initial.ra_undefined;
-  };
-  while (c.ok && c.pos < end) {
-    std::uint8_t op = c.u8();
-    std::uint8_t low = op & 0x3f;
-    switch (op >> 6) {
-      case 1:  // DW_CFA_advance_loc
-        if (!advance(low)) return true;
-        continue;
-      case 2:  // DW_CFA_offset
-        set_offset(low, static_cast<std::int64_t>(c.uleb()) * cie.data_align);
-        continue;
-      case 3:  // DW_CFA_restore
-        restore(low);
-        continue;
-      default:
-        break;
-    }
-    switch (op) {
-      case 0x00:
-        break;      // nop
-      case 0x01: {  // set_loc
-        std::uint64_t to = c.pointer(cie.fde_enc);
-        if (!c.ok || to < loc) return false;
-        if (!advance((to - loc) / (cie.code_align ? cie.code_align : 1))) return true;
-        break;
-      }
-      case 0x02:
-        if (!advance(c.u8())) return true;
-        break;
-      case 0x03:
-        if (!advance(c.fixed(2))) return true;
-        break;
-      case 0x04:
-        if (!advance(c.fixed(4))) return true;
-        break;
-      case 0x05: {  // offset_extended
-        std::uint64_t reg = c.uleb();
-        set_offset(reg, static_cast<std::int64_t>(c.uleb()) * cie.data_align);
-        break;
-      }
-      case 0x06:
-        restore(c.uleb());
-        break;      // restore_extended
-      case 0x07: {  // undefined
-        std::uint64_t reg = c.uleb();
-        if (reg == cie.ra_reg) state.ra_undefined = true;
-        if (reg == kDwarfRbp) other_rule(reg);
-        break;
-      }
-      case 0x08: {  // same_value
-        std::uint64_t reg = c.uleb();
-        if (reg == kDwarfRbp) state.fp_off = 0, state.fp_unknown = false;
-        if (reg == cie.ra_reg) state.ra_unusual = true;
-        break;
-      }
-      case 0x09: {  // register
-        std::uint64_t reg = c.uleb();
-        c.uleb();
-        other_rule(reg);
-        break;
-      }
-      case 0x0a:  // remember_state
-        if (depth < kMaxRememberDepth) stack[depth] = state;
-        ++depth;
-        break;
-      case 0x0b:  // restore_state
-        if (depth == 0) return false;
-        --depth;
-        if (depth < kMaxRememberDepth)
-          state = stack[depth];
-        else
-          state.kind = row_unknown;
-        break;
-      case 0x0c: {  // def_cfa
-        std::uint64_t reg = c.uleb();
-        std::uint64_t off = c.uleb();
-        state.kind = reg == kDwarfRsp ? row_cfa_rsp : reg == kDwarfRbp ? row_cfa_rbp : row_unknown;
-        state.cfa_off = static_cast<std::int64_t>(off);
-        break;
-      }
-      case 0x0d: {  // def_cfa_register
-        std::uint64_t reg = c.uleb();
-        if (state.kind == row_cfa_plt)
-          state.kind = row_unknown;
-        else
-          state.kind = reg == kDwarfRsp ? row_cfa_rsp : reg == kDwarfRbp ? row_cfa_rbp : row_unknown;
-        break;
-      }
-      case 0x0e:
-        state.cfa_off = static_cast<std::int64_t>(c.uleb());
-        break;      // def_cfa_offset
-      case 0x0f: {  // def_cfa_expression
-        std::uint64_t len = c.uleb();
-        if (!c.has(len)) return false;
-        if (!match_plt_expression(c, c.pos + len, state)) state.kind = row_unknown;
-        c.pos += len;
-        break;
-      }
-      case 0x10:    // expression
-      case 0x16: {  // val_expression
-        std::uint64_t reg = c.uleb();
-        std::uint64_t len = c.uleb();
-        if (!c.has(len)) return false;
-        c.pos += len;
-        other_rule(reg);
-        break;
-      }
-      case 0x11: {  // offset_extended_sf
-        std::uint64_t reg = c.uleb();
-        set_offset(reg, c.sleb() * cie.data_align);
-        break;
-      }
-      case 0x12: {  // def_cfa_sf
-        std::uint64_t reg = c.uleb();
-        std::int64_t off = c.sleb() * cie.data_align;
-        state.kind = reg == kDwarfRsp ? row_cfa_rsp : reg == kDwarfRbp ? row_cfa_rbp : row_unknown;
-        state.cfa_off = off;
-        break;
-      }
-      case 0x13:
-        state.cfa_off = c.sleb() * cie.data_align;
-        break;      // def_cfa_offset_sf
-      case 0x14:    // val_offset
-      case 0x15: {  // val_offset_sf
-        std::uint64_t reg = c.uleb();
-        if (op == 0x14)
-          c.uleb();
-        else
-          c.sleb();
-        other_rule(reg);
-        break;
-      }
-      case 0x2e:
-        c.uleb();
-        break;      // GNU_args_size
-      case 0x2f: {  // GNU_negative_offset_extended
-        std::uint64_t reg = c.uleb();
-        set_offset(reg, -static_cast<std::int64_t>(c.uleb()) * cie.data_align);
-        break;
-      }
-      default:
-        return false;  // unknown opcode: the rest of this program cannot be decoded
-    }
-  }
-  return c.ok;
-}
-
-// Parses .eh_frame: a CIE/FDE sequence ended by a zero length word or by the end of the input.
-// Never reads outside the input; malformed records are counted in `skipped`, never fatal.
-inline eh_frame_table parse_eh_frame(const eh_frame_input& in) {
-  eh_frame_table t;
-  struct fde_rows {
-    std::uint64_t begin, end;
-    std::size_t first, count;  // in `all`
-  };
-  std::vector<fde_rows> fdes;
-  std::vector<unwind_row> all;  // pcs relative to each FDE's begin for now
-  std::unordered_map<std::size_t, eh_cie> cies;
-  auto note = [&](const char* what, std::size_t at, bool count = true) {
-    if (count) ++t.skipped;
-    if (t.error.empty()) {
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "eh_frame at 0x%zx (offset 0x%zx): %s",
-                    static_cast<std::size_t>(in.address), at, what);
-      t.error = buf;
-    }
-  };
-  auto parse_cie = [&](std::size_t at) -> const eh_cie& {
-    auto found = cies.find(at);
-    if (found != cies.end()) return found->second;
-    eh_cie& cie = cies[at];
-    eh_cursor c{in.data, at, in.size, in.address};
-    std::uint64_t len = c.fixed(4);
-    bool wide = len == 0xffffffffu;
-    if (wide) len = c.fixed(8);
-    if (!c.ok || len == 0 || len > c.end - c.pos) return note("truncated CIE", at, false), cie;
-    c.end = c.pos + static_cast<std::size_t>(len);
-    if (c.fixed(wide ? 8 : 4) != 0) return note("CIE pointer does not point at a CIE", at, false), cie;
-    std::uint8_t version = c.u8();
-    if (version != 1 && version != 3 && version != 4) return note("unsupported CIE version", at, false), cie;
-    std::string aug;
-    while (c.has(1) && in.data[c.pos] != 0 && aug.size() < 16) aug += static_cast<char>(in.data[c.pos++]);
-    if (c.u8() != 0) return note("unterminated CIE augmentation", at, false), cie;
-    if (aug.find("eh") == 0) c.fixed(8);  // old GCC: an eh_ptr word
-    if (version == 4 && (c.u8() != 8 || c.u8() != 0))
-      return note("CIE address size is not 8", at, false), cie;
-    cie.code_align = c.uleb();
-    cie.data_align = c.sleb();
-    cie.ra_reg = version == 1 ? c.u8() : c.uleb();
-    if (!aug.empty() && aug[0] == 'z') {
-      cie.has_aug_data = true;
-      std::uint64_t aug_len = c.uleb();
-      if (!c.has(aug_len)) return note("truncated CIE augmentation data", at, false), cie;
-      std::size_t aug_end = c.pos + static_cast<std::size_t>(aug_len);
-      for (std::size_t i = 1; i < aug.size() && c.ok; ++i) {
-        if (aug[i] == 'R')
-          cie.fde_enc = c.u8();
-        else if (aug[i] == 'L')
-          c.u8();
-        else if (aug[i] == 'P')
-          c.pointer(c.u8(), false);
-        else if (aug[i] == 'S' || aug[i] == 'B' || aug[i] == 'G')
-          continue;
-        else
-          break;  // unknown letter: 'z' says how long the data is, skip the rest
-      }
-      if (!c.ok || c.pos > aug_end) return note("malformed CIE augmentation data", at, false), cie;
-      c.pos = aug_end;
-    } else if (!aug.empty() && aug != "eh") {
-      return note("unknown CIE augmentation", at, false), cie;
-    }
-    if (!c.ok || cie.code_align == 0) return note("malformed CIE", at, false), cie;
-    cie.insns = c.pos;
-    cie.insns_end = c.end;
-    cie.valid = true;
-    ++t.cies;
-    return cie;
-  };
-
-  std::size_t pos = 0;
-  while (pos < in.size) {
-    const std::size_t at = pos;
-    eh_cursor c{in.data, pos, in.size, in.address};
-    std::uint64_t len = c.fixed(4);
-    if (!c.ok) break;     // fewer than 4 bytes left: treat as the end
-    if (len == 0) break;  // the terminator
-    bool wide = len == 0xffffffffu;
-    if (wide) len = c.fixed(8);
-    if (!c.ok || len > c.end - c.pos) {
-      note("record runs past the end", at);
-      break;
-    }
-    const std::size_t rec_end = c.pos + static_cast<std::size_t>(len);
-    pos = rec_end;
-    c.end = rec_end;
-    const std::size_t id_at = c.pos;
-    std::uint64_t id = c.fixed(wide ? 8 : 4);
-    if (!c.ok) {
-      note("truncated record", at);
-      continue;
-    }
-    if (id == 0) {  // a CIE: parsed when an FDE uses it
-      continue;
-    }
-    if (id > id_at) {
-      note("FDE points before the input", at);
-      continue;
-    }
-    const eh_cie& cie = parse_cie(id_at - static_cast<std::size_t>(id));
-    if (!cie.valid) {
-      note("FDE of an unusable CIE", at);
-      continue;
-    }
-    bool indirect = false;
-    std::uint64_t begin = c.pointer(cie.fde_enc, true, &indirect);
-    std::uint64_t range = c.pointer(cie.fde_enc & 0x0f, false);
-    if (cie.has_aug_data) {
-      std::uint64_t n = c.uleb();
-      if (!c.has(n)) {
-        note("truncated FDE augmentation data", at);
-        continue;
-      }
-      c.pos += static_cast<std::size_t>(n);
-    }
-    if (!c.ok || indirect) {
-      note("malformed FDE", at);
-      continue;
-    }
-    if (range == 0) continue;  // an empty FDE covers nothing (linkers leave them for discarded code)
-    if (begin + range < begin || range > kMaxModuleSpan) {
-      note("FDE range overflows", at);
-      continue;
-    }
-    ++t.fdes;
-    // Rows are relative to the FDE's begin for now; rebased once the module's start is known.
-    const cfa_state defaults;
-    cfa_state initial;
-    std::uint64_t loc = begin;
-    const std::size_t first = all.size();
-    eh_cursor cie_program{in.data, cie.insns, cie.insns_end, in.address};
-    if (!run_cfa_program(cie_program, cie.insns_end, cie, defaults, initial, loc, begin + range, begin,
-                         nullptr) ||
-        loc != begin) {
-      note("CIE initial instructions are malformed or advance", at);
-      continue;
-    }
-    cfa_state state = initial;
-    bool good = run_cfa_program(c, rec_end, cie, initial, state, loc, begin + range, begin, &all);
-    if (loc < begin + range) all.push_back(state.row(static_cast<std::uint32_t>(loc - begin)));
-    if (!good) {
-      // The rows before the bad instruction hold; from it on, the function is unknown territory.
-      note("malformed CFA instructions", at);
-      if (all.size() > first)
-        all.back().kind = row_unknown;
-      else
-        all.push_back(unwind_row{0, 0, 0, row_unknown, 0});
-    }
-    fdes.push_back({begin, begin + range, first, all.size() - first});
-  }
-  if (fdes.empty()) return t;
-
-  std::sort(fdes.begin(), fdes.end(), [](const fde_rows& a, const fde_rows& b) { return a.begin < b.begin; });
-  std::uint64_t lo = fdes.front().begin, hi = 0;
-  for (auto& f : fdes) hi = std::max(hi, f.end);
-  if (hi - lo > kMaxModuleSpan) {
-    // FDEs spread over more than 4 GiB: keep the span around the first ones and count the rest out.
-    std::size_t keep = 0;
-    while (keep < fdes.size() && fdes[keep].end - lo <= kMaxModuleSpan) ++keep;
-    t.skipped += fdes.size() - keep;
-    if (t.error.empty()) t.error = "eh_frame: FDEs span more than 4 GiB; the rest were left out";
-    fdes.resize(keep);
-    hi = 0;
-    for (auto& f : fdes) hi = std::max(hi, f.end);
-  }
-  t.start = static_cast<std::uintptr_t>(lo);
-  t.end = static_cast<std::uintptr_t>(hi);
-  t.rows.reserve(all.size() + fdes.size());
-  auto push = [&](const unwind_row& r) {
-    if (!t.rows.empty() && t.rows.back().pc == r.pc) t.rows.pop_back();  // a later row at the same pc wins
-    if (!t.rows.empty()) {
-      const unwind_row& b = t.rows.back();
-      if (b.kind == r.kind && b.cfa_off == r.cfa_off && b.fp_off == r.fp_off &&
-          b.plt_threshold == r.plt_threshold)
-        return;  // same rule continues
-    }
-    t.rows.push_back(r);
-  };
-  for (std::size_t i = 0; i < fdes.size(); ++i) {
-    const fde_rows& f = fdes[i];
-    // Overlapping FDEs (broken input): the later one starts where the earlier one is cut.
-    std::uint64_t stop = i + 1 < fdes.size() ? std::min(f.end, fdes[i + 1].begin) : f.end;
-    if (!t.rows.empty() && f.begin - lo < t.rows.back().pc) continue;  // fully shadowed
-    for (std::size_t k = 0; k < f.count; ++k) {
-      unwind_row r = all[f.first + k];
-      std::uint64_t pc = f.begin + r.pc;
-      if (pc >= stop) break;
-      r.pc = static_cast<std::uint32_t>(pc - lo);
-      push(r);
-    }
-    if (stop == f.end && (i + 1 == fdes.size() || fdes[i + 1].begin > f.end))
-      push(unwind_row{static_cast<std::uint32_t>(f.end - lo), 0, 0, row_no_info, 0});
-  }
-  if (t.rows.empty() || t.rows.back().kind != row_no_info)
-    t.rows.push_back(unwind_row{static_cast<std::uint32_t>(hi - lo), 0, 0, row_no_info, 0});
-  t.end = t.start + t.rows.back().pc;  // overlapping FDEs (broken input) may end before `hi`
-  for (const unwind_row& r : t.rows)
-    if (r.kind == row_unknown) ++t.unknown;
-  return t;
-}
-
-// Where .eh_frame starts, from the .eh_frame_hdr at `hdr` (runtime address `hdr.address`), and how far the
-// FDEs its search table lists reach (0 when the table is absent). False when the header is malformed.
-struct eh_frame_hdr_info {
-  std::uintptr_t eh_frame = 0;
-  std::uintptr_t fde_limit = 0;  // highest FDE start listed in the search table, 0 when none
-  std::size_t fde_count = 0;
-};
-
-inline bool parse_eh_frame_hdr(const eh_frame_input& hdr, eh_frame_hdr_info& out) {
-  eh_cursor c{hdr.data, 0, hdr.size, hdr.address};
-  if (c.u8() != 1) return false;  // version
-  std::uint8_t ptr_enc = c.u8(), count_enc = c.u8(), table_enc = c.u8();
-  std::uint64_t eh = c.pointer(ptr_enc);
-  if (!c.ok || eh == 0) return false;
-  out.eh_frame = static_cast<std::uintptr_t>(eh);
-  if (count_enc == 0xff || table_enc != 0x3b) return true;  // no binary search table we can read
-  std::uint64_t count = c.pointer(count_enc);
-  if (!c.ok || count > (c.end - c.pos) / 8) return true;
-  out.fde_count = static_cast<std::size_t>(count);
-  for (std::uint64_t i = 0; i < count; ++i) {
-    c.fixed(4);  // initial location (datarel sdata4)
-    std::int64_t fde = std::int32_t(c.fixed(4));
-    std::uintptr_t at = hdr.address + static_cast<std::uintptr_t>(fde);
-    if (c.ok && at > out.fde_limit) out.fde_limit = at;
-  }
-  return true;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/eh_frame.hpp ----
-
-namespace selfprof {
-
-// What the last build found, for stats and verbose output.
-struct unwind_tables_info {
-  bool published = false;
-  std::size_t modules = 0;         // modules with rows in the published set
-  std::size_t rows = 0;            // rows in the published set
-  std::size_t bytes = 0;           // memory held by every table and set kept (retired ones too)
-  std::size_t builds = 0;          // sets published since the last release
-  std::size_t parsed = 0;          // modules whose rows are kept (parsed once while they stay loaded)
-  std::size_t reused = 0;          // modules of this session whose rows an earlier session parsed
-  double last_build_ms = 0;        // wall time of the last build that found changed modules
-  std::vector<std::string> notes;  // modules left out or parsed with problems, one line each
-};
-
-namespace detail {
-
-// The rows of one module, parsed once and kept while the module stays loaded (a retired set may still
-// point at them). `hdr_hash` identifies the bytes they were parsed from (see release()).
-struct module_unwind {
-  std::string name;
-  std::uintptr_t bias = 0, hdr = 0;
-  std::uint64_t hdr_hash = 0;
-  eh_frame_table table;
-};
-
-// One published set: its module list and the set header the handler reads.
-struct unwind_set_storage {
-  std::vector<unwind_module> modules;
-  unwind_table_set set{nullptr, 0};
-};
-
-class unwind_tables_state {
- public:
-  // Re-reads the module list when dlopen/dlclose changed it (or `force`), parses new modules and
-  // publishes a new set. Cheap when nothing changed: one dl_iterate_phdr that stops at the first module.
-  status build(bool force) {
-#if !defined(__x86_64__)
-    (void)force;
-    return status::error("selfprof: DWARF unwinding is implemented for x86-64 only; using frame pointers");
-#else
-    std::lock_guard<std::mutex> lock(mu_);
-    counts now = read_counts();
-    if (!force && have_counts_ && now.adds == counts_.adds && now.subs == counts_.subs &&
-        g_unwind_tables.load(std::memory_order_relaxed) != nullptr)
-      return status::ok();
-    auto t0 = std::chrono::steady_clock::now();
-    scan_context ctx{this, {}, {}};
-    // The loader lock is held during the callback, so no module can be unmapped while it is parsed.
-    dl_iterate_phdr(&unwind_tables_state::visit, &ctx);
-    auto storage = std::unique_ptr<unwind_set_storage>(new unwind_set_storage());
-    for (module_unwind* m : ctx.present) {
-      if (m->table.rows.empty()) continue;
-      storage->modules.push_back(
-          unwind_module{m->table.start, m->table.end, m->table.rows.data(), m->table.rows.size()});
-    }
-    std::sort(storage->modules.begin(), storage->modules.end(),
-              [](const unwind_module& a, const unwind_module& b) { return a.start < b.start; });
-    // Overlapping ranges cannot happen between live modules; if they do (a stale entry), keep the first.
-    std::vector<unwind_module> clean;
-    for (const unwind_module& m : storage->modules)
-      if (clean.empty() || m.start >= clean.back().end) clean.push_back(m);
-    storage->modules.swap(clean);
-    storage->set = unwind_table_set{storage->modules.data(), storage->modules.size()};
-    info_.modules = storage->modules.size();
-    info_.rows = 0;
-    for (const unwind_module& m : storage->modules) info_.rows += m.count;
-    g_unwind_tables.store(&storage->set, std::memory_order_release);
-    sets_.push_back(std::move(storage));  // the previous set stays: a handler may be reading it
-    counts_ = now;
-    have_counts_ = true;
-    revalidate_ = false;
-    info_.published = true;
-    ++info_.builds;
-    for (auto& n : ctx.notes)
-      if (std::find(info_.notes.begin(), info_.notes.end(), n) == info_.notes.end()) info_.notes.push_back(n);
-    info_.last_build_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    return status::ok();
-#endif
-  }
-
-  // Unpublishes the tables and frees the sets. Only once no handler can be running (after the profiling
-  // signal is restored and g_handler.in_flight reached zero), since a handler may hold a pointer into any
-  // set. The parsed rows of modules still loaded are kept for the next start (parsing every module again
-  // cost ~3.5 ms of CPU per start): at the next build each is used only if its .eh_frame_hdr bytes hash
-  // as when it was parsed, so a library unloaded and another loaded at the same address is parsed anew.
-  void release() {
-    std::lock_guard<std::mutex> lock(mu_);
-    g_unwind_tables.store(nullptr, std::memory_order_release);
-    sets_.clear();
-    std::vector<key> loaded;
-    dl_iterate_phdr(
-        [](dl_phdr_info* info, std::size_t, void* data) -> int {
-          const ElfW(Phdr)* eh = find_eh(info);
-          if (eh != nullptr) static_cast<std::vector<key>*>(data)->push_back(key_of(info, eh));
-          return 0;
-        },
-        &loaded);
-    for (auto it = modules_.begin(); it != modules_.end();)
-      it = std::find(loaded.begin(), loaded.end(), it->first) == loaded.end() ? modules_.erase(it) : ++it;
-    revalidate_ = true;
-    have_counts_ = false;
-    info_ = unwind_tables_info{};
-  }
-
-  unwind_tables_info info() {
-    std::lock_guard<std::mutex> lock(mu_);
-    unwind_tables_info i = info_;
-    i.parsed = modules_.size();
-    i.bytes = 0;
-    for (auto& m : modules_)
-      i.bytes += sizeof(module_unwind) + m.second->table.rows.capacity() * sizeof(unwind_row);
-    for (auto& s : sets_)
-      i.bytes += sizeof(unwind_set_storage) + s->modules.capacity() * sizeof(unwind_module);
-    return i;
-  }
-
- private:
-  struct counts {
-    unsigned long long adds = 0, subs = 0;
-  };
-  struct scan_context {
-    unwind_tables_state* self;
-    std::vector<module_unwind*> present;
-    std::vector<std::string> notes;
-  };
-  using key = std::tuple<std::string, std::uintptr_t, std::uintptr_t>;  // name, load bias, eh_frame_hdr
-
-  static counts read_counts() {
-    counts c;
-    dl_iterate_phdr(
-        [](dl_phdr_info* info, std::size_t size, void* data) -> int {
-          counts* out = static_cast<counts*>(data);
-          if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
-            out->adds = info->dlpi_adds;
-            out->subs = info->dlpi_subs;
-          }
-          return 1;  // the counters are the same in every entry: one is enough
-        },
-        &c);
-    return c;
-  }
-
-  static const ElfW(Phdr) * find_eh(const dl_phdr_info* info) {
-    const ElfW(Phdr)* eh = nullptr;
-    for (int i = 0; i < info->dlpi_phnum; ++i)
-      if (info->dlpi_phdr[i].p_type == PT_GNU_EH_FRAME) eh = &info->dlpi_phdr[i];
-    return eh;
-  }
-  static std::string module_name(const dl_phdr_info* info) {
-    return info->dlpi_name && info->dlpi_name[0] ? info->dlpi_name : "[main]";
-  }
-  static key key_of(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
-    return key{module_name(info), info->dlpi_addr, info->dlpi_addr + eh->p_vaddr};
-  }
-  // FNV-1a over the module's .eh_frame_hdr (its search table lists every FDE): ~0.1 ms for libc.
-  static std::uint64_t hdr_hash(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
-    eh_frame_input hdr = segment_from(info, info->dlpi_addr + eh->p_vaddr);
-    if (hdr.size > eh->p_memsz) hdr.size = eh->p_memsz;
-    std::uint64_t h = 1469598103934665603ull;
-    for (std::size_t i = 0; i < hdr.size; ++i) h = (h ^ hdr.data[i]) * 1099511628211ull;
-    return h;
-  }
-
-  static int visit(dl_phdr_info* info, std::size_t, void* data) {
-    scan_context& ctx = *static_cast<scan_context*>(data);
-    const ElfW(Phdr)* eh = find_eh(info);
-    std::string name = module_name(info);
-    if (eh == nullptr) {
-      bool has_code = false;
-      for (int i = 0; i < info->dlpi_phnum; ++i)
-        if (info->dlpi_phdr[i].p_type == PT_LOAD && (info->dlpi_phdr[i].p_flags & PF_X)) has_code = true;
-      if (has_code) ctx.notes.push_back("unwind: " + name + " has no .eh_frame_hdr: frame pointers only");
-      return 0;
-    }
-    const key k = key_of(info, eh);
-    auto found = ctx.self->modules_.find(k);
-    if (found != ctx.self->modules_.end()) {
-      if (!ctx.self->revalidate_ || found->second->hdr_hash == hdr_hash(info, eh)) {
-        if (ctx.self->revalidate_) ++ctx.self->info_.reused;
-        ctx.present.push_back(found->second.get());
-        return 0;
-      }
-      ctx.self->modules_.erase(found);  // no set points at it: release() dropped them all
-    }
-    std::unique_ptr<module_unwind> m(new module_unwind());
-    m->name = name;
-    m->bias = info->dlpi_addr;
-    m->hdr = std::get<2>(k);
-    m->hdr_hash = hdr_hash(info, eh);
-    parse_module(info, eh, *m, ctx.notes);
-    ctx.present.push_back(m.get());
-    ctx.self->modules_.emplace(k, std::move(m));
-    return 0;
-  }
-
-  // The bytes of the loaded segment holding `address`: [address, segment end), or size 0.
-  static eh_frame_input segment_from(const dl_phdr_info* info, std::uintptr_t address) {
-    for (int i = 0; i < info->dlpi_phnum; ++i) {
-      const ElfW(Phdr)& p = info->dlpi_phdr[i];
-      if (p.p_type != PT_LOAD) continue;
-      std::uintptr_t lo = info->dlpi_addr + p.p_vaddr, hi = lo + p.p_filesz;
-      if (address >= lo && address < hi)
-        return eh_frame_input{reinterpret_cast<const std::uint8_t*>(address), hi - address, address};
-    }
-    return eh_frame_input{};
-  }
-
-  static void parse_module(const dl_phdr_info* info, const ElfW(Phdr) * eh, module_unwind& m,
-                           std::vector<std::string>& notes) {
-    eh_frame_input hdr = segment_from(info, m.hdr);
-    if (hdr.size > eh->p_memsz) hdr.size = eh->p_memsz;
-    eh_frame_hdr_info hi;
-    if (hdr.size == 0 || !parse_eh_frame_hdr(hdr, hi)) {
-      notes.push_back("unwind: " + m.name + ": unreadable .eh_frame_hdr");
-      return;
-    }
-    eh_frame_input frames = segment_from(info, hi.eh_frame);
-    if (frames.size == 0) {
-      notes.push_back("unwind: " + m.name + ": .eh_frame is outside the loaded segments");
-      return;
-    }
-    // The search table lists every FDE: stop after the last one instead of trusting a terminator.
-    if (hi.fde_limit > hi.eh_frame && hi.fde_limit - hi.eh_frame < frames.size) {
-      eh_cursor c{frames.data, hi.fde_limit - hi.eh_frame, frames.size, frames.address};
-      std::uint64_t len = c.fixed(4);
-      if (len == 0xffffffffu) len = c.fixed(8);
-      if (c.ok && len <= c.end - c.pos) frames.size = c.pos + static_cast<std::size_t>(len);
-    }
-    m.table = parse_eh_frame(frames);
-    if (!m.table.error.empty())
-      notes.push_back("unwind: " + m.name + ": " + std::to_string(m.table.skipped) +
-                      " records skipped; first: " + m.table.error);
-    m.table.rows.shrink_to_fit();
-  }
-
-  std::mutex mu_;
-  std::map<key, std::unique_ptr<module_unwind>> modules_;
-  std::vector<std::unique_ptr<unwind_set_storage>> sets_;
-  counts counts_;
-  bool have_counts_ = false;
-  bool revalidate_ = false;  // the first build after release() checks kept modules' hashes
-  unwind_tables_info info_;
-};
-
-inline unwind_tables_state& unwind_tables() {
-  static unwind_tables_state* state = new unwind_tables_state();  // never destroyed: usable from atexit
-  return *state;
-}
-
-}  // namespace detail
-
-// Builds and publishes the unwind tables of every loaded module; rebuilds only when modules were loaded
-// or unloaded since the last call (call it at start and from the collector's periodic check).
-inline status build_unwind_tables() { return detail::unwind_tables().build(false); }
-
-// Unpublishes the tables (the parsed rows of loaded modules are kept for the next start). Call only when
-// no sampling handler can run any more (after stop).
-inline void release_unwind_tables() { detail::unwind_tables().release(); }
-
-inline unwind_tables_info get_unwind_tables_info() { return detail::unwind_tables().info(); }
-
-}  // namespace selfprof
-// ---- end selfprof/collect/unwind_tables.hpp ----
-// ---- begin selfprof/collect/windows.hpp ----
-// Time windows: the same samples as the cumulative table, also kept in one-second buckets, so a dump can
-// hold "the last N seconds" and consecutive windowed dumps never count a sample twice.
-// Context: collector thread (and dump callers holding the collector's table lock).
-
-#include <cstdint>
-#include <deque>
-
-
-namespace selfprof {
-namespace detail {
-
-constexpr std::uint64_t kWindowBucketNs = 1000000000ull;
-
-class window_tables {
- public:
-  void configure(std::uint64_t window_ns) {
-    window_ns_ = window_ns;
-    buckets_.clear();
-    cut_seq_ = 0;
-    next_seq_ = 0;
-  }
-  bool enabled() const { return window_ns_ != 0; }
-
-  void add(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth,
-           std::uint64_t weight, std::uint64_t now_ns) {
-    if (!enabled()) return;
-    if (buckets_.empty() || now_ns - buckets_.back().start_ns >= kWindowBucketNs) open_bucket(now_ns);
-    buckets_.back().table.add(tid, flags, pcs, depth, weight);
-    buckets_.back().end_ns = now_ns;
-  }
-
-  // Samples of the last window not yet handed out by a successful windowed dump. Closes the open
-  // bucket, so samples that arrive from now on belong to the next window. Returns the sequence
-  // number to pass to mark_dumped() once the dump was written.
-  std::uint64_t take(std::uint64_t now_ns, stack_table& out) {
-    drop_old(now_ns);
-    std::uint64_t last = cut_seq_;
-    for (const bucket& b : buckets_) {
-      if (b.seq < cut_seq_) continue;
-      if (b.end_ns + window_ns_ < now_ns && b.end_ns != 0) continue;
-      out.merge(b.table);
-      last = b.seq + 1;
-    }
-    open_bucket(now_ns);
-    return last;
-  }
-  void mark_dumped(std::uint64_t seq) {
-    if (seq > cut_seq_) cut_seq_ = seq;
-  }
-
- private:
-  struct bucket {
-    std::uint64_t seq = 0, start_ns = 0, end_ns = 0;
-    stack_table table;
-  };
-  void open_bucket(std::uint64_t now_ns) {
-    buckets_.emplace_back();
-    buckets_.back().seq = next_seq_++;
-    buckets_.back().start_ns = now_ns;
-  }
-  void drop_old(std::uint64_t now_ns) {
-    while (buckets_.size() > 1 && buckets_.front().end_ns + window_ns_ < now_ns) buckets_.pop_front();
-  }
-
-  std::uint64_t window_ns_ = 0, cut_seq_ = 0, next_seq_ = 0;
-  std::deque<bucket> buckets_;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/collect/windows.hpp ----
-// ---- begin selfprof/signal/handler.hpp ----
-// Signal-handler code: the profiling signal handler and the lock-free globals it reads.
-// Context: signal handler (async-signal-safe only: no malloc, no locks, no lazy TLS, errno preserved).
-
-#include <signal.h>
-#include <sys/stat.h>
-#include <ucontext.h>
-
-#include <errno.h>
-#include <time.h>
-#include <atomic>
-#include <cstddef>
-#include <cstdint>
-
-
-namespace selfprof {
-namespace detail {
-
-// Everything the handler reads or counts. Constant-initialized: no constructor runs, so it is valid in
-// any thread at any time, before main and after exit.
-struct handler_globals {
-  std::atomic<bool> active{false};  // samples are taken only while set
-  std::atomic<int> in_flight{0};    // handlers running now (stop waits for zero)
-  std::atomic<sample_ring*> ring{nullptr};
-  std::atomic<int> signal_number{0};
-  std::atomic<std::uint32_t> max_depth{0};
-  std::atomic<std::uint32_t> main_tid{0};
-  std::atomic<std::uintptr_t> main_stack_end{0};
-  std::atomic<int> wake_fd{-1};             // the collector's eventfd: written when the ring is half full
-  std::atomic<bool> weight_overruns{true};  // CPU timers: weight a sample by 1 + si_overrun
-  // Thread births and deaths, seen from the samples: while ticks arrive, one handler in every
-  // kThreadCheckNs fstat()s /proc/self/task (its link count is 2 + the number of threads) and wakes the
-  // collector when the count differs from the one of its last scan. The collector then need not wake on
-  // a short timer to find new threads (a wake-up costs ~60 us of CPU in a VM).
-  std::atomic<int> task_dir_fd{-1};                 // /proc/self/task, opened by the collector
-  std::atomic<std::uint64_t> task_links{0};         // its link count when the collector last scanned
-  std::atomic<std::uint64_t> next_thread_check{0};  // CLOCK_MONOTONIC ns of the next check (0: none)
-  std::atomic<std::uint64_t> thread_checks{0};      // checks made (stats)
-  std::atomic<std::uint64_t> thread_wakes{0};  // checks that found the count changed and woke the collector
-  // Counters, read by the collector.
-  std::atomic<std::uint64_t> taken{0};             // records written to the ring
-  std::atomic<std::uint64_t> dropped_full{0};      // samples lost because the ring was full
-  std::atomic<std::uint64_t> dropped_inactive{0};  // ticks that arrived while stopping
-  std::atomic<std::uint64_t> foreign{0};           // signals sent by kill/tgkill/sigqueue, ignored
-  std::atomic<std::uint64_t> truncated{0};         // samples cut at max_depth
-  // perf_event fds opened by selfprof (one bit per fd below kPerfFdBits): their overflow disables the
-  // event (PERF_EVENT_IOC_REFRESH 1) and the handler re-arms it after sampling.
-  static constexpr int kPerfFdBits = 65536;
-  std::atomic<std::uint64_t> perf_fds[kPerfFdBits / 64]{};
-};
-
-inline handler_globals g_handler;  // one per process (see profiler.hpp for two copies in one process)
-
-// The value CPU-timer signals carry in si_value, so they can be told from a foreign sigqueue().
-inline void* timer_cookie() { return static_cast<void*>(&g_handler); }
-
-// Is this delivery one of our ticks? The kernel's perf_event and itimer signals have si_code > 0;
-// POSIX timers say SI_TIMER and carry our cookie; anything else was sent by someone (kill, tgkill).
-inline bool is_our_tick(const siginfo_t* info) {
-  if (info == nullptr) return false;
-  if (info->si_code > 0) return true;
-  return info->si_code == SI_TIMER && info->si_value.sival_ptr == timer_cookie();
-}
-
-// PERF_EVENT_IOC_REFRESH from <linux/perf_event.h>: _IO('$', 2).
-constexpr unsigned long kPerfIocRefresh = 0x2402;
-constexpr int kPollHup = 6;  // si_code of a perf_event signal whose event_limit ran out (POLL_HUP)
-
-inline bool owns_perf_fd(handler_globals& g, int fd) {
-  if (fd < 0 || fd >= handler_globals::kPerfFdBits) return false;
-  return (g.perf_fds[fd / 64].load(std::memory_order_acquire) >> (fd % 64)) & 1u;
-}
-
-inline void rearm_perf_event(handler_globals& g, const siginfo_t* info) {
-  if (info->si_code == kPollHup && owns_perf_fd(g, info->si_fd))
-    raw_syscall3(SYS_ioctl, info->si_fd, static_cast<long>(kPerfIocRefresh), 1);
-}
-
-constexpr std::uint64_t kThreadCheckNs = 20000000;  // 20 ms: new threads are found within ~20 ms
-
-// See handler_globals::task_dir_fd. One fstat of a kept fd (no path walk), at most once per 20 ms per
-// process, whatever the number of threads and the rate.
-inline void check_thread_count(handler_globals& g, std::uint64_t now_ns) {
-  std::uint64_t due = g.next_thread_check.load(std::memory_order_relaxed);
-  if (due == 0 || now_ns < due) return;
-  if (!g.next_thread_check.compare_exchange_strong(due, now_ns + kThreadCheckNs, std::memory_order_relaxed))
-    return;  // another thread's handler took this check
-  const int dir = g.task_dir_fd.load(std::memory_order_acquire);
-  const int wake = g.wake_fd.load(std::memory_order_acquire);
-  if (dir < 0 || wake < 0) return;
-  g.thread_checks.fetch_add(1, std::memory_order_relaxed);
-  struct stat st;
-  if (raw_syscall3(SYS_fstat, dir, reinterpret_cast<long>(&st), 0) != 0) return;
-  if (static_cast<std::uint64_t>(st.st_nlink) == g.task_links.load(std::memory_order_relaxed)) return;
-  const std::uint64_t one = 1;
-  raw_syscall3(SYS_write, wake, reinterpret_cast<long>(&one), sizeof one);
-  g.thread_wakes.fetch_add(1, std::memory_order_relaxed);
-}
-
-inline void sample_signal_handler(int, siginfo_t* info, void* context) {
-  const int saved_errno = errno;
-  handler_globals& g = g_handler;
-  g.in_flight.fetch_add(1, std::memory_order_acquire);
-  do {
-    if (!is_our_tick(info)) {
-      g.foreign.fetch_add(1, std::memory_order_relaxed);
-      break;
-    }
-    if (!g.active.load(std::memory_order_acquire)) {
-      g.dropped_inactive.fetch_add(1, std::memory_order_relaxed);
-      break;
-    }
-    rearm_perf_event(g, info);  // first, so the next period starts counting now
-    sample_ring* ring = g.ring.load(std::memory_order_acquire);
-    if (ring == nullptr || context == nullptr) break;
-    std::uint64_t pos = 0;
-    ring_slot* slot = ring->claim(pos);
-    if (slot == nullptr) {
-      g.dropped_full.fetch_add(1, std::memory_order_relaxed);
-      break;
-    }
-    const ucontext_t* uc = static_cast<const ucontext_t*>(context);
-    std::uintptr_t pc = 0, sp = 0, fp = 0;
-#if defined(__x86_64__)
-    pc = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
-    sp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RSP]);
-    fp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RBP]);
-#elif defined(__aarch64__)
-    pc = static_cast<std::uintptr_t>(uc->uc_mcontext.pc);
-    sp = static_cast<std::uintptr_t>(uc->uc_mcontext.sp);
-    fp = static_cast<std::uintptr_t>(uc->uc_mcontext.regs[29]);
-#endif
-    const std::uint32_t tid = raw_gettid();
-    const bool is_main = tid == g.main_tid.load(std::memory_order_relaxed);
-    const std::uintptr_t end =
-        current_thread_stack_end(sp, g.main_stack_end.load(std::memory_order_relaxed), is_main);
-    const std::size_t max_depth = ring->max_depth();
-    unwind_result u = unwind_mixed(pc, sp, fp, end, slot->pcs(),
-                                   max_depth);  // CFI rows when published, else frame pointers
-
-    sample_header& h = slot->header;
-    h.tid = tid;
-    h.depth = static_cast<std::uint16_t>(u.depth);
-    h.flags = static_cast<std::uint16_t>((u.truncated ? sample_truncated : 0) |
-                                         (u.leaf_fixed ? sample_leaf_fixed : 0));
-    std::uint32_t weight = 1;
-    if (info->si_code == SI_TIMER && info->si_overrun > 0 &&
-        g.weight_overruns.load(std::memory_order_relaxed))
-      weight += static_cast<std::uint32_t>(info->si_overrun);
-    h.weight = weight;
-    h.aux = 0;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe (POSIX.1-2008 list)
-    const std::uint64_t now_ns =
-        static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-    h.time_ns = now_ns;
-    h.tag = frame_tag_for(tid);  // [frames] the frame this thread is in (0: no frame marks)
-    if (u.truncated) g.truncated.fetch_add(1, std::memory_order_relaxed);
-    sample_ring::publish(slot, pos);
-    check_thread_count(g, now_ns);
-    // Every half ring of samples, wake the collector (while samples arrive it sleeps up to 500 ms).
-    const std::uint64_t half = ring->capacity() / 2;
-    if (half != 0 && pos % half == half - 1) {
-      const int fd = g.wake_fd.load(std::memory_order_acquire);
-      if (fd >= 0) {
-        const std::uint64_t one = 1;
-        raw_syscall3(SYS_write, fd, reinterpret_cast<long>(&one), sizeof one);
-      }
-    }
-    g.taken.fetch_add(1, std::memory_order_relaxed);
-  } while (false);
-  g.in_flight.fetch_sub(1, std::memory_order_release);
-  errno = saved_errno;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/signal/handler.hpp ----
+// ---- end selfprof/core/auto_dumps.hpp ----
 // ---- begin selfprof/sources/select.hpp ----
 // Picks the tick source: `auto` takes the cheapest mechanism that honours the request (rate, kernel
 // time, even coverage of threads) and records why each earlier one was refused.
@@ -10246,114 +12907,9 @@ inline void sample_signal_handler(int, siginfo_t* info, void* context) {
 #include <string>
 #include <vector>
 
-// ---- begin selfprof/sources/cpu_timer.hpp ----
-// Tick source: one POSIX CPU-time timer per thread (timer_create on the thread's CPU clock, SIGEV_THREAD_ID),
-// armed for every thread from one thread, so no code has to run in the target thread.
-// Context: setup only and the collector thread.
-
-#include <signal.h>
-#include <time.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <string>
-#include <unordered_map>
-
-
-namespace selfprof {
-namespace detail {
-
-class cpu_timer_source final : public tick_source {
- public:
-  ~cpu_timer_source() override { close(); }
-  source_kind kind() const override { return source_kind::timer; }
-  std::string describe() const override { return "POSIX CPU-time timer per thread"; }
-  bool per_thread() const override { return true; }
-  bool counts_kernel_time() const override { return true; }
-  double effective_hz() const override { return std::min(config_.hz, kernel_tick_hz()); }
-  std::size_t armed_count() const override { return timers_.size(); }
-
-  status open(const source_config& config) override {
-    config_ = config;
-    // Probe: a timer on the calling thread's clock must be creatable (ENOSYS/EPERM under seccomp).
-    timer_t probe{};
-    if (create(static_cast<pid_t>(raw_gettid()), &probe) != 0)
-      return status::error(std::string("timer_create on a thread CPU clock failed: ") + std::strerror(errno));
-    sys().timer_delete(probe);
-    return status::ok();
-  }
-
-  status arm(pid_t tid) override {
-    if (timers_.count(tid)) return status::ok();
-    timer_t id{};
-    if (create(tid, &id) != 0) return status::error(std::string("timer_create: ") + std::strerror(errno));
-    struct itimerspec spec {};
-    std::int64_t ns = period_ns_for(config_.hz);
-    spec.it_interval.tv_sec = static_cast<time_t>(ns / 1000000000);
-    spec.it_interval.tv_nsec = static_cast<long>(ns % 1000000000);
-    spec.it_value = spec.it_interval;
-    if (sys().timer_settime(id, 0, &spec, nullptr) != 0) {
-      int e = errno;
-      sys().timer_delete(id);
-      return status::error(std::string("timer_settime: ") + std::strerror(e));
-    }
-    timers_.emplace(tid, id);
-    return status::ok();
-  }
-
-  // [frames] A new period for one thread's timer (the kernel still delivers at most one tick per jiffy;
-  // the overrun count weights the sample).
-  status set_thread_rate(pid_t tid, double hz) override {
-    auto it = timers_.find(tid);
-    if (it == timers_.end()) return status::error("timer: thread " + std::to_string(tid) + " is not armed");
-    struct itimerspec spec {};
-    std::int64_t ns = period_ns_for(hz);
-    spec.it_interval.tv_sec = static_cast<time_t>(ns / 1000000000);
-    spec.it_interval.tv_nsec = static_cast<long>(ns % 1000000000);
-    spec.it_value = spec.it_interval;
-    if (sys().timer_settime(it->second, 0, &spec, nullptr) != 0)
-      return status::error(std::string("timer_settime: ") + std::strerror(errno));
-    return status::ok();
-  }
-  // [/frames]
-
-  void disarm(pid_t tid) override {
-    auto it = timers_.find(tid);
-    if (it == timers_.end()) return;
-    sys().timer_delete(it->second);  // also discards a queued tick of this timer
-    timers_.erase(it);
-  }
-
-  void close() override {
-    for (auto& t : timers_) sys().timer_delete(t.second);
-    timers_.clear();
-  }
-
-  // POSIX timers are not inherited by fork(2): the child has nothing to release.
-  void abandon_after_fork() override { timers_.clear(); }
-
- private:
-  int create(pid_t tid, timer_t* out) {
-    struct sigevent sev;
-    std::memset(&sev, 0, sizeof sev);
-    sev.sigev_notify = SIGEV_THREAD_ID;
-    sev.sigev_signo = config_.signal_number;
-    sev.sigev_value.sival_ptr = timer_cookie();
-    sev._sigev_un._tid = tid;  // glibc's spelling of sigev_notify_thread_id
-    return sys().timer_create(thread_cpu_clock(tid), &sev, out);
-  }
-
-  source_config config_;
-  std::unordered_map<pid_t, timer_t> timers_;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/sources/cpu_timer.hpp ----
 // ---- begin selfprof/sources/itimer.hpp ----
 // Tick source: the process-wide setitimer(ITIMER_PROF), the last resort (one signal per tick for the whole
-// process, delivered to whichever thread is running: uneven across threads, see peers.md pitfall 1).
+// process, delivered to whichever thread is running: uneven across threads).
 // Context: setup only and the collector thread.
 
 #include <sys/time.h>
@@ -10411,196 +12967,6 @@ class itimer_source final : public tick_source {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/sources/itimer.hpp ----
-// ---- begin selfprof/sources/perf_event.hpp ----
-// Tick source: one perf_event per thread (software task clock, or hardware cycles where a PMU exists)
-// whose overflow signal is delivered to that thread (F_SETOWN_EX F_OWNER_TID).
-// Context: setup only and the collector thread.
-
-#include <linux/perf_event.h>
-#include <sys/ioctl.h>
-#include <sys/utsname.h>
-
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <string>
-#include <unordered_map>
-
-
-namespace selfprof {
-namespace detail {
-
-// Linux 6.16 and 6.17 hang in the hrtimer path when PERF_EVENT_IOC_REFRESH re-arms a software event
-// from its overflow signal (async-profiler issue 1578); selfprof refuses perf_event there.
-inline bool kernel_has_refresh_hang() {
-  struct utsname u {};
-  if (uname(&u) != 0) return false;
-  int major = 0, minor = 0;
-  if (std::sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
-  return major == 6 && (minor == 16 || minor == 17);
-}
-
-class perf_event_source final : public tick_source {
- public:
-  ~perf_event_source() override { close(); }
-  source_kind kind() const override { return source_kind::perf; }
-  bool per_thread() const override { return true; }
-  bool counts_kernel_time() const override { return !user_only_; }
-  double effective_hz() const override { return config_.hz; }
-  std::size_t armed_count() const override { return fds_.size(); }
-  std::string describe() const override {
-    std::string s = "perf_event ";
-    s += hardware_ ? "cpu-cycles" : "task-clock";
-    s += user_only_ ? " (user only: time in the kernel is not sampled)" : " (user+kernel)";
-    return s;
-  }
-  int last_errno() const { return last_errno_; }
-
-  status open(const source_config& config) override {
-    config_ = config;
-    if (kernel_has_refresh_hang())
-      return status::error("perf_event refused on Linux 6.16/6.17 (PERF_EVENT_IOC_REFRESH hang)");
-    raise_fd_limit();
-    // Probe the calling thread: hardware cycles first, then the software task clock; kernel time
-    // included unless the caller accepts user-only events.
-    pid_t self = static_cast<pid_t>(raw_gettid());
-    int first_errno = 0;
-    const bool user_clock = config.user_clock_only;
-    for (int user = user_clock ? 1 : 0; user <= (config.allow_user_only || user_clock ? 1 : 0); ++user) {
-      for (int hw = user_clock ? 0 : 1; hw >= 0; --hw) {
-        hardware_ = hw == 1;
-        user_only_ = user == 1;
-        int fd = open_event(self);
-        if (fd >= 0) {
-          sys().close(fd);
-          return status::ok();
-        }
-        if (hw == 0 && (user == 0 || user_clock)) first_errno = errno;  // the software event says most
-      }
-    }
-    last_errno_ = first_errno;
-    std::string why = std::string("perf_event_open(task-clock) failed: ") + std::strerror(first_errno);
-    if (first_errno == EACCES || first_errno == EPERM)
-      why += config.allow_user_only || user_clock
-                 ? " (kernel.perf_event_paranoid or seccomp forbids it)"
-                 : " (an event including kernel time needs root or kernel.perf_event_paranoid <= 1)";
-    return status::error(why);
-  }
-
-  status arm(pid_t tid) override {
-    if (fds_.count(tid)) return status::ok();
-    int fd = open_event(tid);
-    if (fd < 0) {
-      last_errno_ = errno;
-      return status::error(std::string("perf_event_open: ") + std::strerror(errno));
-    }
-    struct f_owner_ex owner {};
-    owner.type = F_OWNER_TID;
-    owner.pid = tid;
-    if (fd >= handler_globals::kPerfFdBits || sys().fcntl_int(fd, F_SETFL, O_ASYNC) != 0 ||
-        sys().fcntl_int(fd, F_SETSIG, config_.signal_number) != 0 || ::fcntl(fd, F_SETOWN_EX, &owner) != 0) {
-      last_errno_ = fd >= handler_globals::kPerfFdBits ? EMFILE : errno;
-      sys().close(fd);
-      return status::error(std::string("perf_event fd setup: ") + std::strerror(last_errno_));
-    }
-    set_bit(fd, true);
-    // Overflow disables the event (event_limit 1) until the handler refreshes it: no re-entrant ticks.
-    if (::ioctl(fd, PERF_EVENT_IOC_REFRESH, 1) != 0) {
-      last_errno_ = errno;
-      set_bit(fd, false);
-      sys().close(fd);
-      return status::error(std::string("PERF_EVENT_IOC_REFRESH: ") + std::strerror(last_errno_));
-    }
-    fds_.emplace(tid, fd);
-    return status::ok();
-  }
-
-  // [frames] A new period (task-clock ns) or frequency (cycles) for one thread's event.
-  status set_thread_rate(pid_t tid, double hz) override {
-    auto it = fds_.find(tid);
-    if (it == fds_.end()) return status::error("perf: thread " + std::to_string(tid) + " is not armed");
-    std::uint64_t value = hardware_ ? static_cast<std::uint64_t>(hz > 1 ? hz : 1)
-                                    : static_cast<std::uint64_t>(period_ns_for(hz));
-    if (::ioctl(it->second, PERF_EVENT_IOC_PERIOD, &value) != 0)
-      return status::error(std::string("PERF_EVENT_IOC_PERIOD: ") + std::strerror(errno));
-    return status::ok();
-  }
-  // [/frames]
-
-  void disarm(pid_t tid) override {
-    auto it = fds_.find(tid);
-    if (it == fds_.end()) return;
-    release(it->second, true);
-    fds_.erase(it);
-  }
-
-  void close() override {
-    for (auto& f : fds_) release(f.second, true);
-    fds_.clear();
-  }
-
-  // The child's fds are copies that still point at the parent's events: close them without disabling.
-  void abandon_after_fork() override {
-    for (auto& f : fds_) release(f.second, false);
-    fds_.clear();
-  }
-
- private:
-  int open_event(pid_t tid) {
-    struct perf_event_attr attr;
-    std::memset(&attr, 0, sizeof attr);
-    attr.size = sizeof attr;
-    if (hardware_) {
-      attr.type = PERF_TYPE_HARDWARE;
-      attr.config = PERF_COUNT_HW_CPU_CYCLES;
-      attr.freq = 1;
-      attr.sample_freq = static_cast<std::uint64_t>(config_.hz > 1 ? config_.hz : 1);
-    } else {
-      attr.type = PERF_TYPE_SOFTWARE;
-      attr.config = PERF_COUNT_SW_TASK_CLOCK;
-      attr.sample_period = static_cast<std::uint64_t>(period_ns_for(config_.hz));
-    }
-    attr.disabled = 1;
-    attr.exclude_kernel = user_only_ ? 1 : 0;
-    attr.exclude_hv = 1;
-    attr.wakeup_events = 1;
-    long fd = sys().perf_event_open(&attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
-    return static_cast<int>(fd);
-  }
-
-  void set_bit(int fd, bool on) {
-    if (fd < 0 || fd >= handler_globals::kPerfFdBits) return;
-    std::uint64_t bit = std::uint64_t(1) << (fd % 64);
-    if (on)
-      g_handler.perf_fds[fd / 64].fetch_or(bit, std::memory_order_release);
-    else
-      g_handler.perf_fds[fd / 64].fetch_and(~bit, std::memory_order_release);
-  }
-
-  void release(int fd, bool disable) {
-    set_bit(fd, false);
-    if (disable) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
-    sys().close(fd);
-  }
-
-  // One fd per thread: raise the soft RLIMIT_NOFILE to the hard limit (peers.md pitfall 7).
-  static void raise_fd_limit() {
-    struct rlimit rl {};
-    if (sys().getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-      rl.rlim_cur = rl.rlim_max;
-      sys().setrlimit(RLIMIT_NOFILE, &rl);
-    }
-  }
-
-  source_config config_;
-  bool hardware_ = false, user_only_ = false;
-  int last_errno_ = 0;
-  std::unordered_map<pid_t, int> fds_;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/sources/perf_event.hpp ----
 
 namespace selfprof {
 namespace detail {
@@ -10624,8 +12990,8 @@ inline std::unique_ptr<tick_source> make_source(source_kind k) {
   }
 }
 
-// The decision, from measurements on a 2-core x86-64 VM (bench/overhead.cpp reproduces them): a
-// CPU-timer tick costs ~1 us, a perf_event tick ~28 us (hrtimer interrupts in a VM). Up to the kernel
+// The decision (bench/overhead.cpp measures it; figures in docs/measurements.md): a CPU-timer tick costs
+// far less than a perf_event tick, whose hrtimer interrupt is expensive in virtual machines. Up to the kernel
 // tick rate both deliver the requested rate and count kernel time, so the timer wins. Above it a CPU
 // timer fires at most once per tick (the rest only show up as si_overrun), so perf_event is taken:
 // with kernel time when it opens; user-only otherwise, which delivers the rate but cannot see time spent
@@ -10815,805 +13181,14 @@ inline void restore_sample_handler(installed_signal& s) {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/sources/signal_setup.hpp ----
-// ---- begin selfprof/wall/sampler.hpp ----
-// The wall-clock sampler (SELFPROF_MODE=wall): every thread's time, running or not, without ever
-// interrupting a blocking call.
-// Context: its own thread ("selfprof-wall"); start/stop from setup only (the profiler core).
-//
-// Why no EINTR. A signal that arrives while a thread sleeps in poll, epoll_wait, select, nanosleep, a
-// timed futex or a socket read with a timeout makes the call fail with EINTR even under SA_RESTART
-// (signal(7)); a write may return short. So this mode never sends a signal to a thread that could be in
-// the kernel:
-//  - On-CPU stacks come from a per-thread perf_event task clock that counts *user* time only
-//    (exclude_kernel). Its overflow is raised from the timer interrupt only when that interrupt landed in
-//    user mode, and the signal is delivered on the way back to that same user code: the thread is never
-//    inside a system call when it arrives. (A kernel-inclusive event, a CPU-time timer or an itimer can
-//    all fire while the thread is in the kernel on its way to sleep; the sleep then sees the pending
-//    signal and returns EINTR. Wall mode refuses them.)
-//  - Off-CPU stacks are read from outside. This thread looks at up to kWallThreadsPerTick threads per
-//    tick (round robin), each with one clock_gettime of its CPU clock. A thread whose CPU time has not
-//    moved since the last look is still blocked where it was: the stack found then is counted again
-//    (no other work). Otherwise /proc/self/task/<tid>/syscall says "running" or gives the system call,
-//    sp and pc of a blocked thread (the kernel fills it only once the thread is off the CPU); the stack
-//    above sp is copied with process_vm_readv (a short read, never a fault, if it goes away) and unwound
-//    from the copy with the CFI rows the handler uses (unwind_stack_copy). The CPU clock is read again
-//    after the copy: if it moved, the thread ran meanwhile and the copy is not used.
-//  Without a user-only perf_event (perf_event_paranoid 3, seccomp, no fds) no signal is sent at all:
-//  CPU time is still counted, from the CPU clocks, as `[running]` without a stack.
-//
-// Weights are microseconds of wall time. At each look the time since the previous look splits into the
-// thread's CPU time (on-CPU samples, from the signals, stand for it) and the rest, which is off-CPU: it
-// goes to where the thread is blocked now, to where it was blocked before when it has woken since, half
-// to each when it was blocked at both looks and ran in between, and to `[off-cpu]` when it was running at
-// both looks (it blocked and woke unseen, or waited for a CPU). Counted this way, a thread's samples add up
-// to its wall time whatever the number of threads, only more coarsely placed when there are many.
-
-#include <fcntl.h>
-#include <poll.h>
-#include <pthread.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
-#include <functional>
-#include <new>
-#include <thread>
-#include <unordered_map>
-#include <vector>
-
-// ---- begin selfprof/wall/copy_unwind.hpp ----
-// Unwinding a thread that is blocked in the kernel, from a copy of its stack: the pc and sp come from
-// /proc/self/task/<tid>/syscall, the frames from the same CFI rows the signal handler uses. The kernel
-// does not tell rbp, so the first frame that needs it is found by scanning the copy for a frame record.
-// Context: the wall sampler thread (never the signal handler).
-
-#include <link.h>
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <utility>
-#include <vector>
-
 
 namespace selfprof {
 namespace detail {
 
-// A copy of part of a thread's stack: `size` bytes that were at [base, base + size).
-struct stack_copy {
-  std::uintptr_t base = 0;
-  const unsigned char* data = nullptr;
-  std::size_t size = 0;
-
-  bool read(std::uintptr_t addr, std::uint64_t& out) const {
-    if (addr < base || addr - base > size || size - (addr - base) < 8) return false;
-    std::memcpy(&out, data + (addr - base), 8);
-    return true;
-  }
-  std::uintptr_t end() const { return base + size; }
-};
-
-// The executable segments of every loaded module (dl_iterate_phdr), to tell a return address from data.
-class code_ranges {
- public:
-  void refresh() {
-    ranges_.clear();
-    dl_iterate_phdr(
-        [](struct dl_phdr_info* info, std::size_t, void* self) {
-          auto* r = static_cast<std::vector<std::pair<std::uintptr_t, std::uintptr_t>>*>(self);
-          for (int i = 0; i < info->dlpi_phnum; ++i) {
-            const ElfW(Phdr)& ph = info->dlpi_phdr[i];
-            if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X) || ph.p_memsz == 0) continue;
-            std::uintptr_t start = info->dlpi_addr + ph.p_vaddr;
-            r->emplace_back(start, start + ph.p_memsz);
-          }
-          return 0;
-        },
-        &ranges_);
-    std::sort(ranges_.begin(), ranges_.end());
-  }
-  bool contains(std::uintptr_t addr) const {
-    auto it = std::upper_bound(ranges_.begin(), ranges_.end(), std::make_pair(addr, ~std::uintptr_t(0)));
-    return it != ranges_.begin() && addr < std::prev(it)->second;
-  }
-  bool empty() const { return ranges_.empty(); }
-
- private:
-  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges_;
-};
-
-// Frame records are 16-byte aligned in ABI-conforming x86-64 code (rsp is 16-aligned after `push %rbp`);
-// scanning only those halves the chance of taking data for a record.
-constexpr std::uintptr_t kFrameRecordAlign = 16;
-
-// Does the pair at `a` look like a frame record: a saved rbp that points further up the stack (or is 0,
-// the outermost frame) next to a return address into code?
-inline bool plausible_frame_record(const stack_copy& mem, std::uintptr_t a, const code_ranges& code) {
-  std::uint64_t saved = 0, ra = 0;
-  if (!mem.read(a, saved) || !mem.read(a + 8, ra)) return false;
-  if (!code.contains(static_cast<std::uintptr_t>(ra))) return false;
-  if (saved == 0) return true;
-  return saved > a + 8 && saved % 8 == 0 && saved - a <= kMaxStackSpan;
-}
-
-struct copy_unwind_result {
-  std::size_t depth = 0;
-  bool truncated = false;
-  bool scanned = false;  // a frame record was found by scanning (rbp was not known)
-  bool clean = false;    // the walk ended where a stack ends (outermost CFI row, null frame, depth limit)
-};
-
-// Candidates for a scanned frame record tried per walk: stale records of earlier calls lie below the
-// live one, so the first plausible pair is not always right; the one whose walk ends cleanly is.
-constexpr int kMaxRecordCandidates = 32;
-
-struct copy_walker {
-  const unwind_table_set* set;
-  const stack_copy& mem;
-  const code_ranges& code;
-  std::uint64_t* out;
-  std::size_t max_depth;
-
-  // Continues a walk at (pc, sp, fp) with out[0..r.depth) filled. `scan`: try several frame records
-  // where rbp is unknown (false inside such a trial: the first plausible record is taken).
-  copy_unwind_result walk(copy_unwind_result r, std::uintptr_t pc, std::uintptr_t sp, std::uintptr_t fp,
-                          bool fp_known, bool leaf, bool scan) const {
-    for (;;) {
-      const unwind_row* row = find_unwind_row(set, leaf ? pc : pc - 1);
-      if (row != nullptr && row->kind == row_outermost) {
-        r.clean = true;
-        return r;
-      }
-      const bool cfi = row != nullptr && row->kind != row_unknown;
-      if (!fp_known && (!cfi || row->kind == row_cfa_rbp)) return scan_record(r, pc, sp, leaf, scan);
-      std::uint64_t ra = 0, next_fp = fp;
-      std::uintptr_t next_sp = 0;
-      bool next_fp_known = fp_known;
-      if (cfi) {
-        const std::uintptr_t cfa = row_cfa(row, pc, sp, fp);
-        if (cfa == 0) return r;
-        if (!mem.read(cfa - 8, ra)) return ran_off_copy(r, cfa - 8);
-        if (row->fp_off != 0) {
-          std::uintptr_t slot = cfa + static_cast<std::uintptr_t>(static_cast<std::intptr_t>(row->fp_off));
-          if (!mem.read(slot, next_fp)) return ran_off_copy(r, slot);
-          next_fp_known = true;
-        }
-        next_sp = cfa;
-      } else {  // no CFI here: one frame-pointer step
-        if (fp < sp || fp % 8 != 0 || fp - sp > kMaxFrameSize) return r;
-        if (!mem.read(fp, next_fp) || !mem.read(fp + 8, ra)) return ran_off_copy(r, fp);
-        next_fp_known = true;
-        next_sp = fp + 16;
-      }
-      if (ra < kMinCodeAddress) {
-        r.clean = ra == 0;  // a zeroed return address ends the chain
-        return r;
-      }
-      if (r.depth == max_depth) {
-        r.truncated = r.clean = true;
-        return r;
-      }
-      out[r.depth++] = ra;
-      if (next_sp <= sp) return r;  // the walk must move towards the stack end
-      sp = next_sp;
-      fp = static_cast<std::uintptr_t>(next_fp);
-      fp_known = next_fp_known;
-      pc = static_cast<std::uintptr_t>(ra);
-      leaf = false;
-    }
-  }
-
-  // The copy ended before the stack did (a deep stack): what was walked is right, just not all of it.
-  copy_unwind_result ran_off_copy(copy_unwind_result r, std::uintptr_t addr) const {
-    r.clean = addr >= mem.end();
-    return r;
-  }
-
-  // rbp is not known at this frame: find its frame record above sp. Candidates are tried upwards from
-  // sp; the first whose walk ends cleanly wins, else the deepest walk. A stale record left in this
-  // frame's locals by an earlier, deeper call can still win (it chains into the live frames above): the
-  // price of a kernel that reports sp and pc but not rbp. It takes a frame-pointer function between the
-  // caller and the system call to leave one there (libc's wrappers use none; ASan's interceptors do).
-  copy_unwind_result scan_record(copy_unwind_result r, std::uintptr_t pc, std::uintptr_t sp, bool leaf,
-                                 bool scan) const {
-    r.scanned = true;
-    copy_unwind_result best = r;
-    std::uintptr_t best_fp = 0;
-    int tried = 0;
-    std::uintptr_t a = (sp + kFrameRecordAlign - 1) & ~(kFrameRecordAlign - 1);
-    for (; a >= sp && a - sp <= kMaxFrameSize && a + 16 <= mem.end(); a += kFrameRecordAlign) {
-      if (!plausible_frame_record(mem, a, code)) continue;
-      copy_unwind_result t = walk(r, pc, sp, a, true, leaf, false);
-      if (!scan || t.clean) return scan ? walk(r, pc, sp, a, true, leaf, true) : t;
-      if (t.depth > best.depth) {
-        best = t;
-        best_fp = a;
-      }
-      if (++tried == kMaxRecordCandidates) break;
-    }
-    if (best_fp == 0) return r;
-    return walk(r, pc, sp, best_fp, true, leaf, true);  // refill out[] with the best walk
-  }
-};
-
-// Walks a blocked thread's frames from `pc` (its user pc: out[0], looked up as is) and the copy's base
-// (its sp), with `set`'s CFI rows where they cover a pc and frame records elsewhere; every read lies in
-// the copy. out[1..depth) are return addresses, leaf first, as the signal handler records them.
-inline copy_unwind_result unwind_stack_copy(const unwind_table_set* set, std::uintptr_t pc,
-                                            const stack_copy& mem, const code_ranges& code,
-                                            std::uint64_t* out, std::size_t max_depth) {
-  copy_unwind_result r;
-  if (max_depth == 0) return r;
-  out[r.depth++] = pc;
-  copy_walker w{set, mem, code, out, max_depth};
-  return w.walk(r, pc, mem.base, 0, false, true, true);
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/wall/copy_unwind.hpp ----
-// ---- begin selfprof/wall/task_state.hpp ----
-// What the wall-clock sampler learns about another thread of this process without touching it: its
-// CPU time, whether and where it is blocked (/proc/self/task/<tid>/syscall), and a copy of its stack.
-// Context: the wall sampler thread (never the signal handler).
-
-#include <fcntl.h>
-#include <sys/uio.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-
-
-namespace selfprof {
-namespace detail {
-
-// CPU time used so far by thread `tid`, in ns; false when the thread is gone.
-inline bool thread_cpu_ns(pid_t tid, std::uint64_t& out) {
-  struct timespec ts;
-  if (clock_gettime(thread_cpu_clock(tid), &ts) != 0) return false;
-  out = static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-  return true;
-}
-
-// A thread's state as /proc/self/task/<tid>/syscall gives it. The kernel fills the file only once the
-// thread is off the CPU (it waits for that, briefly), so "blocked" is exact at the time of the read.
-struct task_syscall {
-  enum kind_t { gone, running, in_syscall, blocked_other } kind = gone;
-  long nr = -1;           // system call number (in_syscall)
-  std::uintptr_t sp = 0;  // user stack pointer at the call
-  std::uintptr_t pc = 0;  // user pc: the instruction after the system call
-};
-
-// Parses the file's text: "running", "-1 <sp> <pc>", or "<nr> <6 args> <sp> <pc>" (numbers in hex
-// after the first). Anything else is `gone` (the thread exited, or the kernel said something new).
-inline task_syscall parse_task_syscall(const char* text) {
-  task_syscall t;
-  if (std::strncmp(text, "running", 7) == 0) {
-    t.kind = task_syscall::running;
-    return t;
-  }
-  char* end = nullptr;
-  errno = 0;
-  long nr = std::strtol(text, &end, 10);
-  if (end == text || errno != 0) return t;
-  unsigned long long v[8];
-  int n = 0;
-  const char* p = end;
-  while (n < 8) {
-    while (*p == ' ') ++p;
-    if (*p == '\0' || *p == '\n') break;
-    char* e = nullptr;
-    v[n] = std::strtoull(p, &e, 16);
-    if (e == p) return t;
-    ++n;
-    p = e;
-  }
-  while (*p == ' ') ++p;
-  if (*p != '\0' && *p != '\n') return t;  // more than the kernel writes
-  if (nr == -1 && n == 2) {
-    t.kind = task_syscall::blocked_other;
-  } else if (nr >= 0 && n == 8) {
-    t.kind = task_syscall::in_syscall;
-  } else {
-    return t;
-  }
-  t.nr = nr;
-  t.sp = static_cast<std::uintptr_t>(v[n - 2]);
-  t.pc = static_cast<std::uintptr_t>(v[n - 1]);
-  return t;
-}
-
-// Opens /proc/self/task/<tid>/syscall through `task_dir` (an open fd of /proc/self/task); -1 if gone.
-inline int open_task_syscall(int task_dir, pid_t tid) {
-  char path[32];
-  std::snprintf(path, sizeof path, "%d/syscall", static_cast<int>(tid));
-  return ::openat(task_dir, path, O_RDONLY | O_CLOEXEC);
-}
-
-// Reads the file afresh from an fd open_task_syscall gave (procfs regenerates it at offset 0, so one
-// fd serves every look: half the cost of open + read + close).
-inline task_syscall read_task_syscall(int fd) {
-  char buf[256];
-  ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
-  if (n <= 0) return task_syscall{};
-  buf[n] = '\0';
-  return parse_task_syscall(buf);
-}
-
-// Copies up to `len` bytes of this process's memory from `addr` into `out`; returns the bytes copied
-// (fewer where an unmapped page begins). Never faults: the kernel does the reading (process_vm_readv,
-// else /proc/self/mem), so a thread that exits and unmaps its stack meanwhile costs a short read only.
-inline std::size_t copy_own_memory(std::uintptr_t addr, void* out, std::size_t len) {
-  struct iovec local {
-    out, len
-  };
-  struct iovec remote {
-    reinterpret_cast<void*>(addr), len
-  };
-  ssize_t n = ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0);
-  if (n >= 0) return static_cast<std::size_t>(n);
-  if (errno != ENOSYS && errno != EPERM) return 0;
-  int fd = ::open("/proc/self/mem", O_RDONLY | O_CLOEXEC);  // seccomp may forbid process_vm_readv alone
-  if (fd < 0) return 0;
-  std::size_t done = 0;
-  while (done < len) {
-    ssize_t r = ::pread(fd, static_cast<char*>(out) + done, len - done, static_cast<off_t>(addr + done));
-    if (r <= 0) break;
-    done += static_cast<std::size_t>(r);
-  }
-  ::close(fd);
-  return done;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/wall/task_state.hpp ----
-
-namespace selfprof {
-
-// What the wall sampler did (stats::wall).
-struct wall_stats {
-  std::uint64_t ticks = 0;       // sampler wake-ups
-  std::uint64_t looks = 0;       // thread looks (at most kWallThreadsPerTick per tick)
-  std::uint64_t unchanged = 0;   // looks that found the CPU clock unmoved and reused the stack
-  std::uint64_t proc_reads = 0;  // /proc/self/task/<tid>/syscall reads
-  std::uint64_t copies = 0;      // blocked stacks copied and unwound
-  std::uint64_t raced = 0;       // copies dropped because the thread ran while they were taken
-  std::uint64_t scanned = 0;     // unwinds that had to find a frame record by scanning
-  std::uint64_t deferred = 0;    // thread looks left to a later tick by the per-tick bound
-  std::uint64_t dropped = 0;     // records lost: the ring was full
-  std::uint64_t offcpu_us = 0;   // off-CPU time recorded
-  std::uint64_t cpu_ns = 0;      // CPU time of the sampler thread itself
-};
-
-namespace detail {
-
-// Threads looked at per tick: bounds the sampler's cost whatever the number of threads (async-profiler
-// signals 8 per tick; a look here costs ~1 us for an unchanged thread, ~20 us for a changed one).
-constexpr std::size_t kWallThreadsPerTick = 16;
-// Bytes of a blocked thread's stack copied per look: deep enough for 128 typical frames.
-constexpr std::size_t kWallStackCopy = 64 * 1024;
-// /proc/self/task/<tid>/syscall fds kept open between looks (beyond this, opened per look).
-constexpr std::size_t kWallCachedFds = 1024;
-// A thread that was running at the last look and was off the CPU for less than 1/this of the time
-// since is taken to be running still, without reading /proc (a busy thread costs one clock read).
-constexpr std::uint64_t kWallBusyRatio = 20;
-
-struct wall_config {
-  double hz = 99;
-  bool oncpu_signals = true;  // on-CPU time comes as signal samples (else counted here as [running])
-  sample_ring* ring = nullptr;
-  std::size_t threads_per_tick = kWallThreadsPerTick;
-  // The threads to sample (not selfprof's own): fills `out` and returns true when the set changed since
-  // `generation` (which it updates), else returns false; so an unchanged set costs nothing per tick.
-  std::function<bool(std::uint64_t& generation, std::vector<pid_t>& out)> list_threads;
-  std::function<void()> wake_collector;  // the ring is half full
-};
-
-class wall_sampler {
- public:
-  wall_sampler() = default;
-  wall_sampler(const wall_sampler&) = delete;
-  wall_sampler& operator=(const wall_sampler&) = delete;
-  ~wall_sampler() { stop(); }
-
-  status start(const wall_config& cfg) {
-    stop();
-    cfg_ = cfg;
-    if (cfg_.threads_per_tick == 0) cfg_.threads_per_tick = 1;
-    task_dir_ = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (task_dir_ < 0) return status::error("selfprof: wall mode needs /proc/self/task: " + errno_text());
-    stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (stop_fd_ < 0) {
-      ::close(task_dir_);
-      task_dir_ = -1;
-      return status::error("selfprof: eventfd: " + errno_text());
-    }
-    code_.refresh();
-    states_.clear();
-    cached_fds_ = 0;
-    order_.clear();
-    list_generation_ = ~std::uint64_t(0);
-    cursor_ = 0;
-    pcs_.assign(cfg_.ring ? cfg_.ring->max_depth() : 128, 0);
-    copy_.assign(kWallStackCopy, 0);
-    reset_counters();
-    tid_.store(0);
-    thread_ = std::thread([this] { loop(); });
-    while (tid_.load() == 0) std::this_thread::yield();  // known before the next thread scan: not sampled
-    return status::ok();
-  }
-
-  void stop() {
-    if (!thread_.joinable()) return;
-    std::uint64_t one = 1;
-    ssize_t n = ::write(stop_fd_, &one, sizeof one);
-    (void)n;
-    thread_.join();
-    ::close(stop_fd_);
-    ::close(task_dir_);
-    stop_fd_ = task_dir_ = -1;
-    for (auto& st : states_) close_fd(st.second);
-    states_.clear();
-  }
-
-  // In a forked child: the thread does not exist there; forget it without joining.
-  void abandon_after_fork() {
-    if (thread_.joinable()) {
-      new (&thread_) std::thread();  // the old object names a thread of the parent: leaked on purpose
-      if (stop_fd_ >= 0) ::close(stop_fd_);
-      if (task_dir_ >= 0) ::close(task_dir_);
-      stop_fd_ = task_dir_ = -1;
-      for (auto& st : states_) close_fd(st.second);  // this process's copies of the fds
-      states_.clear();
-    }
-    tid_.store(0);
-  }
-
-  pid_t tid() const { return tid_.load(); }
-
-  wall_stats counters() const {
-    wall_stats c;
-    c.ticks = n_ticks_.load(std::memory_order_relaxed);
-    c.looks = n_looks_.load(std::memory_order_relaxed);
-    c.unchanged = n_unchanged_.load(std::memory_order_relaxed);
-    c.proc_reads = n_proc_reads_.load(std::memory_order_relaxed);
-    c.copies = n_copies_.load(std::memory_order_relaxed);
-    c.raced = n_raced_.load(std::memory_order_relaxed);
-    c.scanned = n_scanned_.load(std::memory_order_relaxed);
-    c.deferred = n_deferred_.load(std::memory_order_relaxed);
-    c.dropped = n_dropped_.load(std::memory_order_relaxed);
-    c.offcpu_us = n_offcpu_us_.load(std::memory_order_relaxed);
-    c.cpu_ns = n_cpu_ns_.load(std::memory_order_relaxed);
-    return c;
-  }
-
- private:
-  struct thread_state {
-    std::uint64_t last_ns = 0;   // CLOCK_MONOTONIC of the last look (0: never looked at)
-    std::uint64_t last_cpu = 0;  // its CPU clock then
-    std::uint64_t carry_ns = 0;  // off-CPU time below one microsecond, kept for the next record
-    bool blocked = false;        // blocked at the last look; stack/flags say where
-    std::uint16_t flags = 0;
-    std::uint32_t aux = 0;
-    std::vector<std::uint64_t> stack;
-    bool listed = true;
-    int fd = -1;  // its /proc/self/task/<tid>/syscall, kept open
-  };
-
-  static std::string errno_text() { return std::strerror(errno); }
-
-  void reset_counters() {
-    for (auto* c : {&n_ticks_, &n_looks_, &n_unchanged_, &n_proc_reads_, &n_copies_, &n_raced_, &n_scanned_,
-                    &n_deferred_, &n_dropped_, &n_offcpu_us_, &n_cpu_ns_})
-      c->store(0, std::memory_order_relaxed);
-  }
-  static void bump(std::atomic<std::uint64_t>& c, std::uint64_t by = 1) {
-    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);  // one writer
-  }
-
-  void loop() {
-    pthread_setname_np(pthread_self(), "selfprof-wall");
-    tid_.store(static_cast<pid_t>(raw_gettid()));
-    const std::uint64_t period = static_cast<std::uint64_t>(1e9 / (cfg_.hz > 0 ? cfg_.hz : 99));
-    std::uint64_t next = monotonic_ns() + period;
-    std::uint64_t generation = loader_generation();
-    for (;;) {
-      std::uint64_t now = monotonic_ns();
-      if (now < next) {
-        struct timespec wait {
-          static_cast<time_t>((next - now) / 1000000000ull), static_cast<long>((next - now) % 1000000000ull)
-        };
-        struct pollfd p {};
-        p.fd = stop_fd_;
-        p.events = POLLIN;
-        int r = ::ppoll(&p, 1, &wait, nullptr);
-        if (r > 0) break;  // stop
-        continue;
-      }
-      next += period;
-      if (next < now) next = now + period;  // fell behind (suspended, overloaded): do not catch up
-      bump(n_ticks_);
-      std::uint64_t g = loader_generation();
-      if (g != generation) {
-        generation = g;
-        code_.refresh();
-      }
-      tick(now);
-      struct timespec cpu;
-      if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
-        n_cpu_ns_.store(
-            static_cast<std::uint64_t>(cpu.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(cpu.tv_nsec),
-            std::memory_order_relaxed);
-    }
-  }
-
-  void refresh_order() {
-    fresh_.clear();
-    if (!cfg_.list_threads || !cfg_.list_threads(list_generation_, fresh_)) return;
-    order_.swap(fresh_);
-    pid_t self = tid_.load();
-    order_.erase(std::remove(order_.begin(), order_.end(), self), order_.end());
-    std::sort(order_.begin(), order_.end());
-    for (auto& s : states_) s.second.listed = false;
-    for (pid_t t : order_) states_[t].listed = true;
-    for (auto it = states_.begin(); it != states_.end();) {
-      if (it->second.listed) {
-        ++it;
-        continue;
-      }
-      close_fd(it->second);
-      it = states_.erase(it);
-    }
-  }
-
-  void tick(std::uint64_t now) {
-    refresh_order();
-    if (order_.empty()) return;
-    std::size_t n = std::min(cfg_.threads_per_tick, order_.size());
-    if (order_.size() > n) bump(n_deferred_, order_.size() - n);
-    if (cursor_ >= order_.size()) cursor_ = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      pid_t tid = order_[(cursor_ + i) % order_.size()];
-      look(tid, states_[tid], now);
-    }
-    cursor_ = (cursor_ + n) % order_.size();
-  }
-
-  void look(pid_t tid, thread_state& st, std::uint64_t now) {
-    bump(n_looks_);
-    std::uint64_t cpu = 0;
-    if (!thread_cpu_ns(tid, cpu)) return;  // gone; dropped at the next list refresh
-    const bool first = st.last_ns == 0;
-    const std::uint64_t wall = first || now < st.last_ns ? 0 : now - st.last_ns;
-    const std::uint64_t ran = cpu >= st.last_cpu ? cpu - st.last_cpu : 0;
-    const std::uint64_t off = first ? 0 : wall > ran ? wall - ran : 0;
-    st.last_ns = now;
-    st.last_cpu = cpu;
-    if (!first && ran == 0 && st.blocked) {  // still where it was: count it again, nothing else to do
-      bump(n_unchanged_);
-      emit_offcpu(tid, st, st, off, now);
-      return;
-    }
-    if (!first && ran > 0 && !cfg_.oncpu_signals) emit_running(tid, ran, now);
-    if (!first && !st.blocked && off * kWallBusyRatio < wall) {  // busy: still running
-      emit_offcpu(tid, st, unseen(), off, now);
-      return;
-    }
-    bump(n_proc_reads_);
-    task_syscall ts = read_syscall_file(tid, st);
-    thread_state before;  // where it was blocked at the last look, if it was
-    const bool was_blocked = st.blocked;
-    if (was_blocked) {
-      before.flags = st.flags;
-      before.aux = st.aux;
-      before.stack.swap(st.stack);
-    }
-    st.blocked = false;
-    if (ts.kind == task_syscall::in_syscall || ts.kind == task_syscall::blocked_other)
-      st.blocked = capture_blocked(tid, ts, cpu, st);
-    if (first) return;
-    if (st.blocked && was_blocked) {  // woke from one wait, ran, and waits again: half to each
-      emit_offcpu(tid, st, before, off / 2, now);
-      emit_offcpu(tid, st, st, off - off / 2, now);
-    } else if (st.blocked) {
-      emit_offcpu(tid, st, st, off, now);
-    } else if (was_blocked) {
-      emit_offcpu(tid, st, before, off, now);
-    } else {
-      emit_offcpu(tid, st, unseen(), off, now);
-    }
-  }
-
-  void close_fd(thread_state& st) {
-    if (st.fd >= 0) {
-      ::close(st.fd);
-      --cached_fds_;
-    }
-    st.fd = -1;
-  }
-
-  task_syscall read_syscall_file(pid_t tid, thread_state& st) {
-    if (st.fd >= 0) return read_task_syscall(st.fd);
-    int fd = open_task_syscall(task_dir_, tid);
-    if (fd < 0) return task_syscall{};
-    task_syscall ts = read_task_syscall(fd);
-    if (cached_fds_ < kWallCachedFds) {
-      st.fd = fd;
-      ++cached_fds_;
-    } else {
-      ::close(fd);
-    }
-    return ts;
-  }
-
-  // Where off-CPU time goes when the sampler did not see where: no stack, no call ([off-cpu]).
-  static const thread_state& unseen() {
-    static const thread_state where = [] {
-      thread_state w;
-      w.flags = sample_offcpu;
-      return w;
-    }();
-    return where;
-  }
-
-  // Copies and unwinds the stack of a thread blocked at `ts`; false when it ran meanwhile.
-  bool capture_blocked(pid_t tid, const task_syscall& ts, std::uint64_t cpu, thread_state& st) {
-    std::size_t got = ts.sp ? copy_own_memory(ts.sp, copy_.data(), copy_.size()) : 0;
-    std::uint64_t cpu_after = 0;
-    if (!thread_cpu_ns(tid, cpu_after) || cpu_after != cpu) {
-      bump(n_raced_);
-      return false;
-    }
-    bump(n_copies_);
-    stack_copy mem;
-    mem.base = ts.sp;
-    mem.data = copy_.data();
-    mem.size = got;
-    copy_unwind_result u = unwind_stack_copy(g_unwind_tables.load(std::memory_order_acquire), ts.pc, mem,
-                                             code_, pcs_.data(), pcs_.size());
-    if (u.scanned) bump(n_scanned_);
-    st.stack.assign(pcs_.begin(), pcs_.begin() + static_cast<std::ptrdiff_t>(u.depth));
-    std::uint32_t call = ts.kind == task_syscall::in_syscall && ts.nr >= 0 && ts.nr < 0xFFE
-                             ? static_cast<std::uint32_t>(ts.nr + 1)
-                             : 0;
-    st.aux = call;
-    st.flags = static_cast<std::uint16_t>(sample_offcpu | (u.truncated ? sample_truncated : 0) |
-                                          (call << kSampleCallShift));
-    return true;
-  }
-
-  void emit_offcpu(pid_t tid, thread_state& st, const thread_state& where, std::uint64_t off_ns,
-                   std::uint64_t now) {
-    st.carry_ns += off_ns;
-    std::uint64_t us = st.carry_ns / 1000;
-    if (us == 0) return;
-    st.carry_ns -= us * 1000;
-    if (us > 0xFFFFFFFFu) us = 0xFFFFFFFFu;
-    bump(n_offcpu_us_, us);
-    push(tid, where.stack.data(), where.stack.size(), where.flags, static_cast<std::uint32_t>(us), where.aux,
-         now);
-  }
-
-  void emit_running(pid_t tid, std::uint64_t ran_ns, std::uint64_t now) {
-    std::uint64_t us = ran_ns / 1000;
-    if (us == 0) return;
-    if (us > 0xFFFFFFFFu) us = 0xFFFFFFFFu;
-    push(tid, nullptr, 0, sample_running, static_cast<std::uint32_t>(us), 0, now);
-  }
-
-  void push(pid_t tid, const std::uint64_t* pcs, std::size_t depth, std::uint16_t flags, std::uint32_t weight,
-            std::uint32_t aux, std::uint64_t now) {
-    sample_ring* ring = cfg_.ring;
-    if (ring == nullptr) return;
-    std::uint64_t pos = 0;
-    ring_slot* slot = ring->claim(pos);
-    if (slot == nullptr) {
-      bump(n_dropped_);
-      return;
-    }
-    if (depth > ring->max_depth()) depth = ring->max_depth();
-    if (depth) std::memcpy(slot->pcs(), pcs, depth * sizeof(std::uint64_t));
-    sample_header& h = slot->header;
-    h.tid = static_cast<std::uint32_t>(tid);
-    h.depth = static_cast<std::uint16_t>(depth);
-    h.flags = flags;
-    h.weight = weight;
-    h.aux = aux;
-    h.time_ns = now;
-    h.tag = 0;
-    sample_ring::publish(slot, pos);
-    const std::uint64_t half = ring->capacity() / 2;
-    if (half != 0 && pos % half == half - 1 && cfg_.wake_collector) cfg_.wake_collector();
-  }
-
-  wall_config cfg_;
-  std::thread thread_;
-  std::atomic<pid_t> tid_{0};
-  int task_dir_ = -1, stop_fd_ = -1;
-  std::size_t cached_fds_ = 0;
-  code_ranges code_;
-  std::unordered_map<pid_t, thread_state> states_;
-  std::vector<pid_t> order_, fresh_;
-  std::uint64_t list_generation_ = 0;
-  std::size_t cursor_ = 0;
-  std::vector<std::uint64_t> pcs_;
-  std::vector<unsigned char> copy_;
-  std::atomic<std::uint64_t> n_ticks_{0}, n_looks_{0}, n_unchanged_{0}, n_proc_reads_{0}, n_copies_{0},
-      n_raced_{0}, n_scanned_{0}, n_deferred_{0}, n_dropped_{0}, n_offcpu_us_{0}, n_cpu_ns_{0};
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/wall/sampler.hpp ----
-
-namespace selfprof {
-
-// Counters and choices of the running (or last) profiling session.
-struct stats {
-  bool running = false;
-  std::string source;                // perf | timer | itimer
-  std::string source_detail;         // what was opened
-  std::string source_reason;         // why it was chosen
-  std::vector<std::string> refused;  // why earlier sources were not
-  std::vector<std::string> notes;    // other remarks (signals left alone, ...)
-  double hz = 0, effective_hz = 0;
-  int sample_signal = 0;
-  bool kernel_time = true;    // samples include time spent in the kernel
-  std::string unwind;         // "dwarf" (CFI rows, frame pointers where none) or "fp"
-  std::uint64_t samples = 0;  // sample weight folded into the table
-  std::uint64_t records = 0;  // records written by the handler
-  std::uint64_t dropped_full = 0, dropped_inactive = 0, foreign_signals = 0, truncated = 0;
-  std::size_t unique_stacks = 0, table_bytes = 0;
-  std::size_t threads_seen = 0, threads_armed = 0, threads_fallback = 0, threads_arm_failed = 0;
-  std::size_t threads_blocking_signal = 0;  // live threads blocking the sampling signal (never sampled)
-  std::uint64_t collector_wakes = 0;        // times the collector thread woke (each costs ~60 us here)
-  std::uint64_t thread_checks = 0;          // thread-count checks made by the handler
-  std::uint64_t thread_wakes = 0;           // ... that saw the count change and woke the collector
-  int dump_signal = 0;                      // signal that triggers a dump (0: none taken)
-  unsigned long dumps_written = 0, dumps_failed = 0;  // signal and interval dumps
-  std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread;
-  std::string mode = "cpu";  // cpu | wall
-  wall_stats wall;           // wall mode: what the wall sampler did
-};
-
-namespace detail {
-
-// Drain + cheap thread-count check. A wake-up costs ~60 us of CPU in a VM, whatever wakes the thread
-// (bench/README.md): at 20 ms that alone was 0.2-0.5% of a busy thread. So the collector's period depends
-// on what else watches the thread count:
-// - while ticks arrive, the handler checks the count every 20 ms (check_thread_count) and wakes us when
-//   it changed, and when the ring is half full: we wake every kCollectorBusyWakeMs for the full scan
-//   (a thread that exited while another started leaves the count unchanged), the symbol refresh and
-//   the dump clock;
-// - while no tick arrives (idle process, or only threads not armed yet are busy), nobody else looks:
-//   every kCollectorWakeMs, so new threads are found within a few tens of ms.
-// Wall mode and boosted frame threads keep the short period.
-constexpr unsigned kCollectorWakeMs = 50;
-constexpr unsigned kCollectorBusyWakeMs = 500;
-constexpr unsigned kFullThreadScanMs = 500;  // full /proc/self/task scan even when the count is stable
-// CPU timers are checked only at the scheduler tick. When threads share CPUs they are switched at ticks,
-// every slice is a whole number of ticks, and each thread's samples fall on a tick lattice of its CPU
-// time: a workload of strictly repeated work then aliases (bench/README.md: 6.2 points of error at 99 Hz
-// on 8 threads / 2 CPUs, 1.8 with perf_event). So `auto`, having picked the CPU timer because it is the
-// cheapest, watches the run delay of the sampled threads (/proc/self/task/<tid>/schedstat) and switches
-// to a perf_event with kernel time (exact period, 45-70 us per tick here instead of a few) when they
-// waited for a CPU at least kContentionShare of their run time in two checks in a row. The first check
-// is at the first wake that sees ticks; while more threads receive samples than the process has CPUs,
-// checks come every kContentionFastCheckMs, so an oversubscribed profile switches after ~0.3 s, not 1.5.
-constexpr unsigned kContentionCheckMs = 500;
-constexpr unsigned kContentionFastCheckMs = 100;
-constexpr double kContentionShare = 0.25;
-constexpr std::size_t kContentionThreads = 64;  // schedstat reads per check, the busiest threads
-constexpr unsigned kSymbolRefreshMs = 200;      // module snapshot while samples arrive (dlclose'd libraries)
+// The sample ring holds about this long of samples from 16 busy threads (at least 512 slots): the
+// collector wakes early when it is half full, and otherwise every kCollectorBusyWakeMs.
+constexpr double kRingSeconds = 0.2;
+constexpr std::size_t kRingThreads = 16;
 
 class profiler_core {
  public:
@@ -11625,152 +13200,46 @@ class profiler_core {
   status start(const options& opts) {
     std::lock_guard<std::mutex> control(control_mu_);
     if (running_) return status::ok();
-    install_atfork_once();
-    if (opts.mode != "cpu" && opts.mode != "wall")
-      return status::error("selfprof: unknown mode '" + opts.mode + "'");
+    install_fork_handlers_once();
+    if (opts.mode == profile_mode::offcpu)
+      return status::error("selfprof: mode offcpu names profiles; start in cpu or wall mode");
     opts_ = opts;
-    wall_mode_ = opts.mode == "wall";
-    if (wall_mode_) opts_.thread_roots = true;  // per-thread roots: a pool's idle workers show as idle
+    wall_ = opts_.mode == profile_mode::wall;
+    if (wall_) opts_.thread_roots = true;  // per-thread roots: a pool's idle workers show as idle
     if (opts_.max_depth < 2) opts_.max_depth = 2;
     if (opts_.max_depth > 1024) opts_.max_depth = 1024;
-    stats_ = stats{};
-    stats_.hz = opts_.hz;
-    stats_.mode = opts_.mode;
-    {
-      std::lock_guard<std::mutex> t(table_mu_);
-      table_.clear();
-      samples_by_thread_.clear();
-      windows_.configure(static_cast<std::uint64_t>(opts_.window_s * 1e9));
-      frames_.clear();  // [frames]
-      frames_.configure(opts_.frame_budget_ms, monotonic_ns());
-      boosted_.clear();
-      boost_credit_.clear();
-    }
-    // Ring: about 0.2 s of samples for 16 busy threads, at least 512 slots.
-    std::size_t want = opts_.ring_slots ? opts_.ring_slots : static_cast<std::size_t>(opts_.hz * 16 * 0.2);
-    std::size_t cap = 512;
-    while (cap < want && cap < (1u << 20)) cap <<= 1;
-    // Kept across restarts when the size is the same: init() rewrites every slot's sequence number, and
-    // a slot's other bytes are written before it is published (a new zeroed block would page-fault again).
-    const std::size_t ring_words = cap * sample_ring::stride_for(opts_.max_depth) / 8;
-    if (ring_memory_.size() != ring_words) std::vector<std::uint64_t>(ring_words, 0).swap(ring_memory_);
-    ring_.init(ring_memory_.data(), cap, opts_.max_depth);
-    g_handler.main_tid.store(static_cast<std::uint32_t>(::getpid()), std::memory_order_relaxed);
-    g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
-    g_handler.ring.store(&ring_, std::memory_order_release);
-    base_taken_ = g_handler.taken.load();
-    base_full_ = g_handler.dropped_full.load();
-    base_inactive_ = g_handler.dropped_inactive.load();
-    base_foreign_ = g_handler.foreign.load();
-    base_truncated_ = g_handler.truncated.load();
-    base_thread_checks_ = g_handler.thread_checks.load();
-    base_thread_wakes_ = g_handler.thread_wakes.load();
-    collector_wakes_.store(0, std::memory_order_relaxed);
-
-    status st = install_sample_handler(opts_.sample_signal, signal_, stats_.notes);
+    session_.clear();
+    registry_.clear_names();
+    prepare_ring();
+    status st = install_sample_handler(opts_.sample_signal, signal_, notes_);
     if (!st) return fail_start(st);
-    source_config cfg;
-    cfg.hz = opts_.hz;
-    cfg.signal_number = signal_.number;
-    source_choice choice =
-        wall_mode_ ? choose_wall_source(opts_.source, cfg) : choose_source(opts_.source, cfg);
-    stats_.refused = choice.refused;
-    const bool forced = opts_.source != source_kind::automatic;
-    if (!choice.source && (!wall_mode_ || forced)) {
-      std::string why = wall_mode_ ? "selfprof: wall mode cannot use the requested source"
-                                   : "selfprof: no tick source works here";
-      for (auto& r : choice.refused) why += "; " + r;
-      return fail_start(status::error(why));
-    }
-    source_config_ = cfg;
-    stats_.sample_signal = signal_.number;
-    if (choice.source) {
-      source_ = std::move(choice.source);
-      stats_.source = source_name(source_->kind());
-      stats_.source_detail = source_->describe();
-      stats_.source_reason = choice.reason;
-      stats_.effective_hz = source_->effective_hz();
-      stats_.kernel_time = source_->counts_kernel_time();
-    } else {  // wall mode without signals: the sampler counts CPU time from the CPU clocks
-      stats_.source = "wall";
-      stats_.source_detail = "wall sampler only (no on-CPU stacks)";
-      stats_.source_reason = "no user-only perf_event: CPU time is counted as [running], without stacks";
-      stats_.effective_hz = opts_.hz;
-      stats_.kernel_time = true;
-    }
-    may_upgrade_ = !wall_mode_ && !forced && source_ && source_->kind() == source_kind::timer;
-    contention_hits_ = 0;
-    contention_fast_ = false;
-    cpus_ = usable_cpus();
-    schedstat_prev_.clear();
-    contention_samples_.clear();
-    if (wall_mode_) {
-      stats_.kernel_time = true;  // a wall profile counts every microsecond, on or off the CPU
-      if (source_)
-        stats_.notes.push_back(
-            "wall mode: on-CPU stacks from user-only ticks; CPU time spent in the kernel is not in them");
-    }
-
-    stats_.unwind = "fp";
-    if (opts_.unwind != "fp") {
-      status u = build_unwind_tables();
-      if (u) {
-        stats_.unwind = "dwarf";
-      } else {
-        if (opts_.unwind == "dwarf") return fail_start(u);
-        stats_.notes.push_back(u.message() + "; unwinding with frame pointers only");
-      }
-    }
-    unwind_dwarf_ = stats_.unwind == "dwarf";
-    start_unix_ns_ = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                    std::chrono::system_clock::now().time_since_epoch())
-                                                    .count());
-    start_steady_ = std::chrono::steady_clock::now();
+    sample_signal_ = signal_.number;
+    st = choose_tick_source();
+    if (!st) return fail_start(st);
+    prepare_unwind();
+    if (!unwind_ok_) return fail_start(unwind_error_);
+    store_config sc;
+    sc.wall = wall_;
+    sc.hz = opts_.hz;
+    sc.window_s = opts_.window_s;
+    sc.frame_budget_ms = opts_.frame_budget_ms;
+    sc.frame_hz = opts_.frame_hz;
+    sc.max_depth = opts_.max_depth;
+    store_.begin(sc);
+    snapshots_.begin(opts_, handler_counts::now());
     g_handler.active.store(true, std::memory_order_release);
-    {
-      std::lock_guard<std::mutex> t(threads_mu_);
-      threads_.clear();
-      scan_threads_locked();
+    registry_.scan({jit_flusher_tid()});
+    st = start_threads();
+    if (!st) {
+      running_ = true;  // stop_locked() undoes everything started so far
+      stop_locked();
+      return st;
     }
-    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    g_handler.wake_fd.store(wake_fd_, std::memory_order_release);
-    task_dir_fd_ = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    g_handler.task_links.store(0, std::memory_order_relaxed);  // the collector's first scan sets it
-    g_handler.task_dir_fd.store(task_dir_fd_, std::memory_order_release);
-    dump_scheduler::hooks hooks;
-    hooks.take = [this](bool windowed, std::uint64_t& seq) { return snapshot_raw(windowed, &seq); };
-    hooks.symbolize = [this](const raw_snapshot& raw) { return symbolize(raw); };
-    hooks.take_slow = [this](bool& marked) { return slow_frames_raw(&marked); };
-    hooks.window_written = [this](std::uint64_t seq) {
-      std::lock_guard<std::mutex> t(table_mu_);
-      windows_.mark_dumped(seq);
-    };
-    dumps_.start(opts_, hooks, stats_.notes);
-    dumps_.set_wake_fd(wake_fd_);
-    stats_.dump_signal = dumps_.signal_number();
-    if (!opts_.out.empty()) install_atexit_once();
-    stop_collector_.store(false);
-    collector_ = new std::thread([this] { collector_loop(); });
-    if (wall_mode_) {
-      wall_config wc;
-      wc.hz = opts_.hz;
-      wc.oncpu_signals = source_ != nullptr;
-      wc.ring = &ring_;
-      wc.list_threads = [this](std::uint64_t& generation, std::vector<pid_t>& out) {
-        std::lock_guard<std::mutex> t(threads_mu_);
-        if (generation == threads_generation_) return false;
-        generation = threads_generation_;
-        for (auto& th : threads_) out.push_back(th.first);
-        return true;
-      };
-      wc.wake_collector = [this] { wake(); };
-      status ws = wall_sampler_.start(wc);
-      if (!ws) {
-        running_ = true;  // stop_locked() undoes everything started so far
-        stop_locked();
-        return ws;
-      }
-    }
+    for (auto& n : notes_) session_.note(n);
+    notes_.clear();
+    if (!opts_.out.empty()) install_exit_dump_once();
+    session_ran_ = true;
+    session_pid_ = ::getpid();
     running_ = true;
     if (opts_.verbose) std::fprintf(stderr, "%s", describe_locked().c_str());
     return status::ok();
@@ -11784,167 +13253,75 @@ class profiler_core {
   bool running() const { return running_; }
   bool thread_roots() const { return opts_.thread_roots; }
 
- private:
-  status stop_locked() {
-    if (!running_) return status::ok();
-    wall_sampler_.stop();  // first: it reads the thread list, the ring and the unwind tables
-    stop_collector_.store(true);
-    wake();
-    collector_->join();
-    delete collector_;
-    collector_ = nullptr;
-    dumps_.stop();  // writes what is queued, gives the dump signal back
-    {
-      std::lock_guard<std::mutex> t(threads_mu_);
-      if (source_) source_->close();
-      if (fallback_) fallback_->close();
-      stats_.threads_armed = 0;
-    }
-    g_handler.active.store(false, std::memory_order_release);
-    restore_sample_handler(signal_);  // waits until no handler runs: the tables can go
-    release_unwind_tables();
-    {
-      std::lock_guard<std::mutex> t(table_mu_);
-      drain_locked();
-      g_handler.ring.store(nullptr, std::memory_order_release);
-      stop_steady_ = std::chrono::steady_clock::now();
-    }
-    source_.reset();
-    fallback_.reset();
-    close_wake_fds();
-    running_ = false;
-    return status::ok();
-  }
-
- public:
   // Arms the calling thread now (instead of at the next scan) and unblocks the sampling signal in it.
   status register_current_thread() {
-    std::lock_guard<std::mutex> t(threads_mu_);
     if (!running_) return status::error("selfprof: register_thread() called while not profiling");
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, signal_.number);
-    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
-    pid_t tid = static_cast<pid_t>(raw_gettid());
-    if (!threads_.count(tid)) {
-      thread_rec rec;
-      rec.name = thread_name(tid);
-      if (source_) arm_locked(tid, rec);  // wall mode without signals: only the sampler looks at it
-      threads_.emplace(tid, rec);
-      names_[static_cast<std::uint32_t>(tid)] = rec.name;
-      ++stats_.threads_seen;
-      ++threads_generation_;
-    }
-    return status::ok();
+    return registry_.register_current(signal_.number);
   }
 
   // A copy of everything collected so far (drains the ring first); the profile stays in place.
-  // `windowed`: only the samples of the last window not yet written by a windowed dump.
   raw_snapshot snapshot_raw(bool windowed = false, std::uint64_t* window_seq = nullptr) {
-    raw_snapshot s;
-    {
-      std::lock_guard<std::mutex> t(table_mu_);
-      drain_locked();
-      if (windowed && windows_.enabled()) {
-        std::uint64_t seq = windows_.take(monotonic_ns(), s.table);
-        if (window_seq) *window_seq = seq;
-      } else {
-        s.table = table_;
-      }
-    }
-    {
-      std::lock_guard<std::mutex> t(threads_mu_);
-      refresh_names_locked();
-      for (auto& n : names_) s.thread_names.emplace(n.first, n.second);
-    }
-    stats st = get_stats();
-    s.info.mode = opts_.mode;
-    s.info.unit = wall_mode_ ? "us" : "samples";
-    s.info.source = st.source;
-    s.info.hz = opts_.hz;
-    s.info.period_ns = static_cast<std::uint64_t>(period_ns_for(opts_.hz));
-    s.info.dropped = st.dropped_full;
-    s.info.start_unix_ns = start_unix_ns_;
-    auto end = running_ ? std::chrono::steady_clock::now() : stop_steady_;
-    s.info.duration_s = std::chrono::duration<double>(end - start_steady_).count();
-    {
-      std::lock_guard<std::mutex> t(table_mu_);  // [frames]
-      s.info.frame_loops = frames_.stats();
-      if (frames_.held_dropped())
-        s.info.notes.push_back(std::to_string(frames_.held_dropped()) +
-                               " samples of open frames dropped (held-sample memory bound)");
-    }
-    if (!st.kernel_time)
-      s.info.notes.push_back("time spent in the kernel is not sampled (user-only perf_event)");
-    for (auto& n : st.notes)
-      if (n.rfind("wall mode", 0) == 0) s.info.notes.push_back(n);
-    if (wall_mode_ && !source_)
-      s.info.notes.push_back("wall mode without on-CPU stacks: " + st.source_reason);
-    for (auto& r : st.refused) s.info.notes.push_back("refused " + r);
-    return s;
+    return snapshots_.raw(windowed, window_seq);
   }
-
+  profile symbolize(const raw_snapshot& raw) { return snapshots_.symbolize(raw); }
   profile snapshot() { return symbolize(snapshot_raw()); }
+  snapshot_maker& snapshots() { return snapshots_; }
 
-  // [frames] The samples of frames over budget, with the frame statistics; empty when no frame was marked.
-  raw_snapshot slow_frames_raw(bool* marked = nullptr) {
-    raw_snapshot s = snapshot_raw();  // drains, fills info and names
-    std::lock_guard<std::mutex> t(table_mu_);
-    s.table = frames_.slow_table();
-    s.info.view = "slow frames";
-    if (boost_hz() > 0) {
-      s.info.hz = boost_hz();
-      s.info.period_ns = static_cast<std::uint64_t>(period_ns_for(boost_hz()));
-    }
-    if (marked) *marked = frames_.any_marked();
+  // The one dump path with the session's settings and `paths` (the API's dump()).
+  status dump(const std::string& paths) {
+    dump_settings s = dump_settings_for(paths);
+    dump_contents c = snapshots_.contents();
+    return write_dump(c, s);
+  }
+  dump_settings dump_settings_for(const std::string& paths) const {
+    dump_settings s;
+    s.paths = paths;
+    s.sink.allow_shared_dir = opts_.allow_shared_dir;
+    s.thread_roots = opts_.thread_roots;
+    s.frame_budget_ms = opts_.frame_budget_ms;
     return s;
   }
 
-  // [frames] Up to `n` of the longest frames seen, longest first, each with its samples in time order.
-  std::vector<kept_frame> worst_frames(std::size_t n) {
-    std::lock_guard<std::mutex> t(table_mu_);
-    drain_locked();
-    std::vector<kept_frame> out = frames_.worst();
-    if (out.size() > n) out.resize(n);
-    return out;
-  }
-  double frame_sample_hz() const { return boost_hz() > 0 ? boost_hz() : opts_.hz; }
-
-  profile symbolize(const raw_snapshot& raw) {
-    std::lock_guard<std::mutex> s(sym_mu_);
-    symbolizer_.refresh();
-    return build_profile(raw, symbolizer_);
-  }
-
-  // Waits until the signal and interval dumps queued so far are written.
+  // Waits until the signal and interval dumps requested so far are written.
   void flush_dumps() { dumps_.flush(); }
 
   stats get_stats() {
     stats s;
-    {
-      std::lock_guard<std::mutex> t(threads_mu_);
-      s = stats_;
-      s.running = running_;
-      if (running_) {
-        s.threads_blocking_signal = 0;
-        for (auto& t : threads_)
-          if (thread_blocks_signal(t.first, signal_.number)) ++s.threads_blocking_signal;
-      }
-    }
-    s.records = g_handler.taken.load() - base_taken_;
-    s.dropped_full = g_handler.dropped_full.load() - base_full_;
-    s.dropped_inactive = g_handler.dropped_inactive.load() - base_inactive_;
-    s.foreign_signals = g_handler.foreign.load() - base_foreign_;
-    s.truncated = g_handler.truncated.load() - base_truncated_;
-    s.thread_checks = g_handler.thread_checks.load() - base_thread_checks_;
-    s.thread_wakes = g_handler.thread_wakes.load() - base_thread_wakes_;
-    s.collector_wakes = collector_wakes_.load(std::memory_order_relaxed);
-    std::lock_guard<std::mutex> t(table_mu_);
-    s.samples = table_.total();
-    s.unique_stacks = table_.unique();
-    s.table_bytes = table_.memory_bytes();
-    s.samples_by_thread = samples_by_thread_;
-    if (wall_mode_) s.wall = wall_sampler_.counters();
+    s.running = running_;
+    s.mode = opts_.mode;
+    s.hz = opts_.hz;
+    s.sample_signal = sample_signal_;
+    s.unwind = unwind_;
+    const source_info src = session_.source();
+    s.source = src.kind;
+    s.source_detail = src.detail;
+    s.source_reason = src.reason;
+    s.effective_hz = src.effective_hz;
+    s.kernel_time = wall_ || src.kernel_time;
+    s.refused = session_.refused();
+    session_.notes(s.notes);
+    const thread_counts tc = registry_.counts();
+    s.threads_seen = tc.seen;
+    s.threads_armed = tc.armed;
+    s.threads_fallback = tc.fallback;
+    s.threads_arm_failed = tc.arm_failed;
+    if (running_) s.threads_blocking_signal = registry_.blocking(signal_.number);
+    const handler_counts h = snapshots_.counts();
+    s.records = h.taken;
+    s.dropped_full = h.full;
+    s.dropped_inactive = h.inactive;
+    s.foreign_signals = h.foreign;
+    s.truncated = h.truncated;
+    s.thread_checks = h.thread_checks;
+    s.thread_wakes = h.thread_wakes;
+    s.collector_wakes = collector_.wakes();
+    const sample_store::sizes z = store_.size();
+    s.samples = z.samples;
+    s.unique_stacks = z.unique;
+    s.table_bytes = z.bytes;
+    s.samples_by_thread = store_.samples_by_thread();
+    if (wall_) s.wall = wall_sampler_.counters();
+    s.dump_signal = dump_signal_;
     s.dumps_written = dumps_.written();
     s.dumps_failed = dumps_.failed();
     return s;
@@ -11955,34 +13332,182 @@ class profiler_core {
     return describe_locked();
   }
 
- private:
-  struct thread_rec {
-    std::string name;
-    int armed_by = 0;     // 0 none, 1 primary source, 2 fallback timer
-    int name_checks = 0;  // threads usually name themselves right after they start: look again twice
-  };
+  // What a normal exit runs when SELFPROF_OUT is set: the last session's profile is written there, whether
+  // the session still runs (it is stopped first, so every sample is in it) or was stopped before. Only in
+  // the process that ran the session: a forked child's exit writes nothing.
+  void exit_dump() {
+    if (!session_ran_ || session_pid_ != ::getpid() || opts_.out.empty()) return;
+    stop();
+    dump_contents c = snapshots_.contents();
+    status st = write_dump(c, dump_settings_for(opts_.out));
+    if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
+  }
 
+  // fork(2), see core/fork.hpp: every lock is taken before the fork, so no copy is held by a thread that
+  // does not exist in the child; the child forgets the parent's threads and kernel objects.
+  void fork_prepare() {
+    control_mu_.lock();
+    registry_.lock_for_fork().lock();
+    store_.lock_for_fork().lock();
+    symbols_.lock_for_fork().lock();
+  }
+  void fork_parent() {
+    symbols_.lock_for_fork().unlock();
+    store_.lock_for_fork().unlock();
+    registry_.lock_for_fork().unlock();
+    control_mu_.unlock();
+  }
+  void fork_child();
+
+ private:
   profiler_core() = default;
+
+  void prepare_ring() {
+    std::size_t want = opts_.ring_slots ? opts_.ring_slots
+                                        : static_cast<std::size_t>(opts_.hz * kRingThreads * kRingSeconds);
+    std::size_t cap = 512;
+    while (cap < want && cap < (1u << 20)) cap <<= 1;
+    // Kept across restarts when the size is the same: init() rewrites every slot's sequence number, and
+    // a slot's other bytes are written before it is published (a new zeroed block would page-fault again).
+    const std::size_t ring_words = cap * sample_ring::stride_for(opts_.max_depth) / 8;
+    if (ring_memory_.size() != ring_words) std::vector<std::uint64_t>(ring_words, 0).swap(ring_memory_);
+    ring_.init(ring_memory_.data(), cap, opts_.max_depth);
+    g_handler.main_tid.store(static_cast<std::uint32_t>(::getpid()), std::memory_order_relaxed);
+    g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
+    g_handler.ring.store(&ring_, std::memory_order_release);
+  }
+
+  status choose_tick_source() {
+    source_config cfg;
+    cfg.hz = opts_.hz;
+    cfg.signal_number = signal_.number;
+    source_choice choice = wall_ ? choose_wall_source(opts_.source, cfg) : choose_source(opts_.source, cfg);
+    session_.set_refused(choice.refused);
+    const bool forced = opts_.source != source_kind::automatic;
+    if (!choice.source && (!wall_ || forced)) {
+      std::string why = wall_ ? "selfprof: wall mode cannot use the requested source"
+                              : "selfprof: no tick source works here";
+      for (auto& r : choice.refused) why += "; " + r;
+      return status::error(why);
+    }
+    source_config_ = cfg;
+    source_info s;
+    if (choice.source) {
+      s.kind = choice.source->kind();
+      s.detail = choice.source->describe();
+      s.reason = choice.reason;
+      s.effective_hz = choice.source->effective_hz();
+      s.kernel_time = choice.source->counts_kernel_time();
+    } else {  // wall mode without signals: the sampler counts CPU time from the CPU clocks
+      s.kind = source_kind::none;
+      s.detail = "wall sampler only (no on-CPU stacks)";
+      s.reason = "no user-only perf_event: CPU time is counted as [running], without stacks";
+      s.effective_hz = opts_.hz;
+    }
+    session_.set_source(s);
+    if (wall_ && choice.source)
+      notes_.push_back(
+          "wall mode: on-CPU stacks from user-only ticks; CPU time spent in the kernel is not in them");
+    upgrade_ = !wall_ && !forced && choice.source && choice.source->kind() == source_kind::timer;
+    oncpu_ticks_ = choice.source != nullptr;
+    registry_.begin(std::move(choice.source), cfg);
+    return status::ok();
+  }
+
+  void prepare_unwind() {
+    unwind_ = unwind_mode::fp;
+    unwind_ok_ = true;
+    if (opts_.unwind == unwind_mode::fp) return;
+    status u = build_unwind_tables();
+    if (u) {
+      unwind_ = unwind_mode::dwarf;
+      return;
+    }
+    if (opts_.unwind == unwind_mode::dwarf) {
+      unwind_ok_ = false;
+      unwind_error_ = u;
+      return;
+    }
+    notes_.push_back(u.message() + "; unwinding with frame pointers only");
+  }
+
+  // Starts selfprof's threads: the automatic dumps and the wall sampler first, so the collector knows
+  // their tids and never arms them.
+  status start_threads() {
+    status st = dumps_.start(opts_, session_);
+    if (!st) return st;
+    dump_signal_ = dumps_.signal_number();
+    if (wall_) {
+      wall_config wc;
+      wc.hz = opts_.hz;
+      wc.oncpu_signals = oncpu_ticks_;
+      wc.ring = &ring_;
+      wc.wake_fd = &g_handler.wake_fd;
+      st = wall_sampler_.start(wc);
+      if (!st) return st;
+      std::uint64_t generation = ~std::uint64_t(0);
+      std::vector<pid_t> tids;
+      registry_.list_if_changed(generation, tids);
+      wall_sampler_.set_threads(tids);
+    }
+    collector_config cc;
+    cc.ring = &ring_;
+    cc.store = &store_;
+    cc.threads = &registry_;
+    cc.session = &session_;
+    cc.symbols = &symbols_;
+    cc.sources = source_config_;
+    cc.upgrade = upgrade_;
+    cc.wall = wall_;
+    cc.unwind_rows = unwind_ == unwind_mode::dwarf;
+    cc.own = {dumps_.tid()};
+    if (wall_) cc.own.push_back(wall_sampler_.tid());
+    cc.sampler = wall_ ? &wall_sampler_ : nullptr;
+    st = collector_.start(cc);
+    if (!st) return st;
+    return status::ok();
+  }
+
+  status stop_locked() {
+    if (!running_) return status::ok();
+    wall_sampler_.stop();  // first: it reads the ring and the unwind tables
+    collector_.stop();
+    dumps_.stop();  // writes what was requested, gives the dump signal back
+    registry_.end();
+    g_handler.active.store(false, std::memory_order_release);
+    restore_sample_handler(signal_);  // waits until no handler runs: the tables and fds can go
+    collector_.close_task_dir();
+    release_unwind_tables();
+    store_.drain(ring_);
+    g_handler.ring.store(nullptr, std::memory_order_release);
+    snapshots_.end();
+    running_ = false;
+    return status::ok();
+  }
 
   status fail_start(status st) {
     g_handler.active.store(false, std::memory_order_release);
+    registry_.end();
     restore_sample_handler(signal_);
     release_unwind_tables();
     g_handler.ring.store(nullptr, std::memory_order_release);
-    source_.reset();
+    notes_.clear();
     return st;
   }
 
   std::string describe_locked() {
     char buf[256];
     std::string s;
+    const source_info src = session_.source();
     std::snprintf(buf, sizeof buf, "selfprof: sampling at %g Hz (effective %g Hz) with %s on signal %d\n",
-                  opts_.hz, stats_.effective_hz, stats_.source_detail.c_str(), signal_.number);
+                  opts_.hz, src.effective_hz, src.detail.c_str(), signal_.number);
     s += buf;
-    s += "selfprof: source " + stats_.source + ": " + stats_.source_reason + "\n";
-    for (auto& r : stats_.refused) s += "selfprof: refused " + r + "\n";
-    for (auto& n : stats_.notes) s += "selfprof: " + n + "\n";
-    std::string out = opts_.out.empty() ? std::string(kDefaultDumpTemplate) + " (default)" : opts_.out;
+    s += std::string("selfprof: source ") + source_name(src.kind) + ": " + src.reason + "\n";
+    for (auto& r : session_.refused()) s += "selfprof: refused " + r + "\n";
+    std::vector<std::string> notes;
+    session_.notes(notes);
+    for (auto& n : notes) s += "selfprof: " + n + "\n";
+    const std::string out = opts_.out.empty() ? std::string(kDefaultDumpTemplate) + " (default)" : opts_.out;
     if (dumps_.signal_number() != 0)
       s += "selfprof: kill -" + std::to_string(dumps_.signal_number()) + " " + std::to_string(::getpid()) +
            " writes " + out + "\n";
@@ -11994,523 +13519,303 @@ class profiler_core {
     return s;
   }
 
-  // The eventfd and the /proc/self/task fd the handler uses (after the last handler returned, or in a
-  // forked child where no handler of ours runs).
-  void close_wake_fds() {
-    g_handler.next_thread_check.store(0, std::memory_order_relaxed);
-    g_handler.wake_fd.store(-1, std::memory_order_release);
-    g_handler.task_dir_fd.store(-1, std::memory_order_release);
-    if (wake_fd_ >= 0) ::close(wake_fd_);
-    if (task_dir_fd_ >= 0) ::close(task_dir_fd_);
-    wake_fd_ = -1;
-    task_dir_fd_ = -1;
-  }
-
-  // The thread count from the link count of /proc/self/task (2 + threads), -1 when unknown.
-  long task_links() const {
-    struct stat st {};
-    if (task_dir_fd_ < 0 || ::fstat(task_dir_fd_, &st) != 0) return -1;
-    return static_cast<long>(st.st_nlink);
-  }
-
-  // How long the collector sleeps (see kCollectorWakeMs): short while no tick arrives, long while the
-  // handler watches the thread count, never past the next interval dump.
-  int wait_ms(bool ticks_arrive) {
-    unsigned ms = kCollectorWakeMs;
-    if (ticks_arrive && !wall_mode_ && boost_hz() <= 0 && task_dir_fd_ >= 0) ms = kCollectorBusyWakeMs;
-    if (may_upgrade_ && contention_fast_ && ms > kContentionFastCheckMs) ms = kContentionFastCheckMs;
-    const auto until = dumps_.until_due(std::chrono::steady_clock::now());
-    if (until < std::chrono::milliseconds(ms))
-      ms = static_cast<unsigned>(std::chrono::duration_cast<std::chrono::milliseconds>(until).count()) + 1;
-    return static_cast<int>(ms);
-  }
-
-  void wake() {
-    if (wake_fd_ >= 0) {
-      std::uint64_t one = 1;
-      ssize_t r = ::write(wake_fd_, &one, sizeof one);
-      (void)r;
-    }
-  }
-
-  void collector_loop() {
-    pthread_setname_np(pthread_self(), "selfprof");
-    collector_tid_.store(static_cast<pid_t>(raw_gettid()));  // our own collector thread is not profiled
-    auto last_full_scan = std::chrono::steady_clock::now();
-    auto last_sym = last_full_scan;
-    auto last_contention_check = last_full_scan - std::chrono::milliseconds(kContentionCheckMs);
-    long last_count = -1;  // scan at once: threads may have started since start() looked
-    std::uint64_t last_generation = loader_generation();
-    std::uint64_t last_total = 0;
-    std::uint64_t last_taken = g_handler.taken.load(std::memory_order_relaxed);
-    bool ticks_arrive = false;
-    while (!stop_collector_.load()) {
-      struct pollfd p {};
-      p.fd = wake_fd_;
-      p.events = POLLIN;
-      int r = ::poll(&p, 1, wait_ms(ticks_arrive));
-      if (r > 0) {
-        std::uint64_t v;
-        ssize_t n = ::read(wake_fd_, &v, sizeof v);
-        (void)n;
-      }
-      if (stop_collector_.load()) break;
-      collector_wakes_.fetch_add(1, std::memory_order_relaxed);
-      std::uint64_t total;
-      {
-        std::lock_guard<std::mutex> t(table_mu_);
-        drain_locked();
-        total = table_.total();
-      }
-      auto now = std::chrono::steady_clock::now();
-      dumps_.poll(now);
-      const std::uint64_t taken = g_handler.taken.load(std::memory_order_relaxed);
-      ticks_arrive = taken != last_taken;
-      last_taken = taken;
-      long count = task_links();  // read before the scan: a thread born after it changes the count
-      bool full = now - last_full_scan >= std::chrono::milliseconds(kFullThreadScanMs);
-      boost_marked_threads();  // [frames]
-      if (count != last_count || full || count < 0) {
-        std::lock_guard<std::mutex> t(threads_mu_);
-        scan_threads_locked();
-        last_count = count;
-        last_full_scan = now;
-      }
-      if (may_upgrade_ && ticks_arrive &&
-          now - last_contention_check >=
-              std::chrono::milliseconds(contention_fast_ ? kContentionFastCheckMs : kContentionCheckMs)) {
-        check_contention(now - last_contention_check);
-        last_contention_check = now;
-      }
-      if (count >= 0) {  // the handler compares with this; its next check is at most 20 ms away
-        g_handler.task_links.store(static_cast<std::uint64_t>(count), std::memory_order_relaxed);
-        std::uint64_t zero = 0;
-        g_handler.next_thread_check.compare_exchange_strong(zero, monotonic_ns() + kThreadCheckNs,
-                                                            std::memory_order_relaxed);
-      }
-      if (unwind_dwarf_) {
-        std::lock_guard<std::mutex> s(sym_mu_);  // atfork_prepare takes it: no fork mid-build
-        build_unwind_tables();                   // 28 ns when no module came or went
-      }
-      // A library loaded while profiling is parsed while it is still mapped, so its samples keep their
-      // names after a dlclose. Nothing to do (and no parsing cost) while no library comes or goes.
-      std::uint64_t generation = loader_generation();
-      if (generation != last_generation && total != last_total &&
-          now - last_sym >= std::chrono::milliseconds(kSymbolRefreshMs)) {
-        std::lock_guard<std::mutex> s(sym_mu_);
-        symbolizer_.refresh();
-        last_sym = now;
-        last_total = total;
-        last_generation = generation;
-      }
-    }
-  }
-
-  void drain_locked() {
-    const std::uint64_t now = windows_.enabled() ? monotonic_ns() : 0;
-    frames_.collect_closed();  // [frames] before the ring: the samples of these frames are in it
-    while (ring_slot* s = ring_.peek()) {
-      const sample_header& h = s->header;
-      std::uint16_t flags = static_cast<std::uint16_t>(h.flags & kSampleKeptFlags);
-      std::size_t depth = h.depth <= ring_.max_depth() ? h.depth : ring_.max_depth();
-      const bool wall_record = (flags & (sample_offcpu | sample_running)) != 0;
-      if (depth > 0 || wall_record) {
-        // JIT code is named by what was at each address when the sample was taken (the slot is ours
-        // until release, so the pcs are rewritten in place).
-        std::uint64_t* pcs = s->pcs();
-        for (std::size_t i = 0; i < depth; ++i) jit::detail::translate_pc(pcs[i], h.time_ns);
-        frames_.add_sample(h, s->pcs(), depth, flags);  // [frames]
-        std::uint64_t w = all_frames_weight(h.tid, h.weight);
-        // Wall mode counts microseconds: the sampler's records already are; a tick stands for one period.
-        if (wall_mode_ && !wall_record)
-          w = (w * static_cast<std::uint64_t>(period_ns_for(opts_.hz)) + 500) / 1000;
-        if (w > 0) {
-          table_.add(h.tid, flags, s->pcs(), depth, w);
-          windows_.add(h.tid, flags, s->pcs(), depth, w, now);
-          samples_by_thread_[h.tid] += w;
-        }
-      }
-      ring_.release(s);
-    }
-    frames_.process_closed();  // [frames]
-  }
-
-  // [frames] SELFPROF_FRAME_HZ: the rate of marked threads, or 0 when they run at the common rate.
-  double boost_hz() const { return opts_.frame_hz > opts_.hz ? opts_.frame_hz : 0; }
-
-  // [frames] A boosted thread's samples enter the all-frames table at the common rate (hz / frame_hz of
-  // their weight, carried over as a fraction), so that table stays proportional to CPU time.
-  std::uint64_t all_frames_weight(std::uint32_t tid, std::uint32_t weight) {
-    auto b = boosted_.find(tid);
-    if (boost_hz() <= 0 || b == boosted_.end() || !b->second) return weight;
-    double& credit = boost_credit_[tid];
-    credit += static_cast<double>(weight) * opts_.hz / boost_hz();
-    auto whole = static_cast<std::uint64_t>(credit);
-    credit -= static_cast<double>(whole);
-    return whole;
-  }
-
-  // [frames] Arms threads that started marking frames at SELFPROF_FRAME_HZ.
-  void boost_marked_threads() {
-    if (boost_hz() <= 0) return;
-    std::vector<std::uint32_t> tids;
-    {
-      std::lock_guard<std::mutex> t(table_mu_);
-      for (std::uint32_t tid : frames_.live_tids())
-        if (!boosted_.count(tid)) tids.push_back(tid);
-    }
-    if (tids.empty()) return;
-    std::vector<std::pair<std::uint32_t, bool>> done;
-    {
-      std::lock_guard<std::mutex> t(threads_mu_);
-      for (std::uint32_t tid : tids) {
-        auto rec = threads_.find(static_cast<pid_t>(tid));
-        if (rec == threads_.end() || rec->second.armed_by == 0) continue;  // armed at the next scan
-        tick_source* src = rec->second.armed_by == 1 ? source_.get() : fallback_.get();
-        status st =
-            src ? src->set_thread_rate(static_cast<pid_t>(tid), boost_hz()) : status::error("no source");
-        if (!st)
-          stats_.notes.push_back("SELFPROF_FRAME_HZ not applied to thread " + std::to_string(tid) + ": " +
-                                 st.message());
-        done.emplace_back(tid, static_cast<bool>(st));  // tried once either way
-      }
-    }
-    std::lock_guard<std::mutex> t(table_mu_);
-    for (auto& d : done) boosted_[d.first] = d.second;
-  }
-
-  // See kContentionCheckMs. Collector thread only.
-  void check_contention(std::chrono::steady_clock::duration since_last) {
-    std::vector<std::pair<std::uint64_t, std::uint32_t>> busy;  // samples since the last check, tid
-    {
-      std::lock_guard<std::mutex> t(table_mu_);
-      for (auto& kv : samples_by_thread_) {
-        std::uint64_t& before = contention_samples_[kv.first];
-        if (kv.second > before) busy.emplace_back(kv.second - before, kv.first);
-        before = kv.second;
-      }
-    }
-    contention_fast_ = busy.size() > static_cast<std::size_t>(cpus_);
-    if (busy.size() > kContentionThreads) {
-      std::partial_sort(busy.begin(), busy.begin() + kContentionThreads, busy.end(),
-                        [](const auto& a, const auto& b) { return a.first > b.first; });
-      busy.resize(kContentionThreads);
-    }
-    std::uint64_t run = 0, delay = 0;
-    for (auto& b : busy) {
-      std::uint64_t r = 0, d = 0;
-      if (!read_schedstat(static_cast<pid_t>(b.second), r, d)) continue;
-      auto prev = schedstat_prev_.find(b.second);
-      if (prev != schedstat_prev_.end() && r >= prev->second.first && d >= prev->second.second) {
-        run += r - prev->second.first;
-        delay += d - prev->second.second;
-      }
-      schedstat_prev_[b.second] = {r, d};
-    }
-    // Enough CPU time to judge (a tenth of the time since the last check), and a quarter of it again
-    // spent waiting for a CPU.
-    const auto since_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(since_last).count();
-    const bool contended = since_ns > 0 && run >= static_cast<std::uint64_t>(since_ns) / 10 &&
-                           static_cast<double>(delay) >= kContentionShare * static_cast<double>(run);
-    contention_hits_ = contended ? contention_hits_ + 1 : 0;
-    if (contention_hits_ < 2) return;
-    may_upgrade_ = false;
-    std::lock_guard<std::mutex> t(threads_mu_);
-    switch_to_perf_locked(static_cast<double>(delay) / static_cast<double>(run));
-  }
-
-  // CPUs the process may run on (its affinity mask), at least 1.
-  static int usable_cpus() {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? static_cast<int>(n) : 1;
-  }
-
-  static bool read_schedstat(pid_t tid, std::uint64_t& run_ns, std::uint64_t& delay_ns) {
-    std::string text = read_small_file("/proc/self/task/" + std::to_string(tid) + "/schedstat");
-    unsigned long long r = 0, d = 0;
-    if (std::sscanf(text.c_str(), "%llu %llu", &r, &d) != 2) return false;
-    run_ns = r;
-    delay_ns = d;
-    return true;
-  }
-
-  // Moves every thread the CPU timer armed to a perf_event with kernel time; the timer stays as the
-  // fallback of threads the event cannot arm. Nothing changes when no such event opens.
-  void switch_to_perf_locked(double delay_share) {
-    char why[160];
-    std::snprintf(why, sizeof why, "sampled threads waited for a CPU %.0f%% of their run time",
-                  100 * delay_share);
-    std::unique_ptr<tick_source> perf(new perf_event_source());
-    source_config cfg = source_config_;
-    cfg.allow_user_only = false;  // only an event that counts kernel time, as the timer did
-    status st = perf->open(cfg);
-    if (!st) {
-      stats_.notes.push_back(std::string(why) + ": CPU timers may alias with the tick; no perf_event with " +
-                             "kernel time to switch to (" + st.message() + ")");
-      return;
-    }
-    std::unique_ptr<tick_source> timer = std::move(source_);
-    source_ = std::move(perf);
-    std::size_t moved = 0, kept = 0;
-    for (auto& th : threads_) {
-      if (th.second.armed_by != 1) continue;
-      timer->disarm(th.first);
-      if (source_->arm(th.first)) {
-        ++moved;
-        continue;
-      }
-      if (timer->arm(th.first)) {  // out of descriptors, say: this thread keeps its timer
-        th.second.armed_by = 2;
-        ++kept;
-      } else {
-        th.second.armed_by = 0;
-        if (stats_.threads_armed > 0) --stats_.threads_armed;
-      }
-    }
-    fallback_ = std::move(timer);
-    stats_.threads_fallback += kept;
-    {
-      std::lock_guard<std::mutex> t(table_mu_);  // [frames] boosted threads are boosted again on perf
-      boosted_.clear();
-    }
-    stats_.source = source_name(source_->kind());
-    stats_.source_detail = source_->describe();
-    stats_.source_reason =
-        std::string("switched from the CPU timer: ") + why +
-        ", so CPU timers would sample on the tick lattice (aliasing); perf_event has an exact "
-        "period";
-    stats_.effective_hz = source_->effective_hz();
-    stats_.kernel_time = source_->counts_kernel_time();
-    stats_.notes.push_back("switched to " + stats_.source_detail + " (" + why + "); " +
-                           std::to_string(moved) + " threads moved" +
-                           (kept ? ", " + std::to_string(kept) + " kept their timer" : ""));
-  }
-
-  void arm_locked(pid_t tid, thread_rec& rec) {
-    status st = source_->arm(tid);
-    if (st) {
-      rec.armed_by = 1;
-      ++stats_.threads_armed;
-      return;
-    }
-    // One fd per thread can run out (EMFILE/ENFILE/ENOMEM): fall back to a CPU timer for that thread.
-    auto* perf = dynamic_cast<perf_event_source*>(source_.get());
-    if (perf) {
-      int e = perf->last_errno();
-      if (e == EMFILE || e == ENFILE || e == ENOMEM) {
-        if (!fallback_) {
-          fallback_.reset(new cpu_timer_source());
-          if (!fallback_->open(source_config_))
-            fallback_.reset();
-          else
-            stats_.notes.push_back(
-                "ran out of file descriptors for perf_event: CPU timers for the remaining threads");
-        }
-        if (fallback_ && fallback_->arm(tid)) {
-          rec.armed_by = 2;
-          ++stats_.threads_armed;
-          ++stats_.threads_fallback;
-          return;
-        }
-      }
-    }
-    ++stats_.threads_arm_failed;  // typically the thread exited between the scan and the arm (ESRCH)
-  }
-
-  void scan_threads_locked() {
-    if (!source_ && !wall_mode_) return;
-    std::vector<pid_t> live = list_threads();
-    pid_t collector_tid = collector_tid_.load();
-    std::unordered_map<pid_t, bool> seen;
-    for (pid_t tid : live) {
-      seen[tid] = true;
-      auto known = threads_.find(tid);
-      if (known != threads_.end()) {
-        if (known->second.name_checks < 2) {
-          ++known->second.name_checks;
-          std::string n = thread_name(tid);
-          if (!n.empty()) known->second.name = names_[static_cast<std::uint32_t>(tid)] = n;
-        }
-        continue;
-      }
-      if (tid == collector_tid || tid == dumps_.worker_tid() || tid == wall_sampler_.tid())
-        continue;  // selfprof's own threads
-      thread_rec rec;
-      rec.name = thread_name(tid);
-      if (source_ && source_->per_thread()) arm_locked(tid, rec);
-      names_[static_cast<std::uint32_t>(tid)] = rec.name;
-      threads_.emplace(tid, rec);
-      ++stats_.threads_seen;
-      ++threads_generation_;
-    }
-    for (auto it = threads_.begin(); it != threads_.end();) {
-      if (seen.count(it->first)) {
-        ++it;
-        continue;
-      }
-      if (it->second.armed_by == 1) source_->disarm(it->first);
-      if (it->second.armed_by == 2 && fallback_) fallback_->disarm(it->first);
-      if (it->second.armed_by != 0 && stats_.threads_armed > 0) --stats_.threads_armed;
-      it = threads_.erase(it);
-      ++threads_generation_;
-    }
-  }
-
-  void refresh_names_locked() {
-    for (auto& t : threads_) {
-      std::string n = thread_name(t.first);
-      if (!n.empty()) {
-        t.second.name = n;
-        names_[static_cast<std::uint32_t>(t.first)] = n;
-      }
-    }
-  }
-
-  // fork(2): the child gets one thread and copies of our locks and kernel objects. Take every lock
-  // before the fork so no copy is held by a thread that does not exist in the child; in the child,
-  // forget the collector thread and the sources without touching the parent's, and stop cleanly.
-  void install_atfork_once() {
-    static bool done = false;
-    if (done) return;
-    done = true;
-    pthread_atfork([] { instance().atfork_prepare(); }, [] { instance().atfork_parent(); },
-                   [] { instance().atfork_child(); });
-  }
-  // SELFPROF_OUT set: a normal exit writes the profile (stop first, so every sample is in it).
-  void install_atexit_once() {
+  // SELFPROF_OUT set: a normal exit writes the profile of the last session (see exit_dump()).
+  void install_exit_dump_once() {
     static bool done = false;
     if (done) return;
     done = true;
     std::atexit([] { instance().exit_dump(); });
   }
-  void exit_dump() {
-    if (!running_ || opts_.out.empty()) return;
-    std::string out = opts_.out;
-    bool roots = opts_.thread_roots;
-    sink_options so;
-    so.allow_shared_dir = opts_.allow_shared_dir;
-    stop();
-    profile p = snapshot();
-    add_marker_frames(p, roots);
-    status st = write_profile(p, out, dump_output_options(p), so);
-    if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
-    st = write_offcpu_companion(p, out, so);
-    if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
-    bool marked = false;  // [frames] the slow-frame profile next to it, "-slow" before the extension
-    raw_snapshot slow = slow_frames_raw(&marked);
-    if (!marked) return;
-    profile sp = symbolize(slow);
-    add_marker_frames(sp, roots);
-    output_options oo = dump_output_options(sp);
-    oo.svg.title = "Slow frames (over " + format_compact(opts_.frame_budget_ms) + " ms): " + oo.svg.title;
-    st = write_profile(sp, insert_before_extension(out, "-slow"), oo, so);
-    if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
-  }
 
-  void atfork_prepare() {
-    control_mu_.lock();
-    threads_mu_.lock();
-    table_mu_.lock();
-    sym_mu_.lock();
-  }
-  void atfork_parent() {
-    sym_mu_.unlock();
-    table_mu_.unlock();
-    threads_mu_.unlock();
-    control_mu_.unlock();
-  }
-  void atfork_child() {
-    wall_sampler_.abandon_after_fork();
-    // Another thread of the parent may have been inside the handler at the fork: its in-flight count
-    // was copied, but that thread does not exist here, and stop() would wait for it forever.
-    g_handler.in_flight.store(0, std::memory_order_release);
-    if (running_) {
-      g_handler.active.store(false, std::memory_order_release);
-      if (source_) source_->abandon_after_fork();
-      if (fallback_) fallback_->abandon_after_fork();
-      dumps_.abandon_after_fork();
-      source_.release();  // leaked on purpose: its destructor would touch the parent's kernel objects
-      fallback_.release();
-      if (signal_.number != 0) sys().sigaction(signal_.number, &signal_.previous, nullptr);
-      signal_.number = 0;
-      collector_ = nullptr;  // that thread does not exist here; its std::thread is leaked on purpose
-      close_wake_fds();
-      g_handler.ring.store(nullptr, std::memory_order_release);
-      running_ = false;
-    }
-    threads_.clear();
-    names_.clear();
-    table_.clear();
-    samples_by_thread_.clear();
-    frames_.clear();
-    boosted_.clear();
-    boost_credit_.clear();
-    stats_ = stats{};
-    collector_tid_.store(0);
-    atfork_parent();
-  }
+  void install_fork_handlers_once();
 
   std::mutex control_mu_;  // start/stop; taken first
-  std::mutex threads_mu_;  // sources_, threads_, names_, stats_
-  std::mutex table_mu_;    // ring consumer side, table_, samples_by_thread_
-  std::mutex sym_mu_;      // symbolizer_
   bool running_ = false;
-  bool unwind_dwarf_ = false;
-  bool wall_mode_ = false;
-  wall_sampler wall_sampler_;
+  bool session_ran_ = false;
+  pid_t session_pid_ = 0;
+  bool wall_ = false;
+  bool upgrade_ = false;
+  bool oncpu_ticks_ = false;
+  bool unwind_ok_ = true;
+  status unwind_error_;
+  unwind_mode unwind_ = unwind_mode::fp;
   options opts_;
-  stats stats_;
+  std::vector<std::string> notes_;  // remarks made while starting, given to the session once it runs
   installed_signal signal_;
+  int sample_signal_ = 0, dump_signal_ = 0;  // the session's signals, still reported after stop()
   source_config source_config_;
-  std::unique_ptr<tick_source> source_, fallback_;
-  std::unordered_map<pid_t, thread_rec> threads_;
-  std::uint64_t threads_generation_ = 0;  // changes whenever threads_ does (the wall sampler's list)
-  std::unordered_map<std::uint32_t, std::string> names_;  // every thread seen, even exited ones
   std::vector<std::uint64_t> ring_memory_;
   sample_ring ring_;
-  stack_table table_;
-  window_tables windows_;
-  frame_tracker frames_;                             // [frames] guarded by table_mu_
-  std::unordered_map<std::uint32_t, bool> boosted_;  // [frames] tried at frame_hz -> applied (table_mu_)
-  std::unordered_map<std::uint32_t, double> boost_credit_;  // [frames] (table_mu_)
-  dump_scheduler dumps_;
-  std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread_;
-  symbolizer symbolizer_;
-  std::thread* collector_ = nullptr;
-  std::atomic<bool> stop_collector_{false};
-  std::atomic<pid_t> collector_tid_{0};
-  int wake_fd_ = -1;
-  int task_dir_fd_ = -1;  // /proc/self/task (handler_globals::task_dir_fd)
-  std::uint64_t base_taken_ = 0, base_full_ = 0, base_inactive_ = 0, base_foreign_ = 0, base_truncated_ = 0;
-  std::uint64_t base_thread_checks_ = 0, base_thread_wakes_ = 0;
-  // auto chose the CPU timer: may switch to perf_event when threads wait for CPUs (kContentionCheckMs).
-  bool may_upgrade_ = false;
-  int contention_hits_ = 0;
-  bool contention_fast_ = false;  // more threads got samples at the last check than there are CPUs
-  int cpus_ = 1;                  // CPUs this process may run on, at start()
-  std::unordered_map<std::uint32_t, std::pair<std::uint64_t, std::uint64_t>> schedstat_prev_;  // run, delay
-  std::unordered_map<std::uint32_t, std::uint64_t> contention_samples_;
-  std::atomic<std::uint64_t> collector_wakes_{0};
-  std::uint64_t start_unix_ns_ = 0;
-  std::chrono::steady_clock::time_point start_steady_{}, stop_steady_{};
+  session_info session_;
+  thread_registry registry_;
+  sample_store store_;
+  shared_symbolizer symbols_;
+  snapshot_maker snapshots_{session_parts{&ring_, &store_, &registry_, &session_, &symbols_}};
+  auto_dumps dumps_{snapshots_};
+  wall_sampler wall_sampler_;
+  collector collector_;
 };
 
 }  // namespace detail
 }  // namespace selfprof
-// ---- end selfprof/collect/collector.hpp ----
+
+// ---- begin selfprof/core/fork.hpp ----
+// fork(2) and the profiler: a forked child has one thread and copies of every lock and kernel object of
+// the parent. Before the fork every lock of the profiler is taken, so no copy is held by a thread that
+// does not exist in the child. The child forgets the parent's threads (collector, dumper, wall sampler),
+// tick sources (leaked, never disarmed: they are the parent's) and samples, gives the sampling signal
+// back, and is not profiled until it calls start() itself. The parent goes on as before.
+// Context: pthread_atfork handlers (the forking thread, and the child's only thread).
+
+#include <pthread.h>
+
+#include <new>
+
+
+namespace selfprof {
+namespace detail {
+
+inline void profiler_core::install_fork_handlers_once() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  pthread_atfork([] { instance().fork_prepare(); }, [] { instance().fork_parent(); },
+                 [] { instance().fork_child(); });
+}
+
+inline void profiler_core::fork_child() {
+  // Another thread of the parent may have been inside the handler at the fork: its in-flight count was
+  // copied, but that thread does not exist here, and stop() would wait for it forever.
+  g_handler.in_flight.store(0, std::memory_order_release);
+  wall_sampler_.abandon_after_fork();
+  if (running_) {
+    g_handler.active.store(false, std::memory_order_release);
+    collector_.abandon_after_fork();
+    dumps_.abandon_after_fork();
+    if (signal_.number != 0) sys().sigaction(signal_.number, &signal_.previous, nullptr);
+    signal_.number = 0;
+    g_handler.ring.store(nullptr, std::memory_order_release);
+    running_ = false;
+  }
+  registry_.abandon_after_fork();
+  store_.abandon_after_fork();
+  session_.abandon_after_fork();
+  symbols_.abandon_after_fork();
+  new (&control_mu_) std::mutex();
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/core/fork.hpp ----
+// ---- end selfprof/core/profiler.hpp ----
+// ---- begin selfprof/output/diff.hpp ----
+// Differential profiles: difffolded's `stack c1 c2` text and the red/blue differential flame graph SVG.
+// Context: any thread (pure functions; run on the dump path or by the CLI).
+
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+// A frame name in folded text: annotated, `;` -> `:`, CR/LF/NUL removed, never empty.
+inline std::string folded_frame_text(const frame& f) {
+  std::string n = annotated_frame_name(f);
+  std::string out;
+  out.reserve(n.size());
+  for (char c : n) {
+    if (c == ';')
+      out += ':';
+    else if (c == '\n' || c == '\r' || c == '\0')
+      continue;
+    else
+      out += c;
+  }
+  return out.empty() ? std::string("[unknown]") : out;
+}
+
+inline std::string strip_hex_numbers(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size();) {
+    if (s[i] == '0' && i + 2 < s.size() && s[i + 1] == 'x' &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      std::size_t j = i + 2;
+      while (j < s.size() && std::isxdigit(static_cast<unsigned char>(s[j]))) ++j;
+      out += "0x...";
+      i = j;
+    } else {
+      out += s[i++];
+    }
+  }
+  return out;
+}
+
+// One stack of either profile by its folded text, with its count in each.
+struct diff_row {
+  std::string stack;
+  std::uint64_t before = 0, after = 0;
+};
+
+struct diff_table {
+  std::vector<diff_row> rows;                       // sorted by stack bytes
+  std::uint64_t total_before = 0, total_after = 0;  // after normalisation
+};
+
+// Adds each stack of `p` as a folded key to `rows` (channel 0: before, 1: after), `index` finding the
+// row of a key; returns the total.
+inline std::uint64_t fold_into(std::unordered_map<std::string, std::size_t>& index,
+                               std::vector<diff_row>& rows, const profile& p, int channel, bool strip_hex) {
+  std::vector<std::string> names(p.frames.size());
+  std::vector<bool> named(p.frames.size(), false);
+  std::uint64_t total = 0;
+  std::string key;
+  for (const stack& s : p.stacks) {
+    if (s.count == 0) continue;
+    key.clear();
+    for (std::uint32_t fi : s.frames) {
+      if (fi >= p.frames.size()) continue;
+      if (!named[fi]) {
+        names[fi] = folded_frame_text(p.frames[fi]);
+        named[fi] = true;
+      }
+      if (!key.empty()) key += ';';
+      key += names[fi];
+    }
+    if (key.empty()) key = "[unknown]";
+    if (strip_hex) key = strip_hex_numbers(key);
+    auto [it, fresh] = index.try_emplace(key, rows.size());
+    if (fresh) rows.push_back(diff_row{key, 0, 0});
+    diff_row& r = rows[it->second];
+    (channel == 0 ? r.before : r.after) += s.count;
+    total += s.count;
+  }
+  return total;
+}
+
+inline diff_table diff_counts(const profile& before, const profile& after, const diff_options& o) {
+  diff_table t;
+  std::vector<diff_row> rows;
+  {
+    std::unordered_map<std::string, std::size_t> index;
+    std::uint64_t t1 = fold_into(index, rows, before, 0, o.strip_hex);
+    std::uint64_t t2 = fold_into(index, rows, after, 1, o.strip_hex);
+    t.total_after = t2;
+    if (o.normalize && t1 != t2 && t1 != 0) {
+      const std::uint64_t original = t1;
+      t1 = 0;
+      for (auto& r : rows) {  // as difffolded: int(c1 * total2 / total1), in double arithmetic
+        double scaled =
+            static_cast<double>(r.before) * static_cast<double>(t2) / static_cast<double>(original);
+        r.before = static_cast<std::uint64_t>(scaled);
+        t1 += r.before;
+      }
+    }
+    t.total_before = t1;
+  }
+  std::vector<std::uint32_t> order = identity_order(rows.size());
+  sort_indices(
+      order,
+      [](const void* all, std::uint32_t a, std::uint32_t b) {
+        const auto& r = *static_cast<const std::vector<diff_row>*>(all);
+        return r[a].stack < r[b].stack;
+      },
+      &rows);
+  t.rows.reserve(rows.size());
+  for (std::uint32_t i : order) t.rows.push_back(std::move(rows[i]));
+  return t;
+}
+
+// difffolded output: `stack before after` for every stack of either profile, sorted by bytes.
+inline std::string write_diff_folded(const profile& before, const profile& after, const diff_options& o) {
+  diff_table t = diff_counts(before, after, o);
+  std::string out;
+  for (const diff_row& r : t.rows) {
+    out += r.stack;
+    out += ' ';
+    out += std::to_string(r.before);
+    out += ' ';
+    out += std::to_string(r.after);
+    out += '\n';
+  }
+  return out;
+}
+
+// The differential flame graph: red frames grew, blue ones shrank (by self change unless
+// `inclusive`); tooltips carry before and after counts. `before`-only stacks stay visible unless
+// widths follow `after`.
+inline std::string write_diff_svg(const profile& before, const profile& after, const svg_options& so,
+                                  const diff_options& o) {
+  diff_table t = diff_counts(before, after, o);
+  flame_tree tree;
+  std::vector<std::uint32_t> path;
+  for (const diff_row& r : t.rows) {
+    const std::string& key = r.stack;
+    path.clear();
+    std::size_t start = 0;
+    while (start <= key.size()) {
+      std::size_t semi = key.find(';', start);
+      if (semi == std::string::npos) semi = key.size();
+      path.push_back(tree.intern(key.substr(start, semi - start)));
+      start = semi + 1;
+    }
+    if (so.reverse) std::reverse(path.begin(), path.end());
+    std::uint64_t c1 = r.before, c2 = r.after;
+    std::uint64_t w = o.widths == diff_width::after    ? c2
+                      : o.widths == diff_width::before ? c1
+                                                       : std::max(c1, c2);
+    tree.add(path.data(), path.size(), c1, c2, w);
+  }
+  tree.build(true);
+  svg_options opt = so;
+  if (opt.title.empty()) opt.title = "Differential Flame Graph";
+  if (opt.subtitle.empty()) {
+    opt.subtitle = o.negate ? "blue: grew, red: shrank" : "red: grew, blue: shrank";
+    opt.subtitle += o.inclusive ? " (inclusive change)" : " (self change)";
+    opt.subtitle += "; widths: ";
+    opt.subtitle += o.widths == diff_width::after    ? "after"
+                    : o.widths == diff_width::before ? "before"
+                                                     : "larger of before and after";
+  }
+  if (tree.total_width() == 0) return render_error_svg(opt, "ERROR: No stack counts found");
+  svg_input in;
+  in.tree = &tree;
+  in.total = std::max<std::uint64_t>(tree.total_width(), so.total);
+  in.value_total = t.total_after;
+  in.before_total = t.total_before;
+  in.diff = true;
+  in.negate = o.negate;
+  in.inclusive_delta = o.inclusive;
+  in.info = &after.info;
+  in.frames = tree.layout(min_width_samples(opt, in.total));
+  in.frames[0].width = in.total;
+  std::int64_t max_delta = 1;
+  for (const auto& n : tree.nodes()) {
+    std::int64_t d = o.inclusive
+                         ? static_cast<std::int64_t>(n.after) - static_cast<std::int64_t>(n.before)
+                         : static_cast<std::int64_t>(n.self_after) - static_cast<std::int64_t>(n.self_before);
+    if (d < 0) d = -d;
+    if (d > max_delta) max_delta = d;
+  }
+  in.max_delta = max_delta;
+  return render_svg(in, opt);
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/output/diff.hpp ----
 
 namespace selfprof {
 
-// Starts sampling every thread of the process (existing and future ones). Idempotent: a second call
-// while running does nothing. Restartable after stop(); each start begins a new profile.
-inline status start(const options& opts) { return detail::profiler_core::instance().start(opts); }
+SELFPROF_API status start(const options& opts) { return detail::profiler_core::instance().start(opts); }
 
-// Starts with defaults overridden by the SELFPROF_* environment variables; a bad value is reported
-// once on stderr with the variable's name, and so is a failure to start.
-inline status start_from_env() {
+SELFPROF_API status start_from_env() {
   std::vector<std::string> warnings;
   options o = options_from_env(&warnings);
   for (auto& w : warnings) std::fprintf(stderr, "%s\n", w.c_str());
@@ -12519,128 +13824,79 @@ inline status start_from_env() {
   return st;
 }
 
-// Stops sampling; what was collected stays available to snapshot() and dump(). Idempotent.
-inline status stop() { return detail::profiler_core::instance().stop(); }
+SELFPROF_API status stop() { return detail::profiler_core::instance().stop(); }
 
-inline bool running() { return detail::profiler_core::instance().running(); }
+SELFPROF_API bool running() { return detail::profiler_core::instance().running(); }
 
-// Arms the calling thread now, without waiting for the next thread scan (a few tens of ms), and
-// unblocks the sampling signal in it.
-inline status register_thread() { return detail::profiler_core::instance().register_current_thread(); }
+SELFPROF_API status register_thread() { return detail::profiler_core::instance().register_current_thread(); }
 
-// The profile collected so far, symbolized. Sampling goes on.
-inline profile snapshot() { return detail::profiler_core::instance().snapshot(); }
+SELFPROF_API profile snapshot() { return detail::profiler_core::instance().snapshot(); }
 
-inline stats get_stats() { return detail::profiler_core::instance().get_stats(); }
+SELFPROF_API stats get_stats() { return detail::profiler_core::instance().get_stats(); }
 
-// Writes the profile collected so far; the format follows the extension (.folded .collapsed .svg
-// .txt .pb.gz), several paths may be given separated by commas, and %p %t %n are expanded. Atomic
-// (temporary file + rename), mode 0600, never through a symlink. Nothing collected is lost when it fails.
-inline status dump(const std::string& paths) {
-  jit::flush();  // the perf map is complete whenever a profile is
-  profile p = snapshot();
-  detail::add_marker_frames(p, detail::profiler_core::instance().thread_roots());
-  return detail::write_profile(p, paths, detail::dump_output_options(p));
+SELFPROF_API status dump(const std::string& paths) { return detail::profiler_core::instance().dump(paths); }
+
+SELFPROF_API profile snapshot_offcpu() { return detail::offcpu_view(snapshot()); }
+
+namespace detail {
+// One profile the API writes on its own (not a whole dump): markers, titles and numbering as a dump's.
+// The SVG title is the dump's, after `title_prefix`, or `title` when given.
+inline status write_single(profile p, const std::string& paths, const std::string& title_prefix,
+                           const std::string& title = "", bool flamechart = false,
+                           const std::string& rank = "") {
+  profiler_core& core = profiler_core::instance();
+  const dump_settings s = core.dump_settings_for(paths);
+  add_marker_frames(p, s.thread_roots);
+  output_options oo = dump_output_options(p);
+  oo.svg.title = title.empty() ? title_prefix + oo.svg.title : title;
+  oo.svg.flamechart = flamechart;
+  path_fields f = fields_now(next_dump_number());
+  f.rank = rank;
+  return write_profile_paths(p, paths, f, oo, s.sink);
+}
+}  // namespace detail
+
+SELFPROF_API status dump_offcpu(const std::string& paths) {
+  return detail::write_single(snapshot_offcpu(), paths, "");
 }
 
-// [wall] SELFPROF_MODE=wall (options::mode = "wall"): profiles count microseconds of wall time, on and
-// off the CPU; stacks of time off the CPU end in a [blocked: <system call>] frame (wall/sampler.hpp).
-
-// The off-CPU part of the wall profile collected so far: where threads waited (empty in cpu mode).
-inline profile snapshot_offcpu() { return detail::offcpu_view(snapshot()); }
-
-// Writes the off-CPU profile like dump() writes the whole one (the SVG in the io palette, counts in us).
-inline status dump_offcpu(const std::string& paths) {
-  profile p = snapshot();
-  detail::add_marker_frames(p, detail::profiler_core::instance().thread_roots());
-  profile off = detail::offcpu_view(p);
-  return detail::write_profile(off, paths, detail::dump_output_options(off));
-}
-// [/wall]
-
-// [frames] Game and engine frames (see frames.hpp for SELFPROF_FRAME / frame_mark).
-
-// Duration statistics of every loop marked with frame_mark, per loop name and thread.
-inline std::vector<frame_loop_stats> frame_stats() {
+SELFPROF_API std::vector<frame_loop_stats> frame_stats() {
   return detail::profiler_core::instance().snapshot_raw().info.frame_loops;
 }
 
-// The "slow frames" profile: only samples taken during frames longer than SELFPROF_FRAME_BUDGET_MS.
-// Its unit is samples at SELFPROF_FRAME_HZ when that is set (info.hz says which rate).
-inline profile snapshot_slow_frames() {
-  auto& core = detail::profiler_core::instance();
-  return core.symbolize(core.slow_frames_raw());
+SELFPROF_API profile snapshot_slow_frames() {
+  detail::snapshot_maker& s = detail::profiler_core::instance().snapshots();
+  bool marked = false;
+  return s.symbolize(s.slow_raw(marked));
 }
 
-// Writes the slow-frames profile like dump() writes the all-frames one (same formats and templates).
-inline status dump_slow_frames(const std::string& paths) {
-  profile p = snapshot_slow_frames();
-  detail::add_marker_frames(p, detail::profiler_core::instance().thread_roots());
-  output_options oo = detail::dump_output_options(p);
-  oo.svg.title = "Slow frames: " + oo.svg.title;
-  return detail::write_profile(p, paths, oo);
+SELFPROF_API status dump_slow_frames(const std::string& paths) {
+  const double budget = detail::profiler_core::instance().snapshots().opts().frame_budget_ms;
+  return detail::write_single(snapshot_slow_frames(), paths,
+                              "Slow frames (over " + detail::format_compact(budget) + " ms): ");
 }
 
-// The `n` longest frames seen so far (at most detail::kWorstFramesKept), longest first; each profile
-// holds one frame's samples in the order they were taken (info.view names the frame and its duration).
-inline std::vector<profile> worst_frames(std::size_t n) {
-  auto& core = detail::profiler_core::instance();
-  std::vector<detail::kept_frame> kept = core.worst_frames(n);
-  std::vector<profile> out;
-  detail::raw_snapshot base = core.snapshot_raw();
-  for (std::size_t i = 0; i < kept.size(); ++i) {
-    const detail::kept_frame& k = kept[i];
-    detail::frame_sequence seq = detail::make_frame_sequence(k);
-    detail::raw_snapshot raw;
-    raw.table = seq.table;
-    raw.thread_names = base.thread_names;
-    raw.info = base.info;
-    raw.info.hz = core.frame_sample_hz();
-    raw.info.period_ns = static_cast<std::uint64_t>(detail::period_ns_for(raw.info.hz));
-    raw.info.duration_s = static_cast<double>(k.end_ns - k.start_ns) / 1e9;
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "frame %llu of %s (tid %u): %.2f ms, worst %zu of %zu, time order",
-                  static_cast<unsigned long long>(k.seq), k.loop.c_str(), static_cast<unsigned>(k.tid),
-                  k.duration_ms(), i + 1, kept.size());
-    raw.info.view = buf;
-    profile p = core.symbolize(raw);
-    detail::reorder_frame_profile(p, seq);
-    out.push_back(std::move(p));
-  }
-  return out;
+SELFPROF_API std::vector<profile> worst_frames(std::size_t n) {
+  return detail::profiler_core::instance().snapshots().worst_game_frames(n);
 }
 
-// Writes the `n` longest frames, one file each, as flame charts (x is time within the frame) in the
-// format of the extension. `%f` in the template becomes the rank (1 = longest); without it, "-frame<rank>"
-// goes before the extension ("frames.svg" -> "frames-frame1.svg", ...). No kept frame: nothing is written.
-inline status dump_worst_frames(const std::string& path_template, std::size_t n = 3) {
+SELFPROF_API status dump_worst_frames(const std::string& path_template, std::size_t n) {
   std::vector<profile> frames = worst_frames(n);
   std::string errors;
   for (std::size_t i = 0; i < frames.size(); ++i) {
-    profile& p = frames[i];
-    detail::add_marker_frames(p, detail::profiler_core::instance().thread_roots());
     const std::string rank = std::to_string(i + 1);
-    std::string paths = path_template;
-    if (paths.find("%f") == std::string::npos) {
-      paths = detail::insert_before_extension(paths, "-frame" + rank);
-    } else {
-      for (std::size_t at; (at = paths.find("%f")) != std::string::npos;) paths.replace(at, 2, rank);
-    }
-    output_options oo = detail::dump_output_options(p);
-    oo.svg.flamechart = true;
-    oo.svg.title = "Flame chart of " + p.info.view;
-    status st = detail::write_profile(p, paths, oo);
+    const std::string paths = path_template.find("%f") == std::string::npos
+                                  ? detail::companion_paths(path_template, "-frame" + rank)
+                                  : path_template;
+    status st =
+        detail::write_single(frames[i], paths, "", "Flame chart of " + frames[i].info.view, true, rank);
     if (!st) errors += (errors.empty() ? "" : "\n") + st.message();
   }
   return errors.empty() ? status::ok() : status::error(errors);
 }
-// [/frames]
 
-// Writes what changed between two profiles (e.g. two snapshot()s, before and after a change): `.svg` gives
-// a differential flame graph (red grew, blue shrank, baseline-only stacks still shown), `.folded` or
-// `.diff` difffolded's `stack before after` lines. Atomic, mode 0600, like dump().
-inline status dump_diff(const profile& before, const profile& after, const std::string& path,
-                        const diff_options& options = {}) {
+SELFPROF_API status dump_diff(const profile& before, const profile& after, const std::string& path,
+                              const diff_options& options) {
   const bool svg = detail::ends_with_ci(path, ".svg");
   if (!svg && !detail::ends_with_ci(path, ".folded") && !detail::ends_with_ci(path, ".diff"))
     return status::error("selfprof: cannot write " + path + ": a diff is written as .svg, .folded or .diff");
@@ -12653,8 +13909,264 @@ inline status dump_diff(const profile& before, const profile& after, const std::
 }
 
 }  // namespace selfprof
-
-// Start sampling with SELFPROF_* environment overrides; evaluates to a selfprof::status.
-#define SELFPROF_START() ::selfprof::start_from_env()
-#define SELFPROF_STOP() ::selfprof::stop()
+// ---- end selfprof/core/api.hpp ----
+#endif
 // ---- end selfprof/profiler.hpp ----
+
+#if SELFPROF_DETAIL_WITH_IMPLEMENTATION
+// ---- begin selfprof/output/folded_parse.hpp ----
+// The folded ("collapsed") stack reader: turns the folded dialects (flamegraph.pl's, inferno's,
+// difffolded's two-count lines; see below) back into a profile, with the reasons for every line it could
+// not use.
+// Context: any thread except the signal handler (used by the CLI, the diff and SVG writers, tests).
+//
+// Accepted: `FRAME(;FRAME)* COUNT` with one or more spaces or tabs before the count; CRLF line ends;
+// blank lines and `# ` comment lines (skipped); surrounding whitespace; fractional counts like
+// flamegraph.pl's `12.5` (truncated to integers as inferno does, with a warning); differential lines
+// `STACK COUNT1 COUNT2` (the profile takes COUNT2, the "after" column; COUNT1 goes to before_counts).
+// Frames are interned by name: a trailing `_[k]`/`_[j]`/`_[i]` sets frame_kind and is stripped from
+// the name; `[name tid=N]` as first frame and `[truncated]` at the root side become marker frames (kept
+// in the stack, so writing the profile again gives the same bytes) and set stack::tid / a thread name
+// and stack::truncated. Identical lines are merged. Malformed lines are skipped and reported with
+// source name and 1-based line number; nothing here throws or crashes on bad input.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+
+namespace selfprof {
+
+struct folded_parse_error {
+  std::string source;    // the source_name given to parse_folded (a path, "<stdin>", ...)
+  std::size_t line = 0;  // 1-based
+  std::string message;
+  // "source:line: message"
+  std::string to_string() const { return source + ":" + std::to_string(line) + ": " + message; }
+};
+
+struct folded_parse_result {
+  selfprof::profile prof;                    // frames by name, one stack per distinct line
+  std::vector<folded_parse_error> errors;    // lines skipped, first `max_reported` of them
+  std::vector<folded_parse_error> warnings;  // lines used but changed (the first fractional count)
+  std::size_t lines = 0;                     // lines read (the last one may lack its LF)
+  std::size_t ignored_lines = 0;             // malformed lines skipped (all of them, reported or not)
+  std::size_t comment_lines = 0;             // blank lines and `# ` comments
+  std::size_t zero_count_lines = 0;          // well-formed lines whose count is 0 (no stack made)
+  std::size_t fractional_lines = 0;          // counts that had a fraction cut off
+  bool differential = false;                 // some line had two counts
+  std::vector<std::uint64_t> before_counts;  // per stack, COUNT1 of differential lines (else 0)
+
+  static constexpr std::size_t max_reported = 100;
+  bool ok() const { return ignored_lines == 0; }
+};
+
+namespace detail {
+
+inline bool is_folded_space(char c) { return c == ' ' || c == '\t'; }
+
+// Parses `\d+(\.\d*)?` into an integer (fraction cut). Returns false when the token is not a count
+// or overflows; `fractional` is set when digits after the dot were non-zero.
+inline bool parse_folded_count(std::string_view tok, std::uint64_t& value, bool& fractional) {
+  value = 0;
+  fractional = false;
+  std::size_t i = 0;
+  if (tok.empty() || tok[0] < '0' || tok[0] > '9') return false;
+  for (; i < tok.size() && tok[i] >= '0' && tok[i] <= '9'; ++i) {
+    const std::uint64_t d = static_cast<std::uint64_t>(tok[i] - '0');
+    if (value > (UINT64_MAX - d) / 10) return false;
+    value = value * 10 + d;
+  }
+  if (i == tok.size()) return true;
+  if (tok[i] != '.') return false;
+  for (++i; i < tok.size(); ++i) {
+    if (tok[i] < '0' || tok[i] > '9') return false;
+    if (tok[i] != '0') fractional = true;
+  }
+  return true;
+}
+
+// Splits off the last whitespace-separated token of `s` (already trimmed on the right).
+inline bool split_last_token(std::string_view s, std::string_view& rest, std::string_view& tok) {
+  std::size_t end = s.size();
+  std::size_t b = end;
+  while (b > 0 && !is_folded_space(s[b - 1])) --b;
+  if (b == 0) return false;
+  tok = s.substr(b, end - b);
+  std::size_t r = b;
+  while (r > 0 && is_folded_space(s[r - 1])) --r;
+  rest = s.substr(0, r);
+  return true;
+}
+
+inline frame_kind strip_folded_annotation(std::string_view& name) {
+  if (name.size() >= 4 && name.substr(name.size() - 4, 2) == "_[" && name.back() == ']') {
+    const char k = name[name.size() - 2];
+    frame_kind kind = frame_kind::native;
+    if (k == 'k')
+      kind = frame_kind::kernel;
+    else if (k == 'j')
+      kind = frame_kind::jit;
+    else if (k == 'i')
+      kind = frame_kind::inlined;
+    if (kind != frame_kind::native) name.remove_suffix(4);
+    return kind;
+  }
+  return frame_kind::native;
+}
+
+class folded_parser {
+ public:
+  folded_parser(folded_parse_result& r, const std::string& source) : r_(r), source_(source) {}
+
+  void line(std::size_t number, std::string_view text) {
+    if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
+    while (!text.empty() && is_folded_space(text.front())) text.remove_prefix(1);
+    while (!text.empty() && is_folded_space(text.back())) text.remove_suffix(1);
+    if (text.empty() || text == "#" || text.substr(0, 2) == "# ") {
+      ++r_.comment_lines;
+      return;
+    }
+    std::string_view stack_text, tok;
+    if (!split_last_token(text, stack_text, tok)) return error(number, "no count at the end of the line");
+    std::uint64_t count = 0, before = 0;
+    bool frac = false, frac_before = false, diff = false;
+    if (!parse_folded_count(tok, count, frac))
+      return error(number, "count '" + std::string(tok.substr(0, 40)) + "' is not a non-negative number");
+    std::string_view rest2, tok2;
+    if (split_last_token(stack_text, rest2, tok2) && parse_folded_count(tok2, before, frac_before)) {
+      diff = true;
+      stack_text = rest2;
+    }
+    if (stack_text.empty()) return error(number, "empty stack before the count");
+    if (frac || frac_before) {
+      if (r_.fractional_lines++ == 0)
+        r_.warnings.push_back({source_, number,
+                               "fractional count '" + std::string(tok.substr(0, 40)) +
+                                   "' cut to an integer (counts are integers; scale the input first)"});
+    }
+    if (count == 0 && !diff) {
+      ++r_.zero_count_lines;
+      return;
+    }
+    if (count == 0 && before == 0) {
+      ++r_.zero_count_lines;
+      return;
+    }
+    if (diff) r_.differential = true;
+    add_stack(stack_text, count, before);
+  }
+
+ private:
+  void error(std::size_t number, std::string message) {
+    ++r_.ignored_lines;
+    if (r_.errors.size() < folded_parse_result::max_reported)
+      r_.errors.push_back({source_, number, std::move(message)});
+  }
+
+  std::uint32_t intern(std::string_view name, frame_kind kind) {
+    std::string key(1, static_cast<char>('0' + static_cast<int>(kind)));
+    key.append(name.data(), name.size());
+    auto [it, fresh] = frames_.try_emplace(std::move(key), std::size_t{0});
+    if (fresh) {
+      it->second = r_.prof.frames.size();
+      frame f;
+      f.name = std::string(name);
+      f.kind = kind;
+      r_.prof.frames.push_back(std::move(f));
+    }
+    return static_cast<std::uint32_t>(it->second);
+  }
+
+  void add_stack(std::string_view text, std::uint64_t count, std::uint64_t before) {
+    auto found = stacks_.find(std::string(text));
+    if (found != stacks_.end()) {
+      auto& s = r_.prof.stacks[found->second];
+      add_saturating(s.count, count);
+      add_saturating(r_.before_counts[found->second], before);
+      return;
+    }
+    stack s;
+    s.count = count;
+    std::size_t pos = 0, index = 0;
+    while (pos <= text.size()) {
+      std::size_t semi = text.find(';', pos);
+      if (semi == std::string_view::npos) semi = text.size();
+      std::string_view name = text.substr(pos, semi - pos);
+      frame_kind kind = strip_folded_annotation(name);
+      if (kind == frame_kind::native) {
+        if (index == 0 && is_thread_root_name(name)) {
+          kind = frame_kind::marker;
+          note_thread(name, s);
+        } else if (name == truncated_marker && (index == 0 || (index == 1 && s.tid != 0))) {
+          kind = frame_kind::marker;
+          s.truncated = true;
+        }
+      }
+      s.frames.push_back(intern(name, kind));
+      ++index;
+      pos = semi + 1;
+    }
+    stacks_.try_emplace(std::string(text), r_.prof.stacks.size());
+    r_.prof.stacks.push_back(std::move(s));
+    r_.before_counts.push_back(before);
+  }
+
+  void note_thread(std::string_view root, stack& s) {
+    const auto pos = root.rfind("tid=");
+    std::uint64_t tid = 0;
+    bool frac = false;
+    if (!parse_folded_count(root.substr(pos + 4, root.size() - 1 - (pos + 4)), tid, frac) ||
+        tid > UINT32_MAX || tid == 0)
+      return;
+    s.tid = static_cast<std::uint32_t>(tid);
+    if (thread_index_.emplace(s.tid, r_.prof.threads.size()).second) {
+      thread_info t;
+      t.tid = s.tid;
+      if (pos > 2) t.name = std::string(root.substr(1, pos - 2));
+      r_.prof.threads.push_back(std::move(t));
+    }
+  }
+
+  folded_parse_result& r_;
+  const std::string& source_;
+  // Map types shared with the writers and the collector: no instantiation of their own.
+  std::unordered_map<std::string, std::size_t> frames_;            // kind digit + name -> frame index
+  std::unordered_map<std::string, std::size_t> stacks_;            // line text -> stack index
+  std::unordered_map<std::uint32_t, std::uint64_t> thread_index_;  // tid -> index in prof.threads
+};
+
+}  // namespace detail
+
+// Reads folded text; `source_name` only labels errors. See the top of this file for the dialects.
+inline folded_parse_result parse_folded(std::string_view text, const std::string& source_name) {
+  folded_parse_result r;
+  r.prof.info.source = "file";
+  {
+    detail::folded_parser parser(r, source_name);
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      std::size_t nl = text.find('\n', pos);
+      if (nl == std::string_view::npos) nl = text.size();
+      parser.line(++r.lines, text.substr(pos, nl - pos));
+      pos = nl + 1;
+    }
+  }
+  for (const auto& s : r.prof.stacks) {
+    detail::add_saturating(r.prof.info.samples, s.count);
+    if (s.truncated) detail::add_saturating(r.prof.info.truncated, s.count);
+  }
+  return r;
+}
+
+namespace detail {
+using selfprof::folded_parse_result;  // the brief's spelling: detail::folded_parse_result
+using selfprof::parse_folded;
+}  // namespace detail
+
+}  // namespace selfprof
+// ---- end selfprof/output/folded_parse.hpp ----
+#endif

@@ -1,7 +1,12 @@
-// SELFPROF_* environment variables: parsed, validated, and reported by name when wrong.
+// SELFPROF_* environment variables: parsed, validated, and reported by name when wrong; signals that
+// selfprof must never take are refused.
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include <selfprof/options.hpp>
 #include <selfprof/profiler.hpp>
@@ -56,15 +61,53 @@ TEST_CASE("out of range numbers are refused") {
   CHECK(o.hz == 99);
 }
 
-TEST_CASE("output path templates expand %p %t %n %f and %%") {
-  selfprof::detail::path_fields f = selfprof::detail::fields_now(7);
-  std::string s = selfprof::detail::expand_path_template("cpu-%p-%n-%%.folded", f);
-  CHECK(s == "cpu-" + std::to_string(getpid()) + "-7-%.folded");
-  CHECK(selfprof::detail::expand_path_template("a%t", f) == "a" + std::to_string(f.unix_time));
-  CHECK(selfprof::detail::expand_path_template("w%f.svg", f) == "w%f.svg");  // no rank in this dump
-  f.rank = "2";
-  CHECK(selfprof::detail::expand_path_template("w%f-%%f.svg", f) == "w2-%f.svg");
-  auto parts = selfprof::detail::split_paths("a.svg,b.folded,,c.txt");
-  REQUIRE(parts.size() == 3);
-  CHECK(parts[2] == "c.txt");
+TEST_CASE("frames options: defaults, valid values, bad values reported by name") {
+  unsetenv("SELFPROF_FRAME_BUDGET_MS");
+  unsetenv("SELFPROF_FRAME_HZ");
+  selfprof::options d = selfprof::options_from_env();
+  CHECK(d.frame_budget_ms == doctest::Approx(16.7));
+  CHECK(d.frame_hz == 0);
+
+  setenv("SELFPROF_FRAME_BUDGET_MS", "33.3", 1);
+  setenv("SELFPROF_FRAME_HZ", "1000", 1);
+  std::vector<std::string> warnings;
+  selfprof::options o = selfprof::options_from_env(&warnings);
+  CHECK(warnings.empty());
+  CHECK(o.frame_budget_ms == doctest::Approx(33.3));
+  CHECK(o.frame_hz == doctest::Approx(1000));
+
+  setenv("SELFPROF_FRAME_BUDGET_MS", "fast", 1);
+  setenv("SELFPROF_FRAME_HZ", "-5", 1);
+  warnings.clear();
+  o = selfprof::options_from_env(&warnings);
+  REQUIRE(warnings.size() == 2);
+  CHECK(warnings[0].find("SELFPROF_FRAME_BUDGET_MS") != std::string::npos);
+  CHECK(warnings[1].find("SELFPROF_FRAME_HZ") != std::string::npos);
+  CHECK(o.frame_budget_ms == doctest::Approx(16.7));
+  CHECK(o.frame_hz == 0);
+  unsetenv("SELFPROF_FRAME_BUDGET_MS");
+  unsetenv("SELFPROF_FRAME_HZ");
+}
+
+TEST_CASE("options: fault, job-control and termination signals are refused, by name of the variable") {
+  for (const char* bad :
+       {"SIGSEGV", "11", "SEGV", "7", "8", "4", "5", "6", "17", "9", "19", "18", "2", "15", "13"}) {
+    INFO(bad);
+    setenv("SELFPROF_SIGNAL", bad, 1);
+    setenv("SELFPROF_SAMPLE_SIGNAL", bad, 1);
+    std::vector<std::string> warnings;
+    selfprof::options o = selfprof::options_from_env(&warnings);
+    CHECK(o.dump_signal == SIGUSR2);
+    CHECK(o.sample_signal == 0);
+    REQUIRE(warnings.size() == 2);
+    CHECK(warnings[0].find("SELFPROF_SIGNAL") != std::string::npos);
+    CHECK(warnings[1].find("SELFPROF_SAMPLE_SIGNAL") != std::string::npos);
+  }
+  setenv("SELFPROF_SIGNAL", "USR1", 1);
+  setenv("SELFPROF_SAMPLE_SIGNAL", "40", 1);
+  selfprof::options o = selfprof::options_from_env();
+  CHECK(o.dump_signal == SIGUSR1);
+  CHECK(o.sample_signal == 40);
+  unsetenv("SELFPROF_SIGNAL");
+  unsetenv("SELFPROF_SAMPLE_SIGNAL");
 }

@@ -1,5 +1,5 @@
 // The perf-script collapser: `perf script` text in, folded stacks out, byte for byte what
-// stackcollapse-perf.pl prints for the same input and options (reference formats.md §2).
+// stackcollapse-perf.pl prints for the same input and options (its golden files are in tests/cli/).
 // Context: any thread except the signal handler (the CLI, tests and fuzzers; one collapser per thread).
 //
 // Streaming: feed it one line at a time (without the LF); memory grows with the number of distinct

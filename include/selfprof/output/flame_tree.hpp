@@ -145,15 +145,15 @@ class flame_tree {
       while (common < p.length && common < prev_len && ids[common] == prev[common]) ++common;
       path_nodes.resize(common + 1);
       for (std::size_t d = common; d < p.length; ++d) path_nodes.push_back(new_child(path_nodes[d], ids[d]));
-      for (std::size_t d = 0; d <= p.length; ++d) {
+      for (std::size_t d = 0; d <= p.length; ++d) {  // sums saturate: counts from files can be huge
         flame_node& n = nodes_[path_nodes[d]];
-        n.before += p.before;
-        n.after += p.after;
-        n.width += p.width;
+        add_saturating(n.before, p.before);
+        add_saturating(n.after, p.after);
+        add_saturating(n.width, p.width);
       }
       flame_node& leaf = nodes_[path_nodes[p.length]];
-      leaf.self_before += p.before;
-      leaf.self_after += p.after;
+      add_saturating(leaf.self_before, p.before);
+      add_saturating(leaf.self_after, p.after);
       prev = ids;
       prev_len = p.length;
     }
@@ -189,9 +189,9 @@ class flame_tree {
         const flame_node& n = nodes_[c];
         if (n.width == 0 && n.before == 0 && n.after == 0) continue;
         if (n.width == 0 || static_cast<double>(n.width) < min_width) {
-          agg.width += n.width;
-          agg.before += n.before;
-          agg.after += n.after;
+          add_saturating(agg.width, n.width);
+          add_saturating(agg.before, n.before);
+          add_saturating(agg.after, n.after);
           ++agg.elided;
           continue;
         }

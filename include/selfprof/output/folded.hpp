@@ -1,5 +1,5 @@
 // The folded ("collapsed") stack writer: `root;...;leaf COUNT` lines that flamegraph.pl, inferno,
-// speedscope and Pyroscope read (reference formats.md §1 and §12).
+// speedscope and Pyroscope read, keeping the rules each of them imposes on a line (listed below).
 // Context: any thread except the signal handler (a pure function of the profile).
 //
 // What it promises:
@@ -155,8 +155,6 @@ inline void cut_utf8(std::string& s, std::size_t n) {
   while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0u) == 0x80u) --n;
   s.resize(n);
 }
-
-inline void add_saturating(std::uint64_t& a, std::uint64_t b) { a = (a + b < a) ? UINT64_MAX : a + b; }
 
 // The folded stack text (without count) of one stack; `names` caches folded_frame_name per frame;
 // `thread_root` is the root frame to add (empty: none); `budget` is the most bytes the text may take

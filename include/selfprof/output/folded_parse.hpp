@@ -1,5 +1,6 @@
-// The folded ("collapsed") stack reader: turns any folded dialect of reference formats.md §1 back into a
-// profile, with the reasons for every line it could not use.
+// The folded ("collapsed") stack reader: turns the folded dialects (flamegraph.pl's, inferno's,
+// difffolded's two-count lines; see below) back into a profile, with the reasons for every line it could
+// not use.
 // Context: any thread except the signal handler (used by the CLI, the diff and SVG writers, tests).
 //
 // Accepted: `FRAME(;FRAME)* COUNT` with one or more spaces or tabs before the count; CRLF line ends;

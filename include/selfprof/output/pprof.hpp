@@ -1,5 +1,5 @@
 // The pprof writer: a gzipped profile.proto (package perftools.profiles) that `go tool pprof`,
-// Pyroscope, Parca and speedscope read without the binaries (reference formats.md §8 and §12).
+// Pyroscope, Parca and speedscope read without the binaries.
 // Context: any thread except the signal handler (a pure function of the profile).
 //
 // What it writes, in field order like Go's own encoder:

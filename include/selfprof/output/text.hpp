@@ -39,6 +39,9 @@ inline std::string format_fixed(double v, int decimals) {
   return out;
 }
 
+// a += b, stopping at the largest count instead of wrapping (counts read from files can be anything).
+inline void add_saturating(std::uint64_t& a, std::uint64_t b) { a = (a + b < a) ? UINT64_MAX : a + b; }
+
 // Integral values without decimals ("99"), others with up to `decimals` places, trailing zeros cut.
 inline std::string format_compact(double v, int decimals = 3) {
   std::string s = format_fixed(v, decimals);

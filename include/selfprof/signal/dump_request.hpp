@@ -1,5 +1,6 @@
-// Signal-handler code: the dump signal (SIGUSR2 by default) only counts a request and wakes the
-// collector through its eventfd; the collector does the work (peers.md pitfall 24).
+// Signal-handler code: the dump signal (SIGUSR2 by default) only counts a request and wakes the dumper
+// thread through its eventfd; that thread does the work (a handler that opens files and allocates, as
+// some profilers' dump signals do, deadlocks when it interrupts malloc).
 // Context: signal handler (async-signal-safe: one atomic add and one write(2)).
 #pragma once
 

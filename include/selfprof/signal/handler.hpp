@@ -37,7 +37,7 @@ struct handler_globals {
   // Thread births and deaths, seen from the samples: while ticks arrive, one handler in every
   // kThreadCheckNs fstat()s /proc/self/task (its link count is 2 + the number of threads) and wakes the
   // collector when the count differs from the one of its last scan. The collector then need not wake on
-  // a short timer to find new threads (a wake-up costs ~60 us of CPU in a VM).
+  // a short timer to find new threads (each wake-up costs CPU even when there is nothing to do).
   std::atomic<int> task_dir_fd{-1};                 // /proc/self/task, opened by the collector
   std::atomic<std::uint64_t> task_links{0};         // its link count when the collector last scanned
   std::atomic<std::uint64_t> next_thread_check{0};  // CLOCK_MONOTONIC ns of the next check (0: none)

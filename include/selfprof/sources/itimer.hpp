@@ -1,5 +1,5 @@
 // Tick source: the process-wide setitimer(ITIMER_PROF), the last resort (one signal per tick for the whole
-// process, delivered to whichever thread is running: uneven across threads, see peers.md pitfall 1).
+// process, delivered to whichever thread is running: uneven across threads).
 // Context: setup only and the collector thread.
 #pragma once
 

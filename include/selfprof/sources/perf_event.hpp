@@ -169,7 +169,8 @@ class perf_event_source final : public tick_source {
     sys().close(fd);
   }
 
-  // One fd per thread: raise the soft RLIMIT_NOFILE to the hard limit (peers.md pitfall 7).
+  // One fd per thread, and a process soft limit of 1024 fds runs out early: raise the soft
+  // RLIMIT_NOFILE to the hard limit.
   static void raise_fd_limit() {
     struct rlimit rl {};
     if (sys().getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {

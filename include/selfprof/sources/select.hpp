@@ -35,8 +35,8 @@ inline std::unique_ptr<tick_source> make_source(source_kind k) {
   }
 }
 
-// The decision, from measurements on a 2-core x86-64 VM (bench/overhead.cpp reproduces them): a
-// CPU-timer tick costs ~1 us, a perf_event tick ~28 us (hrtimer interrupts in a VM). Up to the kernel
+// The decision (bench/overhead.cpp measures it; figures in docs/measurements.md): a CPU-timer tick costs
+// far less than a perf_event tick, whose hrtimer interrupt is expensive in virtual machines. Up to the kernel
 // tick rate both deliver the requested rate and count kernel time, so the timer wins. Above it a CPU
 // timer fires at most once per tick (the rest only show up as si_overrun), so perf_event is taken:
 // with kernel time when it opens; user-only otherwise, which delivers the rate but cannot see time spent

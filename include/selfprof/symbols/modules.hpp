@@ -122,8 +122,8 @@ class module_registry {
   std::size_t parsed_files() const { return parsed_.size(); }
 
  private:
-  // Keys are bytes: fixed-width numbers, then the path. (One string-keyed map type serves every index
-  // here and in the writers, rather than a std::map per std::tuple of fields.)
+  // Keys are bytes: fixed-width numbers, then the path, so one string-keyed map type serves every index
+  // (each distinct map type costs every including file its instantiation).
   static void append_key(std::string& key, std::uint64_t v) {
     char bytes[sizeof v];
     std::memcpy(bytes, &v, sizeof v);

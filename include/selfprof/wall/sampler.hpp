@@ -57,7 +57,8 @@ namespace selfprof {
 namespace detail {
 
 // Threads looked at per tick: bounds the sampler's cost whatever the number of threads (async-profiler
-// signals 8 per tick; a look here costs ~1 us for an unchanged thread, ~20 us for a changed one).
+// signals 8 per tick; a look at an unchanged thread is one clock read, at a changed one a /proc read and
+// a stack copy).
 constexpr std::size_t kWallThreadsPerTick = 16;
 // Bytes of a blocked thread's stack copied per look: deep enough for 128 typical frames.
 constexpr std::size_t kWallStackCopy = 64 * 1024;

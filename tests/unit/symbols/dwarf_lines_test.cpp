@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "../fixtures/symbols_fixture.hpp"
+#include "fixtures/symbols_fixture.hpp"
 #include "selfprof/symbols/symbolizer.hpp"
-#include "symbols_test_support.hpp"
+#include "test_support.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <string>
 
-#include "output_fixtures.hpp"
+#include "fixtures.hpp"
 #include "selfprof/output/format.hpp"
 
 using selfprof::output_format;

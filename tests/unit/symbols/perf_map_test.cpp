@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "../fixtures/symbols_fixture.hpp"
+#include "fixtures/symbols_fixture.hpp"
 #include "selfprof/symbols/perf_map.hpp"
 
 using selfprof::detail::perf_map;

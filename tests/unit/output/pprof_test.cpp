@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "output_fixtures.hpp"
+#include "fixtures.hpp"
 #include "selfprof/output/gzip.hpp"
 #include "selfprof/output/pprof.hpp"
 #include "selfprof/output/protobuf.hpp"

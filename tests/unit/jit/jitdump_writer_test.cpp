@@ -7,7 +7,7 @@
 
 #include <selfprof/jit/jitdump_writer.hpp>
 
-#include "jit_test_support.hpp"
+#include "test_support.hpp"
 
 using selfprof::detail::append_jitdump_code_load;
 using selfprof::detail::jitdump_writer;

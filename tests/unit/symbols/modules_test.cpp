@@ -16,9 +16,9 @@
 #include <map>
 #include <string>
 
-#include "../fixtures/symbols_fixture.hpp"
+#include "fixtures/symbols_fixture.hpp"
 #include "selfprof/symbols/modules.hpp"
-#include "symbols_test_support.hpp"
+#include "test_support.hpp"
 
 using selfprof::detail::maps_entry;
 using selfprof::detail::module;

@@ -4,7 +4,6 @@
 
 #include <thread>
 
-#include <selfprof/dump/dump.hpp>
 #include <selfprof/frames.hpp>
 #include <selfprof/game/tracker.hpp>
 #include <selfprof/profile.hpp>
@@ -22,7 +21,6 @@ using selfprof::detail::game_frame_tag_seq;
 using selfprof::detail::game_frame_tag_slot;
 using selfprof::detail::game_frame_tracker;
 using selfprof::detail::held_sample;
-using selfprof::detail::insert_before_extension;
 using selfprof::detail::kClosedGameFrameRing;
 using selfprof::detail::kept_game_frame;
 using selfprof::detail::kGameFrameSlots;
@@ -244,14 +242,6 @@ TEST_CASE("frames: a frame sequence keeps time order and rebuilds it from symbol
   CHECK(p.stacks[1].count == 2);
   CHECK(p.stacks[2].frames[0] == 7);
   CHECK(p.info.samples == 4);
-}
-
-TEST_CASE("frames: output paths get a tag before the extension") {
-  CHECK(insert_before_extension("cpu.svg", "-slow") == "cpu-slow.svg");
-  CHECK(insert_before_extension("out/cpu.pb.gz", "-slow") == "out/cpu-slow.pb.gz");
-  CHECK(selfprof::detail::companion_paths("a.folded,b.txt", "-slow") == "a-slow.folded,b-slow.txt");
-  CHECK(insert_before_extension("dir.d/noext", "-frame1") == "dir.d/noext-frame1");
-  CHECK(insert_before_extension("p-%p.svg", "-frame2") == "p-%p-frame2.svg");
 }
 
 TEST_CASE("frames: the statistics line names loop, thread and budget") {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "output_fixtures.hpp"
+#include "fixtures.hpp"
 #include "selfprof/output/folded.hpp"
 #include "selfprof/output/folded_parse.hpp"
 
@@ -238,7 +238,7 @@ TEST_CASE("folded parse: frames, kinds, markers, threads and totals") {
   CHECK(a_frames == 1);
 }
 
-TEST_CASE("folded parse: every dialect of formats.md §1") {
+TEST_CASE("folded parse: every dialect: flamegraph.pl, inferno, speedscope, Pyroscope, difffolded") {
   const std::string text =
       "# comment line\n"
       "\n"

@@ -5,7 +5,7 @@
 #include <clocale>
 #include <string>
 
-#include "output_fixtures.hpp"
+#include "fixtures.hpp"
 #include "selfprof/output/text.hpp"
 #include "selfprof/output/top.hpp"
 

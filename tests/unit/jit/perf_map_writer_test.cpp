@@ -12,7 +12,7 @@
 #include <selfprof/jit/perf_map_writer.hpp>
 #include <selfprof/symbols/perf_map.hpp>
 
-#include "jit_test_support.hpp"
+#include "test_support.hpp"
 
 using selfprof::detail::append_perf_map_line;
 using selfprof::detail::perf_map_writer;

@@ -6,7 +6,7 @@
 #include <random>
 #include <string>
 
-#include "../fixtures/symbols_fixture.hpp"
+#include "fixtures/symbols_fixture.hpp"
 #include "selfprof/symbols/debug_file.hpp"
 #include "selfprof/symbols/elf.hpp"
 #include "selfprof/symbols/symbol_table.hpp"

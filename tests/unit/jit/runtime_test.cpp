@@ -16,7 +16,7 @@
 #include <selfprof/jit.hpp>
 #include <selfprof/symbols/perf_map.hpp>
 
-#include "jit_test_support.hpp"
+#include "test_support.hpp"
 
 using selfprof::detail::jit_runtime;
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "output_fixtures.hpp"
+#include "fixtures.hpp"
 
 namespace {
 

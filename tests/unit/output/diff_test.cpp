@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "output_fixtures.hpp"
+#include "fixtures.hpp"
 
 namespace {
 

@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "../fixtures/symbols_fixture.hpp"
+#include "fixtures/symbols_fixture.hpp"
 #include "selfprof/symbols/demangle.hpp"
 #include "selfprof/symbols/symbolizer.hpp"
-#include "symbols_test_support.hpp"
+#include "test_support.hpp"
 
 namespace selfprof_symbolizer_test_ns {
 struct widget {
