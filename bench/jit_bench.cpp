@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <selfprof/jit.hpp>
+#include <selfprof/jit/runtime.hpp>  // the collector and symbolizer hooks measured here
 
 namespace {
 

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include <selfprof.hpp>
+#include <selfprof/detail/process.hpp>
 
 namespace ob {
 

@@ -16,6 +16,9 @@
 #include <vector>
 
 #include <selfprof.hpp>
+#include <selfprof/detail/process.hpp>
+#include <selfprof/signal/handler.hpp>
+#include <selfprof/unwind/tables.hpp>
 
 namespace sc {
 

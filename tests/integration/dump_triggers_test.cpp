@@ -4,7 +4,6 @@
 // Not under TSan: it defers asynchronous signals to its next safe point.
 #include <doctest/doctest.h>
 
-#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,23 +19,6 @@
 #include "workload.hpp"
 
 namespace {
-
-std::string triggers_temp_dir() {
-  char t[] = "/tmp/selfprof-triggers-XXXXXX";
-  REQUIRE(mkdtemp(t) != nullptr);
-  return t;
-}
-
-std::vector<std::string> triggers_files(const std::string& dir) {
-  std::vector<std::string> out;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d))
-      if (e->d_name[0] != '.') out.push_back(e->d_name);
-    closedir(d);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 // The file's bytes with the one field that grows while sampling goes on (the duration, in the SVG's footer
 // and the top list's header) replaced by a placeholder.
@@ -61,7 +43,8 @@ void triggers_wait(unsigned long n) {
 
 TEST_CASE("the dump signal, the interval, the API and exit write the same files with the same bytes") {
   wl::apply_test_environment();
-  const std::string dir = triggers_temp_dir();
+  wl::temp_dir tmp("selfprof-triggers");
+  const std::string& dir = tmp.path;
   selfprof::options o;
   o.hz = 250;
   o.interval_s = 0.3;
@@ -97,7 +80,7 @@ TEST_CASE("the dump signal, the interval, the API and exit write the same files 
   // Every dump wrote the same set of files under its own number: d-N.folded, .svg, .txt, and the slow
   // game frames as d-N-slow.* (the profile is not a wall profile: no -offcpu companion).
   std::map<unsigned long, std::set<std::string>> by_number;
-  for (const std::string& f : triggers_files(dir)) {
+  for (const std::string& f : tmp.files()) {
     const unsigned long n = std::strtoul(f.c_str() + 2, nullptr, 10);
     by_number[n].insert(f.substr(f.find_first_not_of("0123456789", 2)));
   }
@@ -117,13 +100,12 @@ TEST_CASE("the dump signal, the interval, the API and exit write the same files 
       CHECK(triggers_normalized(dir + "/d-" + std::to_string(n) + suffix) == first);
     }
   }
-  std::string cmd = "rm -rf '" + dir + "'";
-  CHECK(std::system(cmd.c_str()) == 0);
 }
 
 TEST_CASE("a forked child's exit writes no profile; SELFPROF_STOP() then exit still writes SELFPROF_OUT") {
   wl::apply_test_environment();
-  const std::string dir = triggers_temp_dir();
+  wl::temp_dir tmp("selfprof-triggers");
+  const std::string& dir = tmp.path;
   std::fflush(nullptr);
   pid_t child = fork();
   REQUIRE(child >= 0);
@@ -147,6 +129,4 @@ TEST_CASE("a forked child's exit writes no profile; SELFPROF_STOP() then exit st
   CHECK(WEXITSTATUS(status) == 0);
   const std::string text = selfprof::detail::read_small_file(dir + "/exit.folded");
   CHECK(text.find("spin_units") != std::string::npos);
-  std::string cmd = "rm -rf '" + dir + "'";
-  CHECK(std::system(cmd.c_str()) == 0);
 }

@@ -24,29 +24,7 @@
 
 namespace {
 
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    char t[] = "/tmp/selfprof-dumps-XXXXXX";
-    REQUIRE(mkdtemp(t) != nullptr);
-    path = t;
-  }
-  ~temp_dir() {
-    std::string cmd = "rm -rf '" + path + "'";
-    int r = std::system(cmd.c_str());
-    (void)r;
-  }
-  std::vector<std::string> files() const {
-    std::vector<std::string> out;
-    if (DIR* d = opendir(path.c_str())) {
-      while (dirent* e = readdir(d))
-        if (e->d_name[0] != '.') out.push_back(e->d_name);
-      closedir(d);
-    }
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-};
+using wl::temp_dir;
 
 // Total samples of a folded file; fails the test when it does not parse cleanly.
 std::uint64_t folded_total(const std::string& path) {

@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include <selfprof.hpp>
+#include <selfprof/core/profiler.hpp>  // the tests look at internals too (compiled mode included)
 
 namespace wl {
 
@@ -122,6 +124,34 @@ inline std::size_t count_frames(const selfprof::profile& p, const selfprof::stac
     if (p.frames[f].name.find(needle) != std::string::npos) ++n;
   return n;
 }
+
+// A fresh directory under /tmp, removed with what it holds when the object goes.
+struct temp_dir {
+  std::string path;
+  explicit temp_dir(const char* prefix = "selfprof-test") {
+    std::string t = std::string("/tmp/") + prefix + "-XXXXXX";
+    if (::mkdtemp(&t[0]) == nullptr) std::abort();
+    path = t;
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  ~temp_dir() {
+    const std::string cmd = "rm -rf '" + path + "'";
+    int r = std::system(cmd.c_str());
+    (void)r;
+  }
+  // The names of the files in it, sorted.
+  std::vector<std::string> files() const {
+    std::vector<std::string> out;
+    if (DIR* d = ::opendir(path.c_str())) {
+      while (dirent* e = ::readdir(d))
+        if (e->d_name[0] != '.') out.push_back(e->d_name);
+      ::closedir(d);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
 
 inline int count_dir(const char* path) {
   int n = 0;

@@ -1,8 +1,8 @@
-// Writes the synthetic profiles of tests/unit/output_fixtures.hpp as .pb.gz (gzipped pprof) and
+// Writes the synthetic profiles of tests/unit/output/fixtures.hpp as .pb.gz (gzipped pprof) and
 // .folded files into a directory, for tests/output/pprof_check.sh to compare with `go tool pprof`.
 // Usage: pprof_gen OUTDIR
 #define DOCTEST_CONFIG_IMPLEMENT
-#include "../unit/output_fixtures.hpp"
+#include "../unit/output/fixtures.hpp"
 
 #include <cstdio>
 

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include <selfprof.hpp>
+#include <selfprof/wall/task_state.hpp>
 
 using selfprof::detail::parse_task_syscall;
 using selfprof::detail::task_syscall;
