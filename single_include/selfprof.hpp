@@ -7080,6 +7080,23 @@ class shared_symbolizer {
 #include <unordered_map>
 #include <vector>
 
+// ---- begin selfprof/unwind/cfa_program.hpp ----
+// CFA programs: the DWARF call frame instructions of a CIE and an FDE run into the register rules the
+// walker follows (signal/unwind_rows.hpp), one row per location change, with the PLT expression binutils
+// emits recognized and every other expression marked unknown.
+// Context: collector thread or setup only (allocates; never the signal handler).
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+// ---- begin selfprof/unwind/eh_cursor.hpp ----
+// A bounds-checked little-endian reader of call frame information (.eh_frame, .eh_frame_hdr, CFA
+// programs): LEB128, DWARF pointer encodings, and the bytes given to parse.
+// Context: collector thread or setup only (never the signal handler).
+
+#include <cstddef>
+#include <cstdint>
 
 namespace selfprof {
 namespace detail {
@@ -7091,21 +7108,6 @@ struct eh_frame_input {
   std::size_t size = 0;
   std::uintptr_t address = 0;
 };
-
-// A module's rows (pc offsets from `start`) and what the parse met on the way.
-struct eh_frame_table {
-  std::uintptr_t start = 0, end = 0;  // runtime pc range covered by the FDEs
-  std::vector<unwind_row> rows;
-  std::size_t cies = 0, fdes = 0;
-  std::size_t skipped = 0;  // records left out (malformed, unsupported encoding or augmentation)
-  std::size_t unknown = 0;  // rows the handler cannot follow (CFA expressions other than PLT, ...)
-  std::string error;        // the first problem, with its offset; empty when none
-};
-
-// remember_state nesting kept; deeper nesting makes the rest of that FDE row_unknown.
-constexpr std::size_t kMaxRememberDepth = 16;
-// A module whose FDEs span more than this cannot be expressed with 32-bit row offsets.
-constexpr std::uintptr_t kMaxModuleSpan = 0xFFFFFFF0u;
 
 // A bounds-checked little-endian reader: any read past the end sets ok = false and returns 0.
 struct eh_cursor {
@@ -7200,6 +7202,16 @@ struct eh_cursor {
     return 0;
   }
 };
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/unwind/eh_cursor.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// remember_state nesting kept; deeper nesting makes the rest of that FDE row_unknown.
+constexpr std::size_t kMaxRememberDepth = 16;
 
 // One parsed CIE: what its FDEs need.
 struct eh_cie {
@@ -7437,6 +7449,26 @@ inline bool run_cfa_program(eh_cursor c, std::size_t end, const eh_cie& cie, con
   }
   return c.ok;
 }
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/unwind/cfa_program.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// A module's rows (pc offsets from `start`) and what the parse met on the way.
+struct eh_frame_table {
+  std::uintptr_t start = 0, end = 0;  // runtime pc range covered by the FDEs
+  std::vector<unwind_row> rows;
+  std::size_t cies = 0, fdes = 0;
+  std::size_t skipped = 0;  // records left out (malformed, unsupported encoding or augmentation)
+  std::size_t unknown = 0;  // rows the handler cannot follow (CFA expressions other than PLT, ...)
+  std::string error;        // the first problem, with its offset; empty when none
+};
+
+// A module whose FDEs span more than this cannot be expressed with 32-bit row offsets.
+constexpr std::uintptr_t kMaxModuleSpan = 0xFFFFFFF0u;
 
 // Parses .eh_frame: a CIE/FDE sequence ended by a zero length word or by the end of the input.
 // Never reads outside the input; malformed records are counted in `skipped`, never fatal.
@@ -10746,6 +10778,444 @@ inline std::string format_palette_map(const palette_map& m) {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/output/palette.hpp ----
+// ---- begin selfprof/output/svg_frames.hpp ----
+// The pieces of an SVG flame graph frame: the geometry, each frame's tooltip and fill colour, the
+// footer line that says what was sampled, and the diff data a frame carries.
+// Context: any thread except the signal handler (a pure function of the laid-out frames).
+
+#include <cstdint>
+#include <ctime>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// ---- begin selfprof/output/svg_options.hpp ----
+// The options of the SVG flame graph writer (flamegraph.pl's, with their defaults) and the parser of
+// its --minwidth value.
+// Context: any thread except the signal handler.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+
+namespace selfprof {
+
+// How the flame graph is drawn. Defaults follow flamegraph.pl, except the width (fluid) and the
+// colours (stable per name without flags).
+struct svg_options {
+  std::string title;  // empty: "Flame Graph", "Icicle Graph" or "Flame Chart"
+  std::string subtitle;
+  int width = 1200;       // px; the initial width when fluid
+  bool fluid = true;      // the picture follows the window width (fixed at `width` when false)
+  int frame_height = 16;  // row pitch in px (the rect is one less)
+  double font_size = 12;
+  double font_width = 0.59;  // average glyph width as a fraction of font_size (label truncation)
+  std::string font = "Verdana,DejaVu Sans,sans-serif";
+  double min_width = 0.1;          // frames narrower are merged into one aggregate frame per parent
+  bool min_width_percent = false;  // min_width is a % of the total instead of px
+  std::string count_name = "samples";
+  std::string name_type = "Function:";
+  bool inverted = false;    // icicle: root at the top
+  bool reverse = false;     // merge from the leaf end (leaf becomes the root)
+  bool flamechart = false;  // x is time: keep the profile's stack order, merge only adjacent stacks
+  palette colors = palette::hot;
+  color_hash hash = color_hash::stable;
+  std::string bg_colors;                      // yellow|blue|green|grey|#rrggbb; empty: by palette
+  palette_map* consistent_palette = nullptr;  // --cp: names found here keep their colour, new names are added
+  std::string search_color = "#e600e6";
+  std::string stroke_color;  // #rrggbb outline on every frame; empty: none
+  std::string ui_color = "#000000";
+  bool truncate_text_left = false;  // labels keep the end of long names ("..tail")
+  std::uint64_t total = 0;          // 100% width when larger than the real total (same scale across graphs)
+  std::string notes;                // goes into a <!-- NOTES: --> comment
+  bool footer = true;               // sampling metadata line at the bottom
+  bool javascript = true;           // false: static picture (smaller; for golden files)
+};
+
+// Parses flamegraph.pl's --minwidth value: "N" (px) or "N%".
+inline status parse_min_width(std::string_view text, svg_options& o) {
+  bool pct = !text.empty() && text.back() == '%';
+  std::string_view num = pct ? text.substr(0, text.size() - 1) : text;
+  if (num.empty() || num.find_first_not_of("0123456789.") != std::string_view::npos ||
+      num.find('.') != num.rfind('.'))
+    return status::error("minwidth: '" + std::string(text) +
+                         "' is not a number of px or a percentage like 0.5%");
+  o.min_width = std::stod(std::string(num));
+  o.min_width_percent = pct;
+  return status::ok();
+}
+
+}  // namespace selfprof
+// ---- end selfprof/output/svg_options.hpp ----
+// ---- begin selfprof/output/svg_text.hpp ----
+// Text helpers for the SVG writers: UTF-8 sanitizing, XML and JS escaping, number formatting, label
+// truncation.
+// Context: any thread (pure functions).
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+
+namespace selfprof {
+namespace detail {
+
+inline void append_replacement_char(std::string& out) { out += "\xEF\xBF\xBD"; }
+
+// Copies `in` as valid UTF-8 holding only characters legal in XML 1.0 text: invalid sequences,
+// surrogates, U+FFFE/U+FFFF and control characters (tab, LF and CR included: names are one line)
+// become U+FFFD.
+inline std::string sanitize_utf8(std::string_view in) {
+  std::string out;
+  out.reserve(in.size());
+  std::size_t i = 0, n = in.size();
+  while (i < n) {
+    unsigned char c = static_cast<unsigned char>(in[i]);
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f)
+        append_replacement_char(out);
+      else
+        out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    std::uint32_t cp = 0;
+    const std::size_t len = utf8_decode(in, i, cp);
+    // Valid UTF-8 that XML still refuses: U+FFFE, U+FFFF and the C1 controls.
+    const bool ok = len != 0 && !(cp == 0xFFFE || cp == 0xFFFF || (cp >= 0x80 && cp <= 0x9F));
+    if (!ok) {
+      append_replacement_char(out);
+      ++i;  // resynchronise on the next byte
+      continue;
+    }
+    out.append(in.data() + i, len);
+    i += len;
+  }
+  return out;
+}
+
+// Escapes for XML text and attribute values (input must already be sanitized).
+inline void append_xml_escaped(std::string& out, std::string_view s) {
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+}
+
+inline std::string xml_escape(std::string_view s) {
+  std::string out;
+  append_xml_escaped(out, sanitize_utf8(s));
+  return out;
+}
+
+// A JavaScript string literal (with quotes) safe inside CDATA and <script>: <, >, & and every
+// non-printable become \u escapes, so `]]>` and `</script>` can never appear.
+inline std::string js_string(std::string_view raw) {
+  std::string s = sanitize_utf8(raw);
+  std::string out = "\"";
+  for (char ch : s) {
+    unsigned char c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' || c == '\'' || c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  out += '"';
+  return out;
+}
+
+// 1234567 -> "1,234,567" (flamegraph.pl's tooltip style).
+inline std::string with_commas(std::uint64_t v) {
+  std::string digits = std::to_string(v);
+  std::string out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i != 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+inline std::string fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+// Appends `v` with `decimals` digits, dropping trailing zeros (and the dot): 12.5000 -> 12.5, 3.0 -> 3.
+inline void append_trimmed(std::string& out, double v, int decimals) {
+  char buf[64];
+  int n = std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  if (n <= 0) return;
+  std::string_view s(buf, static_cast<std::size_t>(n));
+  if (s.find('.') != std::string_view::npos) {
+    while (!s.empty() && s.back() == '0') s.remove_suffix(1);
+    if (!s.empty() && s.back() == '.') s.remove_suffix(1);
+  }
+  if (s == "-0") s = "0";
+  out.append(s.data(), s.size());
+}
+
+inline std::size_t utf8_length(std::string_view s) {
+  std::size_t n = 0;
+  for (char c : s)
+    if ((static_cast<unsigned char>(c) & 0xC0) != 0x80) ++n;
+  return n;
+}
+
+// Byte offset of the first `chars` code points of `s` (s must be valid UTF-8).
+inline std::size_t utf8_prefix_bytes(std::string_view s, std::size_t chars) {
+  std::size_t seen = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) {
+      if (seen == chars) return i;
+      ++seen;
+    }
+  }
+  return s.size();
+}
+
+// flamegraph.pl's server-side label: whole name when it fits `max_chars`, else the first
+// max_chars-2 characters and "..", and nothing below 3 characters. `left` keeps the end instead.
+inline std::string truncate_label(std::string_view name, std::size_t max_chars, bool left) {
+  if (max_chars < 3) return std::string();
+  std::size_t len = utf8_length(name);
+  if (len <= max_chars) return std::string(name);
+  if (left) return ".." + std::string(name.substr(utf8_prefix_bytes(name, len - (max_chars - 2))));
+  return std::string(name.substr(0, utf8_prefix_bytes(name, max_chars - 2))) + "..";
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/output/svg_text.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// Geometry shared by the frame and chrome emitters.
+struct svg_geometry {
+  double width = 1200, height = 0;
+  double xpad = 10, ypad1 = 0, ypad2 = 0, footer_h = 0;
+  double frame_height = 16, font_size = 12;
+  std::uint32_t depth_max = 0;
+  bool inverted = false;
+
+  double frame_y(std::uint32_t depth) const {
+    if (inverted) return ypad1 + depth * frame_height;
+    return height - ypad2 - (depth + 1) * frame_height + 1;
+  }
+};
+
+inline svg_geometry make_geometry(const svg_options& o, std::uint32_t depth_max, bool footer) {
+  svg_geometry g;
+  g.width = o.width < 100 ? 100 : o.width;
+  g.font_size = o.font_size > 0 ? o.font_size : 12;
+  g.frame_height = o.frame_height < 2 ? 2 : o.frame_height;
+  g.ypad1 = g.font_size * 3 + (o.subtitle.empty() ? 0 : g.font_size * 2);
+  g.footer_h = footer ? g.font_size + 4 : 0;
+  g.ypad2 = g.font_size * 2 + 10 + g.footer_h;
+  g.depth_max = depth_max;
+  g.inverted = o.inverted;
+  g.height = (depth_max + 1) * g.frame_height + g.ypad1 + g.ypad2;
+  return g;
+}
+
+inline std::string css_font_family(std::string_view font) {
+  std::string out;
+  for (char c : font) {  // no CSS or XML syntax can leak through: letters, digits and a few separators
+    unsigned char u = static_cast<unsigned char>(c);
+    if ((u >= 'a' && u <= 'z') || (u >= 'A' && u <= 'Z') || (u >= '0' && u <= '9') || c == ' ' || c == ',' ||
+        c == '-' || c == '_' || c == '\'' || u >= 0x80)
+      out += c;
+  }
+  out = sanitize_utf8(out);
+  return out.empty() ? std::string("Verdana") : out;
+}
+
+inline std::string format_duration(double s) {
+  std::string out = s >= 100 ? fixed(s, 0) : s >= 1 ? fixed(s, 2) : fixed(s * 1000, 1);
+  out += s >= 1 ? " s" : " ms";
+  return out;
+}
+
+// The footer line: what was sampled, how, and how much was lost.
+inline std::string footer_text(const profile_info& info, std::uint64_t total, const std::string& count_name) {
+  std::string s = mode_name(info.mode);
+  s += " profile";
+  if (info.hz > 0) {
+    s += " | ";
+    append_trimmed(s, info.hz, 2);
+    s += " Hz";
+  }
+  if (info.duration_s > 0) {
+    s += " | ";
+    s += format_duration(info.duration_s);
+  }
+  std::uint64_t samples = info.samples ? info.samples : total;
+  s += " | ";
+  s += with_commas(samples);
+  s += ' ';
+  s += info.unit.empty() ? count_name : info.unit;
+  s += " | ";
+  s += with_commas(info.dropped);
+  s += " dropped";
+  if (info.truncated) {
+    s += " | ";
+    s += with_commas(info.truncated);
+    s += " truncated";
+  }
+  if (!info.source.empty()) {
+    s += " | source: ";
+    s += info.source;
+  }
+  if (!info.view.empty()) {
+    s += " | view: ";
+    s += info.view;
+  }
+  if (info.start_unix_ns) {
+    std::time_t t = static_cast<std::time_t>(info.start_unix_ns / 1000000000ULL);
+    std::tm tm{};
+    if (gmtime_r(&t, &tm)) {
+      char buf[40];
+      std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+      s += " | started ";
+      s += buf;
+    }
+  }
+  s += " | selfprof " SELFPROF_VERSION_STRING;
+  return s;
+}
+
+// What a flame graph needs beyond the laid-out frames: diff data and labels.
+struct svg_input {
+  const flame_tree* tree = nullptr;
+  std::vector<laid_frame> frames;
+  std::uint64_t total = 0;        // 100% of the layout width (sample space)
+  std::uint64_t value_total = 0;  // 100% for the tooltip percentages (the "after" total in a diff)
+  std::uint64_t before_total = 0;
+  bool diff = false;
+  bool negate = false;
+  bool inclusive_delta = false;  // colour by the inclusive change instead of the self change
+  std::int64_t max_delta = 1;
+  const profile_info* info = nullptr;
+  std::string default_title = "Flame Graph";
+};
+
+inline std::int64_t frame_delta(const laid_frame& f, bool inclusive) {
+  if (f.node == no_node || inclusive)
+    return static_cast<std::int64_t>(f.after) - static_cast<std::int64_t>(f.before);
+  return static_cast<std::int64_t>(f.self_after) - static_cast<std::int64_t>(f.self_before);
+}
+
+inline void append_pct(std::string& out, std::uint64_t part, std::uint64_t whole) {
+  out += fixed(whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0, 2);
+  out += '%';
+}
+
+// Tooltip text (unescaped): flamegraph.pl's first line, then selfprof's detail lines.
+inline void append_tooltip(std::string& out, const svg_input& in, const laid_frame& f, std::string_view name,
+                           const svg_options& o) {
+  const laid_frame* parent = f.parent == no_node ? nullptr : &in.frames[f.parent];
+  out += name;
+  out += " (";
+  out += with_commas(f.after);
+  out += ' ';
+  out += o.count_name;
+  out += ", ";
+  if (!parent)
+    out += "100%";
+  else
+    append_pct(out, f.after, in.value_total);
+  if (in.diff) {
+    std::int64_t d = frame_delta(f, in.inclusive_delta);
+    if (in.negate) d = -d;
+    double pct = in.value_total ? 100.0 * static_cast<double>(d) / static_cast<double>(in.value_total) : 0.0;
+    out += "; ";
+    if (d > 0) out += '+';
+    out += fixed(pct, 2);
+    out += '%';
+  }
+  out += ')';
+  if (f.node == no_node) {
+    if (in.diff) {
+      out += "\nbefore ";
+      out += with_commas(f.before);
+      out += ", after ";
+      out += with_commas(f.after);
+    }
+    return;
+  }
+  if (in.diff) {
+    out += "\nbefore ";
+    out += with_commas(f.before);
+    out += " (";
+    append_pct(out, f.before, in.before_total);
+    out += "), after ";
+    out += with_commas(f.after);
+    out += " (";
+    append_pct(out, f.after, in.value_total);
+    out += ")\nself before ";
+    out += with_commas(f.self_before);
+    out += ", after ";
+    out += with_commas(f.self_after);
+    return;
+  }
+  // Only the self count is stored (when not zero): the script derives % of total, % of parent and
+  // depth from it on hover, which keeps large graphs no larger than flamegraph.pl's.
+  if (f.self_after) {
+    out += "\nself ";
+    out += with_commas(f.self_after);
+  }
+}
+
+inline std::string frame_fill(const svg_input& in, const laid_frame& f, std::string_view annotated,
+                              const svg_options& o, std::vector<std::string>& cache) {
+  if (in.diff) return rgb_string(diff_color(frame_delta(f, in.inclusive_delta), in.max_delta, in.negate));
+  if (f.node == no_node) return "rgb(215,215,215)";
+  std::uint32_t id = in.tree->nodes()[f.node].name;
+  if (f.parent == no_node) return rgb_string(frame_color(o.colors, o.hash, "all"));
+  std::string& c = cache[id];
+  if (!c.empty()) return c;
+  if (o.consistent_palette) {
+    auto it = o.consistent_palette->find(std::string(annotated));
+    const std::string* v = it == o.consistent_palette->end() ? nullptr : &it->second;
+    if (v && v->size() < 24 && v->rfind("rgb(", 0) == 0 && v->back() == ')' &&
+        v->find_first_not_of("rgb(0123456789,)") == std::string::npos) {
+      c = *v;
+      return c;
+    }
+    c = rgb_string(frame_color(o.colors, o.hash, annotated));
+    (*o.consistent_palette)[std::string(annotated)] = c;
+    return c;
+  }
+  c = rgb_string(frame_color(o.colors, o.hash, annotated));
+  return c;
+}
+
+inline void append_num(std::string& out, double v, int decimals) { append_trimmed(out, v, decimals); }
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/output/svg_frames.hpp ----
 // ---- begin selfprof/output/svg_script.hpp ----
 // The style sheet and the script embedded in every interactive flame-graph SVG (zoom, search, URL state).
 // Context: any thread (constant text).
@@ -11073,416 +11543,9 @@ function step(dir) {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/output/svg_script.hpp ----
-// ---- begin selfprof/output/svg_text.hpp ----
-// Text helpers for the SVG writers: UTF-8 sanitizing, XML and JS escaping, number formatting, label
-// truncation.
-// Context: any thread (pure functions).
-
-#include <cstddef>
-#include <cstdint>
-#include <cstdio>
-#include <string>
-#include <string_view>
-
 
 namespace selfprof {
 namespace detail {
-
-inline void append_replacement_char(std::string& out) { out += "\xEF\xBF\xBD"; }
-
-// Copies `in` as valid UTF-8 holding only characters legal in XML 1.0 text: invalid sequences,
-// surrogates, U+FFFE/U+FFFF and control characters (tab, LF and CR included: names are one line)
-// become U+FFFD.
-inline std::string sanitize_utf8(std::string_view in) {
-  std::string out;
-  out.reserve(in.size());
-  std::size_t i = 0, n = in.size();
-  while (i < n) {
-    unsigned char c = static_cast<unsigned char>(in[i]);
-    if (c < 0x80) {
-      if (c < 0x20 || c == 0x7f)
-        append_replacement_char(out);
-      else
-        out += static_cast<char>(c);
-      ++i;
-      continue;
-    }
-    std::uint32_t cp = 0;
-    const std::size_t len = utf8_decode(in, i, cp);
-    // Valid UTF-8 that XML still refuses: U+FFFE, U+FFFF and the C1 controls.
-    const bool ok = len != 0 && !(cp == 0xFFFE || cp == 0xFFFF || (cp >= 0x80 && cp <= 0x9F));
-    if (!ok) {
-      append_replacement_char(out);
-      ++i;  // resynchronise on the next byte
-      continue;
-    }
-    out.append(in.data() + i, len);
-    i += len;
-  }
-  return out;
-}
-
-// Escapes for XML text and attribute values (input must already be sanitized).
-inline void append_xml_escaped(std::string& out, std::string_view s) {
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-}
-
-inline std::string xml_escape(std::string_view s) {
-  std::string out;
-  append_xml_escaped(out, sanitize_utf8(s));
-  return out;
-}
-
-// A JavaScript string literal (with quotes) safe inside CDATA and <script>: <, >, & and every
-// non-printable become \u escapes, so `]]>` and `</script>` can never appear.
-inline std::string js_string(std::string_view raw) {
-  std::string s = sanitize_utf8(raw);
-  std::string out = "\"";
-  for (char ch : s) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' || c == '\'' || c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  out += '"';
-  return out;
-}
-
-// 1234567 -> "1,234,567" (flamegraph.pl's tooltip style).
-inline std::string with_commas(std::uint64_t v) {
-  std::string digits = std::to_string(v);
-  std::string out;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i != 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
-}
-
-inline std::string fixed(double v, int decimals) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
-}
-
-// Appends `v` with `decimals` digits, dropping trailing zeros (and the dot): 12.5000 -> 12.5, 3.0 -> 3.
-inline void append_trimmed(std::string& out, double v, int decimals) {
-  char buf[64];
-  int n = std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  if (n <= 0) return;
-  std::string_view s(buf, static_cast<std::size_t>(n));
-  if (s.find('.') != std::string_view::npos) {
-    while (!s.empty() && s.back() == '0') s.remove_suffix(1);
-    if (!s.empty() && s.back() == '.') s.remove_suffix(1);
-  }
-  if (s == "-0") s = "0";
-  out.append(s.data(), s.size());
-}
-
-inline std::size_t utf8_length(std::string_view s) {
-  std::size_t n = 0;
-  for (char c : s)
-    if ((static_cast<unsigned char>(c) & 0xC0) != 0x80) ++n;
-  return n;
-}
-
-// Byte offset of the first `chars` code points of `s` (s must be valid UTF-8).
-inline std::size_t utf8_prefix_bytes(std::string_view s, std::size_t chars) {
-  std::size_t seen = 0;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) {
-      if (seen == chars) return i;
-      ++seen;
-    }
-  }
-  return s.size();
-}
-
-// flamegraph.pl's server-side label: whole name when it fits `max_chars`, else the first
-// max_chars-2 characters and "..", and nothing below 3 characters. `left` keeps the end instead.
-inline std::string truncate_label(std::string_view name, std::size_t max_chars, bool left) {
-  if (max_chars < 3) return std::string();
-  std::size_t len = utf8_length(name);
-  if (len <= max_chars) return std::string(name);
-  if (left) return ".." + std::string(name.substr(utf8_prefix_bytes(name, len - (max_chars - 2))));
-  return std::string(name.substr(0, utf8_prefix_bytes(name, max_chars - 2))) + "..";
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/output/svg_text.hpp ----
-
-namespace selfprof {
-
-// How the flame graph is drawn. Defaults follow flamegraph.pl, except the width (fluid) and the
-// colours (stable per name without flags).
-struct svg_options {
-  std::string title;  // empty: "Flame Graph", "Icicle Graph" or "Flame Chart"
-  std::string subtitle;
-  int width = 1200;       // px; the initial width when fluid
-  bool fluid = true;      // the picture follows the window width (fixed at `width` when false)
-  int frame_height = 16;  // row pitch in px (the rect is one less)
-  double font_size = 12;
-  double font_width = 0.59;  // average glyph width as a fraction of font_size (label truncation)
-  std::string font = "Verdana,DejaVu Sans,sans-serif";
-  double min_width = 0.1;          // frames narrower are merged into one aggregate frame per parent
-  bool min_width_percent = false;  // min_width is a % of the total instead of px
-  std::string count_name = "samples";
-  std::string name_type = "Function:";
-  bool inverted = false;    // icicle: root at the top
-  bool reverse = false;     // merge from the leaf end (leaf becomes the root)
-  bool flamechart = false;  // x is time: keep the profile's stack order, merge only adjacent stacks
-  palette colors = palette::hot;
-  color_hash hash = color_hash::stable;
-  std::string bg_colors;                      // yellow|blue|green|grey|#rrggbb; empty: by palette
-  palette_map* consistent_palette = nullptr;  // --cp: names found here keep their colour, new names are added
-  std::string search_color = "#e600e6";
-  std::string stroke_color;  // #rrggbb outline on every frame; empty: none
-  std::string ui_color = "#000000";
-  bool truncate_text_left = false;  // labels keep the end of long names ("..tail")
-  std::uint64_t total = 0;          // 100% width when larger than the real total (same scale across graphs)
-  std::string notes;                // goes into a <!-- NOTES: --> comment
-  bool footer = true;               // sampling metadata line at the bottom
-  bool javascript = true;           // false: static picture (smaller; for golden files)
-};
-
-// Parses flamegraph.pl's --minwidth value: "N" (px) or "N%".
-inline status parse_min_width(std::string_view text, svg_options& o) {
-  bool pct = !text.empty() && text.back() == '%';
-  std::string_view num = pct ? text.substr(0, text.size() - 1) : text;
-  if (num.empty() || num.find_first_not_of("0123456789.") != std::string_view::npos ||
-      num.find('.') != num.rfind('.'))
-    return status::error("minwidth: '" + std::string(text) +
-                         "' is not a number of px or a percentage like 0.5%");
-  o.min_width = std::stod(std::string(num));
-  o.min_width_percent = pct;
-  return status::ok();
-}
-
-namespace detail {
-
-// Geometry shared by the frame and chrome emitters.
-struct svg_geometry {
-  double width = 1200, height = 0;
-  double xpad = 10, ypad1 = 0, ypad2 = 0, footer_h = 0;
-  double frame_height = 16, font_size = 12;
-  std::uint32_t depth_max = 0;
-  bool inverted = false;
-
-  double frame_y(std::uint32_t depth) const {
-    if (inverted) return ypad1 + depth * frame_height;
-    return height - ypad2 - (depth + 1) * frame_height + 1;
-  }
-};
-
-inline svg_geometry make_geometry(const svg_options& o, std::uint32_t depth_max, bool footer) {
-  svg_geometry g;
-  g.width = o.width < 100 ? 100 : o.width;
-  g.font_size = o.font_size > 0 ? o.font_size : 12;
-  g.frame_height = o.frame_height < 2 ? 2 : o.frame_height;
-  g.ypad1 = g.font_size * 3 + (o.subtitle.empty() ? 0 : g.font_size * 2);
-  g.footer_h = footer ? g.font_size + 4 : 0;
-  g.ypad2 = g.font_size * 2 + 10 + g.footer_h;
-  g.depth_max = depth_max;
-  g.inverted = o.inverted;
-  g.height = (depth_max + 1) * g.frame_height + g.ypad1 + g.ypad2;
-  return g;
-}
-
-inline std::string css_font_family(std::string_view font) {
-  std::string out;
-  for (char c : font) {  // no CSS or XML syntax can leak through: letters, digits and a few separators
-    unsigned char u = static_cast<unsigned char>(c);
-    if ((u >= 'a' && u <= 'z') || (u >= 'A' && u <= 'Z') || (u >= '0' && u <= '9') || c == ' ' || c == ',' ||
-        c == '-' || c == '_' || c == '\'' || u >= 0x80)
-      out += c;
-  }
-  out = sanitize_utf8(out);
-  return out.empty() ? std::string("Verdana") : out;
-}
-
-inline std::string format_duration(double s) {
-  std::string out = s >= 100 ? fixed(s, 0) : s >= 1 ? fixed(s, 2) : fixed(s * 1000, 1);
-  out += s >= 1 ? " s" : " ms";
-  return out;
-}
-
-// The footer line: what was sampled, how, and how much was lost.
-inline std::string footer_text(const profile_info& info, std::uint64_t total, const std::string& count_name) {
-  std::string s = mode_name(info.mode);
-  s += " profile";
-  if (info.hz > 0) {
-    s += " | ";
-    append_trimmed(s, info.hz, 2);
-    s += " Hz";
-  }
-  if (info.duration_s > 0) {
-    s += " | ";
-    s += format_duration(info.duration_s);
-  }
-  std::uint64_t samples = info.samples ? info.samples : total;
-  s += " | ";
-  s += with_commas(samples);
-  s += ' ';
-  s += info.unit.empty() ? count_name : info.unit;
-  s += " | ";
-  s += with_commas(info.dropped);
-  s += " dropped";
-  if (info.truncated) {
-    s += " | ";
-    s += with_commas(info.truncated);
-    s += " truncated";
-  }
-  if (!info.source.empty()) {
-    s += " | source: ";
-    s += info.source;
-  }
-  if (!info.view.empty()) {
-    s += " | view: ";
-    s += info.view;
-  }
-  if (info.start_unix_ns) {
-    std::time_t t = static_cast<std::time_t>(info.start_unix_ns / 1000000000ULL);
-    std::tm tm{};
-    if (gmtime_r(&t, &tm)) {
-      char buf[40];
-      std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
-      s += " | started ";
-      s += buf;
-    }
-  }
-  s += " | selfprof " SELFPROF_VERSION_STRING;
-  return s;
-}
-
-// What a flame graph needs beyond the laid-out frames: diff data and labels.
-struct svg_input {
-  const flame_tree* tree = nullptr;
-  std::vector<laid_frame> frames;
-  std::uint64_t total = 0;        // 100% of the layout width (sample space)
-  std::uint64_t value_total = 0;  // 100% for the tooltip percentages (the "after" total in a diff)
-  std::uint64_t before_total = 0;
-  bool diff = false;
-  bool negate = false;
-  bool inclusive_delta = false;  // colour by the inclusive change instead of the self change
-  std::int64_t max_delta = 1;
-  const profile_info* info = nullptr;
-  std::string default_title = "Flame Graph";
-};
-
-inline std::int64_t frame_delta(const laid_frame& f, bool inclusive) {
-  if (f.node == no_node || inclusive)
-    return static_cast<std::int64_t>(f.after) - static_cast<std::int64_t>(f.before);
-  return static_cast<std::int64_t>(f.self_after) - static_cast<std::int64_t>(f.self_before);
-}
-
-inline void append_pct(std::string& out, std::uint64_t part, std::uint64_t whole) {
-  out += fixed(whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0, 2);
-  out += '%';
-}
-
-// Tooltip text (unescaped): flamegraph.pl's first line, then selfprof's detail lines.
-inline void append_tooltip(std::string& out, const svg_input& in, const laid_frame& f, std::string_view name,
-                           const svg_options& o) {
-  const laid_frame* parent = f.parent == no_node ? nullptr : &in.frames[f.parent];
-  out += name;
-  out += " (";
-  out += with_commas(f.after);
-  out += ' ';
-  out += o.count_name;
-  out += ", ";
-  if (!parent)
-    out += "100%";
-  else
-    append_pct(out, f.after, in.value_total);
-  if (in.diff) {
-    std::int64_t d = frame_delta(f, in.inclusive_delta);
-    if (in.negate) d = -d;
-    double pct = in.value_total ? 100.0 * static_cast<double>(d) / static_cast<double>(in.value_total) : 0.0;
-    out += "; ";
-    if (d > 0) out += '+';
-    out += fixed(pct, 2);
-    out += '%';
-  }
-  out += ')';
-  if (f.node == no_node) {
-    if (in.diff) {
-      out += "\nbefore ";
-      out += with_commas(f.before);
-      out += ", after ";
-      out += with_commas(f.after);
-    }
-    return;
-  }
-  if (in.diff) {
-    out += "\nbefore ";
-    out += with_commas(f.before);
-    out += " (";
-    append_pct(out, f.before, in.before_total);
-    out += "), after ";
-    out += with_commas(f.after);
-    out += " (";
-    append_pct(out, f.after, in.value_total);
-    out += ")\nself before ";
-    out += with_commas(f.self_before);
-    out += ", after ";
-    out += with_commas(f.self_after);
-    return;
-  }
-  // Only the self count is stored (when not zero): the script derives % of total, % of parent and
-  // depth from it on hover, which keeps large graphs no larger than flamegraph.pl's.
-  if (f.self_after) {
-    out += "\nself ";
-    out += with_commas(f.self_after);
-  }
-}
-
-inline std::string frame_fill(const svg_input& in, const laid_frame& f, std::string_view annotated,
-                              const svg_options& o, std::vector<std::string>& cache) {
-  if (in.diff) return rgb_string(diff_color(frame_delta(f, in.inclusive_delta), in.max_delta, in.negate));
-  if (f.node == no_node) return "rgb(215,215,215)";
-  std::uint32_t id = in.tree->nodes()[f.node].name;
-  if (f.parent == no_node) return rgb_string(frame_color(o.colors, o.hash, "all"));
-  std::string& c = cache[id];
-  if (!c.empty()) return c;
-  if (o.consistent_palette) {
-    auto it = o.consistent_palette->find(std::string(annotated));
-    const std::string* v = it == o.consistent_palette->end() ? nullptr : &it->second;
-    if (v && v->size() < 24 && v->rfind("rgb(", 0) == 0 && v->back() == ')' &&
-        v->find_first_not_of("rgb(0123456789,)") == std::string::npos) {
-      c = *v;
-      return c;
-    }
-    c = rgb_string(frame_color(o.colors, o.hash, annotated));
-    (*o.consistent_palette)[std::string(annotated)] = c;
-    return c;
-  }
-  c = rgb_string(frame_color(o.colors, o.hash, annotated));
-  return c;
-}
-
-inline void append_num(std::string& out, double v, int decimals) { append_trimmed(out, v, decimals); }
 
 // The whole document for laid-out frames.
 inline std::string render_svg(const svg_input& in, const svg_options& o) {
