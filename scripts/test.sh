@@ -13,7 +13,7 @@
 #   asan          g++ -O1 -g -fsanitize=address,undefined; tests labelled no_asan are left out
 #   tsan          g++ -O1 -g -fsanitize=thread; tests labelled no_tsan are left out
 #   meson         meson setup + meson test (unit + integration; the tool is left to the CMake stages)
-#   unprivileged  the gcc build's integration tests as a throwaway system user (setpriv)
+#   unprivileged  the gcc build's integration and torture tests as a throwaway system user (setpriv)
 #   no_perf       the gcc build's unit + integration tests with SELFPROF_TEST_NO_PERF=1
 #   fuzz          libFuzzer targets (ELF reader, perf-script and folded parsers), 10 s each (SELFPROF_FUZZ_SECONDS)
 # Environment: SELFPROF_SKIP_APT=1 skips apt-get; SELFPROF_JOBS (default 2) parallel jobs;
@@ -147,14 +147,16 @@ stage_unprivileged() {
   fi
   note "unprivileged: integration tests as ${test_user} (uid ${uid:-$(id -u)}) in $tmp"
   local f name cmd ok=0 bad=0
-  for f in "$root_dir"/tests/integration/*_test.cpp; do
+  local kind
+  for f in "$root_dir"/tests/integration/*_test.cpp "$root_dir"/tests/torture/*_test.cpp; do
     name=$(basename "$f" _test.cpp)
+    kind=$(basename "$(dirname "$f")")
     if grep -q '^//[ ]*integration-binary:[ ]*own' "$f"; then
-      cmd=("$tmp/integration_$name")
+      cmd=("$tmp/${kind}_$name")
     else
-      cmd=("$tmp/selfprof_integration_tests" "--source-file=*/${name}_test.cpp")
+      cmd=("$tmp/selfprof_integration_tests" "--source-file=*/$kind/${name}_test.cpp")
     fi
-    echo "-- $name"
+    echo "-- $kind/$name"
     if (cd "$tmp" && "${as_user[@]}" env HOME="$tmp" TMPDIR="$tmp" "${cmd[@]}"); then
       ok=$((ok + 1))
     else

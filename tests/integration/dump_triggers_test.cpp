@@ -10,9 +10,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <map>
-#include <regex>
 #include <set>
 #include <thread>
 
@@ -24,10 +24,23 @@ namespace {
 // and the top list's header) replaced by a placeholder.
 std::string triggers_normalized(const std::string& path) {
   std::string text = selfprof::detail::read_small_file(path, ~std::size_t(0));
-  static const std::regex svg_duration(R"(\| [0-9.]+ m?s \|)");
-  static const std::regex top_duration(R"(duration: [0-9.]+)");
-  text = std::regex_replace(text, svg_duration, "| DURATION |");
-  return std::regex_replace(text, top_duration, "duration: DURATION");
+  // The SVG footer's "| 1.23 s |" or "| 456.7 ms |", the top list's "duration: 1.234".
+  for (std::size_t at = 0; (at = text.find("| ", at)) != std::string::npos; at += 2) {
+    std::size_t end = at + 2;
+    while (end < text.size() && (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.'))
+      ++end;
+    if (end == at + 2) continue;
+    const std::size_t unit = text.compare(end, 4, " ms ") == 0 ? 4 : text.compare(end, 3, " s ") == 0 ? 3 : 0;
+    if (unit != 0) text.replace(at + 2, end + unit - 1 - (at + 2), "DURATION");
+  }
+  const std::string key = "duration: ";
+  for (std::size_t at = 0; (at = text.find(key, at)) != std::string::npos; at += key.size()) {
+    std::size_t end = at + key.size();
+    while (end < text.size() && (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.'))
+      ++end;
+    text.replace(at + key.size(), end - at - key.size(), "DURATION");
+  }
+  return text;
 }
 
 unsigned long triggers_written() { return selfprof::get_stats().dumps_written; }

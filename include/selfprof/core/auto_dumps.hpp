@@ -69,14 +69,16 @@ class auto_dumps {
     return status::ok();
   }
 
-  // Gives the dump signal back, answers what was requested, stops the thread.
-  void stop() {
-    if (signal_ != 0) {
+  // Answers what was requested, stops the thread, and gives the dump signal back to the application —
+  // unless `keep_signal` (the exit dump: a late request must not meet the default action, terminate,
+  // while the last profile is written; the handler then only counts it).
+  void stop(bool keep_signal = false) {
+    g_dump_requests.wake_fd.store(-1, std::memory_order_release);
+    worker_.stop();
+    if (signal_ != 0 && !keep_signal) {
       sys().sigaction(signal_, &previous_, nullptr);
       signal_ = 0;
     }
-    g_dump_requests.wake_fd.store(-1, std::memory_order_release);
-    worker_.stop();
   }
 
   // Waits until every dump requested so far is written (tests, exit); at most `limit`.
@@ -121,14 +123,17 @@ class auto_dumps {
                 ? 0
                 : static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(left).count()) + 1;
       }
-      if (!worker_.wait(timeout)) return;
+      const bool stopping = !worker_.wait(timeout);
       const auto now = std::chrono::steady_clock::now();
-      const bool due = opts_.interval_s > 0 && now >= next;
+      const bool due = !stopping && opts_.interval_s > 0 && now >= next;
       if (due) next = now + interval();
       const std::uint64_t requests = g_dump_requests.requests.load(std::memory_order_acquire);
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (requests == handled_ && !due) continue;
+        if (requests == handled_ && !due) {
+          if (stopping) return;
+          continue;
+        }
         handled_ = requests;
         busy_ = true;
       }
@@ -139,6 +144,7 @@ class auto_dumps {
         busy_ = false;
       }
       done_cv_.notify_all();
+      if (stopping) return;  // a request that came before stop() was answered
     }
   }
 

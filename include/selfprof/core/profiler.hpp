@@ -186,7 +186,10 @@ class profiler_core {
   // the process that ran the session: a forked child's exit writes nothing.
   void exit_dump() {
     if (!session_ran_ || session_pid_ != ::getpid() || opts_.out.empty()) return;
-    stop();
+    {
+      std::lock_guard<std::mutex> control(control_mu_);
+      stop_locked(true);  // the dump signal stays taken: the process ends after this
+    }
     dump_contents c = snapshots_.contents();
     status st = write_dump(c, dump_settings_for(opts_.out));
     if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
@@ -317,11 +320,11 @@ class profiler_core {
     return status::ok();
   }
 
-  status stop_locked() {
+  status stop_locked(bool keep_dump_signal = false) {
     if (!running_) return status::ok();
     wall_sampler_.stop();  // first: it reads the ring and the unwind tables
     collector_.stop();
-    dumps_.stop();  // writes what was requested, gives the dump signal back
+    dumps_.stop(keep_dump_signal);  // answers what was requested, gives the dump signal back
     registry_.end();
     g_handler.active.store(false, std::memory_order_release);
     restore_sample_handler(signal_);  // waits until no handler runs: the tables and fds can go
