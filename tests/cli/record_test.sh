@@ -76,6 +76,24 @@ nd=$(ls def | wc -l); nf=$(ls fol | wc -l)
 [ "$nf" -eq 2 ] && grep -q hot_c_function fol/*.folded && ok "--follow-exec: the exec'd child is profiled" ||
   bad "--follow-exec: $nf profiles, want 2 with hot_c_function"
 
+# exec while sampling (issue 21 item 1, issue 15 item 4): a tick pending at execve used to kill the new
+# image (status 155, SIGPROF's default action), every time with perf_event and with the itimer. The
+# preload stops sampling before the exec; the exec'd program prints and exits normally.
+exec_fails=0
+for i in $(seq 20); do
+  out=$("$bin" record -q -F 499 -o ex-%p.folded -- /bin/sh -c './hot_c 0 20000000 > /dev/null; exec echo after-exec'); rc=$?
+  [ "$out" = after-exec ] && [ $rc -eq 0 ] || exec_fails=$((exec_fails + 1))
+done
+[ $exec_fails -eq 0 ] && ok "exec after work at 499 Hz: 20 of 20 new images ran" || bad "exec at 499 Hz: $exec_fails of 20 died"
+exec_fails=0
+for i in $(seq 5); do
+  out=$(SELFPROF_SOURCE=itimer "$bin" record -q -o ex-%p.folded -- /bin/sh -c './hot_c 0 20000000 > /dev/null; exec echo after-exec'); rc=$?
+  [ "$out" = after-exec ] && [ $rc -eq 0 ] || exec_fails=$((exec_fails + 1))
+done
+[ $exec_fails -eq 0 ] && ok "exec after work with the itimer: 5 of 5 new images ran" || bad "exec with the itimer: $exec_fails of 5 died"
+out=$("$bin" record -q --follow-exec -F 499 -o ex-%p.folded -- /bin/sh -c './hot_c 0 20000000 > /dev/null; exec /bin/sh -c "./hot_c 0 20000000 > /dev/null; exec echo chain"'); rc=$?
+[ "$out" = chain ] && [ $rc -eq 0 ] && ok "--follow-exec: a chain of execs runs to its end" || bad "--follow-exec exec chain: rc $rc, output '$out'"
+
 # Errors: missing command (127, like a shell), missing library, bad option.
 "$bin" record -q -- ./does-not-exist 2> err; rc=$?
 [ $rc -eq 127 ] && grep -q "does-not-exist" err && ok "missing command: 127 and named" || bad "missing command: rc $rc"

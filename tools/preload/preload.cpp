@@ -2,16 +2,20 @@
 // `selfprof record`), it starts sampling when it loads (SELFPROF_* environment: SELFPROF_OUT gives the
 // exit dump, SIGUSR2 and SELFPROF_INTERVAL give dumps while running) and interposes pthread_create so
 // every new thread is armed before its start routine runs. It also interposes _exit/_Exit, which skip
-// atexit handlers, so a program leaving that way (dash's `exit`) still writes its exit profile.
+// atexit handlers, so a program leaving that way (dash's `exit`) still writes its exit profile, and the
+// exec family (execve, execv, execvp, execvpe, execl, execlp, execle, fexecve, execveat), to stop
+// sampling before the image is replaced.
 //
 // exec'd children: unless SELFPROF_FOLLOW_EXEC=1, the library removes itself from LD_PRELOAD in this
 // process's environment as soon as it is loaded, so programs this one executes are not profiled
 // (forks that do not exec are the same program; they inherit the library and follow the profiler's
-// fork policy). Build with -fvisibility=hidden: only pthread_create, _exit and _Exit are exported, so a
+// fork policy). Build with -fvisibility=hidden: only those interposed functions are exported, so a
 // program that embeds selfprof itself keeps its own copy of the inline functions.
+#include <alloca.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -80,13 +84,58 @@ void remove_from_ld_preload() {
 pid_t g_started_pid = 0;
 
 // Programs that leave through _exit() (dash's `exit`, many daemons) skip atexit: write the exit
-// profile here, in the process that started profiling only (not in forked or vfork'ed children).
-void dump_before_exit() {
-  const char* out = std::getenv("SELFPROF_OUT");
-  if (!out || !*out || g_started_pid != ::getpid() || !selfprof::running()) return;
-  (void)selfprof::stop();
-  const selfprof::status st = selfprof::dump(out);
-  if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
+// profile here, as atexit would (only in the process that started profiling, never in a forked or
+// vfork'ed child).
+void dump_before_exit() { selfprof::detail::profiler_core::instance().exit_dump(); }
+
+// exec: the new image must start without anything of selfprof's. An armed perf_event or timer can
+// raise a tick while execve runs, and a tick pending at execve is delivered to the new image, whose
+// handler is back to the default action: terminate (exit status 155 for SIGPROF). So sampling stops
+// before the exec (events disabled and closed, pending ticks discarded, the signals given back), and
+// starts again when the exec fails. A forked or vfork'ed child has nothing armed (timers and perf events
+// are not inherited; in a vfork child the memory is the parent's, not to be touched): left alone.
+struct exec_guard {
+  bool restart = false;
+  selfprof::options opts;
+  exec_guard() {
+    if (g_started_pid != ::getpid() || !selfprof::running()) return;
+    opts = selfprof::detail::profiler_core::instance().current_options();
+    restart = static_cast<bool>(selfprof::stop());
+  }
+  int failed(int rc) {
+    const int saved = errno;
+    if (restart) (void)selfprof::start(opts);
+    errno = saved;
+    return rc;
+  }
+};
+
+template <class Fn>
+Fn real(const char* name) {
+  return reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, name));
+}
+
+using execve_fn = int (*)(const char*, char* const[], char* const[]);
+using execv_fn = int (*)(const char*, char* const[]);
+using fexecve_fn = int (*)(int, char* const[], char* const[]);
+using execveat_fn = int (*)(int, const char*, char* const[], char* const[], int);
+
+// execl, execlp, execle: the arguments after `first`, up to the null pointer (how many: count_args).
+std::size_t count_args(va_list ap) {
+  va_list c;
+  va_copy(c, ap);
+  std::size_t n = 0;
+  while (va_arg(c, const char*) != nullptr) ++n;
+  va_end(c);
+  return n;
+}
+// Fills argv (count_args + 2 entries: `first`, the rest, the null pointer); then, for execle, the
+// environment that follows the null pointer.
+char** fill_args(const char* first, va_list ap, std::size_t n, char** argv, char*** envp) {
+  argv[0] = const_cast<char*>(first);
+  for (std::size_t i = 1; i <= n + 1; ++i) argv[i] = va_arg(ap, char*);
+  if (envp) *envp = va_arg(ap, char**);
+  return argv;
 }
 
 using exit_fn = void (*)(int);
@@ -121,4 +170,63 @@ extern "C" __attribute__((visibility("default"))) int pthread_create(pthread_t* 
 }
 
 extern "C" __attribute__((visibility("default"))) void _exit(int status) { finish_exit("_exit", status); }
+
+extern "C" __attribute__((visibility("default"))) int execve(const char* path, char* const argv[],
+                                                             char* const envp[]) {
+  exec_guard g;
+  return g.failed(real<execve_fn>("execve")(path, argv, envp));
+}
+extern "C" __attribute__((visibility("default"))) int execv(const char* path, char* const argv[]) {
+  exec_guard g;
+  return g.failed(real<execv_fn>("execv")(path, argv));
+}
+extern "C" __attribute__((visibility("default"))) int execvp(const char* file, char* const argv[]) {
+  exec_guard g;
+  return g.failed(real<execv_fn>("execvp")(file, argv));
+}
+extern "C" __attribute__((visibility("default"))) int execvpe(const char* file, char* const argv[],
+                                                              char* const envp[]) {
+  exec_guard g;
+  return g.failed(real<execve_fn>("execvpe")(file, argv, envp));
+}
+extern "C" __attribute__((visibility("default"))) int fexecve(int fd, char* const argv[],
+                                                              char* const envp[]) {
+  exec_guard g;
+  return g.failed(real<fexecve_fn>("fexecve")(fd, argv, envp));
+}
+extern "C" __attribute__((visibility("default"))) int execveat(int dirfd, const char* path,
+                                                               char* const argv[], char* const envp[],
+                                                               int flags) {
+  exec_guard g;
+  return g.failed(real<execveat_fn>("execveat")(dirfd, path, argv, envp, flags));
+}
+// execl*: the argv array on this frame's stack (alloca, no malloc: the caller may be a vfork child).
+extern "C" __attribute__((visibility("default"))) int execl(const char* path, const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  const std::size_t n = count_args(ap);
+  char** argv = fill_args(arg, ap, n, static_cast<char**>(alloca((n + 2) * sizeof(char*))), nullptr);
+  va_end(ap);
+  exec_guard g;
+  return g.failed(real<execv_fn>("execv")(path, argv));
+}
+extern "C" __attribute__((visibility("default"))) int execlp(const char* file, const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  const std::size_t n = count_args(ap);
+  char** argv = fill_args(arg, ap, n, static_cast<char**>(alloca((n + 2) * sizeof(char*))), nullptr);
+  va_end(ap);
+  exec_guard g;
+  return g.failed(real<execv_fn>("execvp")(file, argv));
+}
+extern "C" __attribute__((visibility("default"))) int execle(const char* path, const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  const std::size_t n = count_args(ap);
+  char** envp = nullptr;
+  char** argv = fill_args(arg, ap, n, static_cast<char**>(alloca((n + 2) * sizeof(char*))), &envp);
+  va_end(ap);
+  exec_guard g;
+  return g.failed(real<execve_fn>("execve")(path, argv, envp));
+}
 extern "C" __attribute__((visibility("default"))) void _Exit(int status) { finish_exit("_Exit", status); }

@@ -101,6 +101,11 @@ class profiler_core {
 
   bool running() const { return running_; }
   bool thread_roots() const { return opts_.thread_roots; }
+  // The options of the running (or last) session, as start() applied them.
+  options current_options() {
+    std::lock_guard<std::mutex> control(control_mu_);
+    return opts_;
+  }
 
   // Arms the calling thread now (instead of at the next scan) and unblocks the sampling signal in it.
   status register_current_thread() {
