@@ -4586,6 +4586,7 @@ class thread_registry {
   switch_result switch_primary(std::unique_ptr<tick_source> next) {
     std::lock_guard<std::mutex> lock(mu_);
     switch_result r;
+    if (!primary_) return r;  // the session's sources were closed (end()): nothing to move
     std::unique_ptr<tick_source> old = std::move(primary_);
     primary_ = std::move(next);
     for (auto& t : threads_) {
@@ -5011,6 +5012,130 @@ inline std::unique_ptr<tick_source> open_upgrade_source(const source_config& bas
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/sources/contention.hpp ----
+// ---- begin selfprof/sources/signal_setup.hpp ----
+// Choosing and installing the profiling signal: never replaces an application's handler silently, and
+// recognises another copy of selfprof in the same process by a marker in its handler's sa_mask.
+// Context: setup only.
+
+#include <signal.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+// Every selfprof handler blocks SIGRTMAX while it runs; no application handler is likely to look like
+// that together with SA_SIGINFO|SA_RESTART, and it costs nothing: it is how one copy of selfprof sees
+// another copy (a different version, or a hidden-visibility build in another shared library).
+inline int selfprof_marker_signal() { return SIGRTMAX; }
+
+inline bool is_selfprof_action(const struct sigaction& a) {
+  return (a.sa_flags & SA_SIGINFO) && (a.sa_flags & SA_RESTART) &&
+         sigismember(&a.sa_mask, selfprof_marker_signal()) == 1;
+}
+
+inline bool is_free_action(const struct sigaction& a) {
+  if (a.sa_flags & SA_SIGINFO) return false;
+  return a.sa_handler == SIG_DFL || a.sa_handler == SIG_IGN;
+}
+
+struct installed_signal {
+  int number = 0;
+  struct sigaction previous {};
+};
+
+// Signals tried when none is requested: SIGURG, SIGPROF, then real-time signals from the top (glibc
+// keeps the first ones for itself; SIGRTMAX is our marker). SIGURG first, as Go's runtime does for its
+// preemption signal: its default action is to ignore it, so a tick that arrives where selfprof's
+// handler is gone (after an exec, or after a program replaced the handler and reset it) does nothing,
+// and programs rarely claim it (socket out-of-band data needs an F_SETOWN socket), while SIGPROF is
+// claimed by GNU sort, gperftools and -pg builds, whose handlers re-raise and kill. Standard signals do
+// not queue, which is what we want for ticks; RT ones do, which is harmless at these rates. The itimer
+// can only deliver SIGPROF (profiler_core takes it then).
+inline std::vector<int> sample_signal_candidates() {
+  std::vector<int> c{SIGURG, SIGPROF};
+  for (int s = SIGRTMAX - 1; s >= SIGRTMAX - 8 && s > SIGRTMIN + 2; --s) c.push_back(s);
+  return c;
+}
+
+inline status check_no_other_copy() {
+  for (int s : sample_signal_candidates()) {
+    struct sigaction cur {};
+    if (sys().sigaction(s, nullptr, &cur) != 0) continue;
+    if (is_selfprof_action(cur) && cur.sa_sigaction != &sample_signal_handler)
+      return status::error(
+          "another copy of selfprof (another build in this process) already profiles it on signal " +
+          std::to_string(s) + "; this copy defers to it");
+  }
+  return status::ok();
+}
+
+inline status install_sample_handler(int requested, installed_signal& out, std::vector<std::string>& notes) {
+  status other = check_no_other_copy();
+  if (!other) return other;
+  std::vector<int> candidates = requested > 0 ? std::vector<int>{requested} : sample_signal_candidates();
+  for (int s : candidates) {
+    struct sigaction cur {};
+    if (sys().sigaction(s, nullptr, &cur) != 0) continue;
+    if (!is_free_action(cur)) {
+      notes.push_back("signal " + std::to_string(s) + (s == SIGPROF ? " (SIGPROF)" : "") +
+                      " already has a handler installed by the application: left alone");
+      continue;
+    }
+    struct sigaction act {};
+    act.sa_sigaction = &sample_signal_handler;
+    act.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&act.sa_mask);
+    sigaddset(&act.sa_mask, selfprof_marker_signal());
+    if (sys().sigaction(s, &act, &out.previous) != 0) {
+      notes.push_back("sigaction(" + std::to_string(s) + "): " + std::strerror(errno));
+      continue;
+    }
+    out.number = s;
+    g_handler.signal_number.store(s, std::memory_order_release);
+    return status::ok();
+  }
+  std::string why = requested > 0
+                        ? "the requested sampling signal " + std::to_string(requested) +
+                              (requested == SIGPROF ? " (SIGPROF, the only one the itimer delivers)" : "") +
+                              " is in use"
+                        : "every candidate sampling signal is in use";
+  return status::error("selfprof: " + why + " (set SELFPROF_SAMPLE_SIGNAL to a free signal)");
+}
+
+// Discards pending ticks (setting SIG_IGN drops them, POSIX sigaction), waits for running handlers, then
+// restores the application's previous action.
+// True while `sig` still runs selfprof's sampling handler (the program may have installed its own since).
+inline bool sample_handler_installed(int sig) {
+  struct sigaction cur {};
+  if (sig <= 0 || sys().sigaction(sig, nullptr, &cur) != 0) return false;
+  return (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == &sample_signal_handler;
+}
+
+// A program that installed its own handler since keeps it: nothing is restored over it.
+inline void restore_sample_handler(installed_signal& s) {
+  if (s.number == 0) return;
+  if (!sample_handler_installed(s.number)) {
+    while (g_handler.in_flight.load(std::memory_order_acquire) != 0) sched_yield();
+    s.number = 0;
+    return;
+  }
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  sys().sigaction(s.number, &ign, nullptr);
+  while (g_handler.in_flight.load(std::memory_order_acquire) != 0) sched_yield();
+  sys().sigaction(s.number, &s.previous, nullptr);
+  s.number = 0;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/sources/signal_setup.hpp ----
 // ---- begin selfprof/symbols/shared_symbolizer.hpp ----
 // The process's one symbolizer behind a lock: the collector refreshes its module snapshot while
 // libraries come and go (so samples in a library unloaded later keep their names), dumps read it.
@@ -8561,6 +8686,7 @@ struct collector_config {
   bool wall = false;                // wall mode: the short period
   bool unwind_rows = false;         // rebuild the handler's CFI rows when libraries come and go
   std::vector<pid_t> own;           // selfprof's other threads, never armed
+  int sample_signal = 0;            // watched: the program may install its own handler for it
   wall_sampler* sampler = nullptr;  // wall mode: the wall sampler, told the threads to look at
 };
 
@@ -8650,6 +8776,7 @@ class collector {
     while (worker_.wait(wait_ms(ticks_arrive, boosting))) {
       wakes_.fetch_add(1, std::memory_order_relaxed);
       config_.store->drain(*config_.ring);
+      watch_sample_signal();
       const std::uint64_t total = config_.store->total();
       const auto now = std::chrono::steady_clock::now();
       const std::uint64_t taken = g_handler.taken.load(std::memory_order_relaxed);
@@ -8666,7 +8793,7 @@ class collector {
         last_count = count;
         last_full_scan = now;
       }
-      if (ticks_arrive && contention_.due(now)) check_contention(now);
+      if (ticks_arrive && config_.threads->primary() && contention_.due(now)) check_contention(now);
       if (count >= 0) {  // the handler compares with this; its next check is at most kThreadCheckNs away
         g_handler.task_links.store(static_cast<std::uint64_t>(count), std::memory_order_relaxed);
         std::uint64_t zero = 0;
@@ -8686,6 +8813,19 @@ class collector {
         last_generation = generation;
       }
     }
+  }
+
+  // The program installed its own handler for the sampling signal (without the preload library, which
+  // moves selfprof to another signal first): its handler must not keep receiving ticks, so every source
+  // is closed at once. Sampling is over for this session; a note says why.
+  void watch_sample_signal() {
+    if (config_.sample_signal <= 0 || sample_handler_installed(config_.sample_signal)) return;
+    config_.threads->end();
+    config_.session->note("the program installed its own handler for signal " +
+                              std::to_string(config_.sample_signal) +
+                              ", the sampling signal: selfprof stopped sending it, and sampling stopped",
+                          true);
+    config_.sample_signal = 0;
   }
 
   // SELFPROF_FRAME_HZ on threads that started marking game frames; true while such a rate is set.
@@ -12971,6 +13111,8 @@ class auto_dumps {
 // time, even coverage of threads) and records why each earlier one was refused.
 // Context: setup only.
 
+#include <signal.h>
+
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -13079,6 +13221,9 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
                {source_kind::perf, true},
                {source_kind::timer, false},
                {source_kind::itimer, false}};
+    // The itimer delivers SIGPROF only: tried here when that is the sampling signal; otherwise the caller
+    // takes SIGPROF and asks for the itimer itself when nothing else opened.
+    if (cfg.signal_number != SIGPROF) order.pop_back();
   } else {
     order = {{requested, requested == source_kind::perf}};
   }
@@ -13146,110 +13291,6 @@ inline source_choice choose_wall_source(source_kind requested, source_config cfg
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/sources/select.hpp ----
-// ---- begin selfprof/sources/signal_setup.hpp ----
-// Choosing and installing the profiling signal: never replaces an application's handler silently, and
-// recognises another copy of selfprof in the same process by a marker in its handler's sa_mask.
-// Context: setup only.
-
-#include <signal.h>
-
-#include <cerrno>
-#include <cstring>
-#include <string>
-#include <vector>
-
-
-namespace selfprof {
-namespace detail {
-
-// Every selfprof handler blocks SIGRTMAX while it runs; no application handler is likely to look like
-// that together with SA_SIGINFO|SA_RESTART, and it costs nothing: it is how one copy of selfprof sees
-// another copy (a different version, or a hidden-visibility build in another shared library).
-inline int selfprof_marker_signal() { return SIGRTMAX; }
-
-inline bool is_selfprof_action(const struct sigaction& a) {
-  return (a.sa_flags & SA_SIGINFO) && (a.sa_flags & SA_RESTART) &&
-         sigismember(&a.sa_mask, selfprof_marker_signal()) == 1;
-}
-
-inline bool is_free_action(const struct sigaction& a) {
-  if (a.sa_flags & SA_SIGINFO) return false;
-  return a.sa_handler == SIG_DFL || a.sa_handler == SIG_IGN;
-}
-
-struct installed_signal {
-  int number = 0;
-  struct sigaction previous {};
-};
-
-// Signals tried when none is requested: SIGPROF, then real-time signals from the top (glibc keeps the
-// first ones for itself; SIGRTMAX is our marker). Standard signals do not queue, which is what we want
-// for ticks; RT ones do, which is harmless at these rates.
-inline std::vector<int> sample_signal_candidates() {
-  std::vector<int> c{SIGPROF};
-  for (int s = SIGRTMAX - 1; s >= SIGRTMAX - 8 && s > SIGRTMIN + 2; --s) c.push_back(s);
-  return c;
-}
-
-inline status check_no_other_copy() {
-  for (int s : sample_signal_candidates()) {
-    struct sigaction cur {};
-    if (sys().sigaction(s, nullptr, &cur) != 0) continue;
-    if (is_selfprof_action(cur) && cur.sa_sigaction != &sample_signal_handler)
-      return status::error(
-          "another copy of selfprof (another build in this process) already profiles it on signal " +
-          std::to_string(s) + "; this copy defers to it");
-  }
-  return status::ok();
-}
-
-inline status install_sample_handler(int requested, installed_signal& out, std::vector<std::string>& notes) {
-  status other = check_no_other_copy();
-  if (!other) return other;
-  std::vector<int> candidates = requested > 0 ? std::vector<int>{requested} : sample_signal_candidates();
-  for (int s : candidates) {
-    struct sigaction cur {};
-    if (sys().sigaction(s, nullptr, &cur) != 0) continue;
-    if (!is_free_action(cur)) {
-      notes.push_back("signal " + std::to_string(s) + (s == SIGPROF ? " (SIGPROF)" : "") +
-                      " already has a handler installed by the application: left alone");
-      continue;
-    }
-    struct sigaction act {};
-    act.sa_sigaction = &sample_signal_handler;
-    act.sa_flags = SA_SIGINFO | SA_RESTART;
-    sigemptyset(&act.sa_mask);
-    sigaddset(&act.sa_mask, selfprof_marker_signal());
-    if (sys().sigaction(s, &act, &out.previous) != 0) {
-      notes.push_back("sigaction(" + std::to_string(s) + "): " + std::strerror(errno));
-      continue;
-    }
-    out.number = s;
-    g_handler.signal_number.store(s, std::memory_order_release);
-    return status::ok();
-  }
-  std::string why = requested > 0
-                        ? "the requested sampling signal " + std::to_string(requested) + " is in use"
-                        : "every candidate sampling signal is in use";
-  return status::error("selfprof: " + why + " (set SELFPROF_SAMPLE_SIGNAL to a free signal)");
-}
-
-// Discards pending ticks (setting SIG_IGN drops them, POSIX sigaction), waits for running handlers, then
-// restores the application's previous action.
-inline void restore_sample_handler(installed_signal& s) {
-  if (s.number == 0) return;
-  struct sigaction ign {};
-  ign.sa_handler = SIG_IGN;
-  sigemptyset(&ign.sa_mask);
-  sys().sigaction(s.number, &ign, nullptr);
-  while (g_handler.in_flight.load(std::memory_order_acquire) != 0) sched_yield();
-  sys().sigaction(s.number, &s.previous, nullptr);
-  s.number = 0;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/sources/signal_setup.hpp ----
 
 namespace selfprof {
 namespace detail {
@@ -13280,7 +13321,10 @@ class profiler_core {
     session_.clear();
     registry_.clear_names();
     prepare_ring();
-    status st = install_sample_handler(opts_.sample_signal, signal_, notes_);
+    // A forced itimer can only deliver SIGPROF.
+    const int wanted =
+        opts_.sample_signal == 0 && opts_.source == source_kind::itimer ? SIGPROF : opts_.sample_signal;
+    status st = install_sample_handler(wanted, signal_, notes_);
     if (!st) return fail_start(st);
     sample_signal_ = signal_.number;
     st = choose_tick_source();
@@ -13321,6 +13365,14 @@ class profiler_core {
 
   bool running() const { return running_; }
   bool thread_roots() const { return opts_.thread_roots; }
+  // The signal ticks arrive on while sampling runs, else 0.
+  int sample_signal() const { return running_ ? sample_signal_ : 0; }
+
+  // The options of the running (or last) session, as start() applied them.
+  options current_options() {
+    std::lock_guard<std::mutex> control(control_mu_);
+    return opts_;
+  }
 
   // Arms the calling thread now (instead of at the next scan) and unblocks the sampling signal in it.
   status register_current_thread() {
@@ -13454,6 +13506,23 @@ class profiler_core {
     cfg.hz = opts_.hz;
     cfg.signal_number = signal_.number;
     source_choice choice = wall_ ? choose_wall_source(opts_.source, cfg) : choose_source(opts_.source, cfg);
+    if (!choice.source && !wall_ && opts_.source == source_kind::automatic && opts_.sample_signal == 0 &&
+        signal_.number != SIGPROF) {
+      // Only the itimer is left, and it delivers SIGPROF alone: sample on SIGPROF when it is free.
+      installed_signal on_prof;
+      if (install_sample_handler(SIGPROF, on_prof, notes_)) {
+        restore_sample_handler(signal_);
+        signal_ = on_prof;
+        sample_signal_ = SIGPROF;
+        cfg.signal_number = SIGPROF;
+        source_choice again = choose_source(source_kind::itimer, cfg);
+        for (auto& r : again.refused) choice.refused.push_back(r);
+        if (again.source) {
+          choice.source = std::move(again.source);
+          choice.reason = "last resort: per-thread sources unavailable (samples are uneven across threads)";
+        }
+      }
+    }
     session_.set_refused(choice.refused);
     const bool forced = opts_.source != source_kind::automatic;
     if (!choice.source && (!wall_ || forced)) {
@@ -13533,6 +13602,7 @@ class profiler_core {
     cc.wall = wall_;
     cc.unwind_rows = unwind_ == unwind_mode::dwarf;
     cc.own = {dumps_.tid()};
+    cc.sample_signal = signal_.number;
     if (wall_) cc.own.push_back(wall_sampler_.tid());
     cc.sampler = wall_ ? &wall_sampler_ : nullptr;
     st = collector_.start(cc);

@@ -94,6 +94,13 @@ done
 out=$("$bin" record -q --follow-exec -F 499 -o ex-%p.folded -- /bin/sh -c './hot_c 0 20000000 > /dev/null; exec /bin/sh -c "./hot_c 0 20000000 > /dev/null; exec echo chain"'); rc=$?
 [ "$out" = chain ] && [ $rc -eq 0 ] && ok "--follow-exec: a chain of execs runs to its end" || bad "--follow-exec exec chain: rc $rc, output '$out'"
 
+# A program that claims the sampling signal later (issue 21 item 2: GNU sort handles SIGPROF and re-raises
+# it; here a shell traps SIGURG, selfprof's default): the preload moves sampling to another signal
+# before the program's handler is installed, so the handler never runs.
+out=$("$bin" record -q -F 199 -o trap-%p.folded -- bash -c 'trap "exit 9" URG PROF; ./hot_c 0 100000000 > /dev/null; echo done'); rc=$?
+[ "$out" = done ] && [ $rc -eq 0 ] && grep -q hot_c_function trap-*.folded &&
+  ok "a trap on the sampling signal: never triggered, sampling goes on" || bad "trap on the sampling signal: rc $rc, output '$out'"
+
 # Errors: missing command (127, like a shell), missing library, bad option.
 "$bin" record -q -- ./does-not-exist 2> err; rc=$?
 [ $rc -eq 127 ] && grep -q "does-not-exist" err && ok "missing command: 127 and named" || bad "missing command: rc $rc"

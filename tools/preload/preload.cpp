@@ -4,7 +4,8 @@
 // every new thread is armed before its start routine runs. It also interposes _exit/_Exit, which skip
 // atexit handlers, so a program leaving that way (dash's `exit`) still writes its exit profile, and the
 // exec family (execve, execv, execvp, execvpe, execl, execlp, execle, fexecve, execveat), to stop
-// sampling before the image is replaced.
+// sampling before the image is replaced, and sigaction/signal/bsd_signal, to move off the sampling
+// signal when the program claims it.
 //
 // exec'd children: unless SELFPROF_FOLLOW_EXEC=1, the library removes itself from LD_PRELOAD in this
 // process's environment as soon as it is loaded, so programs this one executes are not profiled
@@ -15,6 +16,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -115,6 +117,31 @@ Fn real(const char* name) {
   return reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, name));
 }
 
+using sigaction_fn = int (*)(int, const struct sigaction*, struct sigaction*);
+sigaction_fn real_sigaction() {
+  static sigaction_fn fn = real<sigaction_fn>("sigaction");
+  return fn;
+}
+
+// The program installs a handler for the signal selfprof samples on (a shell's `trap ... URG`, a
+// program that handles SIGPROF): the program's handler must never see a tick, and some re-raise it
+// and die. So sampling stops first (the signal's previous action comes back), the program's action is
+// installed, and sampling starts again on another free signal; the profile so far starts anew.
+int claim_signal(int sig, const struct sigaction* act, struct sigaction* old) {
+  selfprof::detail::profiler_core& core = selfprof::detail::profiler_core::instance();
+  if (act == nullptr || sig <= 0 || g_started_pid != ::getpid() || core.sample_signal() != sig)
+    return real_sigaction()(sig, act, old);
+  selfprof::options o = core.current_options();
+  (void)selfprof::stop();
+  const int rc = real_sigaction()(sig, act, old);
+  const int saved = errno;
+  if (o.sample_signal == sig) o.sample_signal = 0;  // asked for, but the program owns it now
+  const selfprof::status st = selfprof::start(o);
+  if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
+  errno = saved;
+  return rc;
+}
+
 using execve_fn = int (*)(const char*, char* const[], char* const[]);
 using execv_fn = int (*)(const char*, char* const[]);
 using fexecve_fn = int (*)(int, char* const[], char* const[]);
@@ -148,6 +175,8 @@ using exit_fn = void (*)(int);
 
 __attribute__((constructor)) void selfprof_preload_start() {
   g_started_pid = ::getpid();
+  // selfprof's own sigaction calls go straight to libc, not through the interposer below.
+  if (real_sigaction()) selfprof::detail::sys().sigaction = real_sigaction();
   const char* follow = std::getenv("SELFPROF_FOLLOW_EXEC");
   if (!(follow && std::strcmp(follow, "1") == 0)) remove_from_ld_preload();
   (void)real_pthread_create();  // resolve now, before any thread exists
@@ -170,6 +199,26 @@ extern "C" __attribute__((visibility("default"))) int pthread_create(pthread_t* 
 }
 
 extern "C" __attribute__((visibility("default"))) void _exit(int status) { finish_exit("_exit", status); }
+
+extern "C" __attribute__((visibility("default"))) int sigaction(int sig, const struct sigaction* act,
+                                                                struct sigaction* old) {
+  return claim_signal(sig, act, old);
+}
+// signal() and bsd_signal() reach libc's sigaction internally, past the interposer: the same here, with
+// glibc's BSD semantics (SA_RESTART, the handler stays installed).
+extern "C" __attribute__((visibility("default"))) sighandler_t signal(int sig, sighandler_t handler) {
+  struct sigaction act {
+  }, old{};
+  act.sa_handler = handler;
+  sigemptyset(&act.sa_mask);
+  sigaddset(&act.sa_mask, sig);
+  act.sa_flags = SA_RESTART;
+  if (claim_signal(sig, &act, &old) != 0) return SIG_ERR;
+  return old.sa_handler;
+}
+extern "C" __attribute__((visibility("default"))) sighandler_t bsd_signal(int sig, sighandler_t handler) {
+  return signal(sig, handler);
+}
 
 extern "C" __attribute__((visibility("default"))) int execve(const char* path, char* const argv[],
                                                              char* const envp[]) {

@@ -35,6 +35,7 @@
 #include "selfprof/detail/worker.hpp"
 #include "selfprof/signal/handler.hpp"
 #include "selfprof/sources/contention.hpp"
+#include "selfprof/sources/signal_setup.hpp"
 #include "selfprof/symbols/shared_symbolizer.hpp"
 #include "selfprof/unwind/tables.hpp"
 #include "selfprof/wall/sampler.hpp"
@@ -58,6 +59,7 @@ struct collector_config {
   bool wall = false;                // wall mode: the short period
   bool unwind_rows = false;         // rebuild the handler's CFI rows when libraries come and go
   std::vector<pid_t> own;           // selfprof's other threads, never armed
+  int sample_signal = 0;            // watched: the program may install its own handler for it
   wall_sampler* sampler = nullptr;  // wall mode: the wall sampler, told the threads to look at
 };
 
@@ -147,6 +149,7 @@ class collector {
     while (worker_.wait(wait_ms(ticks_arrive, boosting))) {
       wakes_.fetch_add(1, std::memory_order_relaxed);
       config_.store->drain(*config_.ring);
+      watch_sample_signal();
       const std::uint64_t total = config_.store->total();
       const auto now = std::chrono::steady_clock::now();
       const std::uint64_t taken = g_handler.taken.load(std::memory_order_relaxed);
@@ -163,7 +166,7 @@ class collector {
         last_count = count;
         last_full_scan = now;
       }
-      if (ticks_arrive && contention_.due(now)) check_contention(now);
+      if (ticks_arrive && config_.threads->primary() && contention_.due(now)) check_contention(now);
       if (count >= 0) {  // the handler compares with this; its next check is at most kThreadCheckNs away
         g_handler.task_links.store(static_cast<std::uint64_t>(count), std::memory_order_relaxed);
         std::uint64_t zero = 0;
@@ -183,6 +186,19 @@ class collector {
         last_generation = generation;
       }
     }
+  }
+
+  // The program installed its own handler for the sampling signal (without the preload library, which
+  // moves selfprof to another signal first): its handler must not keep receiving ticks, so every source
+  // is closed at once. Sampling is over for this session; a note says why.
+  void watch_sample_signal() {
+    if (config_.sample_signal <= 0 || sample_handler_installed(config_.sample_signal)) return;
+    config_.threads->end();
+    config_.session->note("the program installed its own handler for signal " +
+                              std::to_string(config_.sample_signal) +
+                              ", the sampling signal: selfprof stopped sending it, and sampling stopped",
+                          true);
+    config_.sample_signal = 0;
   }
 
   // SELFPROF_FRAME_HZ on threads that started marking game frames; true while such a rate is set.

@@ -156,6 +156,7 @@ class thread_registry {
   switch_result switch_primary(std::unique_ptr<tick_source> next) {
     std::lock_guard<std::mutex> lock(mu_);
     switch_result r;
+    if (!primary_) return r;  // the session's sources were closed (end()): nothing to move
     std::unique_ptr<tick_source> old = std::move(primary_);
     primary_ = std::move(next);
     for (auto& t : threads_) {

@@ -60,7 +60,10 @@ class profiler_core {
     session_.clear();
     registry_.clear_names();
     prepare_ring();
-    status st = install_sample_handler(opts_.sample_signal, signal_, notes_);
+    // A forced itimer can only deliver SIGPROF.
+    const int wanted =
+        opts_.sample_signal == 0 && opts_.source == source_kind::itimer ? SIGPROF : opts_.sample_signal;
+    status st = install_sample_handler(wanted, signal_, notes_);
     if (!st) return fail_start(st);
     sample_signal_ = signal_.number;
     st = choose_tick_source();
@@ -101,6 +104,9 @@ class profiler_core {
 
   bool running() const { return running_; }
   bool thread_roots() const { return opts_.thread_roots; }
+  // The signal ticks arrive on while sampling runs, else 0.
+  int sample_signal() const { return running_ ? sample_signal_ : 0; }
+
   // The options of the running (or last) session, as start() applied them.
   options current_options() {
     std::lock_guard<std::mutex> control(control_mu_);
@@ -239,6 +245,23 @@ class profiler_core {
     cfg.hz = opts_.hz;
     cfg.signal_number = signal_.number;
     source_choice choice = wall_ ? choose_wall_source(opts_.source, cfg) : choose_source(opts_.source, cfg);
+    if (!choice.source && !wall_ && opts_.source == source_kind::automatic && opts_.sample_signal == 0 &&
+        signal_.number != SIGPROF) {
+      // Only the itimer is left, and it delivers SIGPROF alone: sample on SIGPROF when it is free.
+      installed_signal on_prof;
+      if (install_sample_handler(SIGPROF, on_prof, notes_)) {
+        restore_sample_handler(signal_);
+        signal_ = on_prof;
+        sample_signal_ = SIGPROF;
+        cfg.signal_number = SIGPROF;
+        source_choice again = choose_source(source_kind::itimer, cfg);
+        for (auto& r : again.refused) choice.refused.push_back(r);
+        if (again.source) {
+          choice.source = std::move(again.source);
+          choice.reason = "last resort: per-thread sources unavailable (samples are uneven across threads)";
+        }
+      }
+    }
     session_.set_refused(choice.refused);
     const bool forced = opts_.source != source_kind::automatic;
     if (!choice.source && (!wall_ || forced)) {
@@ -318,6 +341,7 @@ class profiler_core {
     cc.wall = wall_;
     cc.unwind_rows = unwind_ == unwind_mode::dwarf;
     cc.own = {dumps_.tid()};
+    cc.sample_signal = signal_.number;
     if (wall_) cc.own.push_back(wall_sampler_.tid());
     cc.sampler = wall_ ? &wall_sampler_ : nullptr;
     st = collector_.start(cc);

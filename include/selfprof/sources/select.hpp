@@ -3,6 +3,8 @@
 // Context: setup only.
 #pragma once
 
+#include <signal.h>
+
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -55,6 +57,9 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
                {source_kind::perf, true},
                {source_kind::timer, false},
                {source_kind::itimer, false}};
+    // The itimer delivers SIGPROF only: tried here when that is the sampling signal; otherwise the caller
+    // takes SIGPROF and asks for the itimer itself when nothing else opened.
+    if (cfg.signal_number != SIGPROF) order.pop_back();
   } else {
     order = {{requested, requested == source_kind::perf}};
   }

@@ -37,11 +37,16 @@ struct installed_signal {
   struct sigaction previous {};
 };
 
-// Signals tried when none is requested: SIGPROF, then real-time signals from the top (glibc keeps the
-// first ones for itself; SIGRTMAX is our marker). Standard signals do not queue, which is what we want
-// for ticks; RT ones do, which is harmless at these rates.
+// Signals tried when none is requested: SIGURG, SIGPROF, then real-time signals from the top (glibc
+// keeps the first ones for itself; SIGRTMAX is our marker). SIGURG first, as Go's runtime does for its
+// preemption signal: its default action is to ignore it, so a tick that arrives where selfprof's
+// handler is gone (after an exec, or after a program replaced the handler and reset it) does nothing,
+// and programs rarely claim it (socket out-of-band data needs an F_SETOWN socket), while SIGPROF is
+// claimed by GNU sort, gperftools and -pg builds, whose handlers re-raise and kill. Standard signals do
+// not queue, which is what we want for ticks; RT ones do, which is harmless at these rates. The itimer
+// can only deliver SIGPROF (profiler_core takes it then).
 inline std::vector<int> sample_signal_candidates() {
-  std::vector<int> c{SIGPROF};
+  std::vector<int> c{SIGURG, SIGPROF};
   for (int s = SIGRTMAX - 1; s >= SIGRTMAX - 8 && s > SIGRTMIN + 2; --s) c.push_back(s);
   return c;
 }
@@ -84,15 +89,30 @@ inline status install_sample_handler(int requested, installed_signal& out, std::
     return status::ok();
   }
   std::string why = requested > 0
-                        ? "the requested sampling signal " + std::to_string(requested) + " is in use"
+                        ? "the requested sampling signal " + std::to_string(requested) +
+                              (requested == SIGPROF ? " (SIGPROF, the only one the itimer delivers)" : "") +
+                              " is in use"
                         : "every candidate sampling signal is in use";
   return status::error("selfprof: " + why + " (set SELFPROF_SAMPLE_SIGNAL to a free signal)");
 }
 
 // Discards pending ticks (setting SIG_IGN drops them, POSIX sigaction), waits for running handlers, then
 // restores the application's previous action.
+// True while `sig` still runs selfprof's sampling handler (the program may have installed its own since).
+inline bool sample_handler_installed(int sig) {
+  struct sigaction cur {};
+  if (sig <= 0 || sys().sigaction(sig, nullptr, &cur) != 0) return false;
+  return (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == &sample_signal_handler;
+}
+
+// A program that installed its own handler since keeps it: nothing is restored over it.
 inline void restore_sample_handler(installed_signal& s) {
   if (s.number == 0) return;
+  if (!sample_handler_installed(s.number)) {
+    while (g_handler.in_flight.load(std::memory_order_acquire) != 0) sched_yield();
+    s.number = 0;
+    return;
+  }
   struct sigaction ign {};
   ign.sa_handler = SIG_IGN;
   sigemptyset(&ign.sa_mask);
