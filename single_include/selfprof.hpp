@@ -5861,7 +5861,7 @@ class symbol_table {
       const elf_section* in = image.section_at(sym.st_shndx);
       bool exec_section = in != nullptr && (in->flags & SHF_EXECINSTR) != 0;
       if (type == STT_NOTYPE) {
-        if (sym.st_size == 0 || !exec_section) continue;
+        if (!exec_section) continue;  // a label in code (hand-written assembly, ld.so's _dl_start_user)
       } else if (type != STT_FUNC && type != STT_GNU_IFUNC) {
         continue;
       }
@@ -5937,10 +5937,22 @@ class symbol_table {
       }
       unique.push_back(e);
     }
+    // A zero-size symbol inside a sized one is a label within that function's body: the function names
+    // those addresses, so the label goes.
+    std::vector<entry> kept;
+    kept.reserve(unique.size());
+    std::uint64_t covered_to = 0;
+    for (const entry& e : unique) {
+      if (e.size == 0 && e.start < covered_to) continue;
+      if (e.size != 0 && e.start + e.size > covered_to) covered_to = e.start + e.size;
+      kept.push_back(e);
+    }
+    unique.swap(kept);
     for (std::size_t i = 0; i < unique.size(); ++i) {
       entry& e = unique[i];
       if (e.size != 0) continue;
-      // A zero-size symbol (hand-written assembly) runs to the next symbol or the end of its section.
+      // A zero-size symbol (hand-written assembly, a label) runs to the next symbol or the end of its
+      // section.
       std::uint64_t end = i + 1 < unique.size() ? unique[i + 1].start : ~std::uint64_t{0};
       if (e.section_end != 0) end = std::min(end, e.section_end);
       e.size = end > e.start && end != ~std::uint64_t{0} ? end - e.start : 1;

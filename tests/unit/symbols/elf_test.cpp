@@ -82,6 +82,15 @@ TEST_CASE("elf: symbol sizes, a gap after a function, zero-size and static symbo
   CHECK(name_at(table, zero) == "selfprof_fixture_zero_size");
   CHECK(name_at(table, zero + 31) == "selfprof_fixture_zero_size");
   CHECK(name_at(table, zero + 32) == "selfprof_fixture_last");
+  // A NOTYPE label of size 0 (ld.so's _dl_start_user is one) names the code up to the next symbol; a
+  // label inside a sized function does not split it.
+  REQUIRE(nm.count("selfprof_fixture_label") == 1);
+  auto label = nm["selfprof_fixture_label"].address;
+  CHECK(name_at(table, label) == "selfprof_fixture_label");
+  CHECK(name_at(table, label + 15) == "selfprof_fixture_label");
+  CHECK(name_at(table, label + 16) == "selfprof_fixture_with_inner");
+  CHECK(name_at(table, nm["selfprof_fixture_inner_label"].address) == "selfprof_fixture_with_inner");
+  CHECK(name_at(table, label + 31) == "selfprof_fixture_with_inner");
   auto stat = nm["fixture_static_fn"];
   CHECK(name_at(table, stat.address + stat.size - 1) == "fixture_static_fn");
   for (const auto& entry : nm) {
