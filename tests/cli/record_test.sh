@@ -94,6 +94,15 @@ done
 out=$("$bin" record -q --follow-exec -F 499 -o ex-%p.folded -- /bin/sh -c './hot_c 0 20000000 > /dev/null; exec /bin/sh -c "./hot_c 0 20000000 > /dev/null; exec echo chain"'); rc=$?
 [ "$out" = chain ] && [ $rc -eq 0 ] && ok "--follow-exec: a chain of execs runs to its end" || bad "--follow-exec exec chain: rc $rc, output '$out'"
 
+# selfprof's own threads are never sampled (issue 21 item 8): with a root per thread, no root names one.
+SELFPROF_THREAD_ROOTS=1 "$bin" record -q -F 499 --interval=0.05 -o own-%p.folded -- ./hot_cpp 0 > /dev/null
+if [ -n "$(ls own-*.folded 2> /dev/null)" ] && grep -q hot_cpp_worker own-*.folded; then
+  grep -q '^\[selfprof' own-*.folded && bad "selfprof's own threads appear in the profile" ||
+    ok "selfprof's own threads (collector, dumper) are not in the profile"
+else
+  bad "thread-root profile missing"
+fi
+
 # A program that claims the sampling signal later (issue 21 item 2: GNU sort handles SIGPROF and re-raises
 # it; here a shell traps SIGURG, selfprof's default): the preload moves sampling to another signal
 # before the program's handler is installed, so the handler never runs.

@@ -210,6 +210,22 @@ TEST_CASE("svg: frames merge by name; input order does not change the bytes") {
   CHECK(find_frame(fs, "a (7 samples") != nullptr);
 }
 
+TEST_CASE("svg: counts whose sum passes 2^64 saturate instead of wrapping (issue 15, item 13)") {
+  builder x;
+  const std::uint64_t half = std::uint64_t(1) << 63;
+  x.add("main;a", half).add("main;b", half);  // wrapped, the sum was 0: "No stack counts found"
+  const std::string sx = selfprof::detail::write_svg(x.p, svg_options{});
+  CHECK(sx.find("No stack counts found") == std::string::npos);
+  auto fs = parse_frames(sx);
+  CHECK(fs.size() == 4);  // all, main, a, b
+  CHECK(find_frame(fs, "all (18,446,744,073,709,551,615 samples") != nullptr);
+  builder y;
+  y.add("main;a", ~std::uint64_t(0)).add("main;b", 2);  // wrapped, the sum was 1
+  const std::string sy = selfprof::detail::write_svg(y.p, svg_options{});
+  CHECK(sy.find("all (1 samples") == std::string::npos);
+  CHECK(sy.find("1844674407370955161600%") == std::string::npos);
+}
+
 TEST_CASE("svg: names and title are escaped and sanitized") {
   builder b;
   b.add(std::string("main;tmpl<int&, \"q\" 'r'>::f;caf\xC3\xA9;bad\xFF\x01name"), 10);
