@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -47,6 +48,7 @@ constexpr unsigned kCollectorWakeMs = 50;
 constexpr unsigned kCollectorBusyWakeMs = 500;
 constexpr unsigned kFullThreadScanMs = 500;  // full /proc/self/task scan even when the count is stable
 constexpr unsigned kSymbolRefreshMs = 200;   // module snapshot while samples arrive and libraries change
+constexpr unsigned kCodeRescanMaxMs = 5000;  // the longest back-off between scans for samples in unknown code
 
 struct collector_config {
   sample_ring* ring = nullptr;
@@ -146,8 +148,10 @@ class collector {
     std::uint64_t last_taken = g_handler.taken.load(std::memory_order_relaxed);
     bool ticks_arrive = false;
     bool boosting = false;
+    code_scan code;
     while (worker_.wait(wait_ms(ticks_arrive, boosting))) {
       wakes_.fetch_add(1, std::memory_order_relaxed);
+      config_.symbols->poll_jit_map();  // lines written before these samples were taken name them
       config_.store->drain(*config_.ring);
       watch_sample_signal();
       const std::uint64_t total = config_.store->total();
@@ -175,18 +179,40 @@ class collector {
       }
       if (config_.unwind_rows)  // nearly free when no module came or went; under the lock fork() takes
         config_.symbols->locked([] { build_unwind_tables(); });
-      // A library loaded while profiling is parsed while it is still mapped, so its samples keep their
-      // names after a dlclose. Nothing to do while no library comes or goes.
+      // A library loaded while profiling, or code mapped without the loader that samples landed in, is
+      // parsed while it is still mapped, so its samples keep their names after it is unmapped. Nothing to
+      // do while no library comes or goes and every sample lands in known code.
       const std::uint64_t generation = loader_generation();
-      if (generation != last_generation && total != last_total &&
-          now - last_sym >= std::chrono::milliseconds(kSymbolRefreshMs)) {
-        config_.symbols->refresh();
+      const bool loader_moved = generation != last_generation && total != last_total;
+      const bool unknown = config_.store->take_unknown_code();
+      if ((loader_moved || unknown) && now - last_sym >= code.interval) {
+        code.scanned(config_.symbols->rescan(), loader_moved);
+        config_.store->set_code(code.ranges, config_.symbols->jit_map());
         last_sym = now;
         last_total = total;
         last_generation = generation;
       }
     }
   }
+
+  // Scans for samples in unknown code back off while the maps do not change (a bad unwind can leave
+  // addresses that belong to no mapping), and come back to the short interval when they do.
+  struct code_scan {
+    std::vector<code_range> ranges;
+    std::chrono::milliseconds interval{kSymbolRefreshMs};
+    void scanned(std::vector<code_range> now, bool loader_moved) {
+      const bool same =
+          now.size() == ranges.size() &&
+          std::equal(now.begin(), now.end(), ranges.begin(), [](const code_range& a, const code_range& b) {
+            return a.start == b.start && a.end == b.end && a.anonymous == b.anonymous;
+          });
+      if (same && !loader_moved)
+        interval = std::min(interval * 2, std::chrono::milliseconds(kCodeRescanMaxMs));
+      else
+        interval = std::chrono::milliseconds(kSymbolRefreshMs);
+      ranges = std::move(now);
+    }
+  };
 
   // The program installed its own handler for the sampling signal (without the preload library, which
   // moves selfprof to another signal first): its handler must not keep receiving ticks, so every source

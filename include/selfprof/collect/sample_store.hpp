@@ -1,6 +1,7 @@
 // The sample store: the one consumer of the sample ring. Folds each drained record into the cumulative
 // stack table, the time windows and the per-thread totals, and hands game-frame samples to the game-frame
-// tracker. JIT code is recorded by what was at each address when the sample was taken.
+// tracker. JIT code is recorded by what was at each address when the sample was taken (the JIT registry,
+// the perf map); a sample outside every known mapping is noted so the collector reads the maps again.
 // Context: the collector thread (drain) and any thread taking a snapshot; every method takes the store's
 // lock, which is also the ring's consumer lock.
 #pragma once
@@ -11,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "selfprof/collect/code_watch.hpp"
 #include "selfprof/collect/snapshot.hpp"
 #include "selfprof/collect/windows.hpp"
 #include "selfprof/detail/stack_table.hpp"
@@ -53,6 +55,18 @@ class sample_store {
   void drain(sample_ring& ring) {
     std::lock_guard<std::mutex> lock(mu_);
     drain_locked(ring);
+  }
+
+  // Executable ranges from the last module scan, and the perf map to name JIT samples with (or null).
+  void set_code(std::vector<code_range> ranges, const perf_map* map) {
+    std::lock_guard<std::mutex> lock(mu_);
+    code_.set_ranges(std::move(ranges));
+    code_.set_perf_map(map);
+  }
+  // True once after a sample landed outside every known executable range.
+  bool take_unknown_code() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return code_.take_unknown();
   }
 
   std::uint64_t total() {
@@ -140,6 +154,7 @@ class sample_store {
     by_thread_.clear();
     games_.clear();
     rates_.clear();
+    code_.forget();
   }
 
  private:
@@ -156,7 +171,7 @@ class sample_store {
         const std::uint64_t* raw = s->pcs();
         for (std::size_t i = 0; i < depth; ++i) {
           pcs_[i] = raw[i];
-          jit_translate_pc(pcs_[i], h.time_ns);
+          if (!jit_translate_pc(pcs_[i], h.time_ns)) code_.translate(pcs_[i], h.time_ns);
         }
         games_.add_sample(h, pcs_.data(), depth, flags);
         std::uint64_t w = rates_.common_weight(h.tid, h.weight);
@@ -182,6 +197,7 @@ class sample_store {
   game_frame_tracker games_;
   game_frame_rates rates_;
   std::vector<std::uint64_t> pcs_;  // one record's addresses, translated
+  code_watch code_;
 };
 
 }  // namespace detail

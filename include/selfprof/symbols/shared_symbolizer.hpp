@@ -20,6 +20,24 @@ class shared_symbolizer {
     std::lock_guard<std::mutex> lock(mu_);
     sym_.refresh();
   }
+  // Re-reads the maps unconditionally (symbolizer::rescan); returns the executable ranges mapped now.
+  std::vector<code_range> rescan() {
+    std::lock_guard<std::mutex> lock(mu_);
+    sym_.rescan();
+    return sym_.code_ranges();
+  }
+  std::vector<code_range> code_ranges() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sym_.code_ranges();
+  }
+  // The perf map reader, for naming JIT samples while sampling (null when perf maps are not used);
+  // internally locked, valid as long as this object. Read on under this lock (poll_jit_map), which
+  // fork() takes, so a child never inherits a half-read map.
+  perf_map* jit_map() { return sym_.perf_map_if_used(); }
+  void poll_jit_map() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (perf_map* m = sym_.perf_map_if_used()) m->reload_if_changed();
+  }
   // Runs `use(symbolizer&)` under the lock, after a refresh.
   template <class Use>
   auto with_fresh(Use&& use) -> decltype(use(std::declval<symbolizer&>())) {
@@ -34,7 +52,10 @@ class shared_symbolizer {
     work();
   }
   std::mutex& lock_for_fork() { return mu_; }
-  void abandon_after_fork() { new (&mu_) std::mutex(); }
+  void abandon_after_fork() {
+    new (&mu_) std::mutex();
+    sym_.abandon_after_fork();
+  }
 
  private:
   std::mutex mu_;

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -19,6 +20,12 @@
 #include "selfprof/symbols/perf_map.hpp"
 
 namespace selfprof {
+
+// Executable memory mapped at the last module scan; anonymous (no file: JIT code) or from a file.
+struct code_range {
+  std::uint64_t start = 0, end = 0;
+  bool anonymous = false;
+};
 
 struct symbolizer_options {
   // Roots searched for separate debug files: <root>/.build-id/xx/rest.debug and <root>/<module dir>/<link>.
@@ -34,8 +41,7 @@ class symbolizer {
   symbolizer() : symbolizer(symbolizer_options()) {}
   explicit symbolizer(symbolizer_options options)
       : modules_(detail::module_registry_options{options.debug_roots, options.maps_path}),
-        perf_map_(options.perf_map_path.empty() ? detail::perf_map::default_path(::getpid())
-                                                : options.perf_map_path),
+        perf_map_(options.perf_map_path),
         use_perf_map_(options.use_perf_map),
         dwarf_(options.debug_roots) {}
 
@@ -47,6 +53,27 @@ class symbolizer {
     rescanned_on_miss_ = false;
     perf_map_checked_ = false;
   }
+
+  // Re-reads the maps even when no library came or went (a file or JIT code mapped directly): what is
+  // mapped now is recorded, with its symbols, so it is still named after it is unmapped. Returns true
+  // when the module set changed.
+  bool rescan() {
+    refreshed_ = true;
+    perf_map_checked_ = false;
+    return modules_.rescan();
+  }
+
+  // The executable ranges mapped at the last refresh()/rescan(), by start address.
+  std::vector<code_range> code_ranges() const {
+    std::vector<code_range> out;
+    for (const detail::module& m : modules_.modules())
+      if (m.mapped) out.push_back(code_range{m.start, m.end, m.kind == detail::module_kind::anonymous});
+    std::sort(out.begin(), out.end(),
+              [](const code_range& a, const code_range& b) { return a.start < b.start; });
+    return out;
+  }
+
+  void abandon_after_fork() { perf_map_.abandon_after_fork(); }
 
   // Appends the frames for one address, outermost first: one frame, or with libdw the real function
   // (kind native, file:line of its call into the first inlined callee) then each inlined callee (kind
@@ -61,6 +88,22 @@ class symbolizer {
       }
     }
     if (!refreshed_) refresh();
+    detail::perf_map::hit line;
+    if (detail::is_perf_map_tagged(address)) {
+      // Named while sampling by the perf map line current then, unless the code is in a file after all.
+      if (!perf_map_.name_tagged(address, line)) {
+        frame unknown;
+        unknown.name = "[unknown]";
+        out.push_back(std::move(unknown));
+        return;
+      }
+      address = line.address;
+      const detail::module* in = modules_.find(address);
+      if (in == nullptr || in->kind == detail::module_kind::anonymous) {
+        out.push_back(jit_frame(line, address));
+        return;
+      }
+    }
     const detail::module* m = modules_.find(address);
     if (m == nullptr && !rescanned_on_miss_) {
       // Mapped without the loader since the last refresh (JIT code, mmap): look once per refresh.
@@ -115,6 +158,8 @@ class symbolizer {
 
   const detail::module_registry& modules() const { return modules_; }
   const detail::perf_map& jit_map() const { return perf_map_; }
+  // The collector names JIT samples with it while sampling (perf_map is internally locked).
+  detail::perf_map* perf_map_if_used() { return use_perf_map_ ? &perf_map_ : nullptr; }
   const detail::dwarf_lines& source_lines() const { return dwarf_; }
 
  private:
@@ -148,11 +193,18 @@ class symbolizer {
     }
     detail::perf_map::hit hit;
     if (!perf_map_.lookup(address, hit)) return false;
+    f = jit_frame(hit, address);
+    return true;
+  }
+
+  frame jit_frame(const detail::perf_map::hit& hit, std::uint64_t address) const {
+    frame f;
     f.name = std::string(hit.name);
     f.module = perf_map_.path();
+    f.address = address;
     f.module_offset = address - hit.start;
     f.kind = frame_kind::jit;
-    return true;
+    return f;
   }
 
   detail::module_registry modules_;

@@ -1,11 +1,16 @@
 // Tests of the /tmp/perf-<pid>.map reader: line format, last entry wins on overlap, re-read on change,
+// naming by the line known at sample time, reading as the file grows,
 // files it must ignore, and that it never creates the file.
 #include <doctest/doctest.h>
 
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "fixtures/symbols_fixture.hpp"
 #include "selfprof/symbols/perf_map.hpp"
@@ -87,4 +92,98 @@ TEST_CASE("perf map: re-read when the file changes, never created, hostile files
     CHECK_FALSE(foreign.reload_if_changed());
     CHECK(name_at(foreign, 0x4000) == "<none>");
   }
+}
+
+namespace {
+bool append_file(const std::string& path, const std::string& bytes) {
+  std::FILE* f = std::fopen(path.c_str(), "ab");
+  if (f == nullptr) return false;
+  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  return std::fclose(f) == 0 && ok;
+}
+std::string tagged_name(const perf_map& map, std::uint64_t pc, std::uint64_t time_ns) {
+  if (!map.tag(pc, time_ns)) return "<untagged>";
+  perf_map::hit hit;
+  return map.name_tagged(pc, hit) ? std::string(hit.name) : std::string("<none>");
+}
+}  // namespace
+
+TEST_CASE("perf map: a sample is named by the line known when it was taken, not by a later reuse") {
+  selfprof_test::temp_dir dir;
+  REQUIRE(!dir.path().empty());
+  std::string path = dir / "perf-999997.map";
+  perf_map map(path);
+  REQUIRE(selfprof_test::write_file(path, "1000 100 sort_compare\n"));
+  CHECK(map.reload_if_changed());
+  const std::uint64_t during_sort = selfprof::detail::monotonic_ns();
+  ::usleep(20000);  // file times are coarse (a scheduler tick): the append must come clearly later
+  // The JIT places other code where the comparator was and appends its line.
+  REQUIRE(append_file(path, "1000 80 inspect\n"));
+  CHECK(map.reload_if_changed());
+  const std::uint64_t after = selfprof::detail::monotonic_ns() + 1;
+  CHECK(tagged_name(map, 0x1010, during_sort) == "sort_compare");
+  CHECK(tagged_name(map, 0x1010, after) == "inspect");
+  CHECK(tagged_name(map, 0x1090, after) == "sort_compare");  // beyond the new line: still the old one
+  CHECK(name_at(map, 0x1010) == "inspect");                  // without a time: the last line, as perf
+  CHECK(tagged_name(map, 0x3000, after) == "<untagged>");
+  // A value tagged for a return address and looked up minus one decodes to pc - 1 in the same line.
+  std::uint64_t pc = 0x1000;
+  REQUIRE(map.tag(pc, during_sort));
+  perf_map::hit hit;
+  REQUIRE(map.name_tagged(pc - 1, hit));
+  CHECK(hit.name == "sort_compare");
+  CHECK(hit.address == 0xfff);
+  REQUIRE(map.name_tagged(pc, hit));
+  CHECK(hit.address == 0x1000);
+  CHECK(hit.start == 0x1000);
+  CHECK_FALSE(map.name_tagged(0x1000, hit));  // not a tagged value
+}
+
+TEST_CASE("perf map: read as it grows; a partial line waits; a rewrite replaces the current lines") {
+  selfprof_test::temp_dir dir;
+  REQUIRE(!dir.path().empty());
+  std::string path = dir / "perf-999996.map";
+  perf_map map(path);
+  REQUIRE(selfprof_test::write_file(path, "1000 10 one\n2000 10 par"));
+  CHECK(map.reload_if_changed());
+  CHECK(name_at(map, 0x1000) == "one");
+  CHECK(name_at(map, 0x2000) == "<none>");  // the line is not complete yet
+  REQUIRE(append_file(path, "tial\n"));
+  CHECK(map.reload_if_changed());
+  CHECK(name_at(map, 0x2000) == "partial");
+  // Rewritten in place with other bytes (same inode, longer): read again from the start.
+  REQUIRE(selfprof_test::write_file(path, "5000 10 five\n6000 10 six and more text\n"));
+  map.reload_if_changed();
+  CHECK(name_at(map, 0x1000) == "<none>");
+  CHECK(name_at(map, 0x5000) == "five");
+  CHECK(name_at(map, 0x6000) == "six and more text");
+}
+
+TEST_CASE("perf map: ranges overlapping in every way keep each address's own history") {
+  perf_map map("/nonexistent/perf-1.map");
+  std::string text;
+  // 200 lines of random ranges in [0, 4096): check every address against a brute-force last-line-wins.
+  std::uint64_t seed = 12345;
+  auto next = [&seed] {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return seed >> 33;
+  };
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  for (int i = 0; i < 200; ++i) {
+    std::uint64_t start = next() % 4096, size = 1 + next() % 300;
+    ranges.emplace_back(start, start + size);
+    char line[64];
+    std::snprintf(line, sizeof line, "%llx %llx f%d\n", static_cast<unsigned long long>(start),
+                  static_cast<unsigned long long>(size), i);
+    text += line;
+  }
+  map.parse(text);
+  int mismatches = 0;
+  for (std::uint64_t a = 0; a < 4400; ++a) {
+    std::string want = "<none>";
+    for (std::size_t i = 0; i < ranges.size(); ++i)
+      if (a >= ranges[i].first && a < ranges[i].second) want = "f" + std::to_string(i);
+    if (name_at(map, a) != want) ++mismatches;
+  }
+  CHECK(mismatches == 0);
 }

@@ -1,0 +1,66 @@
+// What the sample store knows of executable memory while sampling: the ranges mapped at the last module
+// scan, whether a sample has landed outside all of them since (then the collector reads the maps again,
+// so code mapped and unmapped between two dumps, such as V8's second mapping of its builtins, is
+// recorded with its symbols while it exists), and the perf map that names a pc in anonymous code by the
+// line that was current when the sample was taken.
+// Context: the sample store, under its lock (translate); the collector thread (set_ranges, via the store).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "selfprof/jit/registry.hpp"
+#include "selfprof/symbols/perf_map.hpp"
+#include "selfprof/symbols/symbolizer.hpp"
+
+namespace selfprof {
+namespace detail {
+
+class code_watch {
+ public:
+  void set_ranges(std::vector<code_range> ranges) {
+    ranges_ = std::move(ranges);
+    last_ = 0;
+  }
+  void set_perf_map(const perf_map* map) { map_ = map; }
+
+  // Notes whether `pc` lies in known code; a pc in anonymous (or unknown) memory becomes a perf-map
+  // tagged value when a line covers it. Values already tagged by the JIT registry pass through.
+  void translate(std::uint64_t& pc, std::uint64_t time_ns) {
+    if (is_jit_tagged(pc) || is_perf_map_tagged(pc)) return;
+    const code_range* r = find(pc);
+    if (r == nullptr) unknown_ = true;
+    if ((r == nullptr || r->anonymous) && map_ != nullptr) map_->tag(pc, time_ns);
+  }
+
+  // True once since a sample landed outside every known range.
+  bool take_unknown() { return std::exchange(unknown_, false); }
+  void forget() {
+    ranges_.clear();
+    last_ = 0;
+    unknown_ = false;
+  }
+
+ private:
+  const code_range* find(std::uint64_t pc) {
+    if (last_ < ranges_.size() && pc >= ranges_[last_].start && pc < ranges_[last_].end)
+      return &ranges_[last_];
+    auto it = std::upper_bound(ranges_.begin(), ranges_.end(), pc,
+                               [](std::uint64_t a, const code_range& r) { return a < r.start; });
+    if (it == ranges_.begin()) return nullptr;
+    --it;
+    if (pc >= it->end) return nullptr;
+    last_ = static_cast<std::size_t>(it - ranges_.begin());
+    return &*it;
+  }
+
+  std::vector<code_range> ranges_;  // by start address
+  std::size_t last_ = 0;            // the range found last: consecutive pcs are mostly in one module
+  const perf_map* map_ = nullptr;
+  bool unknown_ = false;
+};
+
+}  // namespace detail
+}  // namespace selfprof
