@@ -22,7 +22,7 @@
 
 #include "workload.hpp"
 
-namespace {
+namespace code_lifetime {
 
 using code_fn = std::uint64_t (*)(std::uint64_t);
 
@@ -100,7 +100,9 @@ int find_main_exec_segment(struct dl_phdr_info* info, std::size_t, void* data) {
   return 0;
 }
 
-}  // namespace
+}  // namespace code_lifetime
+
+using namespace code_lifetime;
 
 TEST_CASE("perf map: a JIT address reused for other code is named by the line current at each sample") {
 #if !defined(__x86_64__)

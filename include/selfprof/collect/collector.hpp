@@ -178,7 +178,7 @@ class collector {
                                                             std::memory_order_relaxed);
       }
       if (config_.unwind_rows)  // nearly free when no module came or went; under the lock fork() takes
-        config_.symbols->locked([] { build_unwind_tables(); });
+        build_rows();
       // A library loaded while profiling, or code mapped without the loader that samples landed in, is
       // parsed while it is still mapped, so its samples keep their names after it is unmapped. Nothing to
       // do while no library comes or goes and every sample lands in known code.
@@ -213,6 +213,18 @@ class collector {
       ranges = std::move(now);
     }
   };
+
+  // The handler's CFI rows: built at the first wake (start() leaves them to the collector unless
+  // SELFPROF_UNWIND=dwarf), rebuilt when modules come and go. A failure is noted once; the handler
+  // walks frame pointers where no row covers a pc.
+  void build_rows() {
+    status st;
+    config_.symbols->locked([&st] { st = build_unwind_tables(); });
+    if (!st && !rows_failed_) {
+      rows_failed_ = true;
+      config_.session->note(st.message() + "; unwinding with frame pointers only", true);
+    }
+  }
 
   // The program installed its own handler for the sampling signal (without the preload library, which
   // moves selfprof to another signal first): its handler must not keep receiving ticks, so every source
@@ -277,6 +289,7 @@ class collector {
   std::uint64_t listed_generation_ = ~std::uint64_t(0);
   std::vector<pid_t> listed_;
   std::atomic<std::uint64_t> wakes_{0};
+  bool rows_failed_ = false;  // collector thread only
 };
 
 }  // namespace detail

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <signal.h>
+#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -62,7 +63,8 @@ class auto_dumps {
         struct sigaction act {};
         act.sa_sigaction = &dump_signal_handler;
         act.sa_flags = SA_SIGINFO | SA_RESTART;
-        sigemptyset(&act.sa_mask);
+        sigfillset(&act.sa_mask);  // no application handler runs inside it (and jumps out)
+        sigdelset(&act.sa_mask, SIGSYS);
         if (sys().sigaction(o.dump_signal, &act, &previous_) == 0) signal_ = o.dump_signal;
       }
     }
@@ -73,7 +75,16 @@ class auto_dumps {
   // unless `keep_signal` (the exit dump: a late request must not meet the default action, terminate,
   // while the last profile is written; the handler then only counts it).
   void stop(bool keep_signal = false) {
-    g_dump_requests.wake_fd.store(-1, std::memory_order_release);
+    g_dump_requests.wake_fd.store(-1, std::memory_order_seq_cst);
+    // A handler that read the descriptor before the store writes it before the thread closes it.
+    for (int waited_us = 0;
+         g_dump_requests.in_flight.load(std::memory_order_seq_cst) != 0 && waited_us < 1000000;
+         waited_us += 100) {
+      struct timespec step {
+        0, 100 * 1000
+      };
+      ::nanosleep(&step, nullptr);
+    }
     worker_.stop();
     if (signal_ != 0 && !keep_signal) {
       sys().sigaction(signal_, &previous_, nullptr);

@@ -27,9 +27,10 @@ inline void profiler_core::fork_child() {
   // Another thread of the parent may have been inside the handler at the fork: its in-flight count was
   // copied, but that thread does not exist here, and stop() would wait for it forever.
   g_handler.in_flight.store(0, std::memory_order_release);
+  g_dump_requests.in_flight.store(0, std::memory_order_release);  // a handler on a thread the child lacks
   wall_sampler_.abandon_after_fork();
   if (running_) {
-    g_handler.active.store(false, std::memory_order_release);
+    g_handler.active.store(false, std::memory_order_seq_cst);  // pairs with the handler's in_flight
     collector_.abandon_after_fork();
     dumps_.abandon_after_fork();
     if (signal_.number != 0) sys().sigaction(signal_.number, &signal_.previous, nullptr);

@@ -298,7 +298,13 @@ class profiler_core {
     unwind_ = unwind_mode::fp;
     unwind_ok_ = true;
     if (opts_.unwind == unwind_mode::fp) return;
-    status u = build_unwind_tables();
+    if (opts_.unwind == unwind_mode::automatic) {
+      // The collector builds the rows at its first wake: a process that lives a few milliseconds never
+      // pays for parsing every module's .eh_frame, and until then the handler walks frame pointers.
+      unwind_ = unwind_mode::dwarf;
+      return;
+    }
+    status u = build_unwind_tables();  // SELFPROF_UNWIND=dwarf: rows from the first sample, or an error
     if (u) {
       unwind_ = unwind_mode::dwarf;
       return;
@@ -355,10 +361,12 @@ class profiler_core {
     collector_.stop();
     dumps_.stop(keep_dump_signal);  // answers what was requested, gives the dump signal back
     registry_.end();
-    g_handler.active.store(false, std::memory_order_release);
-    restore_sample_handler(signal_);  // waits until no handler runs: the tables and fds can go
+    g_handler.active.store(false, std::memory_order_seq_cst);  // pairs with the handler's in_flight
+    // Waits (bounded) until no handler runs: the tables can go. A handler still running after the wait
+    // is stuck in a fault of its own; its tables are kept (a leak) rather than freed under it.
+    const bool quiet = restore_sample_handler(signal_);
     collector_.close_task_dir();
-    release_unwind_tables();
+    if (quiet) release_unwind_tables();
     store_.drain(ring_);
     g_handler.ring.store(nullptr, std::memory_order_release);
     snapshots_.end();
@@ -367,10 +375,9 @@ class profiler_core {
   }
 
   status fail_start(status st) {
-    g_handler.active.store(false, std::memory_order_release);
+    g_handler.active.store(false, std::memory_order_seq_cst);  // pairs with the handler's in_flight
     registry_.end();
-    restore_sample_handler(signal_);
-    release_unwind_tables();
+    if (restore_sample_handler(signal_)) release_unwind_tables();
     g_handler.ring.store(nullptr, std::memory_order_release);
     notes_.clear();
     return st;

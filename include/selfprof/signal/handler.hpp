@@ -106,13 +106,16 @@ inline void check_thread_count(handler_globals& g, std::uint64_t now_ns) {
 inline void sample_signal_handler(int, siginfo_t* info, void* context) {
   const int saved_errno = errno;
   handler_globals& g = g_handler;
-  g.in_flight.fetch_add(1, std::memory_order_acquire);
+  // seq_cst here and in stop(): the increment and the `active` load below pair with stop()'s store of
+  // `active` and load of `in_flight` (each side stores, then loads the other's variable); only a total
+  // order guarantees that either stop() sees this handler or this handler sees `active` false, on any CPU.
+  g.in_flight.fetch_add(1, std::memory_order_seq_cst);
   do {
     if (!is_our_tick(info)) {
       g.foreign.fetch_add(1, std::memory_order_relaxed);
       break;
     }
-    if (!g.active.load(std::memory_order_acquire)) {
+    if (!g.active.load(std::memory_order_seq_cst)) {
       g.dropped_inactive.fetch_add(1, std::memory_order_relaxed);
       break;
     }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <signal.h>
+#include <time.h>
 
 #include <cerrno>
 #include <cstring>
@@ -17,14 +18,34 @@
 namespace selfprof {
 namespace detail {
 
-// Every selfprof handler blocks SIGRTMAX while it runs; no application handler is likely to look like
-// that together with SA_SIGINFO|SA_RESTART, and it costs nothing: it is how one copy of selfprof sees
-// another copy (a different version, or a hidden-visibility build in another shared library).
+// Every selfprof handler runs with every signal blocked but SIGSYS (raised only synchronously, by
+// seccomp): no application handler can run inside it, so none can siglongjmp() out of it and leave
+// `in_flight` raised or a perf event un-refreshed. The mask doubles as a marker: with SA_SIGINFO|SA_RESTART,
+// SIGRTMAX blocked and SIGSYS not is how one copy of selfprof sees another (a different version, or a
+// hidden-visibility build in another shared library; older copies blocked SIGRTMAX alone).
 inline int selfprof_marker_signal() { return SIGRTMAX; }
+
+inline void selfprof_handler_mask(sigset_t& mask) {
+  sigfillset(&mask);
+  sigdelset(&mask, SIGSYS);
+}
 
 inline bool is_selfprof_action(const struct sigaction& a) {
   return (a.sa_flags & SA_SIGINFO) && (a.sa_flags & SA_RESTART) &&
-         sigismember(&a.sa_mask, selfprof_marker_signal()) == 1;
+         sigismember(&a.sa_mask, selfprof_marker_signal()) == 1 && sigismember(&a.sa_mask, SIGSYS) == 0;
+}
+
+// Waits until no sampling handler runs, for at most `limit_ms`; false when one still does (a handler
+// stuck in a fault: the caller then keeps what handlers read instead of freeing it).
+inline bool wait_handlers_quiet(unsigned limit_ms = 1000) {
+  for (unsigned waited_us = 0; g_handler.in_flight.load(std::memory_order_seq_cst) != 0; waited_us += 100) {
+    if (waited_us >= limit_ms * 1000u) return false;
+    struct timespec step {
+      0, 100 * 1000
+    };
+    ::nanosleep(&step, nullptr);
+  }
+  return true;
 }
 
 inline bool is_free_action(const struct sigaction& a) {
@@ -78,8 +99,7 @@ inline status install_sample_handler(int requested, installed_signal& out, std::
     struct sigaction act {};
     act.sa_sigaction = &sample_signal_handler;
     act.sa_flags = SA_SIGINFO | SA_RESTART;
-    sigemptyset(&act.sa_mask);
-    sigaddset(&act.sa_mask, selfprof_marker_signal());
+    selfprof_handler_mask(act.sa_mask);
     if (sys().sigaction(s, &act, &out.previous) != 0) {
       notes.push_back("sigaction(" + std::to_string(s) + "): " + std::strerror(errno));
       continue;
@@ -105,21 +125,22 @@ inline bool sample_handler_installed(int sig) {
   return (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == &sample_signal_handler;
 }
 
-// A program that installed its own handler since keeps it: nothing is restored over it.
-inline void restore_sample_handler(installed_signal& s) {
-  if (s.number == 0) return;
+// A program that installed its own handler since keeps it: nothing is restored over it. Returns false
+// when a handler was still running after the bounded wait (see wait_handlers_quiet).
+inline bool restore_sample_handler(installed_signal& s) {
+  if (s.number == 0) return wait_handlers_quiet();
   if (!sample_handler_installed(s.number)) {
-    while (g_handler.in_flight.load(std::memory_order_acquire) != 0) sched_yield();
     s.number = 0;
-    return;
+    return wait_handlers_quiet();
   }
   struct sigaction ign {};
   ign.sa_handler = SIG_IGN;
   sigemptyset(&ign.sa_mask);
   sys().sigaction(s.number, &ign, nullptr);
-  while (g_handler.in_flight.load(std::memory_order_acquire) != 0) sched_yield();
+  const bool quiet = wait_handlers_quiet();
   sys().sigaction(s.number, &s.previous, nullptr);
   s.number = 0;
+  return quiet;
 }
 
 }  // namespace detail
