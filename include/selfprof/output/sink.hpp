@@ -3,19 +3,20 @@
 // Context: any thread except the signal handler (the collector thread on a dump, or the CLI).
 //
 // Policy, in the order it is checked (every refusal names the path and the reason):
-//  1. The directory is opened once (O_DIRECTORY) and every later step works relative to that
-//     descriptor, so a directory path swapped underneath us cannot redirect the write.
-//  2. The target itself must not be a symbolic link, even a dangling one, nor anything but a regular
+//  1. The directory is opened once, without following a symbolic link in any of its components, and
+//     every later step works relative to that descriptor, so nothing is resolved by path again and a
+//     directory swapped underneath us cannot redirect the write (safe_dir.hpp).
+//  2. Every directory on the way, and the destination, is judged by mode and owner (safe_dir.hpp): a
+//     *shared* one (writable by users other than us) is refused unless `sink_options::allow_shared_dir`
+//     when it has no sticky bit (anyone may rename or delete our file after we wrote it, or replace
+//     the next component) or belongs to neither us nor root (the sticky bit does not restrain its
+//     owner). /tmp and /var/tmp (root's, sticky) pass.
+//  3. The target itself must not be a symbolic link, even a dangling one, nor anything but a regular
 //     file (a FIFO, a device or a directory is refused): we replace files, we do not write into them.
-//  3. A *shared* directory is one writable by "other" users, or writable by its group when that group
-//     is not our effective group (with user-private groups and umask 002 a user's own 0775 directory
-//     is not shared). In a shared directory:
-//       - without the sticky bit anyone may rename or delete our file after we wrote it, or replace it
-//         between our checks: refused unless `sink_options::allow_shared_dir`;
-//       - with the sticky bit (/tmp, /var/tmp) other users cannot touch our files, so the write is
-//         allowed, but an existing target owned by someone else is refused (someone planted it;
-//         Linux's fs.protected_regular would refuse it as well).
-//  4. The bytes go to a fresh temp file ".<name>.tmp-<pid>-<n>" in the same directory, created with
+//     In a shared directory an existing target owned by someone else is refused (someone planted it;
+//     Linux's fs.protected_regular would refuse it as well).
+//  4. The bytes go to a fresh temp file ".<name>.tmp-<16 random hex digits>" in the same directory (the
+//     name is not guessable in advance; a taken one is retried), created with
 //     O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC and mode 0600 (and fchmod 0600, whatever the umask), written
 //     with a full write loop that retries EINTR, fsync'ed, closed (close errors count: NFS reports
 //     write-back failures there), then renamed over the target. The directory is fsync'ed afterwards.
@@ -24,16 +25,20 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "selfprof/detail/sys.hpp"
+#include "selfprof/output/safe_dir.hpp"
 #include "selfprof/status.hpp"
 
 namespace selfprof {
@@ -56,18 +61,6 @@ inline status sink_error(const std::string& path, const std::string& reason) {
   return status::error(std::move(message));
 }
 
-inline std::string errno_text(int err) {
-  char buf[256];
-  // GNU strerror_r returns the message pointer (which may or may not be buf).
-#if defined(__GLIBC__) && defined(_GNU_SOURCE)
-  const char* text = ::strerror_r(err, buf, sizeof buf);
-  return text ? std::string(text) : std::string("error ") + std::to_string(err);
-#else
-  if (::strerror_r(err, buf, sizeof buf) != 0) return "error " + std::to_string(err);
-  return std::string(buf);
-#endif
-}
-
 // Splits "a/b/c" into "a/b" and "c"; "c" into "." and "c"; "/c" into "/" and "c".
 inline void split_path(const std::string& path, std::string& dir, std::string& base) {
   const auto slash = path.find_last_of('/');
@@ -78,13 +71,6 @@ inline void split_path(const std::string& path, std::string& dir, std::string& b
     dir = slash == 0 ? std::string("/") : path.substr(0, slash);
     base = path.substr(slash + 1);
   }
-}
-
-// True when users other than us may create, rename or delete entries of a directory with this stat.
-inline bool dir_is_shared(const struct stat& st) {
-  if (st.st_mode & S_IWOTH) return true;
-  if ((st.st_mode & S_IWGRP) && st.st_gid != ::getegid()) return true;
-  return false;
 }
 
 // Owns a descriptor opened through the seam and closes it through the seam.
@@ -124,47 +110,61 @@ inline int write_all(int fd, std::string_view bytes) {
   return 0;
 }
 
-inline std::string temp_name_for(const std::string& base, unsigned attempt) {
-  static std::atomic<unsigned> counter{0};
-  const unsigned n = counter.fetch_add(1, std::memory_order_relaxed);
-  // A long name keeps its first 200 bytes so the temp name stays under NAME_MAX (255).
+// 64 bits nobody can guess in advance: getrandom(2), else /dev/urandom, else (neither available, as in
+// some sandboxes) the clock, the pid and a counter, mixed: not secret, but not known ahead of time.
+inline std::uint64_t random_u64() {
+  std::uint64_t v = 0;
+#ifdef SYS_getrandom
+  constexpr unsigned grnd_nonblock = 0x0001;  // GRND_NONBLOCK (getrandom(2)): never wait for the pool
+  if (::syscall(SYS_getrandom, &v, sizeof v, grnd_nonblock) == static_cast<long>(sizeof v)) return v;
+#endif
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    const ssize_t n = ::read(fd, &v, sizeof v);
+    ::close(fd);
+    if (n == static_cast<ssize_t>(sizeof v)) return v;
+  }
+  static std::atomic<std::uint64_t> counter{0};
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  v = static_cast<std::uint64_t>(ts.tv_sec) * 1000000007u + static_cast<std::uint64_t>(ts.tv_nsec);
+  v ^= static_cast<std::uint64_t>(::getpid()) << 40;
+  v += counter.fetch_add(1, std::memory_order_relaxed) * 0x9e3779b97f4a7c15u;
+  // splitmix64's finalizer: every input bit moves about half of the output bits.
+  v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9u;
+  v = (v ^ (v >> 27)) * 0x94d049bb133111ebu;
+  return v ^ (v >> 31);
+}
+
+// ".<base>.tmp-<16 random hex digits>". A long base keeps its first 200 bytes, so the temp name stays
+// under NAME_MAX (255).
+inline std::string temp_name_for(const std::string& base) {
+  static const char digits[] = "0123456789abcdef";
   std::string name = ".";
   name.append(base, 0, 200);
   name += ".tmp-";
-  name += std::to_string(::getpid());
-  name += '-';
-  name += std::to_string(n);
-  name += '-';
-  name += std::to_string(attempt);
+  const std::uint64_t r = random_u64();
+  for (int shift = 60; shift >= 0; shift -= 4) name += digits[(r >> shift) & 0xf];
   return name;
 }
 
-// Writes `bytes` to `path` atomically, following the policy at the top of this file.
-inline status write_file_atomic(const std::string& path, std::string_view bytes,
-                                const sink_options& opts = {}) {
+// Writes `bytes` to `path` atomically, following the policy at the top of this file. `how` chooses how
+// the directory is opened (tests force the walk that stands in for openat2 on older kernels).
+inline status write_file_atomic(const std::string& path, std::string_view bytes, const sink_options& opts,
+                                dir_resolver how) {
   if (path.empty()) return status::error("selfprof: cannot write an empty path");
   std::string dir, base;
   split_path(path, dir, base);
   if (base.empty() || base == "." || base == "..")
     return sink_error(path, "not a file name (the path ends in '/', '.' or '..')");
 
-  sink_fd dirfd(sys().open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0));
-  auto dir_error = [&path, &dir](int err) {
-    return sink_error(path, "directory " + dir + ": " + errno_text(err));
-  };
-  if (dirfd.get() < 0) return dir_error(errno);
-
-  struct stat dst {};
-  if (::fstat(dirfd.get(), &dst) != 0) return dir_error(errno);
-  const bool shared = dir_is_shared(dst);
-  const bool sticky = (dst.st_mode & S_ISVTX) != 0;
-  if (shared && !sticky && !opts.allow_shared_dir)
-    return sink_error(path, "directory " + dir +
-                                " is writable by other users and has no sticky bit (refusing; "
-                                "allow_shared_dir overrides)");
+  const opened_dir d = open_dir_nofollow(dir, opts.allow_shared_dir, how);
+  if (!d.error.empty()) return sink_error(path, d.error);
+  const int dirfd = d.fd.get();
+  const bool shared = dir_is_shared(d.st);
 
   struct stat tst {};
-  if (::fstatat(dirfd.get(), base.c_str(), &tst, AT_SYMLINK_NOFOLLOW) == 0) {
+  if (::fstatat(dirfd, base.c_str(), &tst, AT_SYMLINK_NOFOLLOW) == 0) {
     if (S_ISLNK(tst.st_mode))
       return sink_error(path, "the target is a symbolic link (refusing to follow it)");
     if (!S_ISREG(tst.st_mode)) return sink_error(path, "the target exists and is not a regular file");
@@ -178,8 +178,8 @@ inline status write_file_atomic(const std::string& path, std::string_view bytes,
   std::string temp;
   int tfd = -1;
   for (unsigned attempt = 0; attempt < 100; ++attempt) {
-    temp = temp_name_for(base, attempt);
-    tfd = sys().openat(dirfd.get(), temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    temp = temp_name_for(base);
+    tfd = sys().openat(dirfd, temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (tfd >= 0 || errno != EEXIST) break;
   }
   if (tfd < 0) return sink_error(path, errno_text(errno));
@@ -187,7 +187,7 @@ inline status write_file_atomic(const std::string& path, std::string_view bytes,
 
   auto fail = [&](int err, const char* step) {
     file.reset();
-    ::unlinkat(dirfd.get(), temp.c_str(), 0);
+    ::unlinkat(dirfd, temp.c_str(), 0);
     std::string reason = errno_text(err);
     if (step) {
       reason += " (";
@@ -201,9 +201,14 @@ inline status write_file_atomic(const std::string& path, std::string_view bytes,
   if (const int err = write_all(file.get(), bytes)) return fail(err, "write");
   if (opts.sync && ::fsync(file.get()) != 0) return fail(errno, "fsync");
   if (file.reset() != 0) return fail(errno, "close");
-  if (::renameat(dirfd.get(), temp.c_str(), dirfd.get(), base.c_str()) != 0) return fail(errno, "rename");
-  if (opts.sync) ::fsync(dirfd.get());  // best effort: the file is complete either way
+  if (::renameat(dirfd, temp.c_str(), dirfd, base.c_str()) != 0) return fail(errno, "rename");
+  if (opts.sync) ::fsync(dirfd);  // best effort: the file is complete either way
   return status::ok();
+}
+
+inline status write_file_atomic(const std::string& path, std::string_view bytes,
+                                const sink_options& opts = {}) {
+  return write_file_atomic(path, bytes, opts, dir_resolver::openat2_first);
 }
 
 }  // namespace detail

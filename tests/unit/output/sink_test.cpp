@@ -1,6 +1,7 @@
 // Tests of the atomic file sink: mode, symlinks, shared directories, injected failures, cleanup.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -10,6 +11,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -18,7 +20,12 @@
 namespace {
 
 namespace fs = std::filesystem;
+using selfprof::detail::dir_resolver;
 using selfprof::detail::write_file_atomic;
+
+// The two ways the directory is opened: openat2 (where the kernel has it) and the component walk.
+const dir_resolver k_resolvers[] = {dir_resolver::openat2_first, dir_resolver::walk_only};
+const char* resolver_name(dir_resolver how) { return how == dir_resolver::walk_only ? "walk" : "openat2"; }
 
 struct temp_dir {
   std::string path;
@@ -50,6 +57,32 @@ std::string slurp(const std::string& path) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// Gives `path` to uid/gid 65534 (nobody): a directory that belongs to another user. Needs root.
+void give_to_nobody(const std::string& path) { REQUIRE(::lchown(path.c_str(), 65534, 65534) == 0); }
+
+bool skip_unless_root() {
+  if (::geteuid() == 0) return false;
+  MESSAGE("skipped: needs root to chown a directory to another user");
+  return true;
+}
+
+// A private directory holding a file the attacker wants replaced.
+std::string make_victim(const temp_dir& d, const std::string& where) {
+  REQUIRE(fs::create_directories(d / where));
+  REQUIRE(::chmod((d / where).c_str(), 0700) == 0);
+  REQUIRE(write_file_atomic(d / (where + "/x.svg"), std::string("precious\n")).is_ok());
+  return d / where;
+}
+
+int entries_of(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    (void)e;
+    ++n;
+  }
+  return n;
 }
 
 struct restore_syscalls {
@@ -144,8 +177,8 @@ TEST_CASE("sink: a missing directory names the path and strerror") {
   const std::string path = d / "missing/sub/y.folded";
   const auto st = write_file_atomic(path, std::string("x 1\n"));
   CHECK_FALSE(st.is_ok());
-  CHECK(st.message().rfind("selfprof: cannot write " + path + ": ", 0) == 0);
-  CHECK(st.message().find("No such file or directory") != std::string::npos);
+  CHECK(st.message() ==
+        "selfprof: cannot write " + path + ": component 'missing': No such file or directory");
 }
 
 TEST_CASE("sink: empty path and trailing slash are errors, not crashes") {
@@ -173,14 +206,21 @@ TEST_CASE("sink: EACCES injected through the seam (a read-only directory even fo
 
 TEST_CASE("sink: EMFILE opening the directory is reported") {
   temp_dir d;
-  restore_syscalls restore;
-  selfprof::detail::sys().open = [](const char*, int, mode_t) -> int {
-    errno = EMFILE;
-    return -1;
-  };
+  // A real EMFILE: the limit is set to the lowest free descriptor, so the next open fails.
+  const int lowest = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  REQUIRE(lowest >= 0);
+  ::close(lowest);
+  struct rlimit old {};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &old) == 0);
+  struct rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(lowest);
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
   const auto st = write_file_atomic(d / "z.folded", std::string("x 1\n"));
+  ::setrlimit(RLIMIT_NOFILE, &old);
   CHECK_FALSE(st.is_ok());
+  CHECK(st.message().rfind("selfprof: cannot write " + (d / "z.folded") + ": ", 0) == 0);
   CHECK(st.message().find("Too many open files") != std::string::npos);
+  CHECK(d.entries() == 0);
 }
 
 namespace {
@@ -259,15 +299,191 @@ TEST_CASE("sink: in a sticky shared directory a target owned by another user is 
   CHECK(slurp(shared + "/planted.folded") == "planted 1\n");
 }
 
-TEST_CASE("sink: dir_is_shared classifies modes") {
-  struct stat st {};
-  st.st_gid = ::getegid();
-  st.st_mode = S_IFDIR | 0755;
-  CHECK_FALSE(selfprof::detail::dir_is_shared(st));
-  st.st_mode = S_IFDIR | 0775;  // user-private group
-  CHECK_FALSE(selfprof::detail::dir_is_shared(st));
-  st.st_gid = ::getegid() + 1;
-  CHECK(selfprof::detail::dir_is_shared(st));
-  st.st_mode = S_IFDIR | 01777;
-  CHECK(selfprof::detail::dir_is_shared(st));
+TEST_CASE("sink: a symlink planted as a component in a shared directory is refused, the victim's file kept") {
+  temp_dir d;
+  const std::string victim = make_victim(d, "home/victim/out");
+  const std::string shared = d / "shared";
+  REQUIRE(::mkdir(shared.c_str(), 0700) == 0);
+  REQUIRE(::chmod(shared.c_str(), 0777) == 0);  // world-writable, no sticky bit
+  REQUIRE(::symlink(victim.c_str(), (shared + "/sub").c_str()) == 0);
+  const std::string path = shared + "/sub/x.svg";
+  selfprof::sink_options allow;
+  allow.allow_shared_dir = true;  // the user accepts a shared directory: a link is still refused
+  for (const auto how : k_resolvers) {
+    CAPTURE(resolver_name(how));
+    auto st = write_file_atomic(path, std::string("evil\n"), allow, how);
+    CHECK_FALSE(st.is_ok());
+    CHECK(st.message() ==
+          "selfprof: cannot write " + path + ": component 'sub' is a symbolic link (refusing to follow it)");
+    st = write_file_atomic(path, std::string("evil\n"), {}, how);
+    CHECK_FALSE(st.is_ok());
+    CHECK(st.message().find("directory '" + shared + "' is writable by other users and has no sticky bit") !=
+          std::string::npos);
+  }
+  // The same, relative to the working directory (the command line's `-o shared/sub/x.svg`).
+  const auto cwd = fs::current_path();
+  fs::current_path(d.path);
+  const auto rel = write_file_atomic("shared/sub/x.svg", std::string("evil\n"), allow);
+  fs::current_path(cwd);
+  CHECK_FALSE(rel.is_ok());
+  CHECK(rel.message().find("component 'sub' is a symbolic link") != std::string::npos);
+  CHECK(slurp(victim + "/x.svg") == "precious\n");
+  CHECK(entries_of(victim) == 1);
+  CHECK(entries_of(shared) == 1);
+}
+
+TEST_CASE("sink: a symlink as the last directory component is refused") {
+  temp_dir d;
+  const std::string victim = make_victim(d, "victim");
+  REQUIRE(::symlink(victim.c_str(), (d / "out").c_str()) == 0);
+  for (const auto how : k_resolvers) {
+    CAPTURE(resolver_name(how));
+    const auto st = write_file_atomic(d / "out/x.svg", std::string("evil\n"), {}, how);
+    CHECK_FALSE(st.is_ok());
+    CHECK(st.message() == "selfprof: cannot write " + (d / "out/x.svg") +
+                              ": component 'out' is a symbolic link (refusing to follow it)");
+  }
+  CHECK(slurp(victim + "/x.svg") == "precious\n");
+  CHECK(entries_of(victim) == 1);
+}
+
+TEST_CASE("sink: a symlink anywhere in a private path is refused, even to our own directory") {
+  temp_dir d;
+  REQUIRE(fs::create_directories(d / "real/deeper"));
+  REQUIRE(::symlink("real", (d / "link").c_str()) == 0);
+  for (const auto how : k_resolvers) {
+    CAPTURE(resolver_name(how));
+    const auto st = write_file_atomic(d / "link/deeper/x.svg", std::string("x 1\n"), {}, how);
+    CHECK_FALSE(st.is_ok());
+    CHECK(st.message().find(": component 'link' is a symbolic link") != std::string::npos);
+  }
+  CHECK(entries_of(d / "real/deeper") == 0);
+}
+
+TEST_CASE("sink: '..' cancels the name before it, which is never opened; a leading '..' goes up") {
+  temp_dir d;
+  const std::string victim = make_victim(d, "elsewhere/victim");
+  REQUIRE(::symlink(victim.c_str(), (d / "link").c_str()) == 0);
+  // Followed, link/.. would be d/elsewhere; as text it is d.
+  const auto st = write_file_atomic(d / "link/../x.svg", std::string("x 1\n"));
+  REQUIRE_MESSAGE(st.is_ok(), st.message());
+  CHECK(slurp(d / "x.svg") == "x 1\n");
+  CHECK_FALSE(fs::exists(d / "elsewhere/x.svg"));
+
+  REQUIRE(::mkdir((d / "build").c_str(), 0700) == 0);
+  const auto cwd = fs::current_path();
+  fs::current_path(d / "build");
+  const auto up = write_file_atomic("../up.svg", std::string("y 2\n"));
+  fs::current_path(cwd);
+  REQUIRE_MESSAGE(up.is_ok(), up.message());
+  CHECK(slurp(d / "up.svg") == "y 2\n");
+}
+
+TEST_CASE("sink: a shared directory on the way without the sticky bit is refused, whoever owns it") {
+  temp_dir d;
+  const std::string shared = d / "shared";
+  REQUIRE(::mkdir(shared.c_str(), 0700) == 0);
+  REQUIRE(::mkdir((shared + "/mine").c_str(), 0700) == 0);
+  REQUIRE(::chmod(shared.c_str(), 0777) == 0);
+  const std::string path = shared + "/mine/x.svg";
+  auto check_refused = [&] {
+    for (const auto how : k_resolvers) {
+      CAPTURE(resolver_name(how));
+      const auto st = write_file_atomic(path, std::string("x 1\n"), {}, how);
+      CHECK_FALSE(st.is_ok());
+      CHECK(st.message() == "selfprof: cannot write " + path + ": directory '" + shared +
+                                "' is writable by other users and has no sticky bit (refusing; "
+                                "allow_shared_dir overrides)");
+    }
+    CHECK(entries_of(shared + "/mine") == 0);
+  };
+  check_refused();  // ours: anyone may still rename "mine" away and put their own directory there
+  if (::geteuid() == 0) {
+    give_to_nobody(shared);
+    check_refused();
+  } else {
+    MESSAGE("the case of a directory that belongs to another user needs root");
+  }
+  selfprof::sink_options allow;
+  allow.allow_shared_dir = true;
+  for (const auto how : k_resolvers) {
+    const auto st = write_file_atomic(path, std::string("x 1\n"), allow, how);
+    CHECK_MESSAGE(st.is_ok(), st.message());
+  }
+}
+
+TEST_CASE(
+    "sink: a sticky shared directory that belongs to another user is refused, on the way or as the "
+    "destination") {
+  if (skip_unless_root()) return;
+  temp_dir d;
+  const std::string sticky = d / "sticky";
+  REQUIRE(::mkdir(sticky.c_str(), 0700) == 0);
+  REQUIRE(::mkdir((sticky + "/mine").c_str(), 0700) == 0);
+  REQUIRE(::chmod(sticky.c_str(), 01777) == 0);
+  give_to_nobody(sticky);  // its owner may rename or delete anything in it, sticky bit or not
+  for (const std::string& path : {sticky + "/x.svg", sticky + "/mine/x.svg"}) {
+    for (const auto how : k_resolvers) {
+      CAPTURE(path);
+      CAPTURE(resolver_name(how));
+      auto st = write_file_atomic(path, std::string("x 1\n"), {}, how);
+      CHECK_FALSE(st.is_ok());
+      CHECK(st.message() == "selfprof: cannot write " + path + ": directory '" + sticky +
+                                "' is writable by other users and belongs to another user (uid 65534), who "
+                                "may rename or delete entries despite the sticky bit (refusing; "
+                                "allow_shared_dir overrides)");
+      selfprof::sink_options allow;
+      allow.allow_shared_dir = true;
+      st = write_file_atomic(path, std::string("x 1\n"), allow, how);
+      CHECK_MESSAGE(st.is_ok(), st.message());
+    }
+  }
+}
+
+TEST_CASE("sink: sticky directories like /tmp and others' private directories still work") {
+  temp_dir d;
+  REQUIRE(d.path.rfind("/tmp/", 0) == 0);  // every test here writes through /tmp (root's, sticky)
+  const std::string tmpish = d / "tmpish";
+  REQUIRE(::mkdir(tmpish.c_str(), 0700) == 0);
+  REQUIRE(::mkdir((tmpish + "/mine").c_str(), 0700) == 0);
+  REQUIRE(::chmod(tmpish.c_str(), 01777) == 0);
+  for (const auto how : k_resolvers) {
+    CAPTURE(resolver_name(how));
+    auto st = write_file_atomic(tmpish + "/x.svg", std::string("x 1\n"), {}, how);
+    CHECK_MESSAGE(st.is_ok(), st.message());
+    st = write_file_atomic(tmpish + "/mine/x.svg", std::string("x 1\n"), {}, how);
+    CHECK_MESSAGE(st.is_ok(), st.message());
+  }
+  if (skip_unless_root()) return;
+  // Root writing into a user's home: not shared, so whoever owns it is fine.
+  const std::string home = d / "home-of-nobody";
+  REQUIRE(::mkdir(home.c_str(), 0755) == 0);
+  give_to_nobody(home);
+  for (const auto how : k_resolvers) {
+    const auto st = write_file_atomic(home + "/x.svg", std::string("x 1\n"), {}, how);
+    CHECK_MESSAGE(st.is_ok(), st.message());
+  }
+}
+
+TEST_CASE("sink: temp names carry 64 random bits") {
+  using selfprof::detail::temp_name_for;
+  const std::string prefix = ".a.svg.tmp-";
+  std::set<std::string> seen;
+  std::string last;
+  int changed_bits = 0;
+  for (int i = 0; i < 200; ++i) {
+    const std::string name = temp_name_for("a.svg");
+    REQUIRE(name.size() == prefix.size() + 16);
+    REQUIRE(name.rfind(prefix, 0) == 0);
+    const std::string hex = name.substr(prefix.size());
+    REQUIRE(hex.find_first_not_of("0123456789abcdef") == std::string::npos);
+    if (!last.empty())
+      changed_bits += __builtin_popcountll(std::stoull(hex, nullptr, 16) ^ std::stoull(last, nullptr, 16));
+    last = hex;
+    seen.insert(name);
+  }
+  CHECK(seen.size() == 200);
+  // A counter changes a bit or two from one name to the next; random names change about half of 64.
+  CHECK(changed_bits / 199 > 20);
+  CHECK(temp_name_for(std::string(240, 'n')).size() <= 255);
 }
