@@ -116,6 +116,11 @@ out=$("$bin" record -q -F 199 -o trap-%p.folded -- bash -c 'trap "exit 9" URG PR
 SELFPROF_PRELOAD=/nonexistent/lib.so "$bin" record -- true 2> err; rc=$?
 [ $rc -ne 0 ] && grep -q "/nonexistent/lib.so" err && ok "missing library named" || bad "missing library: rc $rc"
 "$bin" record -F abc -- true 2> /dev/null; [ $? -eq 2 ] && ok "bad -F: exit 2" || bad "bad -F"
+# A preload path LD_PRELOAD cannot carry (it splits at ':' and ' '): refused, named, nothing run.
+mkdir -p "odd dir" && : > "odd dir/libselfprof-preload.so"
+SELFPROF_PRELOAD="$PWD/odd dir/libselfprof-preload.so" "$bin" record -- sh -c 'echo ran' > out 2> err; rc=$?
+[ $rc -eq 2 ] && grep -q "odd dir" err && ! grep -q ran out && ok "preload path with a space: refused and named" ||
+  bad "preload path with a space: rc $rc"
 
 # Unprivileged user (when running as root and setpriv is available).
 if [ "$(id -u)" -eq 0 ] && command -v setpriv > /dev/null && id nobody > /dev/null 2>&1; then

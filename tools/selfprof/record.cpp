@@ -128,12 +128,33 @@ int run_record(int argc, char** argv) {
     return fail("record", "cannot find libselfprof-preload.so (tried: " + tried +
                               "); build the selfprof-preload target or set SELFPROF_PRELOAD");
 
+  // The loader splits LD_PRELOAD at ':' and ' ', with no way to escape them.
+  if (preload.find_first_of(": ") != std::string::npos)
+    return fail("record", "the preload library's path '" + preload +
+                              "' contains ':' or ' ', which LD_PRELOAD cannot carry; install it elsewhere or "
+                              "point SELFPROF_PRELOAD at a path without them",
+                2);
   std::string ld = preload;
   if (const char* old = std::getenv("LD_PRELOAD"); old && *old) ld += std::string(":") + old;
 
+  // Like system(): the terminal's SIGINT/SIGQUIT go to the child; we wait for it and report. Ignored
+  // before the fork, so a ^C in between cannot kill us and orphan the child; the child gets them back.
+  struct sigaction ign {
+  }, old_int{}, old_quit{};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  ::sigaction(SIGINT, &ign, &old_int);
+  ::sigaction(SIGQUIT, &ign, &old_quit);
   pid_t child = ::fork();
-  if (child < 0) return fail("record", std::string("fork: ") + std::strerror(errno));
+  if (child < 0) {
+    const int err = errno;
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGQUIT, &old_quit, nullptr);
+    return fail("record", std::string("fork: ") + std::strerror(err));
+  }
   if (child == 0) {
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGQUIT, &old_quit, nullptr);
     ::setenv("LD_PRELOAD", ld.c_str(), 1);
     ::setenv("SELFPROF_OUT", out.c_str(), 1);
     if (a.has("freq")) ::setenv("SELFPROF_HZ", a.get("freq").c_str(), 1);
@@ -149,13 +170,6 @@ int run_record(int argc, char** argv) {
     std::fprintf(stderr, "selfprof record: cannot run %s: %s\n", cmd[0].c_str(), std::strerror(err));
     ::_exit(err == ENOENT ? 127 : 126);
   }
-  // Like system(): the terminal's SIGINT/SIGQUIT go to the child; we wait for it and report.
-  struct sigaction ign {
-  }, old_int{}, old_quit{};
-  ign.sa_handler = SIG_IGN;
-  sigemptyset(&ign.sa_mask);
-  ::sigaction(SIGINT, &ign, &old_int);
-  ::sigaction(SIGQUIT, &ign, &old_quit);
   int wstatus = 0;
   pid_t w;
   do w = ::waitpid(child, &wstatus, 0);
