@@ -32,6 +32,7 @@
 #include "selfprof/collect/sample_store.hpp"
 #include "selfprof/collect/session_info.hpp"
 #include "selfprof/collect/thread_registry.hpp"
+#include "selfprof/detail/high_fd.hpp"
 #include "selfprof/detail/process.hpp"
 #include "selfprof/detail/worker.hpp"
 #include "selfprof/signal/handler.hpp"
@@ -77,7 +78,7 @@ class collector {
     wakes_.store(0, std::memory_order_relaxed);
     contention_.reset(c.upgrade);
     listed_generation_ = ~std::uint64_t(0);
-    task_dir_fd_ = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    task_dir_fd_ = keep_fd_high(::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     status st = worker_.start("selfprof", &collector::main, this);
     if (!st) {
       close_task_dir();

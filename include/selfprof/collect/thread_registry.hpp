@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "selfprof/detail/high_fd.hpp"
 #include "selfprof/detail/process.hpp"
 #include "selfprof/signal/raw_syscall.hpp"
 #include "selfprof/sources/cpu_timer.hpp"
@@ -49,6 +50,8 @@ class thread_registry {
     config_ = config;
     counts_ = thread_counts{};
     notes_.clear();
+    fds_low_before_ = fds_in_app_range();
+    fds_low_noted_ = false;
     ++generation_;
   }
 
@@ -183,9 +186,15 @@ class thread_registry {
     std::lock_guard<std::mutex> lock(mu_);
     return counts_;
   }
-  // Remarks made while arming (a fallback opened), taken once.
+  // Remarks made while arming (a fallback opened; selfprof's fds left in the application's range, see
+  // detail/high_fd.hpp), taken once.
   std::vector<std::string> take_notes() {
     std::lock_guard<std::mutex> lock(mu_);
+    const std::uint64_t low = fds_in_app_range() - fds_low_before_;
+    if (low > 0 && !fds_low_noted_) {
+      fds_low_noted_ = true;
+      notes_.push_back(fds_in_app_range_note(low));
+    }
     std::vector<std::string> out;
     out.swap(notes_);
     return out;
@@ -272,6 +281,8 @@ class thread_registry {
   std::uint64_t generation_ = 0;                          // changes whenever threads_ does
   thread_counts counts_;
   std::vector<std::string> notes_;
+  std::uint64_t fds_low_before_ = 0;  // fds_in_app_range() when the session began
+  bool fds_low_noted_ = false;
 };
 
 }  // namespace detail

@@ -21,6 +21,7 @@
 #include <new>
 #include <string>
 
+#include "selfprof/detail/high_fd.hpp"
 #include "selfprof/signal/raw_syscall.hpp"
 #include "selfprof/status.hpp"
 
@@ -49,7 +50,7 @@ class worker {
   // worker_signal_mask() already in force. Fails when the thread or its eventfd cannot be created.
   status start(const char* name, void (*body)(void*), void* context) {
     if (running_) return status::error(std::string("selfprof: thread ") + name + " runs already");
-    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    wake_fd_ = keep_fd_high(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));  // out of the application's range
     if (wake_fd_ < 0) {
       const int e = errno;
       return status::error(std::string("selfprof: eventfd for ") + name + ": " + std::strerror(e), e);

@@ -13,6 +13,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "selfprof/detail/high_fd.hpp"
 #include "selfprof/detail/sys.hpp"
 #include "selfprof/signal/handler.hpp"
 #include "selfprof/sources/source.hpp"
@@ -48,7 +49,6 @@ class perf_event_source final : public tick_source {
     config_ = config;
     if (kernel_has_refresh_hang())
       return status::error("perf_event refused on Linux 6.16/6.17 (PERF_EVENT_IOC_REFRESH hang)");
-    raise_fd_limit();
     // Probe the calling thread: hardware cycles first, then the software task clock; kernel time
     // included unless the caller accepts user-only events.
     pid_t self = static_cast<pid_t>(raw_gettid());
@@ -81,6 +81,10 @@ class perf_event_source final : public tick_source {
       const int e = errno;
       return status::error(std::string("perf_event_open: ") + std::strerror(e), e);
     }
+    // One fd per thread: above the application's fds (detail/high_fd.hpp), before O_ASYNC records the
+    // number the signals carry in si_fd; below kPerfFdBits, which the handler's bitmap covers.
+    const fd_move placed = move_fd_high(fd, handler_globals::kPerfFdBits);
+    fd = placed.fd;
     struct f_owner_ex owner {};
     owner.type = F_OWNER_TID;
     owner.pid = tid;
@@ -98,6 +102,7 @@ class perf_event_source final : public tick_source {
       sys().close(fd);
       return status::error(std::string("PERF_EVENT_IOC_REFRESH: ") + std::strerror(e), e);
     }
+    if (placed.place != fd_place::moved) count_fd_in_app_range();
     fds_.emplace(tid, fd);
     return status::ok();
   }
@@ -167,16 +172,6 @@ class perf_event_source final : public tick_source {
     set_bit(fd, false);
     if (disable) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
     sys().close(fd);
-  }
-
-  // One fd per thread, and a process soft limit of 1024 fds runs out early: raise the soft
-  // RLIMIT_NOFILE to the hard limit.
-  static void raise_fd_limit() {
-    struct rlimit rl {};
-    if (sys().getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-      rl.rlim_cur = rl.rlim_max;
-      sys().setrlimit(RLIMIT_NOFILE, &rl);
-    }
   }
 
   source_config config_;

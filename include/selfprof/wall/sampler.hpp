@@ -42,6 +42,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "selfprof/detail/high_fd.hpp"
 #include "selfprof/detail/process.hpp"
 #include "selfprof/detail/worker.hpp"
 #include "selfprof/signal/raw_syscall.hpp"
@@ -87,11 +88,12 @@ class wall_sampler {
     stop();
     cfg_ = cfg;
     if (cfg_.threads_per_tick == 0) cfg_.threads_per_tick = 1;
-    task_dir_ = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    task_dir_ = keep_fd_high(::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (task_dir_ < 0) return status::error("selfprof: wall mode needs /proc/self/task: " + errno_text());
     code_.refresh();
     states_.clear();
     cached_fds_ = 0;
+    cache_high_ = true;
     order_.clear();
     {
       std::lock_guard<std::mutex> lock(list_mu_);
@@ -300,7 +302,16 @@ class wall_sampler {
     int fd = open_task_syscall(task_dir_, tid);
     if (fd < 0) return task_syscall{};
     task_syscall ts = read_task_syscall(fd);
-    if (cached_fds_ < kWallCachedFds) {
+    // Kept only above the application's fds (detail/high_fd.hpp). Where there is no room, the files are
+    // opened per look for the rest of the session instead: up to kWallCachedFds kept in the application's
+    // range would shift its fds and could exhaust its limit.
+    bool keep = cached_fds_ < kWallCachedFds && cache_high_;
+    if (keep) {
+      const fd_move m = move_fd_high(fd);
+      fd = m.fd;
+      keep = cache_high_ = m.place == fd_place::moved;
+    }
+    if (keep) {
       st.fd = fd;
       ++cached_fds_;
     } else {
@@ -394,6 +405,7 @@ class wall_sampler {
   worker worker_;  // "selfprof-wall"
   int task_dir_ = -1;
   std::size_t cached_fds_ = 0;
+  bool cache_high_ = true;  // false once a syscall fd could not leave the application's range
   code_ranges code_;
   std::unordered_map<pid_t, thread_state> states_;
   std::vector<pid_t> order_;
