@@ -25,7 +25,9 @@ sigjmp_buf g_jump;
 volatile sig_atomic_t g_armed = 0;
 
 void jump_out(int) {
-  if (g_armed) siglongjmp(g_jump, 1);
+  if (!g_armed) return;
+  g_armed = 0;  // the jump buffer is good for one jump: its frame is gone after it
+  siglongjmp(g_jump, 1);
 }
 
 std::uint64_t total(const selfprof::profile& p) { return wl::total_samples(p); }

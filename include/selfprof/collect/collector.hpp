@@ -142,7 +142,6 @@ class collector {
   void loop() {
     const auto start = std::chrono::steady_clock::now();
     auto last_full_scan = start;
-    auto last_sym = start;
     long last_count = -1;  // scan at once: threads may have started since start() looked
     std::uint64_t last_generation = loader_generation();
     std::uint64_t last_total = 0;
@@ -150,6 +149,8 @@ class collector {
     bool ticks_arrive = false;
     bool boosting = false;
     code_scan code;
+    config_.store->set_code({}, config_.symbols->jit_map());  // JIT samples are named from the first drain
+    auto last_code_scan = start;  // the first scan waits one interval: a short-lived process never pays it
     while (worker_.wait(wait_ms(ticks_arrive, boosting))) {
       wakes_.fetch_add(1, std::memory_order_relaxed);
       config_.symbols->poll_jit_map();  // lines written before these samples were taken name them
@@ -186,10 +187,10 @@ class collector {
       const std::uint64_t generation = loader_generation();
       const bool loader_moved = generation != last_generation && total != last_total;
       const bool unknown = config_.store->take_unknown_code();
-      if ((loader_moved || unknown) && now - last_sym >= code.interval) {
+      if ((loader_moved || unknown) && now - last_code_scan >= code.interval) {
         code.scanned(config_.symbols->rescan(), loader_moved);
         config_.store->set_code(code.ranges, config_.symbols->jit_map());
-        last_sym = now;
+        last_code_scan = now;
         last_total = total;
         last_generation = generation;
       }

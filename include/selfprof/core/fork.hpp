@@ -41,7 +41,10 @@ inline void profiler_core::fork_child() {
   registry_.abandon_after_fork();
   store_.abandon_after_fork();
   session_.abandon_after_fork();
-  symbols_.abandon_after_fork();
+  // Without the symbolizer's lock, a dump or the unwind-row build (which runs under it) may have been
+  // half done on another thread of the parent.
+  if (!symbols_locked_for_fork_) abandon_unwind_tables_after_fork();
+  symbols_.abandon_after_fork(symbols_locked_for_fork_);
   new (&control_mu_) std::mutex();
 }
 

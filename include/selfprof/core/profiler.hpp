@@ -126,6 +126,7 @@ class profiler_core {
   profile symbolize(const raw_snapshot& raw) { return snapshots_.symbolize(raw); }
   profile snapshot() { return symbolize(snapshot_raw()); }
   snapshot_maker& snapshots() { return snapshots_; }
+  shared_symbolizer& symbols() { return symbols_; }  // the process's one symbolizer (tests)
 
   // The one dump path with the session's settings and `paths` (the API's dump()).
   status dump(const std::string& paths) {
@@ -208,14 +209,17 @@ class profiler_core {
 
   // fork(2), see core/fork.hpp: every lock is taken before the fork, so no copy is held by a thread that
   // does not exist in the child; the child forgets the parent's threads and kernel objects.
+  // The symbolizer's lock is the exception: a dump may hold it for seconds while it names frames, so
+  // fork() waits for it only briefly (see shared_symbolizer::lock_for_fork_briefly), and a child that did
+  // not get it starts with a fresh symbolizer.
   void fork_prepare() {
     control_mu_.lock();
     registry_.lock_for_fork().lock();
     store_.lock_for_fork().lock();
-    symbols_.lock_for_fork().lock();
+    symbols_locked_for_fork_ = symbols_.lock_for_fork_briefly();
   }
   void fork_parent() {
-    symbols_.lock_for_fork().unlock();
+    if (symbols_locked_for_fork_) symbols_.lock_for_fork().unlock();
     store_.lock_for_fork().unlock();
     registry_.lock_for_fork().unlock();
     control_mu_.unlock();
@@ -438,6 +442,7 @@ class profiler_core {
   thread_registry registry_;
   sample_store store_;
   shared_symbolizer symbols_;
+  bool symbols_locked_for_fork_ = false;  // between fork_prepare and fork_parent/fork_child
   snapshot_maker snapshots_{session_parts{&ring_, &store_, &registry_, &session_, &symbols_}};
   auto_dumps dumps_{snapshots_};
   wall_sampler wall_sampler_;

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <utility>
 
+#include "selfprof/detail/high_fd.hpp"
 #include "selfprof/detail/sys.hpp"
 #include "selfprof/jit/safe_file.hpp"
 #include "selfprof/status.hpp"
@@ -135,7 +136,7 @@ class jitdump_writer {
       return status::error(std::move(m));
     }
     mapping_ = m;
-    fd_ = f.fd;
+    fd_ = keep_fd_high(f.fd);  // above the application's descriptors (detail/high_fd.hpp)
     return status::ok();
   }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "selfprof/detail/high_fd.hpp"
 #include "selfprof/detail/sys.hpp"
 #include "selfprof/jit/safe_file.hpp"
 #include "selfprof/status.hpp"
@@ -65,7 +66,7 @@ class perf_map_writer {
     safe_file f;
     status st = create_safe_file(path_, O_WRONLY | O_APPEND, "perf map", f);
     if (!st) return st;
-    fd_ = f.fd;
+    fd_ = keep_fd_high(f.fd);  // above the application's descriptors (detail/high_fd.hpp)
     replaced_stale_ = f.replaced_stale;
     return status::ok();
   }

@@ -3,6 +3,8 @@
 // Context: any thread except the signal handler.
 #pragma once
 
+#include <time.h>
+
 #include <mutex>
 #include <new>
 #include <utility>
@@ -12,6 +14,8 @@
 
 namespace selfprof {
 namespace detail {
+
+constexpr int kForkWaitMs = 100;
 
 class shared_symbolizer {
  public:
@@ -52,9 +56,27 @@ class shared_symbolizer {
     work();
   }
   std::mutex& lock_for_fork() { return mu_; }
-  void abandon_after_fork() {
+  // fork(2) prepare: takes the lock if it comes within kForkWaitMs (a module scan or unwind-row build
+  // does; naming a large profile may not). Returns whether it was taken.
+  bool lock_for_fork_briefly() {
+    for (int waited_ms = 0;; ++waited_ms) {
+      if (mu_.try_lock()) return true;
+      if (waited_ms >= kForkWaitMs) return false;
+      struct timespec step {
+        0, 1000 * 1000
+      };
+      ::nanosleep(&step, nullptr);
+    }
+  }
+  // fork(2) child. Without the lock, another thread of the parent may have been inside the symbolizer:
+  // it starts afresh here (the old one is leaked, not destroyed half-changed).
+  void abandon_after_fork(bool was_locked = true) {
     new (&mu_) std::mutex();
-    sym_.abandon_after_fork();
+    if (was_locked) {
+      sym_.abandon_after_fork();
+      return;
+    }
+    new (&sym_) symbolizer();
   }
 
  private:

@@ -280,6 +280,12 @@ inline status build_unwind_tables() { return detail::unwind_tables().build(false
 // no sampling handler can run any more (after stop).
 inline void release_unwind_tables() { detail::unwind_tables().release(); }
 
+// fork(2) child, when another thread of the parent may have been inside build(): a fresh state (the old
+// one is leaked; no handler runs in the child until a new start() publishes a new set).
+inline void abandon_unwind_tables_after_fork() {
+  new (&detail::unwind_tables()) detail::unwind_tables_state();
+}
+
 inline unwind_tables_info get_unwind_tables_info() { return detail::unwind_tables().info(); }
 
 }  // namespace selfprof
