@@ -65,6 +65,8 @@ inline std::vector<std::string> debuglink_paths(const std::vector<std::string>& 
   return out;
 }
 
+// A debug file found for a module: `image` reads through `file`, which stays open so its sections can be
+// read; file.check() after the last read tells whether it changed meanwhile.
 struct debug_file {
   std::string path;
   mapped_file file;
@@ -78,10 +80,14 @@ inline bool find_debug_file(const std::vector<std::string>& roots, const std::st
                       std::uint32_t crc) {
     if (path == module_path) return false;
     if (!out.file.open(path)) return false;
-    bool ok = static_cast<bool>(out.image.parse(byte_view{out.file.data(), out.file.size()}, path)) &&
+    bool ok = static_cast<bool>(out.image.parse(out.file, path)) &&
               out.image.find_section_type(SHT_SYMTAB) != nullptr;
     if (ok && !want_build_id.empty()) ok = out.image.build_id() == want_build_id;
-    if (ok && check_crc) ok = debuglink_crc32(out.image.bytes()) == crc;
+    if (ok && check_crc) {
+      std::uint32_t file_crc = 0;
+      ok = out.file.read_all([&file_crc](byte_view b) { file_crc = debuglink_crc32(b, file_crc); }) &&
+           file_crc == crc;
+    }
     if (!ok) {
       out.image = elf_image();
       out.file.reset();
@@ -99,6 +105,28 @@ inline bool find_debug_file(const std::vector<std::string>& roots, const std::st
     for (const auto& path : debuglink_paths(roots, module_path, link))
       if (try_open(path, id, true, crc)) return true;
   return false;
+}
+
+// The file holding the DWARF of the module file at `path` (inode `inode` when non-zero): `path` itself
+// when it has .debug_info, else `known_debug` when set (the registry's pick), else the debug file found
+// under `roots` (by build-id, and by .gnu_debuglink next to `module_path` unless that is empty). Empty
+// when there is none; `readable` says whether `path` could be read as ELF at all.
+inline std::string dwarf_source_path(const std::vector<std::string>& roots, const std::string& path,
+                                     std::uint64_t inode, const std::string& module_path,
+                                     const std::string& known_debug, bool& readable) {
+  mapped_file file;
+  elf_image image;
+  readable = file.open(path, inode) && image.parse(file, path);
+  if (!readable) return {};
+  for (const char* name : {".debug_info", ".zdebug_info"}) {
+    const elf_section* s = image.find_section(name);
+    if (s != nullptr && s->type != SHT_NOBITS) return path;
+  }
+  if (!known_debug.empty()) return known_debug;
+  // The registry looks for a debug file only when a module lacks .symtab: a module stripped of DWARF
+  // alone (strip -g) gets its debug file found here.
+  debug_file debug;
+  return find_debug_file(roots, module_path, image, debug) ? debug.path : std::string();
 }
 
 }  // namespace detail

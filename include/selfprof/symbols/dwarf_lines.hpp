@@ -21,8 +21,6 @@
 #include <dwarf.h>  // DW_TAG_* and DW_AT_* (elfutils' copy, installed with libdw-dev)
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
-#include <fcntl.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -167,8 +165,7 @@ class dwarf_lines {
   static constexpr bool enabled = true;
 
   dwarf_lines() = default;
-  explicit dwarf_lines(std::vector<std::string> debug_roots)
-      : debug_roots_(std::make_shared<const std::vector<std::string>>(std::move(debug_roots))) {}
+  explicit dwarf_lines(std::vector<std::string> debug_roots) : debug_roots_(std::move(debug_roots)) {}
 
   // The source chain of `vaddr` (an ELF virtual address of module `m`'s file, i.e. the run-time
   // address minus the module's bias), or nullptr when no DWARF covers it. The pointer stays valid for
@@ -191,10 +188,9 @@ class dwarf_lines {
 
  private:
   struct dwarf_file {
-    std::shared_ptr<const std::vector<std::string>> debug_roots;
     std::shared_ptr<module_symbols> symbols;  // keeps the cache key alive; holds debug_path
-    std::string path;                         // module file as opened (maybe via /proc/self/map_files)
-    std::string search_path;                  // for .gnu_debuglink search; empty for deleted/memfd files
+    Elf* elf = nullptr;  // the file with the DWARF, read with pread, until find_elf gives it to Dwfl
+    int fd = -1;         // its descriptor, likewise
     Dwfl_Callbacks callbacks{};
     Dwfl* dwfl = nullptr;
     Dwfl_Module* mod = nullptr;
@@ -207,6 +203,8 @@ class dwarf_lines {
     dwarf_file& operator=(const dwarf_file&) = delete;
     ~dwarf_file() {
       if (dwfl != nullptr) ::dwfl_end(dwfl);
+      if (elf != nullptr) ::elf_end(elf);
+      if (fd >= 0) sys().close(fd);
     }
   };
 
@@ -220,39 +218,39 @@ class dwarf_lines {
 
   std::unique_ptr<dwarf_file> open_file(const module& m) {
     auto file = std::make_unique<dwarf_file>();
-    file->debug_roots = debug_roots_;
     file->symbols = m.symbols;
     // A deleted file or memfd is reachable only through map_files while mapped (see modules.hpp).
-    bool hidden = m.deleted || m.path.compare(0, 7, "/memfd:") == 0;
+    bool hidden = m.deleted || m.path.compare(0, 7, "/memfd:") == 0, readable = false;
     char buffer[64];
     std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
                   static_cast<unsigned long long>(m.start), static_cast<unsigned long long>(m.end));
-    file->path = hidden ? std::string(buffer) : m.path;
-    file->search_path = hidden ? std::string() : m.path;
-    int fd = open_checked(file->path, m.inode);
-    if (fd < 0 && !hidden) {
-      file->path = buffer;
-      fd = open_checked(file->path, m.inode);
+    std::string path = hidden ? std::string(buffer) : m.path, search = hidden ? std::string() : m.path;
+    std::string from =
+        dwarf_source_path(debug_roots_, path, m.inode, search, m.symbols->debug_path, readable);
+    if (!readable && !hidden) {
+      path = buffer;
+      from = dwarf_source_path(debug_roots_, path, m.inode, search, m.symbols->debug_path, readable);
     }
-    if (fd < 0) return file;
+    if (!readable) return file;
     ++files_opened_;
-    file->callbacks.find_elf = nullptr;  // not consulted: the file is reported with dwfl_report_elf
-    file->callbacks.find_debuginfo = &dwarf_lines::find_debuginfo;
-    file->callbacks.section_address = nullptr;
-    file->callbacks.debuginfo_path = nullptr;
+    // libdwfl would map the file itself (ELF_C_READ_MMAP_PRIVATE), and a mapped file truncated in place
+    // raises SIGBUS: the file with the DWARF is opened here with ELF_C_READ (pread) and given to Dwfl as
+    // the module's ELF by find_elf, so nothing needs find_debuginfo.
+    if (!from.empty()) file->fd = open_regular_file(from, from == path ? m.inode : 0);
+    if (file->fd >= 0 && ::elf_version(EV_CURRENT) != EV_NONE)  // elf_begin fails before elf_version
+      file->elf = ::elf_begin(file->fd, ELF_C_READ, nullptr);
+    Dwarf_Addr low = 0, high = 0;
+    if (!load_span(file->elf, low, high)) return file;
+    file->callbacks.find_elf = &dwarf_lines::find_elf;
+    file->callbacks.find_debuginfo = &dwarf_lines::no_debuginfo;
     file->dwfl = ::dwfl_begin(&file->callbacks);
-    if (file->dwfl == nullptr) {
-      sys().close(fd);
-      return file;
-    }
+    if (file->dwfl == nullptr) return file;
     ::dwfl_report_begin(file->dwfl);
-    // base 0 with add_p_vaddr: Dwfl addresses are the file's own virtual addresses (ET_DYN and ET_EXEC).
-    file->mod = ::dwfl_report_elf(file->dwfl, m.basename.c_str(), file->path.c_str(), fd, 0, true);
+    // Spanning the PT_LOAD segments from the first one's aligned address gives a zero bias: Dwfl
+    // addresses are the file's own virtual addresses (ET_DYN and ET_EXEC).
+    file->mod = ::dwfl_report_module(file->dwfl, m.basename.c_str(), low, high);
     ::dwfl_report_end(file->dwfl, nullptr, nullptr);
-    if (file->mod == nullptr) {
-      sys().close(fd);  // consumed only on success
-      return file;
-    }
+    if (file->mod == nullptr) return file;
     void** userdata = nullptr;
     ::dwfl_module_info(file->mod, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
     if (userdata != nullptr) *userdata = file.get();
@@ -262,46 +260,31 @@ class dwarf_lines {
     return file;
   }
 
-  // Opens `path` read-only through the syscall seam; -1 unless it is a regular file with inode
-  // `inode` (a library replaced on disk since it was mapped must not describe the mapped code).
-  static int open_checked(const std::string& path, std::uint64_t inode) {
-    int fd = sys().open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    struct stat st;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-        (inode != 0 && static_cast<std::uint64_t>(st.st_ino) != inode)) {
-      sys().close(fd);
-      return -1;
+  // The addresses of `elf`'s PT_LOAD segments, from the first one's start aligned down as libdwfl aligns
+  // it; false when there are none.
+  static bool load_span(Elf* elf, Dwarf_Addr& low, Dwarf_Addr& high) {
+    std::size_t count = 0;
+    if (elf == nullptr || ::elf_getphdrnum(elf, &count) != 0) return false;
+    for (std::size_t i = 0; i < count; ++i) {
+      GElf_Phdr ph;
+      if (::gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr || ph.p_type != PT_LOAD) continue;
+      if (high == 0) low = ph.p_vaddr & ~(ph.p_align - 1);
+      high = std::max<Dwarf_Addr>(high, ph.p_vaddr + ph.p_memsz);
     }
-    return fd;
+    return high > low;
   }
 
-  // Dwfl's find_debuginfo callback, called when the module file itself has no DWARF: the debug file the
-  // module registry found, else one found here by build-id/debuglink under the same roots. Returns an
-  // open descriptor (Dwfl takes it) and the file's name in malloc'd memory, or -1.
-  static int find_debuginfo(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, const char*, const char*,
-                            GElf_Word, char** debuginfo_file_name) {
+  // Dwfl's find_elf callback: gives Dwfl the file open_file opened (Dwfl takes the Elf and descriptor).
+  static int find_elf(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, char**, Elf** elfp) {
     if (userdata == nullptr || *userdata == nullptr) return -1;
-    const dwarf_file& file = *static_cast<const dwarf_file*>(*userdata);
-    std::string path = file.symbols->debug_path;
-    if (path.empty()) path = search_debug_file(file);
-    if (path.empty()) return -1;
-    int fd = open_checked(path, 0);
-    if (fd < 0) return -1;
-    if (debuginfo_file_name != nullptr) *debuginfo_file_name = ::strdup(path.c_str());
-    return fd;
+    auto& file = *static_cast<dwarf_file*>(*userdata);
+    *elfp = std::exchange(file.elf, nullptr);
+    return std::exchange(file.fd, -1);
   }
-
-  // The module registry looks for a debug file only when a module lacks .symtab; a module stripped of
-  // DWARF alone (strip -g) gets its debug file found here.
-  static std::string search_debug_file(const dwarf_file& file) {
-    mapped_file bytes;
-    if (!bytes.open(file.path)) return {};
-    elf_image image;
-    if (!image.parse(byte_view{bytes.data(), bytes.size()}, file.path)) return {};
-    debug_file debug;
-    if (!find_debug_file(*file.debug_roots, file.search_path, image, debug)) return {};
-    return debug.path;
+  // Dwfl's find_debuginfo callback: the file given by find_elf holds the DWARF; there is no other.
+  static int no_debuginfo(Dwfl_Module*, void**, const char*, Dwarf_Addr, const char*, const char*, GElf_Word,
+                          char**) {
+    return -1;
   }
 
   // Fills `chain` (outermost first) for `vaddr`; leaves it empty when no DWARF covers the address.
@@ -395,8 +378,7 @@ class dwarf_lines {
     return name != nullptr ? std::string(name) : std::string();
   }
 
-  std::shared_ptr<const std::vector<std::string>> debug_roots_ =
-      std::make_shared<const std::vector<std::string>>(std::vector<std::string>{"/usr/lib/debug"});
+  std::vector<std::string> debug_roots_{"/usr/lib/debug"};
   std::map<const module_symbols*, std::unique_ptr<dwarf_file>> files_;
   std::size_t files_opened_ = 0;
   std::size_t files_with_dwarf_ = 0;

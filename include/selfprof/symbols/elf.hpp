@@ -1,6 +1,6 @@
-// A bounds-checked ELF64 reader over bytes in memory (an mmap'd file or a loaded image such as the vdso):
-// headers, sections by name or type (reusable by an .eh_frame parser), PT_LOAD segments, load bias,
-// build-id note and .gnu_debuglink.
+// A bounds-checked ELF64 reader over bytes in memory (a loaded image such as the vdso) or over a file read
+// on demand with pread (mapped_file.hpp): headers, sections by name or type (reusable by an .eh_frame
+// parser), PT_LOAD segments, load bias, build-id note and .gnu_debuglink.
 // Context: collector thread or setup (never the signal handler).
 #pragma once
 
@@ -14,23 +14,10 @@
 #include <vector>
 
 #include "selfprof/status.hpp"
+#include "selfprof/symbols/mapped_file.hpp"
 
 namespace selfprof {
 namespace detail {
-
-// A span of bytes; every read below checks it.
-struct byte_view {
-  const unsigned char* data = nullptr;
-  std::size_t size = 0;
-
-  bool contains(std::uint64_t offset, std::uint64_t length) const {
-    return offset <= size && length <= size - offset;
-  }
-  byte_view sub(std::uint64_t offset, std::uint64_t length) const {
-    if (!contains(offset, length)) return {};
-    return byte_view{data + offset, static_cast<std::size_t>(length)};
-  }
-};
 
 // Copies a T out of `bytes` at `offset` (no alignment assumed); false when it does not fit.
 template <class T>
@@ -84,8 +71,90 @@ class elf_image {
   status parse(byte_view bytes, const std::string& what) {
     *this = elf_image();
     bytes_ = bytes;
+    size_ = bytes.size;
+    return parse_headers(what);
+  }
+  // The same for a file: the headers are read now, sections when asked for, through `file` (open, and
+  // outliving this object). A file that shrank meanwhile reads as truncated; after the last read,
+  // file.check() says whether what was read still matches the file.
+  status parse(mapped_file& file, const std::string& what) {
+    *this = elf_image();
+    file_ = &file;
+    size_ = file.size();
+    return parse_headers(what);
+  }
+
+  // The whole image when parsed from memory; empty when read from a file.
+  byte_view bytes() const { return bytes_; }
+  std::uint16_t type() const { return type_; }
+  std::uint16_t machine() const { return machine_; }
+  const std::vector<elf_section>& sections() const { return sections_; }
+  const std::vector<elf_segment>& segments() const { return segments_; }
+
+  // The first section called `name`, or nullptr.
+  const elf_section* find_section(std::string_view name) const {
+    for (const auto& s : sections_)
+      if (s.name == name) return &s;
+    return nullptr;
+  }
+  // The first section of ELF type `type` (SHT_SYMTAB, SHT_DYNSYM, ...), or nullptr.
+  const elf_section* find_section_type(std::uint32_t type) const {
+    for (const auto& s : sections_)
+      if (s.type == type) return &s;
+    return nullptr;
+  }
+  const elf_section* section_at(std::uint64_t index) const {
+    return index < sections_.size() ? &sections_[static_cast<std::size_t>(index)] : nullptr;
+  }
+  // The bytes of a section inside the image; empty for SHT_NOBITS or a section that does not fit (or
+  // no longer can be read).
+  byte_view section_bytes(const elf_section& s) const {
+    if (s.type == SHT_NOBITS) return {};
+    return fetch(s.offset, s.size);
+  }
+
+  // Load bias of a mapping of this file; see elf_load_bias below.
+  std::uint64_t load_bias(std::uint64_t map_start, std::uint64_t file_offset) const;
+
+  // GNU build-id as lower-case hex, or empty. Looks in SHT_NOTE sections, else PT_NOTE segments.
+  std::string build_id() const {
+    std::string out;
+    for (const auto& s : sections_)
+      if (s.type == SHT_NOTE && find_build_id(section_bytes(s), s.addralign == 8 ? 8 : 4, out)) return out;
+    for (const auto& seg : segments_)
+      if (seg.type == PT_NOTE && find_build_id(fetch(seg.offset, seg.filesz), seg.align == 8 ? 8 : 4, out))
+        return out;
+    return {};
+  }
+
+  // The .gnu_debuglink file name and CRC; false when absent or malformed.
+  bool debuglink(std::string& name, std::uint32_t& crc) const {
+    const elf_section* s = find_section(".gnu_debuglink");
+    if (s == nullptr) return false;
+    byte_view b = section_bytes(*s);
+    std::string_view n = string_at(b, 0);
+    if (n.empty()) return false;
+    std::uint64_t crc_offset = (n.size() + 1 + 3) & ~std::uint64_t{3};
+    if (!read_at(b, crc_offset, crc)) return false;
+    name = std::string(n);
+    return true;
+  }
+
+ private:
+  // `length` bytes at `offset` of the image, or an empty view when they are not (or no longer) there.
+  byte_view fetch(std::uint64_t offset, std::uint64_t length) const {
+    return file_ != nullptr ? file_->read(offset, length) : bytes_.sub(offset, length);
+  }
+  bool in_image(std::uint64_t offset, std::uint64_t length) const {
+    return offset <= size_ && length <= size_ - offset;
+  }
+
+  status parse_headers(const std::string& what) {
+    // In bounds yet unreadable: the file shrank since it was opened.
+    auto changed = [&what] { return status::error(what + ": changed while being read"); };
     Elf64_Ehdr eh;
-    if (!read_at(bytes, 0, eh)) return status::error(what + ": not ELF: shorter than an ELF header");
+    if (!in_image(0, sizeof eh)) return status::error(what + ": not ELF: shorter than an ELF header");
+    if (!read_at(fetch(0, sizeof eh), 0, eh)) return changed();
     if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) return status::error(what + ": not ELF: bad magic");
     if (eh.e_ident[EI_CLASS] != ELFCLASS64) return status::error(what + ": ELF: not a 64-bit file");
     if (eh.e_ident[EI_DATA] != host_data_encoding())
@@ -99,20 +168,24 @@ class elf_image {
         return status::error(what + ": ELF: section header entry size " + std::to_string(eh.e_shentsize) +
                              " too small");
       Elf64_Shdr first;
-      if (!read_at(bytes, eh.e_shoff, first))
+      if (!in_image(eh.e_shoff, sizeof first))
         return status::error(what + ": ELF: section headers at offset " + std::to_string(eh.e_shoff) +
                              " are past the end of the file (truncated?)");
+      if (!read_at(fetch(eh.e_shoff, sizeof first), 0, first)) return changed();
       std::uint64_t count = eh.e_shnum != 0 ? eh.e_shnum : first.sh_size;
       std::uint64_t names_index = eh.e_shstrndx == SHN_XINDEX ? first.sh_link : eh.e_shstrndx;
       if (count > elf_max_sections) return status::error(what + ": ELF: too many sections");
-      if (!bytes.contains(eh.e_shoff, count * eh.e_shentsize))
+      std::uint64_t table_size = count * eh.e_shentsize;
+      if (!in_image(eh.e_shoff, table_size))
         return status::error(what + ": ELF: " + std::to_string(count) +
                              " section headers do not fit in the file (truncated?)");
+      byte_view table = fetch(eh.e_shoff, table_size);
+      if (table.size != table_size) return changed();
       sections_.resize(static_cast<std::size_t>(count));
       std::vector<std::uint32_t> name_offsets(sections_.size());
       for (std::size_t i = 0; i < sections_.size(); ++i) {
         Elf64_Shdr sh;
-        read_at(bytes, eh.e_shoff + i * eh.e_shentsize, sh);
+        read_at(table, i * eh.e_shentsize, sh);
         elf_section& s = sections_[i];
         s.type = sh.sh_type;
         s.flags = sh.sh_flags;
@@ -137,11 +210,14 @@ class elf_image {
       if (eh.e_phentsize < sizeof(Elf64_Phdr))
         return status::error(what + ": ELF: program header entry size too small");
       if (eh.e_phnum > elf_max_segments) return status::error(what + ": ELF: too many program headers");
-      if (!bytes.contains(eh.e_phoff, std::uint64_t{eh.e_phnum} * eh.e_phentsize))
+      std::uint64_t table_size = std::uint64_t{eh.e_phnum} * eh.e_phentsize;
+      if (!in_image(eh.e_phoff, table_size))
         return status::error(what + ": ELF: program headers do not fit in the file (truncated?)");
+      byte_view table = fetch(eh.e_phoff, table_size);
+      if (table.size != table_size) return changed();
       for (std::uint32_t i = 0; i < eh.e_phnum; ++i) {
         Elf64_Phdr ph;
-        read_at(bytes, eh.e_phoff + std::uint64_t{i} * eh.e_phentsize, ph);
+        read_at(table, std::uint64_t{i} * eh.e_phentsize, ph);
         segments_.push_back(
             elf_segment{ph.p_type, ph.p_flags, ph.p_offset, ph.p_vaddr, ph.p_filesz, ph.p_memsz, ph.p_align});
       }
@@ -149,62 +225,6 @@ class elf_image {
     return status::ok();
   }
 
-  byte_view bytes() const { return bytes_; }
-  std::uint16_t type() const { return type_; }
-  std::uint16_t machine() const { return machine_; }
-  const std::vector<elf_section>& sections() const { return sections_; }
-  const std::vector<elf_segment>& segments() const { return segments_; }
-
-  // The first section called `name`, or nullptr.
-  const elf_section* find_section(std::string_view name) const {
-    for (const auto& s : sections_)
-      if (s.name == name) return &s;
-    return nullptr;
-  }
-  // The first section of ELF type `type` (SHT_SYMTAB, SHT_DYNSYM, ...), or nullptr.
-  const elf_section* find_section_type(std::uint32_t type) const {
-    for (const auto& s : sections_)
-      if (s.type == type) return &s;
-    return nullptr;
-  }
-  const elf_section* section_at(std::uint64_t index) const {
-    return index < sections_.size() ? &sections_[static_cast<std::size_t>(index)] : nullptr;
-  }
-  // The bytes of a section inside the image; empty for SHT_NOBITS or a section that does not fit.
-  byte_view section_bytes(const elf_section& s) const {
-    if (s.type == SHT_NOBITS) return {};
-    return bytes_.sub(s.offset, s.size);
-  }
-
-  // Load bias of a mapping of this file; see elf_load_bias below.
-  std::uint64_t load_bias(std::uint64_t map_start, std::uint64_t file_offset) const;
-
-  // GNU build-id as lower-case hex, or empty. Looks in SHT_NOTE sections, else PT_NOTE segments.
-  std::string build_id() const {
-    std::string out;
-    for (const auto& s : sections_)
-      if (s.type == SHT_NOTE && find_build_id(section_bytes(s), s.addralign == 8 ? 8 : 4, out)) return out;
-    for (const auto& seg : segments_)
-      if (seg.type == PT_NOTE &&
-          find_build_id(bytes_.sub(seg.offset, seg.filesz), seg.align == 8 ? 8 : 4, out))
-        return out;
-    return {};
-  }
-
-  // The .gnu_debuglink file name and CRC; false when absent or malformed.
-  bool debuglink(std::string& name, std::uint32_t& crc) const {
-    const elf_section* s = find_section(".gnu_debuglink");
-    if (s == nullptr) return false;
-    byte_view b = section_bytes(*s);
-    std::string_view n = string_at(b, 0);
-    if (n.empty()) return false;
-    std::uint64_t crc_offset = (n.size() + 1 + 3) & ~std::uint64_t{3};
-    if (!read_at(b, crc_offset, crc)) return false;
-    name = std::string(n);
-    return true;
-  }
-
- private:
   static unsigned char host_data_encoding() {
     const std::uint16_t probe = 1;
     unsigned char first;
@@ -238,7 +258,9 @@ class elf_image {
     return false;
   }
 
-  byte_view bytes_;
+  byte_view bytes_;              // the image, when parsed from memory
+  mapped_file* file_ = nullptr;  // the file, when parsed from one
+  std::uint64_t size_ = 0;       // of the image or file
   std::uint16_t type_ = 0;
   std::uint16_t machine_ = 0;
   std::vector<elf_section> sections_;

@@ -307,7 +307,15 @@ class module_registry {
       warn_no_symbols(e.path, st);
       return result;
     }
-    load_elf(byte_view{file.data(), file.size()}, e.path, hidden, *result);
+    elf_image image;
+    st = image.parse(file, e.path);
+    if (st) load_elf(image, e.path, hidden, *result);
+    // Symbols of a file that changed while being read could mix two versions: none rather than wrong.
+    if (status unchanged = file.check(); !unchanged) {
+      *result = module_symbols();
+      st = unchanged;
+    }
+    if (!st) warn_no_symbols(e.path, st);
     return result;
   }
 
@@ -338,18 +346,16 @@ class module_registry {
     // The vdso is mapped whole and laid out as its file, so its section headers are in memory too.
     unsigned long base = ::getauxval(AT_SYSINFO_EHDR);
     if (base == 0 || base < e.start || base >= e.end || !e.readable) return result;
-    load_elf(byte_view{reinterpret_cast<const unsigned char*>(base), static_cast<std::size_t>(e.end - base)},
-             "[vdso]", true, *result);
+    elf_image image;
+    byte_view bytes{reinterpret_cast<const unsigned char*>(base), static_cast<std::size_t>(e.end - base)};
+    status st = image.parse(bytes, "[vdso]");
+    if (st) load_elf(image, "[vdso]", true, *result);
+    if (!st) warn_no_symbols("[vdso]", st);
     return result;
   }
 
-  void load_elf(byte_view bytes, const std::string& path, bool no_debug_search, module_symbols& out) {
-    elf_image image;
-    status st = image.parse(bytes, path);
-    if (!st) {
-      warn_no_symbols(path, st);
-      return;
-    }
+  // Fills `out` from a parsed image: its .symtab (else the debug file's), .dynsym and PLT stubs.
+  void load_elf(const elf_image& image, const std::string& path, bool no_debug_search, module_symbols& out) {
     out.elf_ok = true;
     out.segments = image.segments();
     out.build_id = image.build_id();
@@ -363,6 +369,11 @@ class module_registry {
         if (const elf_section* symtab = debug.image.find_section_type(SHT_SYMTAB))
           out.table.add_symbols(debug.image, *symtab);
         out.debug_path = debug.path;
+        if (status unchanged = debug.file.check(); !unchanged) {  // could mix two versions: not used
+          out.table = symbol_table();
+          out.debug_path.clear();
+          warn("selfprof: debug file not used: " + unchanged.message());
+        }
       }
     }
     if (const elf_section* dynsym = image.find_section_type(SHT_DYNSYM))
