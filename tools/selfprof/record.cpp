@@ -130,9 +130,10 @@ int run_record(int argc, char** argv) {
 
   // The loader splits LD_PRELOAD at ':' and ' ', with no way to escape them.
   if (preload.find_first_of(": ") != std::string::npos)
-    return fail("record", "the preload library's path '" + preload +
-                              "' contains ':' or ' ', which LD_PRELOAD cannot carry; install it elsewhere or "
-                              "point SELFPROF_PRELOAD at a path without them",
+    return fail("record",
+                "the preload library's path '" + preload +
+                    "' contains ':' or ' ', which LD_PRELOAD cannot carry; install it elsewhere or "
+                    "point SELFPROF_PRELOAD at a path without them",
                 2);
   std::string ld = preload;
   if (const char* old = std::getenv("LD_PRELOAD"); old && *old) ld += std::string(":") + old;
