@@ -529,6 +529,249 @@ SELFPROF_API std::string perf_map_path();
 #include <new>
 #include <string>
 
+// ---- begin selfprof/detail/high_fd.hpp ----
+// Keeps selfprof's long-lived descriptors (one perf_event per thread, the workers' eventfds, the kept
+// /proc directories) out of the application's descriptor range: each is moved to the lowest free number
+// at or above the soft RLIMIT_NOFILE, so the application's own descriptors get the numbers they would
+// have had without selfprof (below 1024, where select() and FD_SET work), and its limit stays as it is.
+// Context: any thread except the signal handler (setup, the collector, the wall sampler); one
+// process-wide lock serializes the moves.
+//
+// How. fcntl(F_DUPFD_CLOEXEC, soft) takes the lowest free number >= soft, but the kernel refuses a start
+// at or above the soft limit (EINVAL) and never allocates at or above it (EMFILE): RLIMIT_NOFILE bounds
+// new allocations only, and descriptors above it stay valid. So the soft limit is raised (to the hard
+// limit at most) for that one fcntl and put back right after it; then the original is closed.
+//
+// The instant the soft limit is raised is process-wide. Another thread that allocates a descriptor in
+// that instant still gets the lowest free number, so it lands above the application's limit only where
+// every number below it is taken (it would otherwise have failed with EMFILE). Another thread's
+// getrlimit() in that instant sees the raised value, and its setrlimit(RLIMIT_NOFILE) is undone when ours
+// is restored. A child made by fork() gets the application's limit back in a pthread_atfork child
+// handler; one made by vfork(), posix_spawn() or a raw clone() in that instant keeps the raised limit.
+//
+// No room above the soft limit (it equals the hard limit or the caller's bound, or every number up to
+// there is taken): the descriptor stays where it is. keep_fd_high() counts it (fds_in_app_range(); the
+// thread registry notes it in the session). The soft limit is never left raised.
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/resource.h>
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstdint>
+#include <mutex>
+#include <new>
+#include <string>
+
+// ---- begin selfprof/detail/sys.hpp ----
+// The seam for the system calls tests inject failures into (EACCES, ENOSYS, EMFILE, ...): opening and
+// closing tick sources (perf_event_open, timer_*, setitimer, fcntl), taking signals (sigaction), creating
+// output files (open, openat, close) and resource limits. Other calls (ioctl on a perf fd, reads of
+// /proc, eventfd, poll) go to libc directly; their failures are handled where they happen.
+// Functions follow libc: -1 and errno on failure.
+// Context: any thread except the signal handler (the handler makes its few raw syscalls directly).
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdint>
+
+namespace selfprof {
+namespace detail {
+
+struct syscall_table {
+  long (*perf_event_open)(void* attr, int pid, int cpu, int group_fd, unsigned long flags);
+  int (*timer_create)(clockid_t clock, struct sigevent* sev, timer_t* out);
+  int (*timer_settime)(timer_t id, int flags, const struct itimerspec* value, struct itimerspec* old);
+  int (*timer_delete)(timer_t id);
+  int (*setitimer)(int which, const struct itimerval* value, struct itimerval* old);
+  int (*sigaction)(int sig, const struct sigaction* act, struct sigaction* old);
+  int (*open)(const char* path, int flags, mode_t mode);
+  int (*openat)(int dirfd, const char* path, int flags, mode_t mode);
+  int (*close)(int fd);
+  int (*fcntl_int)(int fd, int cmd, long arg);
+  int (*getrlimit)(int resource, struct rlimit* out);
+  int (*setrlimit)(int resource, const struct rlimit* value);
+};
+
+inline long default_perf_event_open(void* attr, int pid, int cpu, int group_fd, unsigned long flags) {
+  return ::syscall(SYS_perf_event_open, attr, pid, cpu, group_fd, flags);
+}
+inline int default_timer_create(clockid_t clock, struct sigevent* sev, timer_t* out) {
+  return ::timer_create(clock, sev, out);
+}
+inline int default_timer_settime(timer_t id, int flags, const struct itimerspec* v, struct itimerspec* o) {
+  return ::timer_settime(id, flags, v, o);
+}
+inline int default_timer_delete(timer_t id) { return ::timer_delete(id); }
+inline int default_setitimer(int which, const struct itimerval* v, struct itimerval* o) {
+  return ::setitimer(static_cast<__itimer_which>(which), v, o);
+}
+inline int default_sigaction(int sig, const struct sigaction* act, struct sigaction* old) {
+  return ::sigaction(sig, act, old);
+}
+inline int default_open(const char* path, int flags, mode_t mode) { return ::open(path, flags, mode); }
+inline int default_openat(int dirfd, const char* path, int flags, mode_t mode) {
+  return ::openat(dirfd, path, flags, mode);
+}
+inline int default_close(int fd) { return ::close(fd); }
+inline int default_fcntl_int(int fd, int cmd, long arg) { return ::fcntl(fd, cmd, arg); }
+inline int default_getrlimit(int r, struct rlimit* out) {
+  return ::getrlimit(static_cast<__rlimit_resource>(r), out);
+}
+inline int default_setrlimit(int r, const struct rlimit* v) {
+  return ::setrlimit(static_cast<__rlimit_resource>(r), v);
+}
+
+inline syscall_table default_syscalls() {
+  return syscall_table{
+      default_perf_event_open, default_timer_create, default_timer_settime, default_timer_delete,
+      default_setitimer,       default_sigaction,    default_open,          default_openat,
+      default_close,           default_fcntl_int,    default_getrlimit,     default_setrlimit};
+}
+
+// The table in use. Tests replace entries (and restore them with default_syscalls()).
+inline syscall_table& sys() {
+  static syscall_table table = default_syscalls();
+  return table;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/detail/sys.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// Where move_fd_high() left a descriptor.
+enum class fd_place : std::uint8_t {
+  moved,    // at or above the application's soft limit (and below the bound), close-on-exec
+  no_room,  // left in place: no free number between the soft limit and min(hard limit, bound)
+  failed,   // left in place: getrlimit, setrlimit or fcntl failed (fd_move::error)
+};
+
+struct fd_move {
+  int fd = -1;  // the descriptor to use: the new one when moved (the original is then closed)
+  fd_place place = fd_place::failed;
+  int error = 0;  // errno of the failure (EMFILE for no_room when every number was taken)
+};
+
+struct high_fd_state {
+  std::mutex mu;
+  std::atomic<bool> raised{false};  // the soft limit is raised now: a fork() child puts it back
+  std::atomic<std::uint64_t> app_soft{0}, app_hard{0};
+  std::atomic<std::uint64_t> kept{0};  // long-lived descriptors left in the application's range
+  std::atomic<std::uint64_t> kept_soft{0}, kept_hard{0};  // the limits when the last one was
+};
+
+inline high_fd_state g_high_fd;
+
+// fork() child: the limit the application had, in case the fork came while another thread had it raised.
+inline void high_fd_fork_child() {
+  new (&g_high_fd.mu) std::mutex();
+  if (!g_high_fd.raised.load(std::memory_order_acquire)) return;
+  struct rlimit rl {};
+  rl.rlim_cur = static_cast<rlim_t>(g_high_fd.app_soft.load(std::memory_order_relaxed));
+  rl.rlim_max = static_cast<rlim_t>(g_high_fd.app_hard.load(std::memory_order_relaxed));
+  ::setrlimit(RLIMIT_NOFILE, &rl);
+  g_high_fd.raised.store(false, std::memory_order_relaxed);
+}
+
+// Moves `fd` to the lowest free number at or above the application's soft RLIMIT_NOFILE and below
+// `below`; the new descriptor is close-on-exec and the original is closed. Left in place otherwise.
+inline fd_move move_fd_high(int fd, long below = INT_MAX) {
+  fd_move r;
+  r.fd = fd;
+  if (fd < 0) {
+    r.error = EBADF;
+    return r;
+  }
+  static const bool fork_handler = pthread_atfork(nullptr, nullptr, high_fd_fork_child) == 0;
+  (void)fork_handler;
+  std::lock_guard<std::mutex> lock(g_high_fd.mu);
+  struct rlimit app {};
+  if (sys().getrlimit(RLIMIT_NOFILE, &app) != 0) {
+    r.error = errno;
+    return r;
+  }
+  const rlim_t bound = static_cast<rlim_t>(below > 0 ? below : 0);
+  const rlim_t top = app.rlim_max < bound ? app.rlim_max : bound;
+  const rlim_t number = static_cast<rlim_t>(fd);
+  if (number >= app.rlim_cur && number < top) {  // out of the application's range already
+    r.place = fd_place::moved;
+    return r;
+  }
+  if (app.rlim_cur >= top || app.rlim_cur > static_cast<rlim_t>(INT_MAX)) {
+    r.place = fd_place::no_room;
+    return r;
+  }
+  struct rlimit raised = app;
+  raised.rlim_cur = top;
+  g_high_fd.app_soft.store(app.rlim_cur, std::memory_order_relaxed);
+  g_high_fd.app_hard.store(app.rlim_max, std::memory_order_relaxed);
+  g_high_fd.raised.store(true, std::memory_order_release);
+  if (sys().setrlimit(RLIMIT_NOFILE, &raised) != 0) {
+    r.error = errno;
+    g_high_fd.raised.store(false, std::memory_order_release);
+    return r;
+  }
+  const int moved = sys().fcntl_int(fd, F_DUPFD_CLOEXEC, static_cast<long>(app.rlim_cur));
+  const int e = errno;
+  sys().setrlimit(RLIMIT_NOFILE, &app);  // lowering the soft limit needs no privilege
+  g_high_fd.raised.store(false, std::memory_order_release);
+  if (moved < 0) {
+    r.place = e == EMFILE ? fd_place::no_room : fd_place::failed;
+    r.error = e;
+    return r;
+  }
+  sys().close(fd);
+  r.fd = moved;
+  r.place = fd_place::moved;
+  return r;
+}
+
+// Counts a long-lived descriptor that stays in the application's range.
+inline void count_fd_in_app_range() {
+  struct rlimit rl {};
+  if (sys().getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    g_high_fd.kept_soft.store(rl.rlim_cur, std::memory_order_relaxed);
+    g_high_fd.kept_hard.store(rl.rlim_max, std::memory_order_relaxed);
+  }
+  g_high_fd.kept.fetch_add(1, std::memory_order_relaxed);
+}
+
+// For a descriptor kept for the whole session: moved out of the application's range, or counted where
+// it stays. Returns the descriptor to use (`fd` itself when negative).
+inline int keep_fd_high(int fd, long below = INT_MAX) {
+  if (fd < 0) return fd;
+  const fd_move m = move_fd_high(fd, below);
+  if (m.place != fd_place::moved) count_fd_in_app_range();
+  return m.fd;
+}
+
+// Long-lived descriptors left in the application's range so far in this process.
+inline std::uint64_t fds_in_app_range() { return g_high_fd.kept.load(std::memory_order_relaxed); }
+
+// The session note for `n` such descriptors.
+inline std::string fds_in_app_range_note(std::uint64_t n) {
+  return std::to_string(n) + " of selfprof's descriptors stay below the soft RLIMIT_NOFILE (" +
+         std::to_string(g_high_fd.kept_soft.load(std::memory_order_relaxed)) + ", hard limit " +
+         std::to_string(g_high_fd.kept_hard.load(std::memory_order_relaxed)) +
+         "): no room above it up to the hard limit (for perf_event fds, up to 65536), so the program's "
+         "new descriptors get higher numbers than without selfprof";
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/detail/high_fd.hpp ----
 
 namespace selfprof {
 namespace detail {
@@ -555,7 +798,7 @@ class worker {
   // worker_signal_mask() already in force. Fails when the thread or its eventfd cannot be created.
   status start(const char* name, void (*body)(void*), void* context) {
     if (running_) return status::error(std::string("selfprof: thread ") + name + " runs already");
-    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    wake_fd_ = keep_fd_high(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));  // out of the application's range
     if (wake_fd_ < 0) {
       const int e = errno;
       return status::error(std::string("selfprof: eventfd for ") + name + ": " + std::strerror(e), e);
@@ -702,88 +945,6 @@ class worker {
 #include <string_view>
 #include <utility>
 
-// ---- begin selfprof/detail/sys.hpp ----
-// The seam for the system calls tests inject failures into (EACCES, ENOSYS, EMFILE, ...): opening and
-// closing tick sources (perf_event_open, timer_*, setitimer, fcntl), taking signals (sigaction), creating
-// output files (open, openat, close) and resource limits. Other calls (ioctl on a perf fd, reads of
-// /proc, eventfd, poll) go to libc directly; their failures are handled where they happen.
-// Functions follow libc: -1 and errno on failure.
-// Context: any thread except the signal handler (the handler makes its few raw syscalls directly).
-
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/time.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <cstdint>
-
-namespace selfprof {
-namespace detail {
-
-struct syscall_table {
-  long (*perf_event_open)(void* attr, int pid, int cpu, int group_fd, unsigned long flags);
-  int (*timer_create)(clockid_t clock, struct sigevent* sev, timer_t* out);
-  int (*timer_settime)(timer_t id, int flags, const struct itimerspec* value, struct itimerspec* old);
-  int (*timer_delete)(timer_t id);
-  int (*setitimer)(int which, const struct itimerval* value, struct itimerval* old);
-  int (*sigaction)(int sig, const struct sigaction* act, struct sigaction* old);
-  int (*open)(const char* path, int flags, mode_t mode);
-  int (*openat)(int dirfd, const char* path, int flags, mode_t mode);
-  int (*close)(int fd);
-  int (*fcntl_int)(int fd, int cmd, long arg);
-  int (*getrlimit)(int resource, struct rlimit* out);
-  int (*setrlimit)(int resource, const struct rlimit* value);
-};
-
-inline long default_perf_event_open(void* attr, int pid, int cpu, int group_fd, unsigned long flags) {
-  return ::syscall(SYS_perf_event_open, attr, pid, cpu, group_fd, flags);
-}
-inline int default_timer_create(clockid_t clock, struct sigevent* sev, timer_t* out) {
-  return ::timer_create(clock, sev, out);
-}
-inline int default_timer_settime(timer_t id, int flags, const struct itimerspec* v, struct itimerspec* o) {
-  return ::timer_settime(id, flags, v, o);
-}
-inline int default_timer_delete(timer_t id) { return ::timer_delete(id); }
-inline int default_setitimer(int which, const struct itimerval* v, struct itimerval* o) {
-  return ::setitimer(static_cast<__itimer_which>(which), v, o);
-}
-inline int default_sigaction(int sig, const struct sigaction* act, struct sigaction* old) {
-  return ::sigaction(sig, act, old);
-}
-inline int default_open(const char* path, int flags, mode_t mode) { return ::open(path, flags, mode); }
-inline int default_openat(int dirfd, const char* path, int flags, mode_t mode) {
-  return ::openat(dirfd, path, flags, mode);
-}
-inline int default_close(int fd) { return ::close(fd); }
-inline int default_fcntl_int(int fd, int cmd, long arg) { return ::fcntl(fd, cmd, arg); }
-inline int default_getrlimit(int r, struct rlimit* out) {
-  return ::getrlimit(static_cast<__rlimit_resource>(r), out);
-}
-inline int default_setrlimit(int r, const struct rlimit* v) {
-  return ::setrlimit(static_cast<__rlimit_resource>(r), v);
-}
-
-inline syscall_table default_syscalls() {
-  return syscall_table{
-      default_perf_event_open, default_timer_create, default_timer_settime, default_timer_delete,
-      default_setitimer,       default_sigaction,    default_open,          default_openat,
-      default_close,           default_fcntl_int,    default_getrlimit,     default_setrlimit};
-}
-
-// The table in use. Tests replace entries (and restore them with default_syscalls()).
-inline syscall_table& sys() {
-  static syscall_table table = default_syscalls();
-  return table;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/detail/sys.hpp ----
 // ---- begin selfprof/jit/safe_file.hpp ----
 // Creating the files perf reads about JIT code (/tmp/perf-<pid>.map, jit-<pid>.dump) safely in a shared
 // directory: never through a symlink, never into a file owned by someone else or hard-linked elsewhere.
@@ -1012,7 +1173,7 @@ class jitdump_writer {
       return status::error(std::move(m));
     }
     mapping_ = m;
-    fd_ = f.fd;
+    fd_ = keep_fd_high(f.fd);  // above the application's descriptors (detail/high_fd.hpp)
     return status::ok();
   }
 
@@ -1161,7 +1322,7 @@ class perf_map_writer {
     safe_file f;
     status st = create_safe_file(path_, O_WRONLY | O_APPEND, "perf map", f);
     if (!st) return st;
-    fd_ = f.fd;
+    fd_ = keep_fd_high(f.fd);  // above the application's descriptors (detail/high_fd.hpp)
     replaced_stale_ = f.replaced_stale;
     return status::ok();
   }
@@ -2417,6 +2578,7 @@ SELFPROF_API status dump_diff(const profile& before, const profile& after, const
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -2428,7 +2590,8 @@ SELFPROF_API status dump_diff(const profile& before, const profile& after, const
 // ---- begin selfprof/collect/sample_store.hpp ----
 // The sample store: the one consumer of the sample ring. Folds each drained record into the cumulative
 // stack table, the time windows and the per-thread totals, and hands game-frame samples to the game-frame
-// tracker. JIT code is recorded by what was at each address when the sample was taken.
+// tracker. JIT code is recorded by what was at each address when the sample was taken (the JIT registry,
+// the perf map); a sample outside every known mapping is noted so the collector reads the maps again.
 // Context: the collector thread (drain) and any thread taking a snapshot; every method takes the store's
 // lock, which is also the ring's consumer lock.
 
@@ -2438,6 +2601,2415 @@ SELFPROF_API status dump_diff(const profile& before, const profile& after, const
 #include <unordered_map>
 #include <vector>
 
+// ---- begin selfprof/collect/code_watch.hpp ----
+// What the sample store knows of executable memory while sampling: the ranges mapped at the last module
+// scan, whether a sample has landed outside all of them since (then the collector reads the maps again,
+// so code mapped and unmapped between two dumps, such as V8's second mapping of its builtins, is
+// recorded with its symbols while it exists), and the perf map that names a pc in anonymous code by the
+// line that was current when the sample was taken.
+// Context: the sample store, under its lock (translate); the collector thread (set_ranges, via the store).
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/symbols/perf_map.hpp ----
+// Reader of perf's JIT symbol map, /tmp/perf-<pid>.map ("START SIZE name" lines, hex without 0x),
+// read as it grows, never created here. A JIT writes a line after placing code and may later place other
+// code at the same address (node does), so every line read is kept with the time it became known: a
+// sample is named by the latest line covering its address that was known before the sample was taken
+// (tag(), done while sampling), and an address looked up without a time gets the last line (as perf).
+// Context: collector thread, dumper thread or setup (never the signal handler); internally locked.
+
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <deque>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+// A perf map larger than this is not read (a runaway JIT or a hostile file).
+constexpr std::uint64_t perf_map_max_bytes = std::uint64_t{256} << 20;
+
+// A pc named by a perf map line while sampling: 0xfd in the top byte (never a canonical user or kernel
+// address, and not the JIT registry's 0xfe), the line's number in the next 32 bits, offset+1 in the low
+// 24 (so `tagged - 1`, looked up for return addresses, decodes to pc - 1 in the same line).
+constexpr std::uint64_t perf_map_tag_marker = std::uint64_t{0xfd} << 56;
+constexpr unsigned perf_map_tag_offset_bits = 24;
+constexpr std::uint64_t perf_map_tag_offset_mask = (std::uint64_t{1} << perf_map_tag_offset_bits) - 1;
+inline bool is_perf_map_tagged(std::uint64_t v) { return (v >> 56) == 0xfd; }
+
+class perf_map {
+ public:
+  struct hit {
+    std::string_view name;             // valid for the map's lifetime (names are never moved or freed)
+    std::uint64_t start = 0, end = 0;  // the line's range
+    std::uint64_t address = 0;         // the address looked up (decoded, for a tagged value)
+  };
+
+  // An empty path means /tmp/perf-<getpid()>.map, followed into a fork child's own file.
+  explicit perf_map(std::string path = std::string()) : fixed_path_(std::move(path)) {}
+
+  static std::string default_path(long pid) {
+    std::string path = "/tmp/perf-";
+    path += std::to_string(pid);
+    path += ".map";
+    return path;
+  }
+  std::string path() const { return fixed_path_.empty() ? default_path(::getpid()) : fixed_path_; }
+
+  // Reads what was appended since the last call; the whole file again when it was replaced, shrank or
+  // rewritten in place (its lines are then the current ones). A missing file keeps the lines read
+  // before. A symlink, a non-regular file or a file owned by another user (neither us nor root) is
+  // ignored. Returns true when lines were added.
+  bool reload_if_changed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::uint64_t previous_poll = last_poll_ns_;
+    last_poll_ns_ = monotonic_ns();
+    const std::string p = path();
+    struct stat st;
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+    if (same_stamp(p, st)) return false;
+    int fd = sys().open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
+    if (fd < 0) return false;
+    bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (st.st_uid == ::geteuid() || st.st_uid == 0) &&
+              static_cast<std::uint64_t>(st.st_size) <= perf_map_max_bytes;
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    // Appended to the file read before: read on from where we stopped, if the bytes before are the same.
+    bool append =
+        ok && has_stamp_ && p == stamp_.path && stamp_.dev == static_cast<std::uint64_t>(st.st_dev) &&
+        stamp_.ino == static_cast<std::uint64_t>(st.st_ino) && size >= stamp_.size && tail_matches(fd);
+    std::string text;
+    if (ok) ok = read_from(fd, append ? stamp_.size : 0, text);
+    sys().close(fd);
+    if (!ok) return false;
+    const std::uint64_t known_since = has_stamp_ ? written_at(st, previous_poll) : 0;
+    if (!append) {
+      current_.clear();
+      pending_.clear();
+    }
+    std::string old_tail = std::move(stamp_.tail);
+    stamp_ = file_stamp{p,
+                        static_cast<std::uint64_t>(st.st_dev),
+                        static_cast<std::uint64_t>(st.st_ino),
+                        (append ? stamp_.size : 0) + text.size(),
+                        static_cast<std::uint64_t>(st.st_mtim.tv_sec),
+                        static_cast<std::uint64_t>(st.st_mtim.tv_nsec),
+                        {}};
+    has_stamp_ = true;
+    std::string tail = append ? std::move(old_tail) : std::string();
+    tail.append(text);
+    if (tail.size() > kTailBytes) tail.erase(0, tail.size() - kTailBytes);
+    stamp_.tail = std::move(tail);
+    const std::size_t before = lines_.size();
+    ingest(text, known_since);
+    return lines_.size() != before;
+  }
+
+  // Forgets every line, then reads `text` as the whole map (known since always). Malformed lines are
+  // skipped; size 0 means one byte (as perf reads it).
+  void parse(std::string_view text) {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_.clear();
+    pending_.clear();
+    has_stamp_ = false;
+    ingest(text, 0);
+  }
+
+  // The last line read that covers `address`.
+  bool lookup(std::uint64_t address, hit& out) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const segment* s = find(address);
+    if (s == nullptr) return false;
+    fill(s->history.back().second, address, out);
+    return true;
+  }
+
+  // Rewrites `pc` into a tagged value naming the latest line covering it that was known before
+  // by `time_ns` (else the first line read for it: the code ran before its line was seen).
+  bool tag(std::uint64_t& pc, std::uint64_t time_ns) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const segment* s = find(pc);
+    if (s == nullptr) return false;
+    auto it = std::lower_bound(
+        s->history.begin(), s->history.end(), time_ns,
+        [](const std::pair<std::uint64_t, std::uint32_t>& e, std::uint64_t t) { return e.first < t; });
+    const std::uint32_t line = it == s->history.begin() ? it->second : std::prev(it)->second;
+    const std::uint64_t offset = pc - lines_[line].start;
+    if (offset + 1 > perf_map_tag_offset_mask) return false;
+    pc = perf_map_tag_marker | (std::uint64_t{line} << perf_map_tag_offset_bits) | (offset + 1);
+    return true;
+  }
+
+  // Names a value made by tag() (or that value minus one).
+  bool name_tagged(std::uint64_t tagged, hit& out) const {
+    if (!is_perf_map_tagged(tagged)) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::uint64_t line = (tagged >> perf_map_tag_offset_bits) & 0xffffffffu;
+    const std::uint64_t field = tagged & perf_map_tag_offset_mask;  // offset + 1, or offset for tagged - 1
+    if (line >= lines_.size()) return false;
+    fill(static_cast<std::uint32_t>(line), lines_[line].start + field - 1, out);
+    return true;
+  }
+
+  std::size_t size() const {  // address ranges with a distinct line history
+    std::lock_guard<std::mutex> lock(mu_);
+    return current_.size();
+  }
+
+  // fork(2) child: another thread may have held the lock.
+  void abandon_after_fork() { new (&mu_) std::mutex(); }
+
+ private:
+  struct line_entry {
+    std::uint64_t start, end;
+    std::uint32_t name;
+  };
+  // A run of addresses covered by the same lines: (time known since, line) in reading order.
+  struct segment {
+    std::uint64_t end;
+    std::vector<std::pair<std::uint64_t, std::uint32_t>> history;
+  };
+  static constexpr std::size_t kTailBytes = 64;
+  struct file_stamp {
+    std::string path;
+    std::uint64_t dev, ino, size, mtime_s, mtime_ns;
+    std::string tail;  // the last bytes read, compared before reading on
+  };
+
+  // When the lines read now were written, as a CLOCK_MONOTONIC time: the file's modification time
+  // (when its last line was written), kept between the previous look at the file and now. A sample taken
+  // before it keeps the line it had then: a reused address is named by its old code until the new line was
+  // written. Lines of the first read are known since always (nothing says when they came).
+  std::uint64_t written_at(const struct stat& st, std::uint64_t previous_poll) const {
+    const std::uint64_t now = last_poll_ns_;
+    struct timespec real;
+    ::clock_gettime(CLOCK_REALTIME, &real);
+    const std::int64_t real_ns = static_cast<std::int64_t>(real.tv_sec) * 1000000000 + real.tv_nsec;
+    const std::int64_t mtime_ns =
+        static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    const std::int64_t ago = real_ns - mtime_ns;
+    std::uint64_t at = ago <= 0                                ? now
+                       : ago >= static_cast<std::int64_t>(now) ? 0
+                                                               : now - static_cast<std::uint64_t>(ago);
+    return std::max(at, previous_poll);
+  }
+
+  const segment* find(std::uint64_t address) const {
+    auto it = current_.upper_bound(address);
+    if (it == current_.begin()) return nullptr;
+    --it;
+    return address < it->second.end ? &it->second : nullptr;
+  }
+
+  void fill(std::uint32_t line, std::uint64_t address, hit& out) const {
+    out.name = names_[lines_[line].name];
+    out.start = lines_[line].start;
+    out.end = lines_[line].end;
+    out.address = address;
+  }
+
+  bool same_stamp(const std::string& p, const struct stat& st) const {
+    return has_stamp_ && stamp_.path == p && stamp_.dev == static_cast<std::uint64_t>(st.st_dev) &&
+           stamp_.ino == static_cast<std::uint64_t>(st.st_ino) &&
+           stamp_.size == static_cast<std::uint64_t>(st.st_size) &&
+           stamp_.mtime_s == static_cast<std::uint64_t>(st.st_mtim.tv_sec) &&
+           stamp_.mtime_ns == static_cast<std::uint64_t>(st.st_mtim.tv_nsec);
+  }
+
+  bool tail_matches(int fd) const {
+    if (stamp_.tail.empty()) return stamp_.size == 0;
+    std::string now(stamp_.tail.size(), '\0');
+    ssize_t n = ::pread(fd, &now[0], now.size(), static_cast<off_t>(stamp_.size - now.size()));
+    return n == static_cast<ssize_t>(now.size()) && now == stamp_.tail;
+  }
+
+  static bool read_from(int fd, std::uint64_t offset, std::string& text) {
+    char buffer[65536];
+    for (;;) {
+      ssize_t n = ::pread(fd, buffer, sizeof buffer, static_cast<off_t>(offset + text.size()));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return false;
+      if (n == 0 || offset + text.size() + static_cast<std::size_t>(n) > perf_map_max_bytes) return true;
+      text.append(buffer, static_cast<std::size_t>(n));
+    }
+  }
+
+  // Adds the complete lines of `text` (a partial last line waits for the rest), known since `known_ns`.
+  void ingest(std::string_view text, std::uint64_t known_ns) {
+    pending_.append(text.data(), text.size());
+    std::string_view all(pending_);
+    std::size_t pos = 0;
+    for (;;) {
+      std::size_t eol = all.find('\n', pos);
+      if (eol == std::string_view::npos) break;
+      std::string_view line = all.substr(pos, eol - pos);
+      pos = eol + 1;
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      std::uint64_t start = 0, size = 0;
+      if (!take_hex(line, start) || !take_hex(line, size) || line.empty()) continue;
+      if (lines_.size() >= 0xffffffffu) break;
+      if (size == 0) size = 1;
+      const std::uint64_t end = start + size < start ? ~std::uint64_t{0} : start + size;
+      names_.emplace_back(line);
+      lines_.push_back(line_entry{start, end, static_cast<std::uint32_t>(names_.size() - 1)});
+      cover(start, end, known_ns, static_cast<std::uint32_t>(lines_.size() - 1));
+    }
+    pending_.erase(0, pos);
+  }
+
+  // [start, end) is now also named by `line`: split the segments at both ends, add the line to every
+  // segment inside, and fill the gaps with new segments.
+  void cover(std::uint64_t start, std::uint64_t end, std::uint64_t known_ns, std::uint32_t line) {
+    split_at(start);
+    split_at(end);
+    std::uint64_t at = start;
+    auto it = current_.lower_bound(start);
+    while (at < end) {
+      if (it != current_.end() && it->first == at) {
+        it->second.history.emplace_back(known_ns, line);
+        at = it->second.end;
+        ++it;
+        continue;
+      }
+      const std::uint64_t gap_end = it != current_.end() && it->first < end ? it->first : end;
+      current_.emplace_hint(it, at, segment{gap_end, {{known_ns, line}}});
+      at = gap_end;
+    }
+  }
+
+  void split_at(std::uint64_t address) {
+    auto it = current_.upper_bound(address);
+    if (it == current_.begin()) return;
+    --it;
+    if (it->first == address || address >= it->second.end) return;
+    segment tail{it->second.end, it->second.history};
+    it->second.end = address;
+    current_.emplace_hint(std::next(it), address, std::move(tail));
+  }
+
+  // Takes a hex number (optional 0x) and the spaces after it off the front of `s`.
+  static bool take_hex(std::string_view& s, std::uint64_t& out) {
+    std::size_t i = 0;
+    if (s.size() >= 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) i = 2;
+    std::size_t digits = 0;
+    out = 0;
+    for (; i < s.size(); ++i, ++digits) {
+      char c = s[i];
+      unsigned d;
+      if (c >= '0' && c <= '9')
+        d = static_cast<unsigned>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        d = static_cast<unsigned>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        d = static_cast<unsigned>(c - 'A' + 10);
+      else
+        break;
+      if (digits >= 16) return false;
+      out = (out << 4) | d;
+    }
+    if (digits == 0 || i >= s.size() || s[i] != ' ') return false;
+    while (i < s.size() && s[i] == ' ') ++i;
+    s.remove_prefix(i);
+    return true;
+  }
+
+  mutable std::mutex mu_;
+  std::string fixed_path_;
+  std::deque<std::string> names_;             // every line's name, never moved
+  std::vector<line_entry> lines_;             // every line read, in reading order
+  std::map<std::uint64_t, segment> current_;  // by start address, over the file read now
+  std::string pending_;                       // a partial last line
+  file_stamp stamp_{};
+  bool has_stamp_ = false;
+  std::uint64_t last_poll_ns_ = 0;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/perf_map.hpp ----
+// ---- begin selfprof/symbols/symbolizer.hpp ----
+// selfprof::symbolizer: turns addresses of this process into frames (demangled function, module, offset),
+// from ELF symbols of every module ever mapped, separate debug files, the vdso and perf maps for JIT code;
+// with SELFPROF_HAS_LIBDW=1 also file:line and inlined calls as their own frames (dwarf_lines.hpp).
+// Context: collector thread or any single thread (not thread-safe; never the signal handler).
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/symbols/dwarf_lines.hpp ----
+// Source lines and inline chains from DWARF through elfutils libdw (SELFPROF_HAS_LIBDW=1): for an address
+// of a mapped file, the real function and each inlined callee down to the innermost, each with file:line.
+// Context: collector thread or any single thread (not thread-safe; never the signal handler).
+//
+// One Dwfl session per module file, opened on the first lookup in that file and kept for the lifetime of
+// the symbolizer; each address's answer is cached. DWARF comes from the module file itself, else from
+// the separate debug file the module registry found (build-id or .gnu_debuglink), else from a search of
+// the same debug roots. No debuginfod and no other network access: only local files are read.
+// With SELFPROF_HAS_LIBDW=0 this header holds a stub whose lookups find nothing.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+// ---- begin selfprof/symbols/modules.hpp ----
+// The module registry: executable mappings of this process from /proc/self/maps (files with their load
+// bias, the vdso read from memory, anonymous memory, memfd and deleted files), each file's symbols parsed
+// once when first seen, and unmapped modules kept so samples taken before a dlclose still get names.
+// Context: collector thread (refresh ~every 100 ms) or setup; not thread-safe, never the signal handler.
+
+#include <dirent.h>
+#include <link.h>
+#include <sys/auxv.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/symbols/debug_file.hpp ----
+// Finds the separate debug file of a stripped module: by GNU build-id under each debug root
+// (<root>/.build-id/xx/rest.debug), then by .gnu_debuglink (module dir, its .debug/, <root>/<module dir>),
+// checking the build-id or the debuglink CRC so a stale debug file is never used.
+// Context: collector thread or setup (never the signal handler).
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/symbols/elf.hpp ----
+// A bounds-checked ELF64 reader over bytes in memory (a loaded image such as the vdso) or over a file read
+// on demand with pread (mapped_file.hpp): headers, sections by name or type (reusable by an .eh_frame
+// parser), PT_LOAD segments, load bias, build-id note and .gnu_debuglink.
+// Context: collector thread or setup (never the signal handler).
+
+#include <elf.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// ---- begin selfprof/symbols/mapped_file.hpp ----
+// The bytes of a file for the ELF reader, read with pread into memory selfprof owns (the file opened
+// through the syscall seam), released on destruction.
+// Context: collector thread or setup (never the signal handler).
+//
+// Why pread and not mmap: a mapped file truncated in place (cp over it keeps the inode) raises SIGBUS on
+// the next access to a page past its new end, in the collector thread, which kills the application;
+// MAP_PRIVATE does not prevent it. A read of a shrunken file is only short. Only the ranges the readers
+// ask for are read (ELF, section and program headers, symbol and string tables, notes, .gnu_debuglink,
+// .rela.plt) and kept, so a 100 MB library costs about what its symbol tables weigh; a debug file's CRC
+// streams through a small buffer. A file rewritten while being read could still mix two versions:
+// check() reads every kept range again and compares, so the caller ends with bytes that match the file
+// as it is, or an error naming the file ("changed while being read"). libdw reads DWARF itself:
+// dwarf_lines.hpp opens it with ELF_C_READ for the same reason.
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+// A span of bytes; every read of the ELF reader checks it.
+struct byte_view {
+  const unsigned char* data = nullptr;
+  std::size_t size = 0;
+
+  bool contains(std::uint64_t offset, std::uint64_t length) const {
+    return offset <= size && length <= size - offset;
+  }
+  byte_view sub(std::uint64_t offset, std::uint64_t length) const {
+    if (!contains(offset, length)) return {};
+    return byte_view{data + offset, static_cast<std::size_t>(length)};
+  }
+};
+
+// Largest file we read symbols from; bigger ones are refused (a hostile header could otherwise ask for
+// a huge allocation).
+constexpr std::uint64_t max_mapped_file_bytes = std::uint64_t{4} << 30;
+// Buffer through which check() and read_all() stream.
+constexpr std::size_t mapped_file_buffer_bytes = std::size_t{64} << 10;
+
+// Opens `path` read-only through the syscall seam: a descriptor of a regular file whose inode is
+// `expect_inode` (when non-zero, so a library replaced on disk since it was mapped is not mistaken for
+// the one in memory), else -1 with the reason in `*why`.
+inline int open_regular_file(const std::string& path, std::uint64_t expect_inode, status* why = nullptr) {
+  auto fail = [&](int fd, const std::string& reason) {
+    if (fd >= 0) sys().close(fd);
+    if (why != nullptr) *why = status::error(path + ": " + reason);
+    return -1;
+  };
+  int fd = sys().open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return fail(fd, std::string("open failed: ") + std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return fail(fd, std::string("fstat failed: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return fail(fd, "not a regular file");
+  if (expect_inode != 0 && static_cast<std::uint64_t>(st.st_ino) != expect_inode)
+    return fail(fd, "file on disk differs from the mapped one (inode changed)");
+  return fd;
+}
+
+// Reads exactly `length` bytes at `offset`; false on an error or end of file (the file shrank).
+inline bool pread_exact(int fd, unsigned char* out, std::size_t length, std::uint64_t offset) {
+  while (length > 0) {
+    ssize_t n = ::pread(fd, out, length, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    out += n;
+    length -= static_cast<std::size_t>(n);
+    offset += static_cast<std::uint64_t>(n);
+  }
+  return true;
+}
+
+class mapped_file {
+ public:
+  mapped_file() = default;
+  // Not movable: an elf_image reading through this object keeps its address.
+  mapped_file(const mapped_file&) = delete;
+  mapped_file& operator=(const mapped_file&) = delete;
+  ~mapped_file() { reset(); }
+
+  // Opens `path` (a regular file with inode `expect_inode` when non-zero) and notes its size; reads
+  // nothing yet. The descriptor stays open until reset().
+  status open(const std::string& path, std::uint64_t expect_inode = 0) {
+    reset();
+    status why = status::ok();
+    int fd = open_regular_file(path, expect_inode, &why);
+    if (fd < 0) return why;
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
+      sys().close(fd);
+      return status::error(path + ": empty file");
+    }
+    if (static_cast<std::uint64_t>(st.st_size) > max_mapped_file_bytes) {
+      sys().close(fd);
+      return status::error(path + ": file too large to read symbols from (over " +
+                           std::to_string(max_mapped_file_bytes) + " bytes)");
+    }
+    fd_ = fd;
+    size_ = static_cast<std::uint64_t>(st.st_size);
+    path_ = path;
+    return status::ok();
+  }
+
+  // The `length` bytes at `offset`, read on the first request for them and kept until reset(). Empty
+  // when the range is outside the size the file had at open, when the file is now shorter (then
+  // check() fails), or past the bound on bytes kept: twice the file's size, far above what sane headers
+  // ask for, but a hostile file with thousands of overlapping sections could ask for much more.
+  byte_view read(std::uint64_t offset, std::uint64_t length) {
+    if (fd_ < 0 || offset > size_ || length > size_ - offset || length == 0) return {};
+    for (const chunk& c : chunks_)
+      if (offset >= c.offset && offset - c.offset <= c.size && length <= c.size - (offset - c.offset))
+        return byte_view{c.data.get() + (offset - c.offset), static_cast<std::size_t>(length)};
+    if (length > 2 * size_ - kept_) return {};
+    chunk c{offset, static_cast<std::size_t>(length), std::unique_ptr<unsigned char[]>()};
+    c.data.reset(new (std::nothrow) unsigned char[c.size]);
+    if (c.data == nullptr) return {};
+    if (!pread_exact(fd_, c.data.get(), c.size, offset)) {
+      changed_ = true;
+      return {};
+    }
+    kept_ += c.size;
+    chunks_.push_back(std::move(c));
+    return byte_view{chunks_.back().data.get(), chunks_.back().size};
+  }
+
+  // Passes the whole file, in order, to `consume(byte_view)` through a bounded buffer (nothing is
+  // kept); false when the file shrank meanwhile.
+  template <class Consume>
+  bool read_all(Consume&& consume) {
+    if (fd_ < 0) return false;
+    std::unique_ptr<unsigned char[]> buffer(new unsigned char[mapped_file_buffer_bytes]);
+    for (std::uint64_t at = 0; at < size_;) {
+      std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(mapped_file_buffer_bytes, size_ - at));
+      if (!pread_exact(fd_, buffer.get(), n, at)) {
+        changed_ = true;
+        return false;
+      }
+      consume(byte_view{buffer.get(), n});
+      at += n;
+    }
+    return true;
+  }
+
+  // Ok when the file still has the size it had at open and every range read so far still holds the
+  // bytes read: what was parsed describes the file as it is. Call after the last read.
+  status check() {
+    status changed = status::error(path_ + ": changed while being read");
+    struct stat st;
+    if (fd_ < 0 || changed_ || ::fstat(fd_, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != size_)
+      return changed;
+    std::unique_ptr<unsigned char[]> buffer(new unsigned char[mapped_file_buffer_bytes]);
+    for (const chunk& c : chunks_) {
+      for (std::size_t at = 0; at < c.size;) {
+        std::size_t n = std::min(mapped_file_buffer_bytes, c.size - at);
+        if (!pread_exact(fd_, buffer.get(), n, c.offset + at) ||
+            std::memcmp(buffer.get(), c.data.get() + at, n) != 0)
+          return changed;
+        at += n;
+      }
+    }
+    return status::ok();
+  }
+
+  // Closes the file and frees every range read.
+  void reset() {
+    if (fd_ >= 0) sys().close(fd_);
+    fd_ = -1;
+    size_ = 0;
+    changed_ = false;
+    kept_ = 0;
+    chunks_.clear();
+    path_.clear();
+  }
+
+  bool is_open() const { return fd_ >= 0; }
+  std::uint64_t size() const { return size_; }  // as at open
+  const std::string& path() const { return path_; }
+
+ private:
+  struct chunk {
+    std::uint64_t offset;
+    std::size_t size;
+    std::unique_ptr<unsigned char[]> data;
+  };
+
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
+  std::uint64_t kept_ = 0;  // bytes in chunks_
+  bool changed_ = false;    // a read came up short: the file shrank after open
+  std::vector<chunk> chunks_;
+  std::string path_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/mapped_file.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// Copies a T out of `bytes` at `offset` (no alignment assumed); false when it does not fit.
+template <class T>
+inline bool read_at(byte_view bytes, std::uint64_t offset, T& out) {
+  if (!bytes.contains(offset, sizeof(T))) return false;
+  std::memcpy(&out, bytes.data + offset, sizeof(T));
+  return true;
+}
+
+// The NUL-terminated string at `offset` in a string table; empty when out of bounds or unterminated.
+inline std::string_view string_at(byte_view table, std::uint64_t offset) {
+  if (offset >= table.size) return {};
+  const char* begin = reinterpret_cast<const char*>(table.data + offset);
+  const void* nul = std::memchr(begin, 0, table.size - static_cast<std::size_t>(offset));
+  if (nul == nullptr) return {};
+  return std::string_view(begin, static_cast<std::size_t>(static_cast<const char*>(nul) - begin));
+}
+
+struct elf_section {
+  std::string name;
+  std::uint32_t type = 0;
+  std::uint64_t flags = 0;
+  std::uint64_t addr = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+  std::uint32_t link = 0;
+  std::uint32_t info = 0;
+  std::uint64_t addralign = 0;
+  std::uint64_t entsize = 0;
+};
+
+struct elf_segment {
+  std::uint32_t type = 0;
+  std::uint32_t flags = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t vaddr = 0;
+  std::uint64_t filesz = 0;
+  std::uint64_t memsz = 0;
+  std::uint64_t align = 0;
+};
+
+// Limits that keep a hostile header from making us loop or allocate for long.
+constexpr std::uint32_t elf_max_sections = 1u << 16;
+constexpr std::uint32_t elf_max_segments = 1u << 12;
+constexpr std::uint64_t elf_page_size = 4096;  // mapping granularity assumed when rounding p_offset
+
+class elf_image {
+ public:
+  // Parses the ELF header, section headers (with names) and program headers of `bytes`, which must
+  // outlive this object. `what` names the input in error messages (usually the path).
+  status parse(byte_view bytes, const std::string& what) {
+    *this = elf_image();
+    bytes_ = bytes;
+    size_ = bytes.size;
+    return parse_headers(what);
+  }
+  // The same for a file: the headers are read now, sections when asked for, through `file` (open, and
+  // outliving this object). A file that shrank meanwhile reads as truncated; after the last read,
+  // file.check() says whether what was read still matches the file.
+  status parse(mapped_file& file, const std::string& what) {
+    *this = elf_image();
+    file_ = &file;
+    size_ = file.size();
+    return parse_headers(what);
+  }
+
+  // The whole image when parsed from memory; empty when read from a file.
+  byte_view bytes() const { return bytes_; }
+  std::uint16_t type() const { return type_; }
+  std::uint16_t machine() const { return machine_; }
+  const std::vector<elf_section>& sections() const { return sections_; }
+  const std::vector<elf_segment>& segments() const { return segments_; }
+
+  // The first section called `name`, or nullptr.
+  const elf_section* find_section(std::string_view name) const {
+    for (const auto& s : sections_)
+      if (s.name == name) return &s;
+    return nullptr;
+  }
+  // The first section of ELF type `type` (SHT_SYMTAB, SHT_DYNSYM, ...), or nullptr.
+  const elf_section* find_section_type(std::uint32_t type) const {
+    for (const auto& s : sections_)
+      if (s.type == type) return &s;
+    return nullptr;
+  }
+  const elf_section* section_at(std::uint64_t index) const {
+    return index < sections_.size() ? &sections_[static_cast<std::size_t>(index)] : nullptr;
+  }
+  // The bytes of a section inside the image; empty for SHT_NOBITS or a section that does not fit (or
+  // no longer can be read).
+  byte_view section_bytes(const elf_section& s) const {
+    if (s.type == SHT_NOBITS) return {};
+    return fetch(s.offset, s.size);
+  }
+
+  // Load bias of a mapping of this file; see elf_load_bias below.
+  std::uint64_t load_bias(std::uint64_t map_start, std::uint64_t file_offset) const;
+
+  // GNU build-id as lower-case hex, or empty. Looks in SHT_NOTE sections, else PT_NOTE segments.
+  std::string build_id() const {
+    std::string out;
+    for (const auto& s : sections_)
+      if (s.type == SHT_NOTE && find_build_id(section_bytes(s), s.addralign == 8 ? 8 : 4, out)) return out;
+    for (const auto& seg : segments_)
+      if (seg.type == PT_NOTE && find_build_id(fetch(seg.offset, seg.filesz), seg.align == 8 ? 8 : 4, out))
+        return out;
+    return {};
+  }
+
+  // The .gnu_debuglink file name and CRC; false when absent or malformed.
+  bool debuglink(std::string& name, std::uint32_t& crc) const {
+    const elf_section* s = find_section(".gnu_debuglink");
+    if (s == nullptr) return false;
+    byte_view b = section_bytes(*s);
+    std::string_view n = string_at(b, 0);
+    if (n.empty()) return false;
+    std::uint64_t crc_offset = (n.size() + 1 + 3) & ~std::uint64_t{3};
+    if (!read_at(b, crc_offset, crc)) return false;
+    name = std::string(n);
+    return true;
+  }
+
+ private:
+  // `length` bytes at `offset` of the image, or an empty view when they are not (or no longer) there.
+  byte_view fetch(std::uint64_t offset, std::uint64_t length) const {
+    return file_ != nullptr ? file_->read(offset, length) : bytes_.sub(offset, length);
+  }
+  bool in_image(std::uint64_t offset, std::uint64_t length) const {
+    return offset <= size_ && length <= size_ - offset;
+  }
+
+  status parse_headers(const std::string& what) {
+    // In bounds yet unreadable: the file shrank since it was opened.
+    auto changed = [&what] { return status::error(what + ": changed while being read"); };
+    Elf64_Ehdr eh;
+    if (!in_image(0, sizeof eh)) return status::error(what + ": not ELF: shorter than an ELF header");
+    if (!read_at(fetch(0, sizeof eh), 0, eh)) return changed();
+    if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) return status::error(what + ": not ELF: bad magic");
+    if (eh.e_ident[EI_CLASS] != ELFCLASS64) return status::error(what + ": ELF: not a 64-bit file");
+    if (eh.e_ident[EI_DATA] != host_data_encoding())
+      return status::error(what + ": ELF: byte order differs from this machine");
+    type_ = eh.e_type;
+    machine_ = eh.e_machine;
+
+    // Section headers; e_shnum == 0 with e_shoff set means the count is in section 0 (ELF gABI).
+    if (eh.e_shoff != 0) {
+      if (eh.e_shentsize < sizeof(Elf64_Shdr))
+        return status::error(what + ": ELF: section header entry size " + std::to_string(eh.e_shentsize) +
+                             " too small");
+      Elf64_Shdr first;
+      if (!in_image(eh.e_shoff, sizeof first))
+        return status::error(what + ": ELF: section headers at offset " + std::to_string(eh.e_shoff) +
+                             " are past the end of the file (truncated?)");
+      if (!read_at(fetch(eh.e_shoff, sizeof first), 0, first)) return changed();
+      std::uint64_t count = eh.e_shnum != 0 ? eh.e_shnum : first.sh_size;
+      std::uint64_t names_index = eh.e_shstrndx == SHN_XINDEX ? first.sh_link : eh.e_shstrndx;
+      if (count > elf_max_sections) return status::error(what + ": ELF: too many sections");
+      std::uint64_t table_size = count * eh.e_shentsize;
+      if (!in_image(eh.e_shoff, table_size))
+        return status::error(what + ": ELF: " + std::to_string(count) +
+                             " section headers do not fit in the file (truncated?)");
+      byte_view table = fetch(eh.e_shoff, table_size);
+      if (table.size != table_size) return changed();
+      sections_.resize(static_cast<std::size_t>(count));
+      std::vector<std::uint32_t> name_offsets(sections_.size());
+      for (std::size_t i = 0; i < sections_.size(); ++i) {
+        Elf64_Shdr sh;
+        read_at(table, i * eh.e_shentsize, sh);
+        elf_section& s = sections_[i];
+        s.type = sh.sh_type;
+        s.flags = sh.sh_flags;
+        s.addr = sh.sh_addr;
+        s.offset = sh.sh_offset;
+        s.size = sh.sh_size;
+        s.link = sh.sh_link;
+        s.info = sh.sh_info;
+        s.addralign = sh.sh_addralign;
+        s.entsize = sh.sh_entsize;
+        name_offsets[i] = sh.sh_name;
+      }
+      if (names_index < sections_.size()) {
+        byte_view names = section_bytes(sections_[static_cast<std::size_t>(names_index)]);
+        for (std::size_t i = 0; i < sections_.size(); ++i)
+          sections_[i].name = std::string(string_at(names, name_offsets[i]));
+      }
+    }
+
+    // Program headers.
+    if (eh.e_phoff != 0 && eh.e_phnum != 0) {
+      if (eh.e_phentsize < sizeof(Elf64_Phdr))
+        return status::error(what + ": ELF: program header entry size too small");
+      if (eh.e_phnum > elf_max_segments) return status::error(what + ": ELF: too many program headers");
+      std::uint64_t table_size = std::uint64_t{eh.e_phnum} * eh.e_phentsize;
+      if (!in_image(eh.e_phoff, table_size))
+        return status::error(what + ": ELF: program headers do not fit in the file (truncated?)");
+      byte_view table = fetch(eh.e_phoff, table_size);
+      if (table.size != table_size) return changed();
+      for (std::uint32_t i = 0; i < eh.e_phnum; ++i) {
+        Elf64_Phdr ph;
+        read_at(table, std::uint64_t{i} * eh.e_phentsize, ph);
+        segments_.push_back(
+            elf_segment{ph.p_type, ph.p_flags, ph.p_offset, ph.p_vaddr, ph.p_filesz, ph.p_memsz, ph.p_align});
+      }
+    }
+    return status::ok();
+  }
+
+  static unsigned char host_data_encoding() {
+    const std::uint16_t probe = 1;
+    unsigned char first;
+    std::memcpy(&first, &probe, 1);
+    return first == 1 ? ELFDATA2LSB : ELFDATA2MSB;
+  }
+
+  static bool find_build_id(byte_view notes, std::uint64_t align, std::string& out) {
+    std::uint64_t pos = 0;
+    while (pos < notes.size) {
+      Elf64_Nhdr nh;
+      if (!read_at(notes, pos, nh)) return false;
+      std::uint64_t name_pos = pos + sizeof(nh);
+      std::uint64_t desc_pos = name_pos + ((std::uint64_t{nh.n_namesz} + align - 1) & ~(align - 1));
+      std::uint64_t next = desc_pos + ((std::uint64_t{nh.n_descsz} + align - 1) & ~(align - 1));
+      if (!notes.contains(name_pos, nh.n_namesz) || !notes.contains(desc_pos, nh.n_descsz)) return false;
+      if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
+          std::memcmp(notes.data + name_pos, "GNU", 4) == 0 && nh.n_descsz > 0) {
+        static const char hex[] = "0123456789abcdef";
+        out.clear();
+        for (std::uint32_t i = 0; i < nh.n_descsz; ++i) {
+          unsigned char c = notes.data[desc_pos + i];
+          out += hex[c >> 4];
+          out += hex[c & 15];
+        }
+        return true;
+      }
+      if (next <= pos) return false;
+      pos = next;
+    }
+    return false;
+  }
+
+  byte_view bytes_;              // the image, when parsed from memory
+  mapped_file* file_ = nullptr;  // the file, when parsed from one
+  std::uint64_t size_ = 0;       // of the image or file
+  std::uint16_t type_ = 0;
+  std::uint16_t machine_ = 0;
+  std::vector<elf_section> sections_;
+  std::vector<elf_segment> segments_;
+};
+
+// Load bias of a mapping that maps file offset `file_offset` at address `map_start`: the value added to
+// ELF virtual addresses to get run-time addresses. Uses the PT_LOAD segment that holds the offset
+// (preferring an executable one); falls back to start - offset when none matches.
+inline std::uint64_t elf_load_bias(const std::vector<elf_segment>& segments, std::uint64_t map_start,
+                                   std::uint64_t file_offset) {
+  const elf_segment* best = nullptr;
+  for (const auto& seg : segments) {
+    if (seg.type != PT_LOAD) continue;
+    std::uint64_t page_start = seg.offset & ~(elf_page_size - 1);
+    if (file_offset < page_start || file_offset - page_start >= seg.filesz + (seg.offset - page_start))
+      continue;
+    if (best == nullptr || ((seg.flags & PF_X) != 0 && (best->flags & PF_X) == 0)) best = &seg;
+  }
+  if (best == nullptr) return map_start - file_offset;
+  // The segment puts file offset p_offset at p_vaddr, so file_offset lives at p_vaddr + (file_offset -
+  // p_offset).
+  return map_start - (best->vaddr + file_offset - best->offset);
+}
+
+inline std::uint64_t elf_image::load_bias(std::uint64_t map_start, std::uint64_t file_offset) const {
+  return elf_load_bias(segments_, map_start, file_offset);
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/elf.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// The CRC-32 (IEEE, reflected) that .gnu_debuglink stores for its debug file.
+inline std::uint32_t debuglink_crc32(byte_view bytes, std::uint32_t crc = 0) {
+  static const std::array<std::uint32_t, 256> table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) != 0 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  crc = ~crc;
+  for (std::size_t i = 0; i < bytes.size; ++i) crc = table[(crc ^ bytes.data[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+inline std::vector<std::string> build_id_debug_paths(const std::vector<std::string>& roots,
+                                                     const std::string& build_id) {
+  std::vector<std::string> out;
+  if (build_id.size() < 3) return out;
+  for (const auto& root : roots) {
+    std::string path = root;
+    path += "/.build-id/";
+    path.append(build_id, 0, 2);
+    path += '/';
+    path.append(build_id, 2, std::string::npos);
+    path += ".debug";
+    out.push_back(std::move(path));
+  }
+  return out;
+}
+
+inline std::vector<std::string> debuglink_paths(const std::vector<std::string>& roots,
+                                                const std::string& module_path, const std::string& link) {
+  std::vector<std::string> out;
+  if (link.empty() || link.find('/') != std::string::npos || module_path.empty() || module_path[0] != '/')
+    return out;
+  std::string::size_type slash = module_path.rfind('/');
+  std::string dir = module_path.substr(0, slash + 1);  // with its trailing slash
+  out.push_back(dir + link);
+  out.push_back(dir + ".debug/");
+  out.back() += link;
+  for (const auto& root : roots) {
+    out.push_back(root + dir);
+    out.back() += link;
+  }
+  return out;
+}
+
+// A debug file found for a module: `image` reads through `file`, which stays open so its sections can be
+// read; file.check() after the last read tells whether it changed meanwhile.
+struct debug_file {
+  std::string path;
+  mapped_file file;
+  elf_image image;
+};
+
+// Opens the separate debug file for `module` (at `module_path`) with a .symtab; false when none fits.
+inline bool find_debug_file(const std::vector<std::string>& roots, const std::string& module_path,
+                            const elf_image& module, debug_file& out) {
+  auto try_open = [&](const std::string& path, const std::string& want_build_id, bool check_crc,
+                      std::uint32_t crc) {
+    if (path == module_path) return false;
+    if (!out.file.open(path)) return false;
+    bool ok = static_cast<bool>(out.image.parse(out.file, path)) &&
+              out.image.find_section_type(SHT_SYMTAB) != nullptr;
+    if (ok && !want_build_id.empty()) ok = out.image.build_id() == want_build_id;
+    if (ok && check_crc) {
+      std::uint32_t file_crc = 0;
+      ok = out.file.read_all([&file_crc](byte_view b) { file_crc = debuglink_crc32(b, file_crc); }) &&
+           file_crc == crc;
+    }
+    if (!ok) {
+      out.image = elf_image();
+      out.file.reset();
+      return false;
+    }
+    out.path = path;
+    return true;
+  };
+  std::string id = module.build_id();
+  for (const auto& path : build_id_debug_paths(roots, id))
+    if (try_open(path, id, false, 0)) return true;
+  std::string link;
+  std::uint32_t crc = 0;
+  if (module.debuglink(link, crc))
+    for (const auto& path : debuglink_paths(roots, module_path, link))
+      if (try_open(path, id, true, crc)) return true;
+  return false;
+}
+
+// The file holding the DWARF of the module file at `path` (inode `inode` when non-zero): `path` itself
+// when it has .debug_info, else `known_debug` when set (the registry's pick), else the debug file found
+// under `roots` (by build-id, and by .gnu_debuglink next to `module_path` unless that is empty). Empty
+// when there is none; `readable` says whether `path` could be read as ELF at all.
+inline std::string dwarf_source_path(const std::vector<std::string>& roots, const std::string& path,
+                                     std::uint64_t inode, const std::string& module_path,
+                                     const std::string& known_debug, bool& readable) {
+  mapped_file file;
+  elf_image image;
+  readable = file.open(path, inode) && image.parse(file, path);
+  if (!readable) return {};
+  for (const char* name : {".debug_info", ".zdebug_info"}) {
+    const elf_section* s = image.find_section(name);
+    if (s != nullptr && s->type != SHT_NOBITS) return path;
+  }
+  if (!known_debug.empty()) return known_debug;
+  // The registry looks for a debug file only when a module lacks .symtab: a module stripped of DWARF
+  // alone (strip -g) gets its debug file found here.
+  debug_file debug;
+  return find_debug_file(roots, module_path, image, debug) ? debug.path : std::string();
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/debug_file.hpp ----
+// ---- begin selfprof/symbols/proc_maps.hpp ----
+// Reading and parsing /proc/<pid>/maps lines (address range, permissions, offset, device, inode, path).
+// Context: collector thread or setup (never the signal handler).
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+
+namespace selfprof {
+namespace detail {
+
+struct maps_entry {
+  std::uint64_t start = 0;
+  std::uint64_t end = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t inode = 0;
+  std::uint32_t dev_major = 0;
+  std::uint32_t dev_minor = 0;
+  bool readable = false;
+  bool executable = false;
+  bool deleted = false;  // the path ended in " (deleted)" (removed file, or a memfd)
+  std::string path;      // without the " (deleted)" suffix; empty for anonymous memory
+};
+
+// Parses one hexadecimal field ending at `stop` (or the end); advances `pos`. False when empty or bad.
+inline bool parse_hex_field(std::string_view line, std::size_t& pos, char stop, std::uint64_t& out) {
+  out = 0;
+  std::size_t begin = pos;
+  while (pos < line.size() && line[pos] != stop) {
+    char c = line[pos];
+    unsigned digit;
+    if (c >= '0' && c <= '9')
+      digit = static_cast<unsigned>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      digit = static_cast<unsigned>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      digit = static_cast<unsigned>(c - 'A' + 10);
+    else
+      return false;
+    if (pos - begin >= 16) return false;
+    out = (out << 4) | digit;
+    ++pos;
+  }
+  if (pos == begin) return false;
+  if (pos < line.size()) ++pos;  // the stop character
+  return true;
+}
+
+// Parses "start-end perms offset major:minor inode   path" (path optional, may hold spaces).
+inline bool parse_maps_line(std::string_view line, maps_entry& out) {
+  out = maps_entry();
+  std::size_t pos = 0;
+  if (!parse_hex_field(line, pos, '-', out.start) || !parse_hex_field(line, pos, ' ', out.end)) return false;
+  if (pos + 5 > line.size() || line[pos + 4] != ' ') return false;
+  out.readable = line[pos] == 'r';
+  out.executable = line[pos + 2] == 'x';
+  pos += 5;
+  std::uint64_t major = 0, minor = 0;
+  if (!parse_hex_field(line, pos, ' ', out.offset) || !parse_hex_field(line, pos, ':', major) ||
+      !parse_hex_field(line, pos, ' ', minor))
+    return false;
+  out.dev_major = static_cast<std::uint32_t>(major);
+  out.dev_minor = static_cast<std::uint32_t>(minor);
+  std::size_t begin = pos;
+  while (pos < line.size() && line[pos] >= '0' && line[pos] <= '9')
+    out.inode = out.inode * 10 + (line[pos++] - '0');
+  if (pos == begin || out.end < out.start) return false;
+  while (pos < line.size() && line[pos] == ' ') ++pos;
+  std::string_view path = line.substr(pos);
+  constexpr std::string_view deleted = " (deleted)";
+  if (path.size() > deleted.size() && path.substr(path.size() - deleted.size()) == deleted) {
+    out.deleted = true;
+    path.remove_suffix(deleted.size());
+  }
+  out.path = std::string(path);
+  return true;
+}
+
+// Reads a whole (proc) file into `out`; false on failure.
+inline bool read_text_file(const char* path, std::string& out) {
+  out.clear();
+  int fd = sys().open(path, O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return false;
+  char buffer[16384];
+  for (;;) {
+    ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      sys().close(fd);
+      return n == 0;
+    }
+    out.append(buffer, static_cast<std::size_t>(n));
+  }
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/proc_maps.hpp ----
+// ---- begin selfprof/symbols/symbol_table.hpp ----
+// A per-module table of function symbols (.symtab, .dynsym, synthesized PLT stubs) sorted by address,
+// with sizes respected and zero-size symbols extended to the next one, plus cached demangled names.
+// Context: collector thread or setup (never the signal handler).
+
+#include <elf.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// ---- begin selfprof/symbols/demangle.hpp ----
+// C++ symbol demangling through the C++ runtime's abi::__cxa_demangle, falling back to the raw name.
+// Context: collector thread or any thread (allocates; never the signal handler).
+
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+namespace selfprof {
+namespace detail {
+
+// Demangles an Itanium-ABI name ("_Z..."); a name that is not mangled or does not demangle is returned
+// unchanged. A "@plt" suffix (our PLT stub names) is kept after the demangled part.
+inline std::string demangle(std::string_view name) {
+  std::string_view suffix;
+  std::string_view base = name;
+  constexpr std::string_view plt = "@plt";
+  if (base.size() > plt.size() && base.substr(base.size() - plt.size()) == plt) {
+    suffix = plt;
+    base.remove_suffix(plt.size());
+  }
+  if (base.size() < 3 || base[0] != '_' || base[1] != 'Z') return std::string(name);
+  std::string raw(base);
+  int status = 0;
+  char* out = abi::__cxa_demangle(raw.c_str(), nullptr, nullptr, &status);
+  if (out == nullptr || status != 0) {
+    std::free(out);
+    return std::string(name);
+  }
+  std::string result(out);
+  std::free(out);
+  result += suffix;
+  return result;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/demangle.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// How far back a lookup walks past symbols that end before the address, looking for an enclosing
+// (overlapping) symbol; overlaps are rare and shallow, so a small bound keeps lookups O(log n).
+constexpr int symbol_overlap_lookback = 8;
+// Size of one PLT entry on x86-64 and AArch64, and of the PLT header (PLT0) before the entries.
+constexpr std::uint64_t plt_entry_bytes = 16;
+
+class symbol_table {
+ public:
+  struct hit {
+    std::uint32_t index = 0;
+    std::uint64_t start = 0;  // ELF virtual address of the symbol
+    std::uint64_t end = 0;    // one past its last byte
+  };
+
+  // Adds the function symbols of a SHT_SYMTAB or SHT_DYNSYM section of `image`; returns how many.
+  std::size_t add_symbols(const elf_image& image, const elf_section& symtab) {
+    if (symtab.type != SHT_SYMTAB && symtab.type != SHT_DYNSYM) return 0;
+    if ((symtab.flags & SHF_COMPRESSED) != 0) return 0;
+    const elf_section* strtab_section = image.section_at(symtab.link);
+    if (strtab_section == nullptr) return 0;
+    byte_view syms = image.section_bytes(symtab);
+    byte_view strtab = image.section_bytes(*strtab_section);
+    std::size_t count = syms.size / sizeof(Elf64_Sym), added = 0;
+    for (std::size_t i = 1; i < count; ++i) {
+      Elf64_Sym sym;
+      read_at(syms, i * sizeof(Elf64_Sym), sym);
+      unsigned type = ELF64_ST_TYPE(sym.st_info);
+      unsigned bind = ELF64_ST_BIND(sym.st_info);
+      if (sym.st_shndx == SHN_UNDEF || sym.st_shndx >= SHN_LORESERVE) continue;
+      const elf_section* in = image.section_at(sym.st_shndx);
+      bool exec_section = in != nullptr && (in->flags & SHF_EXECINSTR) != 0;
+      if (type == STT_NOTYPE) {
+        if (!exec_section) continue;  // a label in code (hand-written assembly, ld.so's _dl_start_user)
+      } else if (type != STT_FUNC && type != STT_GNU_IFUNC) {
+        continue;
+      }
+      std::string_view name = string_at(strtab, sym.st_name);
+      if (name.empty() || name[0] == '$' || name.substr(0, 2) == ".L") continue;
+      std::uint64_t section_end = 0;
+      if (in != nullptr && in->size != 0 && sym.st_value >= in->addr && sym.st_value - in->addr < in->size)
+        section_end = in->addr + in->size;
+      unsigned rank = bind == STB_GLOBAL ? 3 : bind == STB_WEAK ? 2 : 1;
+      if (type != STT_NOTYPE) rank += 4;
+      add(sym.st_value, sym.st_size, section_end, name, rank);
+      ++added;
+    }
+    return added;
+  }
+
+  // Adds `name@plt` for each PLT stub (x86-64 and AArch64; .plt.sec when present). Cheap: one pass
+  // over .rela.plt; returns how many were added.
+  std::size_t add_plt(const elf_image& image) {
+    const elf_section* rela = image.find_section(".rela.plt");
+    if (rela == nullptr || rela->type != SHT_RELA) return 0;
+    const elf_section* dynsym = image.section_at(rela->link);
+    if (dynsym == nullptr || dynsym->type != SHT_DYNSYM) return 0;
+    const elf_section* dynstr = image.section_at(dynsym->link);
+    if (dynstr == nullptr) return 0;
+    std::uint64_t first = 0;
+    const elf_section* plt = image.find_section(".plt.sec");
+    std::uint32_t jump_slot = 0;
+    if (image.machine() == EM_X86_64) {
+      jump_slot = R_X86_64_JUMP_SLOT;
+      if (plt == nullptr) {
+        plt = image.find_section(".plt");
+        first = plt_entry_bytes;  // PLT0 is one entry
+      }
+    } else if (image.machine() == EM_AARCH64) {
+      jump_slot = R_AARCH64_JUMP_SLOT;
+      plt = image.find_section(".plt");
+      first = 2 * plt_entry_bytes;  // PLT0 is 32 bytes
+    }
+    if (plt == nullptr || jump_slot == 0) return 0;
+    byte_view relocs = image.section_bytes(*rela), syms = image.section_bytes(*dynsym);
+    byte_view strs = image.section_bytes(*dynstr);
+    std::size_t count = relocs.size / sizeof(Elf64_Rela), added = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      std::uint64_t offset = first + i * plt_entry_bytes;
+      if (offset + plt_entry_bytes > plt->size) break;
+      Elf64_Rela r;
+      read_at(relocs, i * sizeof(Elf64_Rela), r);
+      if (ELF64_R_TYPE(r.r_info) != jump_slot) continue;
+      Elf64_Sym sym;
+      if (!read_at(syms, std::uint64_t{ELF64_R_SYM(r.r_info)} * sizeof(Elf64_Sym), sym)) continue;
+      std::string_view name = string_at(strs, sym.st_name);
+      if (name.empty()) continue;
+      add(plt->addr + offset, plt_entry_bytes, 0, std::string(name) + "@plt", 0);
+      ++added;
+    }
+    return added;
+  }
+
+  // Sorts, keeps the best name per address and computes where zero-size symbols end. Call once after
+  // the add_* calls and before lookups.
+  void finish() {
+    std::sort(entries_.begin(), entries_.end(), [this](const entry& a, const entry& b) {
+      if (a.start != b.start) return a.start < b.start;
+      return better(a, b);
+    });
+    std::vector<entry> unique;
+    unique.reserve(entries_.size());
+    for (const entry& e : entries_) {
+      if (!unique.empty() && unique.back().start == e.start) {
+        unique.back().size = std::max(unique.back().size, e.size);
+        continue;
+      }
+      unique.push_back(e);
+    }
+    // A zero-size symbol inside a sized one is a label within that function's body: the function names
+    // those addresses, so the label goes.
+    std::vector<entry> kept;
+    kept.reserve(unique.size());
+    std::uint64_t covered_to = 0;
+    for (const entry& e : unique) {
+      if (e.size == 0 && e.start < covered_to) continue;
+      if (e.size != 0 && e.start + e.size > covered_to) covered_to = e.start + e.size;
+      kept.push_back(e);
+    }
+    unique.swap(kept);
+    for (std::size_t i = 0; i < unique.size(); ++i) {
+      entry& e = unique[i];
+      if (e.size != 0) continue;
+      // A zero-size symbol (hand-written assembly, a label) runs to the next symbol or the end of its
+      // section.
+      std::uint64_t end = i + 1 < unique.size() ? unique[i + 1].start : ~std::uint64_t{0};
+      if (e.section_end != 0) end = std::min(end, e.section_end);
+      e.size = end > e.start && end != ~std::uint64_t{0} ? end - e.start : 1;
+    }
+    entries_ = std::move(unique);
+    entries_.shrink_to_fit();
+    demangled_.assign(entries_.size(), std::string());
+  }
+
+  // The symbol covering ELF virtual address `vaddr`, if any: an address past a symbol's end is not
+  // charged to it.
+  bool lookup(std::uint64_t vaddr, hit& out) const {
+    auto it = std::upper_bound(entries_.begin(), entries_.end(), vaddr,
+                               [](std::uint64_t v, const entry& e) { return v < e.start; });
+    for (int back = 0; it != entries_.begin() && back < symbol_overlap_lookback; ++back) {
+      --it;
+      if (vaddr - it->start < it->size) {
+        out.index = static_cast<std::uint32_t>(it - entries_.begin());
+        out.start = it->start;
+        out.end = it->start + it->size;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  std::string_view raw_name(std::uint32_t index) const {
+    const entry& e = entries_[index];
+    return std::string_view(names_).substr(e.name_offset, e.name_size);
+  }
+
+  // Demangled name of entry `index`, computed on first use and cached.
+  const std::string& name(std::uint32_t index) {
+    std::string& d = demangled_[index];
+    if (d.empty()) d = demangle(raw_name(index));
+    return d;
+  }
+
+  std::size_t size() const { return entries_.size(); }
+
+ private:
+  struct entry {
+    std::uint64_t start;
+    std::uint64_t size;
+    std::uint64_t section_end;
+    std::uint32_t name_offset;
+    std::uint32_t name_size;
+    std::uint32_t rank;
+  };
+
+  void add(std::uint64_t start, std::uint64_t size, std::uint64_t section_end, std::string_view name,
+           unsigned rank) {
+    entry e{start,
+            size,
+            section_end,
+            static_cast<std::uint32_t>(names_.size()),
+            static_cast<std::uint32_t>(name.size()),
+            rank};
+    names_.append(name.data(), name.size());
+    entries_.push_back(e);
+  }
+
+  static std::size_t leading_underscores(std::string_view s) {
+    std::size_t n = 0;
+    while (n < s.size() && s[n] == '_') ++n;
+    return n;
+  }
+
+  // Which of two symbols at one address names it: sized, FUNC over NOTYPE, global over weak over
+  // local, fewer leading underscores (malloc over __libc_malloc), shorter, then alphabetical.
+  bool better(const entry& a, const entry& b) const {
+    if ((a.size != 0) != (b.size != 0)) return a.size != 0;
+    if (a.rank != b.rank) return a.rank > b.rank;
+    std::string_view na = std::string_view(names_).substr(a.name_offset, a.name_size);
+    std::string_view nb = std::string_view(names_).substr(b.name_offset, b.name_size);
+    std::size_t ua = leading_underscores(na), ub = leading_underscores(nb);
+    if (ua != ub) return ua < ub;
+    if (na.size() != nb.size()) return na.size() < nb.size();
+    return na < nb;
+  }
+
+  std::vector<entry> entries_;
+  std::string names_;
+  std::vector<std::string> demangled_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/symbol_table.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+enum class module_kind : std::uint8_t {
+  file,       // a file-backed mapping (also memfd and deleted files)
+  vdso,       // the kernel's vdso, parsed from memory
+  anonymous,  // anonymous executable memory (JIT code); named only by perf maps
+  special,    // other kernel-provided mappings such as [vsyscall]
+};
+
+// What was parsed from one ELF file (shared by every mapping of that file).
+struct module_symbols {
+  std::string build_id;
+  std::string debug_path;             // separate debug file used, if any
+  std::vector<elf_segment> segments;  // for the load bias of each mapping
+  symbol_table table;
+  bool elf_ok = false;
+};
+
+struct module {
+  std::uint64_t start = 0;
+  std::uint64_t end = 0;
+  std::uint64_t offset = 0;  // file offset mapped at start
+  std::uint64_t bias = 0;    // run-time address minus ELF virtual address
+  std::uint64_t inode = 0;
+  std::uint32_t dev_major = 0;
+  std::uint32_t dev_minor = 0;
+  std::string path;      // as in the maps (without " (deleted)"), "[vdso]", or "//anon"
+  std::string basename;  // for "[basename+0xoffset]" names
+  module_kind kind = module_kind::file;
+  bool deleted = false;
+  bool mapped = true;                       // false once unmapped; kept so earlier samples are still named
+  std::uint64_t unmapped_seq = 0;           // orders unmapped modules: a later unmap wins an overlap
+  std::shared_ptr<module_symbols> symbols;  // null for anonymous and special mappings
+};
+
+struct module_registry_options {
+  std::vector<std::string> debug_roots{"/usr/lib/debug"};  // where build-id and debuglink files live
+  std::string maps_path = "/proc/self/maps";
+};
+
+class module_registry {
+ public:
+  module_registry() = default;
+  explicit module_registry(module_registry_options options) : options_(std::move(options)) {}
+
+  // Re-reads the maps when the dynamic loader's load/unload counters (dl_iterate_phdr's dlpi_adds and
+  // dlpi_subs) moved since the last snapshot, or on the first call: a few hundred nanoseconds otherwise.
+  // Returns true when the module set changed.
+  bool refresh() {
+    std::pair<unsigned long long, unsigned long long> counters = loader_counters();
+    if (scans_ != 0 && counters == last_counters_) return false;
+    last_counters_ = counters;
+    return rescan();
+  }
+
+  // Re-reads the maps unconditionally (for mappings made without the loader: JIT code, mmap of a
+  // file); returns early when the text is unchanged. Returns true when the module set changed.
+  bool rescan() {
+    std::string text;
+    if (!read_text_file(options_.maps_path.c_str(), text)) {
+      warn("selfprof: cannot read " + options_.maps_path + "; frames will be [unknown]");
+      return false;
+    }
+    ++reads_;
+    text = executable_lines(text);  // data mappings come and go with every allocation: ignore them
+    if (scans_ != 0 && text == last_text_) return false;
+    last_text_ = std::move(text);
+    ++scans_;
+    apply(last_text_);
+    return true;
+  }
+
+  // The module holding `address`: a mapped one first, else the most recently unmapped one.
+  // The pointer is valid until the next refresh()/rescan().
+  const module* find(std::uint64_t address) const {
+    auto it = std::upper_bound(mapped_.begin(), mapped_.end(), address,
+                               [this](std::uint64_t a, std::size_t i) { return a < modules_[i].start; });
+    if (it != mapped_.begin()) {
+      const module& m = modules_[*(it - 1)];
+      if (address < m.end) return &m;
+    }
+    for (std::size_t i : unmapped_)
+      if (address >= modules_[i].start && address < modules_[i].end) return &modules_[i];
+    return nullptr;
+  }
+
+  const std::vector<module>& modules() const { return modules_; }
+  // Messages about modules whose symbols could not be read (one per file); cleared by this call.
+  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
+  std::uint64_t scans() const { return scans_; }  // times the maps text changed and was applied
+  std::uint64_t reads() const { return reads_; }  // times the maps file was read
+  std::size_t parsed_files() const { return parsed_.size(); }
+
+ private:
+  // Keys are bytes: fixed-width numbers, then the path, so one string-keyed map type serves every index
+  // (each distinct map type costs every including file its instantiation).
+  static void append_key(std::string& key, std::uint64_t v) {
+    char bytes[sizeof v];
+    std::memcpy(bytes, &v, sizeof v);
+    key.append(bytes, sizeof v);
+  }
+
+  // Identifies a mapping: start, end, offset, inode, path (anonymous memory: no path).
+  static std::string mapping_key(std::uint64_t start, std::uint64_t end, std::uint64_t offset,
+                                 std::uint64_t inode, const std::string& path) {
+    std::string key;
+    key.reserve(32 + path.size());
+    append_key(key, start);
+    append_key(key, end);
+    append_key(key, offset);
+    append_key(key, inode);
+    key += path;
+    return key;
+  }
+
+  // Identifies a file: device, inode, path.
+  static std::string file_key(const maps_entry& e) {
+    std::string key;
+    key.reserve(24 + e.path.size());
+    append_key(key, e.dev_major);
+    append_key(key, e.dev_minor);
+    append_key(key, e.inode);
+    key += e.path;
+    return key;
+  }
+
+  // Orders indices into modules_: by start address, or for unmapped ones the latest unmapped first.
+  struct module_order {
+    const std::vector<module>* modules;
+    bool latest_unmapped_first;
+    bool operator()(std::size_t a, std::size_t b) const {
+      const module& x = (*modules)[a];
+      const module& y = (*modules)[b];
+      return latest_unmapped_first ? x.unmapped_seq > y.unmapped_seq : x.start < y.start;
+    }
+  };
+
+  static std::pair<unsigned long long, unsigned long long> loader_counters() {
+    std::pair<unsigned long long, unsigned long long> out{0, 0};
+    ::dl_iterate_phdr(
+        [](struct dl_phdr_info* info, std::size_t size, void* data) -> int {
+          if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
+            auto* c = static_cast<std::pair<unsigned long long, unsigned long long>*>(data);
+            c->first = info->dlpi_adds;
+            c->second = info->dlpi_subs;
+          }
+          return 1;  // the counters are the same in every entry: stop after the first
+        },
+        &out);
+    return out;
+  }
+
+  // The lines of maps text whose permissions include 'x' ("start-end r-xp ...").
+  static std::string executable_lines(const std::string& text) {
+    std::string out;
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      std::size_t eol = text.find('\n', pos);
+      if (eol == std::string::npos) eol = text.size();
+      std::size_t space = text.find(' ', pos);
+      if (space != std::string::npos && space + 3 < eol && text[space + 3] == 'x')
+        out.append(text, pos, eol - pos + 1);
+      pos = eol + 1;
+    }
+    return out;
+  }
+
+  void warn(std::string message) { warnings_.push_back(std::move(message)); }
+
+  void warn_no_symbols(const std::string& path, const status& why) {
+    std::string m = "selfprof: no symbols for ";
+    m += path;
+    m += ": ";
+    m += why.message();
+    m += "; its frames are named [module+0xoffset]";
+    warn(std::move(m));
+  }
+
+  void apply(const std::string& text) {
+    std::vector<module> next;
+    std::vector<bool> seen(modules_.size(), false);
+    std::unordered_map<std::string, std::size_t> index;
+    for (std::size_t i = 0; i < modules_.size(); ++i) index.emplace(key_of(modules_[i]), i);
+
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      std::size_t eol = text.find('\n', pos);
+      if (eol == std::string::npos) eol = text.size();
+      maps_entry e;
+      if (parse_maps_line(std::string_view(text).substr(pos, eol - pos), e) && e.executable) {
+        auto found = index.find(mapping_key(e.start, e.end, e.offset, e.inode, e.path));
+        if (found != index.end()) {
+          seen[found->second] = true;
+          next.push_back(modules_[found->second]);
+          next.back().mapped = true;
+        } else {
+          next.push_back(make_module(e));
+        }
+      }
+      pos = eol + 1;
+    }
+    // Unmapped modules stay (anonymous memory excepted: it has no symbols to keep).
+    for (std::size_t i = 0; i < modules_.size(); ++i) {
+      if (seen[i] || modules_[i].kind == module_kind::anonymous) continue;
+      module m = modules_[i];
+      if (m.mapped) m.unmapped_seq = ++unmapped_seq_;
+      m.mapped = false;
+      next.push_back(std::move(m));
+    }
+    modules_ = std::move(next);
+    mapped_.clear();
+    unmapped_.clear();
+    for (std::size_t i = 0; i < modules_.size(); ++i) (modules_[i].mapped ? mapped_ : unmapped_).push_back(i);
+    std::sort(mapped_.begin(), mapped_.end(), module_order{&modules_, false});
+    std::sort(unmapped_.begin(), unmapped_.end(), module_order{&modules_, true});
+  }
+
+  static std::string key_of(const module& m) {
+    static const std::string no_path;
+    return mapping_key(m.start, m.end, m.offset, m.inode,
+                       m.kind == module_kind::anonymous && m.path == "//anon" ? no_path : m.path);
+  }
+
+  module make_module(const maps_entry& e) {
+    module m;
+    m.start = e.start;
+    m.end = e.end;
+    m.offset = e.offset;
+    m.inode = e.inode;
+    m.dev_major = e.dev_major;
+    m.dev_minor = e.dev_minor;
+    m.deleted = e.deleted;
+    m.path = e.path;
+    if (e.path.empty()) {
+      m.kind = module_kind::anonymous;
+      m.path = "//anon";
+    } else if (e.path == "[vdso]") {
+      m.kind = module_kind::vdso;
+    } else if (e.path[0] == '[') {
+      m.kind = e.path == "[vsyscall]" ? module_kind::special : module_kind::anonymous;
+    }
+    std::string::size_type slash = m.path.rfind('/');
+    if (m.kind == module_kind::file)
+      m.basename = slash == std::string::npos ? m.path : m.path.substr(slash + 1);
+    else if (m.path.size() > 2 && m.path.front() == '[' && m.path.back() == ']')
+      m.basename = m.path.substr(1, m.path.size() - 2);  // "[vdso]" names frames "[vdso+0x...]"
+    else
+      m.basename = m.path;
+    if (m.kind == module_kind::file) m.symbols = file_symbols(e);
+    if (m.kind == module_kind::vdso) m.symbols = vdso_symbols(e);
+    m.bias = m.symbols && m.symbols->elf_ok ? elf_load_bias(m.symbols->segments, m.start, m.offset)
+                                            : m.start - m.offset;
+    return m;
+  }
+
+  std::shared_ptr<module_symbols> file_symbols(const maps_entry& e) {
+    auto [cached, fresh] = parsed_index_.try_emplace(file_key(e), parsed_.size());
+    if (!fresh) return parsed_[cached->second];
+    auto result = std::make_shared<module_symbols>();
+    parsed_.push_back(result);
+
+    // Deleted files and memfds are reachable through /proc/self/map_files (opening its entries needs
+    // CAP_SYS_ADMIN, or CAP_CHECKPOINT_RESTORE since Linux 5.9; see proc(5)), else through a descriptor
+    // we still hold; map_files also serves a file replaced on disk since it was mapped.
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
+                  static_cast<unsigned long long>(e.start), static_cast<unsigned long long>(e.end));
+    std::string via_map_files = buffer;
+    bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
+    mapped_file file;
+    status st = file.open(hidden ? via_map_files : e.path, e.inode);
+    if (!st && hidden) st = open_through_fd(e, file);
+    if (!st && !hidden) st = file.open(via_map_files, e.inode);
+    // Overlay file systems can report another inode in the maps than fstat does: last, trust the path.
+    if (!st && !hidden) st = file.open(e.path);
+    if (!st) {
+      warn_no_symbols(e.path, st);
+      return result;
+    }
+    elf_image image;
+    st = image.parse(file, e.path);
+    if (st) load_elf(image, e.path, hidden, *result);
+    // Symbols of a file that changed while being read could mix two versions: none rather than wrong.
+    if (status unchanged = file.check(); !unchanged) {
+      *result = module_symbols();
+      st = unchanged;
+    }
+    if (!st) warn_no_symbols(e.path, st);
+    return result;
+  }
+
+  // Without the rights map_files needs, a memfd or deleted file is still readable through a
+  // descriptor the process holds open (a JIT usually keeps its memfd): find it in /proc/self/fd.
+  static status open_through_fd(const maps_entry& e, mapped_file& file) {
+    DIR* dir = ::opendir("/proc/self/fd");
+    if (dir == nullptr) return status::error(e.path + ": no readable descriptor");
+    status st = status::error(e.path + ": not in map_files (permission) nor held open by this process");
+    while (struct dirent* d = ::readdir(dir)) {
+      if (d->d_name[0] < '0' || d->d_name[0] > '9') continue;
+      std::string path = std::string("/proc/self/fd/") + d->d_name;
+      struct stat sb;
+      if (::stat(path.c_str(), &sb) != 0 || static_cast<std::uint64_t>(sb.st_ino) != e.inode ||
+          major(sb.st_dev) != e.dev_major || minor(sb.st_dev) != e.dev_minor || !S_ISREG(sb.st_mode))
+        continue;
+      if (file.open(path, e.inode)) {
+        st = status::ok();
+        break;
+      }
+    }
+    ::closedir(dir);
+    return st;
+  }
+
+  std::shared_ptr<module_symbols> vdso_symbols(const maps_entry& e) {
+    auto result = std::make_shared<module_symbols>();
+    // The vdso is mapped whole and laid out as its file, so its section headers are in memory too.
+    unsigned long base = ::getauxval(AT_SYSINFO_EHDR);
+    if (base == 0 || base < e.start || base >= e.end || !e.readable) return result;
+    elf_image image;
+    byte_view bytes{reinterpret_cast<const unsigned char*>(base), static_cast<std::size_t>(e.end - base)};
+    status st = image.parse(bytes, "[vdso]");
+    if (st) load_elf(image, "[vdso]", true, *result);
+    if (!st) warn_no_symbols("[vdso]", st);
+    return result;
+  }
+
+  // Fills `out` from a parsed image: its .symtab (else the debug file's), .dynsym and PLT stubs.
+  void load_elf(const elf_image& image, const std::string& path, bool no_debug_search, module_symbols& out) {
+    out.elf_ok = true;
+    out.segments = image.segments();
+    out.build_id = image.build_id();
+    std::size_t from_symtab = 0;
+    if (const elf_section* symtab = image.find_section_type(SHT_SYMTAB))
+      from_symtab = out.table.add_symbols(image, *symtab);
+    if (from_symtab == 0) {
+      debug_file debug;
+      // A deleted or memory file has no directory for debuglink; build-id lookups still work.
+      if (find_debug_file(options_.debug_roots, no_debug_search ? std::string() : path, image, debug)) {
+        if (const elf_section* symtab = debug.image.find_section_type(SHT_SYMTAB))
+          out.table.add_symbols(debug.image, *symtab);
+        out.debug_path = debug.path;
+        if (status unchanged = debug.file.check(); !unchanged) {  // could mix two versions: not used
+          out.table = symbol_table();
+          out.debug_path.clear();
+          warn("selfprof: debug file not used: " + unchanged.message());
+        }
+      }
+    }
+    if (const elf_section* dynsym = image.find_section_type(SHT_DYNSYM))
+      out.table.add_symbols(image, *dynsym);
+    out.table.add_plt(image);
+    out.table.finish();
+  }
+
+  module_registry_options options_;
+  std::vector<module> modules_;
+  std::vector<std::size_t> mapped_;                            // indices into modules_, by start address
+  std::vector<std::size_t> unmapped_;                          // indices into modules_, latest unmapped first
+  std::vector<std::shared_ptr<module_symbols>> parsed_;        // each file's symbols, parsed once
+  std::unordered_map<std::string, std::size_t> parsed_index_;  // file_key -> index in parsed_
+  std::vector<std::string> warnings_;
+  std::string last_text_;
+  std::pair<unsigned long long, unsigned long long> last_counters_{0, 0};
+  std::uint64_t scans_ = 0;
+  std::uint64_t reads_ = 0;
+  std::uint64_t unmapped_seq_ = 0;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/modules.hpp ----
+
+#if SELFPROF_HAS_LIBDW
+#include <dwarf.h>  // DW_TAG_* and DW_AT_* (elfutils' copy, installed with libdw-dev)
+#include <elfutils/libdw.h>
+#include <elfutils/libdwfl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+
+#endif
+
+namespace selfprof {
+namespace detail {
+
+// One level of the source chain of an address.
+struct source_frame {
+  std::string function;    // demangled DWARF name (linkage name when present); empty when unnamed
+  std::string file;        // source file as DWARF records it (absolute when the compile dir is known)
+  std::uint32_t line = 0;  // 0 when unknown
+  bool inlined = false;    // true for an inlined callee; false for the real (outermost) function
+};
+
+// The source chain of an address, outermost first: the real function, whose file:line is the call
+// site of the first inlined callee (or the address's own line when nothing is inlined there), then each
+// inlined callee with the file:line of the call into the next, the innermost with the address's line.
+using source_chain = std::vector<source_frame>;
+
+#if SELFPROF_HAS_LIBDW
+
+// Largest number of inlined levels reported for one address; deeper nesting loses its outermost levels.
+// Real code stays far below (GCC's inline depth limit is in the tens); the bound only stops a corrupt
+// parent chain.
+constexpr std::size_t dwarf_max_inline_depth = 1024;
+// Most function DIEs indexed per compile unit; past it a unit's remaining functions get no inline frames.
+constexpr std::size_t dwarf_max_cu_functions = std::size_t{1} << 24;
+
+// DIE tags of code that has a name and source position: real functions and inlined instances.
+inline bool dwarf_is_function(int tag) {
+  return tag == DW_TAG_subprogram || tag == DW_TAG_inlined_subroutine || tag == DW_TAG_entry_point;
+}
+
+// The functions of one compile unit laid out by address, built once per unit on its first lookup:
+// libdw's dwarf_getscopes re-walks the whole unit on every call (measured: 14 ms a lookup in a unit
+// that includes all of selfprof), this answers in O(log n).
+struct dwarf_cu_index {
+  struct function {
+    Dwarf_Die die;        // DW_TAG_subprogram, DW_TAG_inlined_subroutine or DW_TAG_entry_point
+    std::int32_t parent;  // enclosing function in the DIE tree (what addr2line -i follows), -1 at the top
+  };
+  struct segment {
+    Dwarf_Addr start;    // the segment runs to the next one's start
+    std::int32_t owner;  // the deepest function whose ranges hold it, -1 for none
+  };
+  std::vector<function> functions;
+  std::vector<segment> segments;  // sorted by start
+
+  // The deepest function holding `pc`, or -1.
+  std::int32_t find(Dwarf_Addr pc) const {
+    auto it = std::upper_bound(segments.begin(), segments.end(), pc,
+                               [](Dwarf_Addr a, const segment& s) { return a < s.start; });
+    return it == segments.begin() ? -1 : (it - 1)->owner;
+  }
+
+  void build(Dwarf_Die* cu) {
+    struct interval {
+      Dwarf_Addr low, high;
+      int depth;
+      std::int32_t function;
+    };
+    struct pending {
+      Dwarf_Die die;
+      int depth;
+      std::int32_t parent;
+    };
+    std::vector<interval> intervals;
+    std::vector<pending> stack;
+    Dwarf_Die first;
+    if (::dwarf_child(cu, &first) == 0) stack.push_back(pending{first, 1, -1});
+    while (!stack.empty() && functions.size() < dwarf_max_cu_functions) {
+      pending at = stack.back();
+      stack.pop_back();
+      Dwarf_Die next;
+      if (::dwarf_siblingof(&at.die, &next) == 0) stack.push_back(pending{next, at.depth, at.parent});
+      int tag = ::dwarf_tag(&at.die);
+      std::int32_t parent = at.parent;
+      if (dwarf_is_function(tag)) {
+        parent = static_cast<std::int32_t>(functions.size());
+        functions.push_back(function{at.die, at.parent});
+        Dwarf_Addr base = 0, low = 0, high = 0;
+        for (std::ptrdiff_t off = 0; (off = ::dwarf_ranges(&at.die, off, &base, &low, &high)) > 0;)
+          if (high > low) intervals.push_back(interval{low, high, at.depth, parent});
+      }
+      // Code lives in functions, blocks, and functions nested in namespaces and classes; types,
+      // variables and parameters hold none, so their subtrees are skipped.
+      bool may_hold_code = dwarf_is_function(tag) || tag == DW_TAG_lexical_block || tag == DW_TAG_namespace ||
+                           tag == DW_TAG_class_type || tag == DW_TAG_structure_type ||
+                           tag == DW_TAG_union_type || tag == DW_TAG_module;
+      Dwarf_Die child;
+      if (may_hold_code && ::dwarf_haschildren(&at.die) > 0 && ::dwarf_child(&at.die, &child) == 0)
+        stack.push_back(pending{child, at.depth + 1, parent});
+    }
+    // Sweep the range boundaries; the deepest interval active over each elementary piece owns it.
+    std::vector<Dwarf_Addr> bounds;
+    for (const auto& i : intervals) {
+      bounds.push_back(i.low);
+      bounds.push_back(i.high);
+    }
+    std::sort(bounds.begin(), bounds.end());
+    bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
+    std::sort(intervals.begin(), intervals.end(),
+              [](const interval& a, const interval& b) { return a.low < b.low; });
+    auto shallower = [](const interval& a, const interval& b) {
+      return a.depth != b.depth ? a.depth < b.depth
+                                : a.low < b.low;  // ties: the later start is the inner one
+    };
+    std::vector<interval> active;  // a heap, the deepest on top (what std::priority_queue would do)
+    std::size_t next = 0;
+    for (Dwarf_Addr b : bounds) {
+      while (next < intervals.size() && intervals[next].low <= b) {
+        active.push_back(intervals[next++]);
+        std::push_heap(active.begin(), active.end(), shallower);
+      }
+      while (!active.empty() && active.front().high <= b) {  // lazily drops ended intervals
+        std::pop_heap(active.begin(), active.end(), shallower);
+        active.pop_back();
+      }
+      // An ended interval under a deeper active one is dropped when it surfaces: check the top only.
+      std::int32_t owner = active.empty() ? -1 : active.front().function;
+      if (segments.empty() || segments.back().owner != owner) segments.push_back(segment{b, owner});
+    }
+  }
+};
+
+class dwarf_lines {
+ public:
+  static constexpr bool enabled = true;
+
+  dwarf_lines() = default;
+  explicit dwarf_lines(std::vector<std::string> debug_roots) : debug_roots_(std::move(debug_roots)) {}
+
+  // The source chain of `vaddr` (an ELF virtual address of module `m`'s file, i.e. the run-time
+  // address minus the module's bias), or nullptr when no DWARF covers it. The pointer stays valid for
+  // the lifetime of this object.
+  const source_chain* lookup(const module& m, std::uint64_t vaddr) {
+    if (m.kind != module_kind::file || !m.symbols || !m.symbols->elf_ok) return nullptr;
+    dwarf_file* file = file_for(m);  // heap-allocated: Dwfl keeps pointers to its callbacks and userdata
+    if (file == nullptr) return nullptr;
+    auto cached = file->chains.find(vaddr);
+    if (cached != file->chains.end()) return cached->second.empty() ? nullptr : &cached->second;
+    ++queries_;
+    source_chain& chain = file->chains[vaddr];
+    query(*file, vaddr, chain);
+    return chain.empty() ? nullptr : &chain;
+  }
+
+  std::size_t files_opened() const { return files_opened_; }  // module files given a Dwfl session
+  std::size_t files_with_dwarf() const { return files_with_dwarf_; }
+  std::size_t queries() const { return queries_; }  // lookups that reached libdw (cache misses)
+
+ private:
+  struct dwarf_file {
+    std::shared_ptr<module_symbols> symbols;  // keeps the cache key alive; holds debug_path
+    Elf* elf = nullptr;  // the file with the DWARF, read with pread, until find_elf gives it to Dwfl
+    int fd = -1;         // its descriptor, likewise
+    Dwfl_Callbacks callbacks{};
+    Dwfl* dwfl = nullptr;
+    Dwfl_Module* mod = nullptr;
+    bool has_dwarf = false;
+    std::unordered_map<std::uint64_t, source_chain> chains;
+    std::unordered_map<Dwarf_Off, dwarf_cu_index> units;  // by the compile unit DIE's offset
+
+    dwarf_file() = default;
+    dwarf_file(const dwarf_file&) = delete;
+    dwarf_file& operator=(const dwarf_file&) = delete;
+    ~dwarf_file() {
+      if (dwfl != nullptr) ::dwfl_end(dwfl);
+      if (elf != nullptr) ::elf_end(elf);
+      if (fd >= 0) sys().close(fd);
+    }
+  };
+
+  // The Dwfl session of m's file, opened on first use; nullptr when the file cannot be read or has no
+  // DWARF anywhere (remembered, so a module without debug info costs one attempt).
+  dwarf_file* file_for(const module& m) {
+    auto it = files_.find(m.symbols.get());
+    if (it == files_.end()) it = files_.emplace(m.symbols.get(), open_file(m)).first;
+    return it->second && it->second->has_dwarf ? it->second.get() : nullptr;
+  }
+
+  std::unique_ptr<dwarf_file> open_file(const module& m) {
+    auto file = std::make_unique<dwarf_file>();
+    file->symbols = m.symbols;
+    // A deleted file or memfd is reachable only through map_files while mapped (see modules.hpp).
+    bool hidden = m.deleted || m.path.compare(0, 7, "/memfd:") == 0, readable = false;
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
+                  static_cast<unsigned long long>(m.start), static_cast<unsigned long long>(m.end));
+    std::string path = hidden ? std::string(buffer) : m.path, search = hidden ? std::string() : m.path;
+    std::string from =
+        dwarf_source_path(debug_roots_, path, m.inode, search, m.symbols->debug_path, readable);
+    if (!readable && !hidden) {
+      path = buffer;
+      from = dwarf_source_path(debug_roots_, path, m.inode, search, m.symbols->debug_path, readable);
+    }
+    if (!readable) return file;
+    ++files_opened_;
+    // libdwfl would map the file itself (ELF_C_READ_MMAP_PRIVATE), and a mapped file truncated in place
+    // raises SIGBUS: the file with the DWARF is opened here with ELF_C_READ (pread) and given to Dwfl as
+    // the module's ELF by find_elf, so nothing needs find_debuginfo.
+    if (!from.empty()) file->fd = open_regular_file(from, from == path ? m.inode : 0);
+    if (file->fd >= 0 && ::elf_version(EV_CURRENT) != EV_NONE)  // elf_begin fails before elf_version
+      file->elf = ::elf_begin(file->fd, ELF_C_READ, nullptr);
+    Dwarf_Addr low = 0, high = 0;
+    if (!load_span(file->elf, low, high)) return file;
+    file->callbacks.find_elf = &dwarf_lines::find_elf;
+    file->callbacks.find_debuginfo = &dwarf_lines::no_debuginfo;
+    file->dwfl = ::dwfl_begin(&file->callbacks);
+    if (file->dwfl == nullptr) return file;
+    ::dwfl_report_begin(file->dwfl);
+    // Spanning the PT_LOAD segments from the first one's aligned address gives a zero bias: Dwfl
+    // addresses are the file's own virtual addresses (ET_DYN and ET_EXEC).
+    file->mod = ::dwfl_report_module(file->dwfl, m.basename.c_str(), low, high);
+    ::dwfl_report_end(file->dwfl, nullptr, nullptr);
+    if (file->mod == nullptr) return file;
+    void** userdata = nullptr;
+    ::dwfl_module_info(file->mod, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    if (userdata != nullptr) *userdata = file.get();
+    Dwarf_Addr bias = 0;
+    file->has_dwarf = ::dwfl_module_getdwarf(file->mod, &bias) != nullptr;
+    if (file->has_dwarf) ++files_with_dwarf_;
+    return file;
+  }
+
+  // The addresses of `elf`'s PT_LOAD segments, from the first one's start aligned down as libdwfl aligns
+  // it; false when there are none.
+  static bool load_span(Elf* elf, Dwarf_Addr& low, Dwarf_Addr& high) {
+    std::size_t count = 0;
+    if (elf == nullptr || ::elf_getphdrnum(elf, &count) != 0) return false;
+    for (std::size_t i = 0; i < count; ++i) {
+      GElf_Phdr ph;
+      if (::gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr || ph.p_type != PT_LOAD) continue;
+      if (high == 0) low = ph.p_vaddr & ~(ph.p_align - 1);
+      high = std::max<Dwarf_Addr>(high, ph.p_vaddr + ph.p_memsz);
+    }
+    return high > low;
+  }
+
+  // Dwfl's find_elf callback: gives Dwfl the file open_file opened (Dwfl takes the Elf and descriptor).
+  static int find_elf(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, char**, Elf** elfp) {
+    if (userdata == nullptr || *userdata == nullptr) return -1;
+    auto& file = *static_cast<dwarf_file*>(*userdata);
+    *elfp = std::exchange(file.elf, nullptr);
+    return std::exchange(file.fd, -1);
+  }
+  // Dwfl's find_debuginfo callback: the file given by find_elf holds the DWARF; there is no other.
+  static int no_debuginfo(Dwfl_Module*, void**, const char*, Dwarf_Addr, const char*, const char*, GElf_Word,
+                          char**) {
+    return -1;
+  }
+
+  // Fills `chain` (outermost first) for `vaddr`; leaves it empty when no DWARF covers the address.
+  static void query(dwarf_file& file, std::uint64_t vaddr, source_chain& chain) {
+    Dwarf_Addr bias = 0;
+    Dwarf_Die* cu = ::dwfl_module_addrdie(file.mod, vaddr, &bias);
+    if (cu == nullptr) return;
+    const Dwarf_Addr pc = vaddr - bias;
+    Dwarf_Attribute comp_attr;
+    const char* comp_dir = ::dwarf_formstring(::dwarf_attr(cu, DW_AT_comp_dir, &comp_attr));
+
+    // The innermost location: the line table row of the address.
+    source_frame innermost;
+    if (Dwarf_Line* row = ::dwarf_getsrc_die(cu, pc)) {
+      if (const char* name = ::dwarf_linesrc(row, nullptr, nullptr))
+        innermost.file = source_path(name, comp_dir);
+      int line = 0;
+      if (::dwarf_lineno(row, &line) == 0 && line > 0) innermost.line = static_cast<std::uint32_t>(line);
+    }
+
+    // The deepest function holding pc, then its parents in the DIE tree, as addr2line -i walks them
+    // (a nested inlined call can hold pc where its parent's ranges do not, seen with GCC -O2).
+    auto unit = file.units.find(::dwarf_dieoffset(cu));
+    if (unit == file.units.end()) {
+      unit = file.units.emplace(::dwarf_dieoffset(cu), dwarf_cu_index()).first;
+      unit->second.build(cu);
+    }
+    const dwarf_cu_index& index = unit->second;
+    std::vector<source_frame> inner_first;  // the chain, innermost first
+    Dwarf_Files* files = nullptr;
+    std::size_t nfiles = 0;
+    bool have_files = false, files_tried = false;
+    source_frame current = innermost;  // the location inside the scope being visited
+    std::int32_t at = index.find(pc);
+    for (std::size_t level = 0; at >= 0 && level < dwarf_max_inline_depth; ++level) {
+      Dwarf_Die die = index.functions[static_cast<std::size_t>(at)].die;
+      at = index.functions[static_cast<std::size_t>(at)].parent;
+      Dwarf_Die* scope = &die;
+      int tag = ::dwarf_tag(scope);
+      current.function = function_name(scope);
+      current.inlined = tag == DW_TAG_inlined_subroutine;
+      if (!current.inlined) {
+        inner_first.push_back(std::move(current));
+        break;
+      }
+      // The caller's location is where this inlined instance was called from.
+      source_frame caller;
+      Dwarf_Attribute attr;
+      Dwarf_Word value = 0;
+      if (::dwarf_formudata(::dwarf_attr(scope, DW_AT_call_file, &attr), &value) == 0) {
+        if (!files_tried) {
+          files_tried = true;
+          have_files = ::dwarf_getsrcfiles(cu, &files, &nfiles) == 0;
+        }
+        if (have_files && value < nfiles)
+          if (const char* name = ::dwarf_filesrc(files, static_cast<std::size_t>(value), nullptr, nullptr))
+            caller.file = source_path(name, comp_dir);
+      }
+      if (::dwarf_formudata(::dwarf_attr(scope, DW_AT_call_line, &attr), &value) == 0 && value <= UINT32_MAX)
+        caller.line = static_cast<std::uint32_t>(value);
+      inner_first.push_back(std::move(current));
+      current = std::move(caller);
+    }
+    if (inner_first.empty() || inner_first.back().inlined) {
+      // No enclosing real function in the DWARF (assembly with line info only, or a cut walk): the
+      // outermost level is the location reached so far, unnamed.
+      current.inlined = false;
+      if (!current.file.empty() || current.line != 0 || !inner_first.empty())
+        inner_first.push_back(std::move(current));
+    }
+    chain.assign(std::make_move_iterator(inner_first.rbegin()), std::make_move_iterator(inner_first.rend()));
+  }
+
+  // libdw joins a file name with its line-table directory but leaves a relative directory (a file
+  // compiled as `cc ../src/x.c`) relative; addr2line then prefixes the compile directory: so do we.
+  static std::string source_path(const char* name, const char* comp_dir) {
+    if (name[0] == '/' || comp_dir == nullptr || comp_dir[0] == '\0') return name;
+    std::string out = comp_dir;
+    if (out.back() != '/') out += '/';
+    return out + name;
+  }
+
+  // Demangled linkage name (following abstract origin and specification), else the plain DWARF name.
+  static std::string function_name(Dwarf_Die* die) {
+    Dwarf_Attribute attr;
+    const char* linkage = ::dwarf_formstring(::dwarf_attr_integrate(die, DW_AT_linkage_name, &attr));
+    if (linkage == nullptr)
+      linkage = ::dwarf_formstring(::dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr));
+    if (linkage != nullptr) return demangle(linkage);
+    const char* name = ::dwarf_diename(die);
+    return name != nullptr ? std::string(name) : std::string();
+  }
+
+  std::vector<std::string> debug_roots_{"/usr/lib/debug"};
+  std::map<const module_symbols*, std::unique_ptr<dwarf_file>> files_;
+  std::size_t files_opened_ = 0;
+  std::size_t files_with_dwarf_ = 0;
+  std::size_t queries_ = 0;
+};
+
+#else  // !SELFPROF_HAS_LIBDW
+
+// Without libdw: no source lines, no inline frames; the symbolizer names functions from ELF symbols.
+class dwarf_lines {
+ public:
+  static constexpr bool enabled = false;
+  dwarf_lines() = default;
+  explicit dwarf_lines(const std::vector<std::string>&) {}
+  const source_chain* lookup(const module&, std::uint64_t) { return nullptr; }
+  std::size_t files_opened() const { return 0; }
+  std::size_t files_with_dwarf() const { return 0; }
+  std::size_t queries() const { return 0; }
+};
+
+#endif  // SELFPROF_HAS_LIBDW
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/dwarf_lines.hpp ----
+
+namespace selfprof {
+
+// Executable memory mapped at the last module scan; anonymous (no file: JIT code) or from a file.
+struct code_range {
+  std::uint64_t start = 0, end = 0;
+  bool anonymous = false;
+};
+
+struct symbolizer_options {
+  // Roots searched for separate debug files: <root>/.build-id/xx/rest.debug and <root>/<module dir>/<link>.
+  std::vector<std::string> debug_roots{"/usr/lib/debug"};
+  // perf map naming JIT code; empty means /tmp/perf-<getpid()>.map. Set use_perf_map to false to skip it.
+  std::string perf_map_path;
+  bool use_perf_map = true;
+  std::string maps_path = "/proc/self/maps";
+};
+
+class symbolizer {
+ public:
+  symbolizer() : symbolizer(symbolizer_options()) {}
+  explicit symbolizer(symbolizer_options options)
+      : modules_(detail::module_registry_options{options.debug_roots, options.maps_path}),
+        perf_map_(options.perf_map_path),
+        use_perf_map_(options.use_perf_map),
+        dwarf_(options.debug_roots) {}
+
+  // Snapshots the modules mapped now (parsing the symbols of new ones); keeps unmapped ones. Cheap when
+  // no library was loaded or unloaded since the last call: meant to run every ~100 ms while profiling.
+  void refresh() {
+    modules_.refresh();
+    refreshed_ = true;
+    rescanned_on_miss_ = false;
+    perf_map_checked_ = false;
+  }
+
+  // Re-reads the maps even when no library came or went (a file or JIT code mapped directly): what is
+  // mapped now is recorded, with its symbols, so it is still named after it is unmapped. Returns true
+  // when the module set changed.
+  bool rescan() {
+    refreshed_ = true;
+    perf_map_checked_ = false;
+    return modules_.rescan();
+  }
+
+  // The executable ranges mapped at the last refresh()/rescan(), by start address.
+  std::vector<code_range> code_ranges() const {
+    std::vector<code_range> out;
+    for (const detail::module& m : modules_.modules())
+      if (m.mapped) out.push_back(code_range{m.start, m.end, m.kind == detail::module_kind::anonymous});
+    std::sort(out.begin(), out.end(),
+              [](const code_range& a, const code_range& b) { return a.start < b.start; });
+    return out;
+  }
+
+  void abandon_after_fork() { perf_map_.abandon_after_fork(); }
+
+  // Appends the frames for one address, outermost first: one frame, or with libdw the real function
+  // (kind native, file:line of its call into the first inlined callee) then each inlined callee (kind
+  // inlined) down to the innermost, as `addr2line -f -C -i` lists them bottom up.
+  // `address` is what to look up: callers pass pc-1 for return addresses.
+  void resolve(std::uint64_t address, std::vector<frame>& out) {
+    {
+      frame jit;  // code registered with selfprof::jit, named by what was there when the sample was taken
+      if (detail::jit_name_tagged(address, jit)) {
+        out.push_back(std::move(jit));
+        return;
+      }
+    }
+    if (!refreshed_) refresh();
+    detail::perf_map::hit line;
+    if (detail::is_perf_map_tagged(address)) {
+      // Named while sampling by the perf map line current then, unless the code is in a file after all.
+      if (!perf_map_.name_tagged(address, line)) {
+        frame unknown;
+        unknown.name = "[unknown]";
+        out.push_back(std::move(unknown));
+        return;
+      }
+      address = line.address;
+      const detail::module* in = modules_.find(address);
+      if (in == nullptr || in->kind == detail::module_kind::anonymous) {
+        out.push_back(jit_frame(line, address));
+        return;
+      }
+    }
+    const detail::module* m = modules_.find(address);
+    if (m == nullptr && !rescanned_on_miss_) {
+      // Mapped without the loader since the last refresh (JIT code, mmap): look once per refresh.
+      rescanned_on_miss_ = true;
+      modules_.rescan();
+      m = modules_.find(address);
+    }
+    frame f;
+    f.address = address;
+    if (m == nullptr || m->kind == detail::module_kind::anonymous) {
+      if (resolve_jit(address, f)) {
+        out.push_back(std::move(f));
+        return;
+      }
+      f.name = "[unknown]";
+      if (m != nullptr) {
+        f.module = m->path;
+        f.module_offset = address - m->start;
+      }
+      out.push_back(std::move(f));
+      return;
+    }
+    f.module = m->path;
+    f.module_offset = address - m->bias;
+    detail::symbol_table::hit hit;
+    const bool named = m->symbols && m->symbols->table.lookup(f.module_offset, hit);
+    if (named) {
+      f.name = m->symbols->table.name(hit.index);
+    } else {
+      char offset[32];
+      std::snprintf(offset, sizeof offset, "+0x%llx]", static_cast<unsigned long long>(f.module_offset));
+      f.name = "[" + m->basename + offset;
+    }
+    if (const detail::source_chain* chain = dwarf_.lookup(*m, f.module_offset)) {
+      append_source_chain(*chain, named, std::move(f), out);
+      return;
+    }
+    out.push_back(std::move(f));
+  }
+
+  // Convenience for one frame: the real function holding the address (the outermost frame; with libdw
+  // it carries the file:line of its call into the inline chain, which is dropped).
+  frame resolve_one(std::uint64_t address) {
+    std::vector<frame> frames;
+    resolve(address, frames);
+    return frames.empty() ? frame() : std::move(frames.front());
+  }
+
+  // One message per module whose symbols could not be read (truncated ELF, unreadable file, ...);
+  // the caller decides where they go (profile notes, stderr). Cleared by this call.
+  std::vector<std::string> take_warnings() { return modules_.take_warnings(); }
+
+  const detail::module_registry& modules() const { return modules_; }
+  const detail::perf_map& jit_map() const { return perf_map_; }
+  // The collector names JIT samples with it while sampling (perf_map is internally locked).
+  detail::perf_map* perf_map_if_used() { return use_perf_map_ ? &perf_map_ : nullptr; }
+  const detail::dwarf_lines& source_lines() const { return dwarf_; }
+
+ private:
+  // `f` as named by the symbol table (`named` false for the "[module+0xoffset]" fallback); `chain` from
+  // DWARF, outermost first. The outermost frame keeps the symbol table's name (DWARF's fills in a miss)
+  // and takes the chain's first file:line; each further level becomes an inlined frame.
+  static void append_source_chain(const detail::source_chain& chain, bool named, frame f,
+                                  std::vector<frame>& out) {
+    f.file = chain.front().file;
+    f.line = chain.front().line;
+    if (!named && !chain.front().function.empty()) f.name = chain.front().function;
+    out.push_back(f);
+    for (std::size_t i = 1; i < chain.size(); ++i) {
+      frame callee;
+      callee.name = chain[i].function.empty() ? std::string("[inlined]") : chain[i].function;
+      callee.module = f.module;
+      callee.address = f.address;
+      callee.module_offset = f.module_offset;
+      callee.file = chain[i].file;
+      callee.line = chain[i].line;
+      callee.kind = frame_kind::inlined;
+      out.push_back(std::move(callee));
+    }
+  }
+
+  bool resolve_jit(std::uint64_t address, frame& f) {
+    if (!use_perf_map_) return false;
+    if (!perf_map_checked_) {
+      perf_map_checked_ = true;
+      perf_map_.reload_if_changed();
+    }
+    detail::perf_map::hit hit;
+    if (!perf_map_.lookup(address, hit)) return false;
+    f = jit_frame(hit, address);
+    return true;
+  }
+
+  frame jit_frame(const detail::perf_map::hit& hit, std::uint64_t address) const {
+    frame f;
+    f.name = std::string(hit.name);
+    f.module = perf_map_.path();
+    f.address = address;
+    f.module_offset = address - hit.start;
+    f.kind = frame_kind::jit;
+    return f;
+  }
+
+  detail::module_registry modules_;
+  detail::perf_map perf_map_;
+  bool use_perf_map_ = true;
+  bool refreshed_ = false;
+  bool rescanned_on_miss_ = false;
+  bool perf_map_checked_ = false;
+  detail::dwarf_lines dwarf_;  // file:line and inline frames (a stub finding nothing without libdw)
+};
+
+}  // namespace selfprof
+// ---- end selfprof/symbols/symbolizer.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+class code_watch {
+ public:
+  void set_ranges(std::vector<code_range> ranges) {
+    ranges_ = std::move(ranges);
+    last_ = 0;
+  }
+  void set_perf_map(const perf_map* map) { map_ = map; }
+
+  // Notes whether `pc` lies in known code; a pc in anonymous (or unknown) memory becomes a perf-map
+  // tagged value when a line covers it. Values already tagged by the JIT registry pass through.
+  void translate(std::uint64_t& pc, std::uint64_t time_ns) {
+    if (is_jit_tagged(pc) || is_perf_map_tagged(pc)) return;
+    const code_range* r = find(pc);
+    if (r == nullptr) unknown_ = true;
+    if ((r == nullptr || r->anonymous) && map_ != nullptr) map_->tag(pc, time_ns);
+  }
+
+  // True once since a sample landed outside every known range.
+  bool take_unknown() { return std::exchange(unknown_, false); }
+  void forget() {
+    ranges_.clear();
+    last_ = 0;
+    unknown_ = false;
+  }
+
+ private:
+  const code_range* find(std::uint64_t pc) {
+    if (last_ < ranges_.size() && pc >= ranges_[last_].start && pc < ranges_[last_].end)
+      return &ranges_[last_];
+    auto it = std::upper_bound(ranges_.begin(), ranges_.end(), pc,
+                               [](std::uint64_t a, const code_range& r) { return a < r.start; });
+    if (it == ranges_.begin()) return nullptr;
+    --it;
+    if (pc >= it->end) return nullptr;
+    last_ = static_cast<std::size_t>(it - ranges_.begin());
+    return &*it;
+  }
+
+  std::vector<code_range> ranges_;  // by start address
+  std::size_t last_ = 0;            // the range found last: consecutive pcs are mostly in one module
+  const perf_map* map_ = nullptr;
+  bool unknown_ = false;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/collect/code_watch.hpp ----
 // ---- begin selfprof/collect/snapshot.hpp ----
 // A raw snapshot: what the collector has folded so far (stacks of raw addresses), the names of the
 // threads, and what the profile is about. Symbolized only when a profile is written (dump/).
@@ -3389,6 +5961,18 @@ class sample_store {
     drain_locked(ring);
   }
 
+  // Executable ranges from the last module scan, and the perf map to name JIT samples with (or null).
+  void set_code(std::vector<code_range> ranges, const perf_map* map) {
+    std::lock_guard<std::mutex> lock(mu_);
+    code_.set_ranges(std::move(ranges));
+    code_.set_perf_map(map);
+  }
+  // True once after a sample landed outside every known executable range.
+  bool take_unknown_code() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return code_.take_unknown();
+  }
+
   std::uint64_t total() {
     std::lock_guard<std::mutex> lock(mu_);
     return table_.total();
@@ -3474,6 +6058,7 @@ class sample_store {
     by_thread_.clear();
     games_.clear();
     rates_.clear();
+    code_.forget();
   }
 
  private:
@@ -3490,7 +6075,7 @@ class sample_store {
         const std::uint64_t* raw = s->pcs();
         for (std::size_t i = 0; i < depth; ++i) {
           pcs_[i] = raw[i];
-          jit_translate_pc(pcs_[i], h.time_ns);
+          if (!jit_translate_pc(pcs_[i], h.time_ns)) code_.translate(pcs_[i], h.time_ns);
         }
         games_.add_sample(h, pcs_.data(), depth, flags);
         std::uint64_t w = rates_.common_weight(h.tid, h.weight);
@@ -3516,6 +6101,7 @@ class sample_store {
   game_frame_tracker games_;
   game_frame_rates rates_;
   std::vector<std::uint64_t> pcs_;  // one record's addresses, translated
+  code_watch code_;
 };
 
 }  // namespace detail
@@ -4298,13 +6884,16 @@ inline void check_thread_count(handler_globals& g, std::uint64_t now_ns) {
 inline void sample_signal_handler(int, siginfo_t* info, void* context) {
   const int saved_errno = errno;
   handler_globals& g = g_handler;
-  g.in_flight.fetch_add(1, std::memory_order_acquire);
+  // seq_cst here and in stop(): the increment and the `active` load below pair with stop()'s store of
+  // `active` and load of `in_flight` (each side stores, then loads the other's variable); only a total
+  // order guarantees that either stop() sees this handler or this handler sees `active` false, on any CPU.
+  g.in_flight.fetch_add(1, std::memory_order_seq_cst);
   do {
     if (!is_our_tick(info)) {
       g.foreign.fetch_add(1, std::memory_order_relaxed);
       break;
     }
-    if (!g.active.load(std::memory_order_acquire)) {
+    if (!g.active.load(std::memory_order_seq_cst)) {
       g.dropped_inactive.fetch_add(1, std::memory_order_relaxed);
       break;
     }
@@ -4479,6 +7068,8 @@ class thread_registry {
     config_ = config;
     counts_ = thread_counts{};
     notes_.clear();
+    fds_low_before_ = fds_in_app_range();
+    fds_low_noted_ = false;
     ++generation_;
   }
 
@@ -4613,9 +7204,15 @@ class thread_registry {
     std::lock_guard<std::mutex> lock(mu_);
     return counts_;
   }
-  // Remarks made while arming (a fallback opened), taken once.
+  // Remarks made while arming (a fallback opened; selfprof's fds left in the application's range, see
+  // detail/high_fd.hpp), taken once.
   std::vector<std::string> take_notes() {
     std::lock_guard<std::mutex> lock(mu_);
+    const std::uint64_t low = fds_in_app_range() - fds_low_before_;
+    if (low > 0 && !fds_low_noted_) {
+      fds_low_noted_ = true;
+      notes_.push_back(fds_in_app_range_note(low));
+    }
     std::vector<std::string> out;
     out.swap(notes_);
     return out;
@@ -4702,6 +7299,8 @@ class thread_registry {
   std::uint64_t generation_ = 0;                          // changes whenever threads_ does
   thread_counts counts_;
   std::vector<std::string> notes_;
+  std::uint64_t fds_low_before_ = 0;  // fds_in_app_range() when the session began
+  bool fds_low_noted_ = false;
 };
 
 }  // namespace detail
@@ -4777,7 +7376,6 @@ class perf_event_source final : public tick_source {
     config_ = config;
     if (kernel_has_refresh_hang())
       return status::error("perf_event refused on Linux 6.16/6.17 (PERF_EVENT_IOC_REFRESH hang)");
-    raise_fd_limit();
     // Probe the calling thread: hardware cycles first, then the software task clock; kernel time
     // included unless the caller accepts user-only events.
     pid_t self = static_cast<pid_t>(raw_gettid());
@@ -4810,6 +7408,10 @@ class perf_event_source final : public tick_source {
       const int e = errno;
       return status::error(std::string("perf_event_open: ") + std::strerror(e), e);
     }
+    // One fd per thread: above the application's fds (detail/high_fd.hpp), before O_ASYNC records the
+    // number the signals carry in si_fd; below kPerfFdBits, which the handler's bitmap covers.
+    const fd_move placed = move_fd_high(fd, handler_globals::kPerfFdBits);
+    fd = placed.fd;
     struct f_owner_ex owner {};
     owner.type = F_OWNER_TID;
     owner.pid = tid;
@@ -4827,6 +7429,7 @@ class perf_event_source final : public tick_source {
       sys().close(fd);
       return status::error(std::string("PERF_EVENT_IOC_REFRESH: ") + std::strerror(e), e);
     }
+    if (placed.place != fd_place::moved) count_fd_in_app_range();
     fds_.emplace(tid, fd);
     return status::ok();
   }
@@ -4896,16 +7499,6 @@ class perf_event_source final : public tick_source {
     set_bit(fd, false);
     if (disable) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
     sys().close(fd);
-  }
-
-  // One fd per thread, and a process soft limit of 1024 fds runs out early: raise the soft
-  // RLIMIT_NOFILE to the hard limit.
-  static void raise_fd_limit() {
-    struct rlimit rl {};
-    if (sys().getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-      rl.rlim_cur = rl.rlim_max;
-      sys().setrlimit(RLIMIT_NOFILE, &rl);
-    }
   }
 
   source_config config_;
@@ -5018,6 +7611,7 @@ inline std::unique_ptr<tick_source> open_upgrade_source(const source_config& bas
 // Context: setup only.
 
 #include <signal.h>
+#include <time.h>
 
 #include <cerrno>
 #include <cstring>
@@ -5028,14 +7622,34 @@ inline std::unique_ptr<tick_source> open_upgrade_source(const source_config& bas
 namespace selfprof {
 namespace detail {
 
-// Every selfprof handler blocks SIGRTMAX while it runs; no application handler is likely to look like
-// that together with SA_SIGINFO|SA_RESTART, and it costs nothing: it is how one copy of selfprof sees
-// another copy (a different version, or a hidden-visibility build in another shared library).
+// Every selfprof handler runs with every signal blocked but SIGSYS (raised only synchronously, by
+// seccomp): no application handler can run inside it, so none can siglongjmp() out of it and leave
+// `in_flight` raised or a perf event un-refreshed. The mask doubles as a marker: with SA_SIGINFO|SA_RESTART,
+// SIGRTMAX blocked and SIGSYS not is how one copy of selfprof sees another (a different version, or a
+// hidden-visibility build in another shared library; older copies blocked SIGRTMAX alone).
 inline int selfprof_marker_signal() { return SIGRTMAX; }
+
+inline void selfprof_handler_mask(sigset_t& mask) {
+  sigfillset(&mask);
+  sigdelset(&mask, SIGSYS);
+}
 
 inline bool is_selfprof_action(const struct sigaction& a) {
   return (a.sa_flags & SA_SIGINFO) && (a.sa_flags & SA_RESTART) &&
-         sigismember(&a.sa_mask, selfprof_marker_signal()) == 1;
+         sigismember(&a.sa_mask, selfprof_marker_signal()) == 1 && sigismember(&a.sa_mask, SIGSYS) == 0;
+}
+
+// Waits until no sampling handler runs, for at most `limit_ms`; false when one still does (a handler
+// stuck in a fault: the caller then keeps what handlers read instead of freeing it).
+inline bool wait_handlers_quiet(unsigned limit_ms = 1000) {
+  for (unsigned waited_us = 0; g_handler.in_flight.load(std::memory_order_seq_cst) != 0; waited_us += 100) {
+    if (waited_us >= limit_ms * 1000u) return false;
+    struct timespec step {
+      0, 100 * 1000
+    };
+    ::nanosleep(&step, nullptr);
+  }
+  return true;
 }
 
 inline bool is_free_action(const struct sigaction& a) {
@@ -5089,8 +7703,7 @@ inline status install_sample_handler(int requested, installed_signal& out, std::
     struct sigaction act {};
     act.sa_sigaction = &sample_signal_handler;
     act.sa_flags = SA_SIGINFO | SA_RESTART;
-    sigemptyset(&act.sa_mask);
-    sigaddset(&act.sa_mask, selfprof_marker_signal());
+    selfprof_handler_mask(act.sa_mask);
     if (sys().sigaction(s, &act, &out.previous) != 0) {
       notes.push_back("sigaction(" + std::to_string(s) + "): " + std::strerror(errno));
       continue;
@@ -5116,21 +7729,22 @@ inline bool sample_handler_installed(int sig) {
   return (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == &sample_signal_handler;
 }
 
-// A program that installed its own handler since keeps it: nothing is restored over it.
-inline void restore_sample_handler(installed_signal& s) {
-  if (s.number == 0) return;
+// A program that installed its own handler since keeps it: nothing is restored over it. Returns false
+// when a handler was still running after the bounded wait (see wait_handlers_quiet).
+inline bool restore_sample_handler(installed_signal& s) {
+  if (s.number == 0) return wait_handlers_quiet();
   if (!sample_handler_installed(s.number)) {
-    while (g_handler.in_flight.load(std::memory_order_acquire) != 0) sched_yield();
     s.number = 0;
-    return;
+    return wait_handlers_quiet();
   }
   struct sigaction ign {};
   ign.sa_handler = SIG_IGN;
   sigemptyset(&ign.sa_mask);
   sys().sigaction(s.number, &ign, nullptr);
-  while (g_handler.in_flight.load(std::memory_order_acquire) != 0) sched_yield();
+  const bool quiet = wait_handlers_quiet();
   sys().sigaction(s.number, &s.previous, nullptr);
   s.number = 0;
+  return quiet;
 }
 
 }  // namespace detail
@@ -5141,2019 +7755,18 @@ inline void restore_sample_handler(installed_signal& s) {
 // libraries come and go (so samples in a library unloaded later keep their names), dumps read it.
 // Context: any thread except the signal handler.
 
+#include <time.h>
+
 #include <mutex>
 #include <new>
 #include <utility>
 #include <vector>
 
-// ---- begin selfprof/symbols/symbolizer.hpp ----
-// selfprof::symbolizer: turns addresses of this process into frames (demangled function, module, offset),
-// from ELF symbols of every module ever mapped, separate debug files, the vdso and perf maps for JIT code;
-// with SELFPROF_HAS_LIBDW=1 also file:line and inlined calls as their own frames (dwarf_lines.hpp).
-// Context: collector thread or any single thread (not thread-safe; never the signal handler).
-
-#include <unistd.h>
-
-#include <cstdint>
-#include <cstdio>
-#include <string>
-#include <utility>
-#include <vector>
-
-// ---- begin selfprof/symbols/dwarf_lines.hpp ----
-// Source lines and inline chains from DWARF through elfutils libdw (SELFPROF_HAS_LIBDW=1): for an address
-// of a mapped file, the real function and each inlined callee down to the innermost, each with file:line.
-// Context: collector thread or any single thread (not thread-safe; never the signal handler).
-//
-// One Dwfl session per module file, opened on the first lookup in that file and kept for the lifetime of
-// the symbolizer; each address's answer is cached. DWARF comes from the module file itself, else from
-// the separate debug file the module registry found (build-id or .gnu_debuglink), else from a search of
-// the same debug roots. No debuginfod and no other network access: only local files are read.
-// With SELFPROF_HAS_LIBDW=0 this header holds a stub whose lookups find nothing.
-
-#include <cstddef>
-#include <cstdint>
-#include <string>
-#include <vector>
-
-// ---- begin selfprof/symbols/modules.hpp ----
-// The module registry: executable mappings of this process from /proc/self/maps (files with their load
-// bias, the vdso read from memory, anonymous memory, memfd and deleted files), each file's symbols parsed
-// once when first seen, and unmapped modules kept so samples taken before a dlclose still get names.
-// Context: collector thread (refresh ~every 100 ms) or setup; not thread-safe, never the signal handler.
-
-#include <dirent.h>
-#include <link.h>
-#include <sys/auxv.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <memory>
-#include <string>
-#include <unordered_map>
-#include <utility>
-#include <vector>
-
-// ---- begin selfprof/symbols/debug_file.hpp ----
-// Finds the separate debug file of a stripped module: by GNU build-id under each debug root
-// (<root>/.build-id/xx/rest.debug), then by .gnu_debuglink (module dir, its .debug/, <root>/<module dir>),
-// checking the build-id or the debuglink CRC so a stale debug file is never used.
-// Context: collector thread or setup (never the signal handler).
-
-#include <array>
-#include <cstdint>
-#include <string>
-#include <utility>
-#include <vector>
-
-// ---- begin selfprof/symbols/elf.hpp ----
-// A bounds-checked ELF64 reader over bytes in memory (an mmap'd file or a loaded image such as the vdso):
-// headers, sections by name or type (reusable by an .eh_frame parser), PT_LOAD segments, load bias,
-// build-id note and .gnu_debuglink.
-// Context: collector thread or setup (never the signal handler).
-
-#include <elf.h>
-
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <string>
-#include <string_view>
-#include <vector>
-
 
 namespace selfprof {
 namespace detail {
 
-// A span of bytes; every read below checks it.
-struct byte_view {
-  const unsigned char* data = nullptr;
-  std::size_t size = 0;
-
-  bool contains(std::uint64_t offset, std::uint64_t length) const {
-    return offset <= size && length <= size - offset;
-  }
-  byte_view sub(std::uint64_t offset, std::uint64_t length) const {
-    if (!contains(offset, length)) return {};
-    return byte_view{data + offset, static_cast<std::size_t>(length)};
-  }
-};
-
-// Copies a T out of `bytes` at `offset` (no alignment assumed); false when it does not fit.
-template <class T>
-inline bool read_at(byte_view bytes, std::uint64_t offset, T& out) {
-  if (!bytes.contains(offset, sizeof(T))) return false;
-  std::memcpy(&out, bytes.data + offset, sizeof(T));
-  return true;
-}
-
-// The NUL-terminated string at `offset` in a string table; empty when out of bounds or unterminated.
-inline std::string_view string_at(byte_view table, std::uint64_t offset) {
-  if (offset >= table.size) return {};
-  const char* begin = reinterpret_cast<const char*>(table.data + offset);
-  const void* nul = std::memchr(begin, 0, table.size - static_cast<std::size_t>(offset));
-  if (nul == nullptr) return {};
-  return std::string_view(begin, static_cast<std::size_t>(static_cast<const char*>(nul) - begin));
-}
-
-struct elf_section {
-  std::string name;
-  std::uint32_t type = 0;
-  std::uint64_t flags = 0;
-  std::uint64_t addr = 0;
-  std::uint64_t offset = 0;
-  std::uint64_t size = 0;
-  std::uint32_t link = 0;
-  std::uint32_t info = 0;
-  std::uint64_t addralign = 0;
-  std::uint64_t entsize = 0;
-};
-
-struct elf_segment {
-  std::uint32_t type = 0;
-  std::uint32_t flags = 0;
-  std::uint64_t offset = 0;
-  std::uint64_t vaddr = 0;
-  std::uint64_t filesz = 0;
-  std::uint64_t memsz = 0;
-  std::uint64_t align = 0;
-};
-
-// Limits that keep a hostile header from making us loop or allocate for long.
-constexpr std::uint32_t elf_max_sections = 1u << 16;
-constexpr std::uint32_t elf_max_segments = 1u << 12;
-constexpr std::uint64_t elf_page_size = 4096;  // mapping granularity assumed when rounding p_offset
-
-class elf_image {
- public:
-  // Parses the ELF header, section headers (with names) and program headers of `bytes`, which must
-  // outlive this object. `what` names the input in error messages (usually the path).
-  status parse(byte_view bytes, const std::string& what) {
-    *this = elf_image();
-    bytes_ = bytes;
-    Elf64_Ehdr eh;
-    if (!read_at(bytes, 0, eh)) return status::error(what + ": not ELF: shorter than an ELF header");
-    if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) return status::error(what + ": not ELF: bad magic");
-    if (eh.e_ident[EI_CLASS] != ELFCLASS64) return status::error(what + ": ELF: not a 64-bit file");
-    if (eh.e_ident[EI_DATA] != host_data_encoding())
-      return status::error(what + ": ELF: byte order differs from this machine");
-    type_ = eh.e_type;
-    machine_ = eh.e_machine;
-
-    // Section headers; e_shnum == 0 with e_shoff set means the count is in section 0 (ELF gABI).
-    if (eh.e_shoff != 0) {
-      if (eh.e_shentsize < sizeof(Elf64_Shdr))
-        return status::error(what + ": ELF: section header entry size " + std::to_string(eh.e_shentsize) +
-                             " too small");
-      Elf64_Shdr first;
-      if (!read_at(bytes, eh.e_shoff, first))
-        return status::error(what + ": ELF: section headers at offset " + std::to_string(eh.e_shoff) +
-                             " are past the end of the file (truncated?)");
-      std::uint64_t count = eh.e_shnum != 0 ? eh.e_shnum : first.sh_size;
-      std::uint64_t names_index = eh.e_shstrndx == SHN_XINDEX ? first.sh_link : eh.e_shstrndx;
-      if (count > elf_max_sections) return status::error(what + ": ELF: too many sections");
-      if (!bytes.contains(eh.e_shoff, count * eh.e_shentsize))
-        return status::error(what + ": ELF: " + std::to_string(count) +
-                             " section headers do not fit in the file (truncated?)");
-      sections_.resize(static_cast<std::size_t>(count));
-      std::vector<std::uint32_t> name_offsets(sections_.size());
-      for (std::size_t i = 0; i < sections_.size(); ++i) {
-        Elf64_Shdr sh;
-        read_at(bytes, eh.e_shoff + i * eh.e_shentsize, sh);
-        elf_section& s = sections_[i];
-        s.type = sh.sh_type;
-        s.flags = sh.sh_flags;
-        s.addr = sh.sh_addr;
-        s.offset = sh.sh_offset;
-        s.size = sh.sh_size;
-        s.link = sh.sh_link;
-        s.info = sh.sh_info;
-        s.addralign = sh.sh_addralign;
-        s.entsize = sh.sh_entsize;
-        name_offsets[i] = sh.sh_name;
-      }
-      if (names_index < sections_.size()) {
-        byte_view names = section_bytes(sections_[static_cast<std::size_t>(names_index)]);
-        for (std::size_t i = 0; i < sections_.size(); ++i)
-          sections_[i].name = std::string(string_at(names, name_offsets[i]));
-      }
-    }
-
-    // Program headers.
-    if (eh.e_phoff != 0 && eh.e_phnum != 0) {
-      if (eh.e_phentsize < sizeof(Elf64_Phdr))
-        return status::error(what + ": ELF: program header entry size too small");
-      if (eh.e_phnum > elf_max_segments) return status::error(what + ": ELF: too many program headers");
-      if (!bytes.contains(eh.e_phoff, std::uint64_t{eh.e_phnum} * eh.e_phentsize))
-        return status::error(what + ": ELF: program headers do not fit in the file (truncated?)");
-      for (std::uint32_t i = 0; i < eh.e_phnum; ++i) {
-        Elf64_Phdr ph;
-        read_at(bytes, eh.e_phoff + std::uint64_t{i} * eh.e_phentsize, ph);
-        segments_.push_back(
-            elf_segment{ph.p_type, ph.p_flags, ph.p_offset, ph.p_vaddr, ph.p_filesz, ph.p_memsz, ph.p_align});
-      }
-    }
-    return status::ok();
-  }
-
-  byte_view bytes() const { return bytes_; }
-  std::uint16_t type() const { return type_; }
-  std::uint16_t machine() const { return machine_; }
-  const std::vector<elf_section>& sections() const { return sections_; }
-  const std::vector<elf_segment>& segments() const { return segments_; }
-
-  // The first section called `name`, or nullptr.
-  const elf_section* find_section(std::string_view name) const {
-    for (const auto& s : sections_)
-      if (s.name == name) return &s;
-    return nullptr;
-  }
-  // The first section of ELF type `type` (SHT_SYMTAB, SHT_DYNSYM, ...), or nullptr.
-  const elf_section* find_section_type(std::uint32_t type) const {
-    for (const auto& s : sections_)
-      if (s.type == type) return &s;
-    return nullptr;
-  }
-  const elf_section* section_at(std::uint64_t index) const {
-    return index < sections_.size() ? &sections_[static_cast<std::size_t>(index)] : nullptr;
-  }
-  // The bytes of a section inside the image; empty for SHT_NOBITS or a section that does not fit.
-  byte_view section_bytes(const elf_section& s) const {
-    if (s.type == SHT_NOBITS) return {};
-    return bytes_.sub(s.offset, s.size);
-  }
-
-  // Load bias of a mapping of this file; see elf_load_bias below.
-  std::uint64_t load_bias(std::uint64_t map_start, std::uint64_t file_offset) const;
-
-  // GNU build-id as lower-case hex, or empty. Looks in SHT_NOTE sections, else PT_NOTE segments.
-  std::string build_id() const {
-    std::string out;
-    for (const auto& s : sections_)
-      if (s.type == SHT_NOTE && find_build_id(section_bytes(s), s.addralign == 8 ? 8 : 4, out)) return out;
-    for (const auto& seg : segments_)
-      if (seg.type == PT_NOTE &&
-          find_build_id(bytes_.sub(seg.offset, seg.filesz), seg.align == 8 ? 8 : 4, out))
-        return out;
-    return {};
-  }
-
-  // The .gnu_debuglink file name and CRC; false when absent or malformed.
-  bool debuglink(std::string& name, std::uint32_t& crc) const {
-    const elf_section* s = find_section(".gnu_debuglink");
-    if (s == nullptr) return false;
-    byte_view b = section_bytes(*s);
-    std::string_view n = string_at(b, 0);
-    if (n.empty()) return false;
-    std::uint64_t crc_offset = (n.size() + 1 + 3) & ~std::uint64_t{3};
-    if (!read_at(b, crc_offset, crc)) return false;
-    name = std::string(n);
-    return true;
-  }
-
- private:
-  static unsigned char host_data_encoding() {
-    const std::uint16_t probe = 1;
-    unsigned char first;
-    std::memcpy(&first, &probe, 1);
-    return first == 1 ? ELFDATA2LSB : ELFDATA2MSB;
-  }
-
-  static bool find_build_id(byte_view notes, std::uint64_t align, std::string& out) {
-    std::uint64_t pos = 0;
-    while (pos < notes.size) {
-      Elf64_Nhdr nh;
-      if (!read_at(notes, pos, nh)) return false;
-      std::uint64_t name_pos = pos + sizeof(nh);
-      std::uint64_t desc_pos = name_pos + ((std::uint64_t{nh.n_namesz} + align - 1) & ~(align - 1));
-      std::uint64_t next = desc_pos + ((std::uint64_t{nh.n_descsz} + align - 1) & ~(align - 1));
-      if (!notes.contains(name_pos, nh.n_namesz) || !notes.contains(desc_pos, nh.n_descsz)) return false;
-      if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
-          std::memcmp(notes.data + name_pos, "GNU", 4) == 0 && nh.n_descsz > 0) {
-        static const char hex[] = "0123456789abcdef";
-        out.clear();
-        for (std::uint32_t i = 0; i < nh.n_descsz; ++i) {
-          unsigned char c = notes.data[desc_pos + i];
-          out += hex[c >> 4];
-          out += hex[c & 15];
-        }
-        return true;
-      }
-      if (next <= pos) return false;
-      pos = next;
-    }
-    return false;
-  }
-
-  byte_view bytes_;
-  std::uint16_t type_ = 0;
-  std::uint16_t machine_ = 0;
-  std::vector<elf_section> sections_;
-  std::vector<elf_segment> segments_;
-};
-
-// Load bias of a mapping that maps file offset `file_offset` at address `map_start`: the value added to
-// ELF virtual addresses to get run-time addresses. Uses the PT_LOAD segment that holds the offset
-// (preferring an executable one); falls back to start - offset when none matches.
-inline std::uint64_t elf_load_bias(const std::vector<elf_segment>& segments, std::uint64_t map_start,
-                                   std::uint64_t file_offset) {
-  const elf_segment* best = nullptr;
-  for (const auto& seg : segments) {
-    if (seg.type != PT_LOAD) continue;
-    std::uint64_t page_start = seg.offset & ~(elf_page_size - 1);
-    if (file_offset < page_start || file_offset - page_start >= seg.filesz + (seg.offset - page_start))
-      continue;
-    if (best == nullptr || ((seg.flags & PF_X) != 0 && (best->flags & PF_X) == 0)) best = &seg;
-  }
-  if (best == nullptr) return map_start - file_offset;
-  // The segment puts file offset p_offset at p_vaddr, so file_offset lives at p_vaddr + (file_offset -
-  // p_offset).
-  return map_start - (best->vaddr + file_offset - best->offset);
-}
-
-inline std::uint64_t elf_image::load_bias(std::uint64_t map_start, std::uint64_t file_offset) const {
-  return elf_load_bias(segments_, map_start, file_offset);
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/elf.hpp ----
-// ---- begin selfprof/symbols/mapped_file.hpp ----
-// A read-only memory mapping of a whole file (opened through the syscall seam), released on destruction.
-// Context: collector thread or setup (never the signal handler).
-
-#include <sys/mman.h>
-#include <sys/stat.h>
-
-#include <cerrno>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <string>
-#include <utility>
-
-
-namespace selfprof {
-namespace detail {
-
-// Largest file we map for symbols; bigger ones are refused rather than eating the address space.
-constexpr std::uint64_t max_mapped_file_bytes = std::uint64_t{4} << 30;
-
-class mapped_file {
- public:
-  mapped_file() = default;
-  mapped_file(const mapped_file&) = delete;
-  mapped_file& operator=(const mapped_file&) = delete;
-  mapped_file(mapped_file&& other) noexcept { swap(other); }
-  mapped_file& operator=(mapped_file&& other) noexcept {
-    if (this != &other) {
-      reset();
-      swap(other);
-    }
-    return *this;
-  }
-  ~mapped_file() { reset(); }
-
-  // Maps `path` read-only. `expect_inode` (when non-zero) must match the opened file's inode, so a
-  // library replaced on disk after it was mapped is not mistaken for the one in memory.
-  status open(const std::string& path, std::uint64_t expect_inode = 0) {
-    reset();
-    int fd = sys().open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0) return status::error(path + ": open failed: " + std::strerror(errno));
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      int e = errno;
-      sys().close(fd);
-      return status::error(path + ": fstat failed: " + std::strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-      sys().close(fd);
-      return status::error(path + ": not a regular file");
-    }
-    if (expect_inode != 0 && static_cast<std::uint64_t>(st.st_ino) != expect_inode) {
-      sys().close(fd);
-      return status::error(path + ": file on disk differs from the mapped one (inode changed)");
-    }
-    if (st.st_size <= 0) {
-      sys().close(fd);
-      return status::error(path + ": empty file");
-    }
-    if (static_cast<std::uint64_t>(st.st_size) > max_mapped_file_bytes) {
-      sys().close(fd);
-      return status::error(path + ": file too large to map");
-    }
-    std::size_t size = static_cast<std::size_t>(st.st_size);
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    sys().close(fd);
-    if (p == MAP_FAILED) return status::error(path + ": mmap failed: " + std::strerror(e));
-    data_ = static_cast<const unsigned char*>(p);
-    size_ = size;
-    return status::ok();
-  }
-
-  void reset() {
-    if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), size_);
-    data_ = nullptr;
-    size_ = 0;
-  }
-
-  const unsigned char* data() const { return data_; }
-  std::size_t size() const { return size_; }
-
- private:
-  void swap(mapped_file& o) noexcept {
-    std::swap(data_, o.data_);
-    std::swap(size_, o.size_);
-  }
-  const unsigned char* data_ = nullptr;
-  std::size_t size_ = 0;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/mapped_file.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-// The CRC-32 (IEEE, reflected) that .gnu_debuglink stores for its debug file.
-inline std::uint32_t debuglink_crc32(byte_view bytes, std::uint32_t crc = 0) {
-  static const std::array<std::uint32_t, 256> table = [] {
-    std::array<std::uint32_t, 256> t{};
-    for (std::uint32_t i = 0; i < 256; ++i) {
-      std::uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) != 0 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  crc = ~crc;
-  for (std::size_t i = 0; i < bytes.size; ++i) crc = table[(crc ^ bytes.data[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
-}
-
-inline std::vector<std::string> build_id_debug_paths(const std::vector<std::string>& roots,
-                                                     const std::string& build_id) {
-  std::vector<std::string> out;
-  if (build_id.size() < 3) return out;
-  for (const auto& root : roots) {
-    std::string path = root;
-    path += "/.build-id/";
-    path.append(build_id, 0, 2);
-    path += '/';
-    path.append(build_id, 2, std::string::npos);
-    path += ".debug";
-    out.push_back(std::move(path));
-  }
-  return out;
-}
-
-inline std::vector<std::string> debuglink_paths(const std::vector<std::string>& roots,
-                                                const std::string& module_path, const std::string& link) {
-  std::vector<std::string> out;
-  if (link.empty() || link.find('/') != std::string::npos || module_path.empty() || module_path[0] != '/')
-    return out;
-  std::string::size_type slash = module_path.rfind('/');
-  std::string dir = module_path.substr(0, slash + 1);  // with its trailing slash
-  out.push_back(dir + link);
-  out.push_back(dir + ".debug/");
-  out.back() += link;
-  for (const auto& root : roots) {
-    out.push_back(root + dir);
-    out.back() += link;
-  }
-  return out;
-}
-
-struct debug_file {
-  std::string path;
-  mapped_file file;
-  elf_image image;
-};
-
-// Opens the separate debug file for `module` (at `module_path`) with a .symtab; false when none fits.
-inline bool find_debug_file(const std::vector<std::string>& roots, const std::string& module_path,
-                            const elf_image& module, debug_file& out) {
-  auto try_open = [&](const std::string& path, const std::string& want_build_id, bool check_crc,
-                      std::uint32_t crc) {
-    if (path == module_path) return false;
-    if (!out.file.open(path)) return false;
-    bool ok = static_cast<bool>(out.image.parse(byte_view{out.file.data(), out.file.size()}, path)) &&
-              out.image.find_section_type(SHT_SYMTAB) != nullptr;
-    if (ok && !want_build_id.empty()) ok = out.image.build_id() == want_build_id;
-    if (ok && check_crc) ok = debuglink_crc32(out.image.bytes()) == crc;
-    if (!ok) {
-      out.image = elf_image();
-      out.file.reset();
-      return false;
-    }
-    out.path = path;
-    return true;
-  };
-  std::string id = module.build_id();
-  for (const auto& path : build_id_debug_paths(roots, id))
-    if (try_open(path, id, false, 0)) return true;
-  std::string link;
-  std::uint32_t crc = 0;
-  if (module.debuglink(link, crc))
-    for (const auto& path : debuglink_paths(roots, module_path, link))
-      if (try_open(path, id, true, crc)) return true;
-  return false;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/debug_file.hpp ----
-// ---- begin selfprof/symbols/proc_maps.hpp ----
-// Reading and parsing /proc/<pid>/maps lines (address range, permissions, offset, device, inode, path).
-// Context: collector thread or setup (never the signal handler).
-
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdint>
-#include <string>
-#include <string_view>
-
-
-namespace selfprof {
-namespace detail {
-
-struct maps_entry {
-  std::uint64_t start = 0;
-  std::uint64_t end = 0;
-  std::uint64_t offset = 0;
-  std::uint64_t inode = 0;
-  std::uint32_t dev_major = 0;
-  std::uint32_t dev_minor = 0;
-  bool readable = false;
-  bool executable = false;
-  bool deleted = false;  // the path ended in " (deleted)" (removed file, or a memfd)
-  std::string path;      // without the " (deleted)" suffix; empty for anonymous memory
-};
-
-// Parses one hexadecimal field ending at `stop` (or the end); advances `pos`. False when empty or bad.
-inline bool parse_hex_field(std::string_view line, std::size_t& pos, char stop, std::uint64_t& out) {
-  out = 0;
-  std::size_t begin = pos;
-  while (pos < line.size() && line[pos] != stop) {
-    char c = line[pos];
-    unsigned digit;
-    if (c >= '0' && c <= '9')
-      digit = static_cast<unsigned>(c - '0');
-    else if (c >= 'a' && c <= 'f')
-      digit = static_cast<unsigned>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F')
-      digit = static_cast<unsigned>(c - 'A' + 10);
-    else
-      return false;
-    if (pos - begin >= 16) return false;
-    out = (out << 4) | digit;
-    ++pos;
-  }
-  if (pos == begin) return false;
-  if (pos < line.size()) ++pos;  // the stop character
-  return true;
-}
-
-// Parses "start-end perms offset major:minor inode   path" (path optional, may hold spaces).
-inline bool parse_maps_line(std::string_view line, maps_entry& out) {
-  out = maps_entry();
-  std::size_t pos = 0;
-  if (!parse_hex_field(line, pos, '-', out.start) || !parse_hex_field(line, pos, ' ', out.end)) return false;
-  if (pos + 5 > line.size() || line[pos + 4] != ' ') return false;
-  out.readable = line[pos] == 'r';
-  out.executable = line[pos + 2] == 'x';
-  pos += 5;
-  std::uint64_t major = 0, minor = 0;
-  if (!parse_hex_field(line, pos, ' ', out.offset) || !parse_hex_field(line, pos, ':', major) ||
-      !parse_hex_field(line, pos, ' ', minor))
-    return false;
-  out.dev_major = static_cast<std::uint32_t>(major);
-  out.dev_minor = static_cast<std::uint32_t>(minor);
-  std::size_t begin = pos;
-  while (pos < line.size() && line[pos] >= '0' && line[pos] <= '9')
-    out.inode = out.inode * 10 + (line[pos++] - '0');
-  if (pos == begin || out.end < out.start) return false;
-  while (pos < line.size() && line[pos] == ' ') ++pos;
-  std::string_view path = line.substr(pos);
-  constexpr std::string_view deleted = " (deleted)";
-  if (path.size() > deleted.size() && path.substr(path.size() - deleted.size()) == deleted) {
-    out.deleted = true;
-    path.remove_suffix(deleted.size());
-  }
-  out.path = std::string(path);
-  return true;
-}
-
-// Reads a whole (proc) file into `out`; false on failure.
-inline bool read_text_file(const char* path, std::string& out) {
-  out.clear();
-  int fd = sys().open(path, O_RDONLY | O_CLOEXEC, 0);
-  if (fd < 0) return false;
-  char buffer[16384];
-  for (;;) {
-    ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      sys().close(fd);
-      return n == 0;
-    }
-    out.append(buffer, static_cast<std::size_t>(n));
-  }
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/proc_maps.hpp ----
-// ---- begin selfprof/symbols/symbol_table.hpp ----
-// A per-module table of function symbols (.symtab, .dynsym, synthesized PLT stubs) sorted by address,
-// with sizes respected and zero-size symbols extended to the next one, plus cached demangled names.
-// Context: collector thread or setup (never the signal handler).
-
-#include <elf.h>
-
-#include <algorithm>
-#include <cstdint>
-#include <string>
-#include <string_view>
-#include <vector>
-
-// ---- begin selfprof/symbols/demangle.hpp ----
-// C++ symbol demangling through the C++ runtime's abi::__cxa_demangle, falling back to the raw name.
-// Context: collector thread or any thread (allocates; never the signal handler).
-
-#include <cxxabi.h>
-
-#include <cstdlib>
-#include <string>
-#include <string_view>
-
-namespace selfprof {
-namespace detail {
-
-// Demangles an Itanium-ABI name ("_Z..."); a name that is not mangled or does not demangle is returned
-// unchanged. A "@plt" suffix (our PLT stub names) is kept after the demangled part.
-inline std::string demangle(std::string_view name) {
-  std::string_view suffix;
-  std::string_view base = name;
-  constexpr std::string_view plt = "@plt";
-  if (base.size() > plt.size() && base.substr(base.size() - plt.size()) == plt) {
-    suffix = plt;
-    base.remove_suffix(plt.size());
-  }
-  if (base.size() < 3 || base[0] != '_' || base[1] != 'Z') return std::string(name);
-  std::string raw(base);
-  int status = 0;
-  char* out = abi::__cxa_demangle(raw.c_str(), nullptr, nullptr, &status);
-  if (out == nullptr || status != 0) {
-    std::free(out);
-    return std::string(name);
-  }
-  std::string result(out);
-  std::free(out);
-  result += suffix;
-  return result;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/demangle.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-// How far back a lookup walks past symbols that end before the address, looking for an enclosing
-// (overlapping) symbol; overlaps are rare and shallow, so a small bound keeps lookups O(log n).
-constexpr int symbol_overlap_lookback = 8;
-// Size of one PLT entry on x86-64 and AArch64, and of the PLT header (PLT0) before the entries.
-constexpr std::uint64_t plt_entry_bytes = 16;
-
-class symbol_table {
- public:
-  struct hit {
-    std::uint32_t index = 0;
-    std::uint64_t start = 0;  // ELF virtual address of the symbol
-    std::uint64_t end = 0;    // one past its last byte
-  };
-
-  // Adds the function symbols of a SHT_SYMTAB or SHT_DYNSYM section of `image`; returns how many.
-  std::size_t add_symbols(const elf_image& image, const elf_section& symtab) {
-    if (symtab.type != SHT_SYMTAB && symtab.type != SHT_DYNSYM) return 0;
-    if ((symtab.flags & SHF_COMPRESSED) != 0) return 0;
-    const elf_section* strtab_section = image.section_at(symtab.link);
-    if (strtab_section == nullptr) return 0;
-    byte_view syms = image.section_bytes(symtab);
-    byte_view strtab = image.section_bytes(*strtab_section);
-    std::size_t count = syms.size / sizeof(Elf64_Sym), added = 0;
-    for (std::size_t i = 1; i < count; ++i) {
-      Elf64_Sym sym;
-      read_at(syms, i * sizeof(Elf64_Sym), sym);
-      unsigned type = ELF64_ST_TYPE(sym.st_info);
-      unsigned bind = ELF64_ST_BIND(sym.st_info);
-      if (sym.st_shndx == SHN_UNDEF || sym.st_shndx >= SHN_LORESERVE) continue;
-      const elf_section* in = image.section_at(sym.st_shndx);
-      bool exec_section = in != nullptr && (in->flags & SHF_EXECINSTR) != 0;
-      if (type == STT_NOTYPE) {
-        if (!exec_section) continue;  // a label in code (hand-written assembly, ld.so's _dl_start_user)
-      } else if (type != STT_FUNC && type != STT_GNU_IFUNC) {
-        continue;
-      }
-      std::string_view name = string_at(strtab, sym.st_name);
-      if (name.empty() || name[0] == '$' || name.substr(0, 2) == ".L") continue;
-      std::uint64_t section_end = 0;
-      if (in != nullptr && in->size != 0 && sym.st_value >= in->addr && sym.st_value - in->addr < in->size)
-        section_end = in->addr + in->size;
-      unsigned rank = bind == STB_GLOBAL ? 3 : bind == STB_WEAK ? 2 : 1;
-      if (type != STT_NOTYPE) rank += 4;
-      add(sym.st_value, sym.st_size, section_end, name, rank);
-      ++added;
-    }
-    return added;
-  }
-
-  // Adds `name@plt` for each PLT stub (x86-64 and AArch64; .plt.sec when present). Cheap: one pass
-  // over .rela.plt; returns how many were added.
-  std::size_t add_plt(const elf_image& image) {
-    const elf_section* rela = image.find_section(".rela.plt");
-    if (rela == nullptr || rela->type != SHT_RELA) return 0;
-    const elf_section* dynsym = image.section_at(rela->link);
-    if (dynsym == nullptr || dynsym->type != SHT_DYNSYM) return 0;
-    const elf_section* dynstr = image.section_at(dynsym->link);
-    if (dynstr == nullptr) return 0;
-    std::uint64_t first = 0;
-    const elf_section* plt = image.find_section(".plt.sec");
-    std::uint32_t jump_slot = 0;
-    if (image.machine() == EM_X86_64) {
-      jump_slot = R_X86_64_JUMP_SLOT;
-      if (plt == nullptr) {
-        plt = image.find_section(".plt");
-        first = plt_entry_bytes;  // PLT0 is one entry
-      }
-    } else if (image.machine() == EM_AARCH64) {
-      jump_slot = R_AARCH64_JUMP_SLOT;
-      plt = image.find_section(".plt");
-      first = 2 * plt_entry_bytes;  // PLT0 is 32 bytes
-    }
-    if (plt == nullptr || jump_slot == 0) return 0;
-    byte_view relocs = image.section_bytes(*rela), syms = image.section_bytes(*dynsym);
-    byte_view strs = image.section_bytes(*dynstr);
-    std::size_t count = relocs.size / sizeof(Elf64_Rela), added = 0;
-    for (std::size_t i = 0; i < count; ++i) {
-      std::uint64_t offset = first + i * plt_entry_bytes;
-      if (offset + plt_entry_bytes > plt->size) break;
-      Elf64_Rela r;
-      read_at(relocs, i * sizeof(Elf64_Rela), r);
-      if (ELF64_R_TYPE(r.r_info) != jump_slot) continue;
-      Elf64_Sym sym;
-      if (!read_at(syms, std::uint64_t{ELF64_R_SYM(r.r_info)} * sizeof(Elf64_Sym), sym)) continue;
-      std::string_view name = string_at(strs, sym.st_name);
-      if (name.empty()) continue;
-      add(plt->addr + offset, plt_entry_bytes, 0, std::string(name) + "@plt", 0);
-      ++added;
-    }
-    return added;
-  }
-
-  // Sorts, keeps the best name per address and computes where zero-size symbols end. Call once after
-  // the add_* calls and before lookups.
-  void finish() {
-    std::sort(entries_.begin(), entries_.end(), [this](const entry& a, const entry& b) {
-      if (a.start != b.start) return a.start < b.start;
-      return better(a, b);
-    });
-    std::vector<entry> unique;
-    unique.reserve(entries_.size());
-    for (const entry& e : entries_) {
-      if (!unique.empty() && unique.back().start == e.start) {
-        unique.back().size = std::max(unique.back().size, e.size);
-        continue;
-      }
-      unique.push_back(e);
-    }
-    // A zero-size symbol inside a sized one is a label within that function's body: the function names
-    // those addresses, so the label goes.
-    std::vector<entry> kept;
-    kept.reserve(unique.size());
-    std::uint64_t covered_to = 0;
-    for (const entry& e : unique) {
-      if (e.size == 0 && e.start < covered_to) continue;
-      if (e.size != 0 && e.start + e.size > covered_to) covered_to = e.start + e.size;
-      kept.push_back(e);
-    }
-    unique.swap(kept);
-    for (std::size_t i = 0; i < unique.size(); ++i) {
-      entry& e = unique[i];
-      if (e.size != 0) continue;
-      // A zero-size symbol (hand-written assembly, a label) runs to the next symbol or the end of its
-      // section.
-      std::uint64_t end = i + 1 < unique.size() ? unique[i + 1].start : ~std::uint64_t{0};
-      if (e.section_end != 0) end = std::min(end, e.section_end);
-      e.size = end > e.start && end != ~std::uint64_t{0} ? end - e.start : 1;
-    }
-    entries_ = std::move(unique);
-    entries_.shrink_to_fit();
-    demangled_.assign(entries_.size(), std::string());
-  }
-
-  // The symbol covering ELF virtual address `vaddr`, if any: an address past a symbol's end is not
-  // charged to it.
-  bool lookup(std::uint64_t vaddr, hit& out) const {
-    auto it = std::upper_bound(entries_.begin(), entries_.end(), vaddr,
-                               [](std::uint64_t v, const entry& e) { return v < e.start; });
-    for (int back = 0; it != entries_.begin() && back < symbol_overlap_lookback; ++back) {
-      --it;
-      if (vaddr - it->start < it->size) {
-        out.index = static_cast<std::uint32_t>(it - entries_.begin());
-        out.start = it->start;
-        out.end = it->start + it->size;
-        return true;
-      }
-    }
-    return false;
-  }
-
-  std::string_view raw_name(std::uint32_t index) const {
-    const entry& e = entries_[index];
-    return std::string_view(names_).substr(e.name_offset, e.name_size);
-  }
-
-  // Demangled name of entry `index`, computed on first use and cached.
-  const std::string& name(std::uint32_t index) {
-    std::string& d = demangled_[index];
-    if (d.empty()) d = demangle(raw_name(index));
-    return d;
-  }
-
-  std::size_t size() const { return entries_.size(); }
-
- private:
-  struct entry {
-    std::uint64_t start;
-    std::uint64_t size;
-    std::uint64_t section_end;
-    std::uint32_t name_offset;
-    std::uint32_t name_size;
-    std::uint32_t rank;
-  };
-
-  void add(std::uint64_t start, std::uint64_t size, std::uint64_t section_end, std::string_view name,
-           unsigned rank) {
-    entry e{start,
-            size,
-            section_end,
-            static_cast<std::uint32_t>(names_.size()),
-            static_cast<std::uint32_t>(name.size()),
-            rank};
-    names_.append(name.data(), name.size());
-    entries_.push_back(e);
-  }
-
-  static std::size_t leading_underscores(std::string_view s) {
-    std::size_t n = 0;
-    while (n < s.size() && s[n] == '_') ++n;
-    return n;
-  }
-
-  // Which of two symbols at one address names it: sized, FUNC over NOTYPE, global over weak over
-  // local, fewer leading underscores (malloc over __libc_malloc), shorter, then alphabetical.
-  bool better(const entry& a, const entry& b) const {
-    if ((a.size != 0) != (b.size != 0)) return a.size != 0;
-    if (a.rank != b.rank) return a.rank > b.rank;
-    std::string_view na = std::string_view(names_).substr(a.name_offset, a.name_size);
-    std::string_view nb = std::string_view(names_).substr(b.name_offset, b.name_size);
-    std::size_t ua = leading_underscores(na), ub = leading_underscores(nb);
-    if (ua != ub) return ua < ub;
-    if (na.size() != nb.size()) return na.size() < nb.size();
-    return na < nb;
-  }
-
-  std::vector<entry> entries_;
-  std::string names_;
-  std::vector<std::string> demangled_;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/symbol_table.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-enum class module_kind : std::uint8_t {
-  file,       // a file-backed mapping (also memfd and deleted files)
-  vdso,       // the kernel's vdso, parsed from memory
-  anonymous,  // anonymous executable memory (JIT code); named only by perf maps
-  special,    // other kernel-provided mappings such as [vsyscall]
-};
-
-// What was parsed from one ELF file (shared by every mapping of that file).
-struct module_symbols {
-  std::string build_id;
-  std::string debug_path;             // separate debug file used, if any
-  std::vector<elf_segment> segments;  // for the load bias of each mapping
-  symbol_table table;
-  bool elf_ok = false;
-};
-
-struct module {
-  std::uint64_t start = 0;
-  std::uint64_t end = 0;
-  std::uint64_t offset = 0;  // file offset mapped at start
-  std::uint64_t bias = 0;    // run-time address minus ELF virtual address
-  std::uint64_t inode = 0;
-  std::uint32_t dev_major = 0;
-  std::uint32_t dev_minor = 0;
-  std::string path;      // as in the maps (without " (deleted)"), "[vdso]", or "//anon"
-  std::string basename;  // for "[basename+0xoffset]" names
-  module_kind kind = module_kind::file;
-  bool deleted = false;
-  bool mapped = true;                       // false once unmapped; kept so earlier samples are still named
-  std::uint64_t unmapped_seq = 0;           // orders unmapped modules: a later unmap wins an overlap
-  std::shared_ptr<module_symbols> symbols;  // null for anonymous and special mappings
-};
-
-struct module_registry_options {
-  std::vector<std::string> debug_roots{"/usr/lib/debug"};  // where build-id and debuglink files live
-  std::string maps_path = "/proc/self/maps";
-};
-
-class module_registry {
- public:
-  module_registry() = default;
-  explicit module_registry(module_registry_options options) : options_(std::move(options)) {}
-
-  // Re-reads the maps when the dynamic loader's load/unload counters (dl_iterate_phdr's dlpi_adds and
-  // dlpi_subs) moved since the last snapshot, or on the first call: a few hundred nanoseconds otherwise.
-  // Returns true when the module set changed.
-  bool refresh() {
-    std::pair<unsigned long long, unsigned long long> counters = loader_counters();
-    if (scans_ != 0 && counters == last_counters_) return false;
-    last_counters_ = counters;
-    return rescan();
-  }
-
-  // Re-reads the maps unconditionally (for mappings made without the loader: JIT code, mmap of a
-  // file); returns early when the text is unchanged. Returns true when the module set changed.
-  bool rescan() {
-    std::string text;
-    if (!read_text_file(options_.maps_path.c_str(), text)) {
-      warn("selfprof: cannot read " + options_.maps_path + "; frames will be [unknown]");
-      return false;
-    }
-    ++reads_;
-    text = executable_lines(text);  // data mappings come and go with every allocation: ignore them
-    if (scans_ != 0 && text == last_text_) return false;
-    last_text_ = std::move(text);
-    ++scans_;
-    apply(last_text_);
-    return true;
-  }
-
-  // The module holding `address`: a mapped one first, else the most recently unmapped one.
-  // The pointer is valid until the next refresh()/rescan().
-  const module* find(std::uint64_t address) const {
-    auto it = std::upper_bound(mapped_.begin(), mapped_.end(), address,
-                               [this](std::uint64_t a, std::size_t i) { return a < modules_[i].start; });
-    if (it != mapped_.begin()) {
-      const module& m = modules_[*(it - 1)];
-      if (address < m.end) return &m;
-    }
-    for (std::size_t i : unmapped_)
-      if (address >= modules_[i].start && address < modules_[i].end) return &modules_[i];
-    return nullptr;
-  }
-
-  const std::vector<module>& modules() const { return modules_; }
-  // Messages about modules whose symbols could not be read (one per file); cleared by this call.
-  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
-  std::uint64_t scans() const { return scans_; }  // times the maps text changed and was applied
-  std::uint64_t reads() const { return reads_; }  // times the maps file was read
-  std::size_t parsed_files() const { return parsed_.size(); }
-
- private:
-  // Keys are bytes: fixed-width numbers, then the path, so one string-keyed map type serves every index
-  // (each distinct map type costs every including file its instantiation).
-  static void append_key(std::string& key, std::uint64_t v) {
-    char bytes[sizeof v];
-    std::memcpy(bytes, &v, sizeof v);
-    key.append(bytes, sizeof v);
-  }
-
-  // Identifies a mapping: start, end, offset, inode, path (anonymous memory: no path).
-  static std::string mapping_key(std::uint64_t start, std::uint64_t end, std::uint64_t offset,
-                                 std::uint64_t inode, const std::string& path) {
-    std::string key;
-    key.reserve(32 + path.size());
-    append_key(key, start);
-    append_key(key, end);
-    append_key(key, offset);
-    append_key(key, inode);
-    key += path;
-    return key;
-  }
-
-  // Identifies a file: device, inode, path.
-  static std::string file_key(const maps_entry& e) {
-    std::string key;
-    key.reserve(24 + e.path.size());
-    append_key(key, e.dev_major);
-    append_key(key, e.dev_minor);
-    append_key(key, e.inode);
-    key += e.path;
-    return key;
-  }
-
-  // Orders indices into modules_: by start address, or for unmapped ones the latest unmapped first.
-  struct module_order {
-    const std::vector<module>* modules;
-    bool latest_unmapped_first;
-    bool operator()(std::size_t a, std::size_t b) const {
-      const module& x = (*modules)[a];
-      const module& y = (*modules)[b];
-      return latest_unmapped_first ? x.unmapped_seq > y.unmapped_seq : x.start < y.start;
-    }
-  };
-
-  static std::pair<unsigned long long, unsigned long long> loader_counters() {
-    std::pair<unsigned long long, unsigned long long> out{0, 0};
-    ::dl_iterate_phdr(
-        [](struct dl_phdr_info* info, std::size_t size, void* data) -> int {
-          if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
-            auto* c = static_cast<std::pair<unsigned long long, unsigned long long>*>(data);
-            c->first = info->dlpi_adds;
-            c->second = info->dlpi_subs;
-          }
-          return 1;  // the counters are the same in every entry: stop after the first
-        },
-        &out);
-    return out;
-  }
-
-  // The lines of maps text whose permissions include 'x' ("start-end r-xp ...").
-  static std::string executable_lines(const std::string& text) {
-    std::string out;
-    std::size_t pos = 0;
-    while (pos < text.size()) {
-      std::size_t eol = text.find('\n', pos);
-      if (eol == std::string::npos) eol = text.size();
-      std::size_t space = text.find(' ', pos);
-      if (space != std::string::npos && space + 3 < eol && text[space + 3] == 'x')
-        out.append(text, pos, eol - pos + 1);
-      pos = eol + 1;
-    }
-    return out;
-  }
-
-  void warn(std::string message) { warnings_.push_back(std::move(message)); }
-
-  void warn_no_symbols(const std::string& path, const status& why) {
-    std::string m = "selfprof: no symbols for ";
-    m += path;
-    m += ": ";
-    m += why.message();
-    m += "; its frames are named [module+0xoffset]";
-    warn(std::move(m));
-  }
-
-  void apply(const std::string& text) {
-    std::vector<module> next;
-    std::vector<bool> seen(modules_.size(), false);
-    std::unordered_map<std::string, std::size_t> index;
-    for (std::size_t i = 0; i < modules_.size(); ++i) index.emplace(key_of(modules_[i]), i);
-
-    std::size_t pos = 0;
-    while (pos < text.size()) {
-      std::size_t eol = text.find('\n', pos);
-      if (eol == std::string::npos) eol = text.size();
-      maps_entry e;
-      if (parse_maps_line(std::string_view(text).substr(pos, eol - pos), e) && e.executable) {
-        auto found = index.find(mapping_key(e.start, e.end, e.offset, e.inode, e.path));
-        if (found != index.end()) {
-          seen[found->second] = true;
-          next.push_back(modules_[found->second]);
-          next.back().mapped = true;
-        } else {
-          next.push_back(make_module(e));
-        }
-      }
-      pos = eol + 1;
-    }
-    // Unmapped modules stay (anonymous memory excepted: it has no symbols to keep).
-    for (std::size_t i = 0; i < modules_.size(); ++i) {
-      if (seen[i] || modules_[i].kind == module_kind::anonymous) continue;
-      module m = modules_[i];
-      if (m.mapped) m.unmapped_seq = ++unmapped_seq_;
-      m.mapped = false;
-      next.push_back(std::move(m));
-    }
-    modules_ = std::move(next);
-    mapped_.clear();
-    unmapped_.clear();
-    for (std::size_t i = 0; i < modules_.size(); ++i) (modules_[i].mapped ? mapped_ : unmapped_).push_back(i);
-    std::sort(mapped_.begin(), mapped_.end(), module_order{&modules_, false});
-    std::sort(unmapped_.begin(), unmapped_.end(), module_order{&modules_, true});
-  }
-
-  static std::string key_of(const module& m) {
-    static const std::string no_path;
-    return mapping_key(m.start, m.end, m.offset, m.inode,
-                       m.kind == module_kind::anonymous && m.path == "//anon" ? no_path : m.path);
-  }
-
-  module make_module(const maps_entry& e) {
-    module m;
-    m.start = e.start;
-    m.end = e.end;
-    m.offset = e.offset;
-    m.inode = e.inode;
-    m.dev_major = e.dev_major;
-    m.dev_minor = e.dev_minor;
-    m.deleted = e.deleted;
-    m.path = e.path;
-    if (e.path.empty()) {
-      m.kind = module_kind::anonymous;
-      m.path = "//anon";
-    } else if (e.path == "[vdso]") {
-      m.kind = module_kind::vdso;
-    } else if (e.path[0] == '[') {
-      m.kind = e.path == "[vsyscall]" ? module_kind::special : module_kind::anonymous;
-    }
-    std::string::size_type slash = m.path.rfind('/');
-    if (m.kind == module_kind::file)
-      m.basename = slash == std::string::npos ? m.path : m.path.substr(slash + 1);
-    else if (m.path.size() > 2 && m.path.front() == '[' && m.path.back() == ']')
-      m.basename = m.path.substr(1, m.path.size() - 2);  // "[vdso]" names frames "[vdso+0x...]"
-    else
-      m.basename = m.path;
-    if (m.kind == module_kind::file) m.symbols = file_symbols(e);
-    if (m.kind == module_kind::vdso) m.symbols = vdso_symbols(e);
-    m.bias = m.symbols && m.symbols->elf_ok ? elf_load_bias(m.symbols->segments, m.start, m.offset)
-                                            : m.start - m.offset;
-    return m;
-  }
-
-  std::shared_ptr<module_symbols> file_symbols(const maps_entry& e) {
-    auto [cached, fresh] = parsed_index_.try_emplace(file_key(e), parsed_.size());
-    if (!fresh) return parsed_[cached->second];
-    auto result = std::make_shared<module_symbols>();
-    parsed_.push_back(result);
-
-    // Deleted files and memfds are reachable through /proc/self/map_files (opening its entries needs
-    // CAP_SYS_ADMIN, or CAP_CHECKPOINT_RESTORE since Linux 5.9; see proc(5)), else through a descriptor
-    // we still hold; map_files also serves a file replaced on disk since it was mapped.
-    char buffer[64];
-    std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
-                  static_cast<unsigned long long>(e.start), static_cast<unsigned long long>(e.end));
-    std::string via_map_files = buffer;
-    bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
-    mapped_file file;
-    status st = file.open(hidden ? via_map_files : e.path, e.inode);
-    if (!st && hidden) st = open_through_fd(e, file);
-    if (!st && !hidden) st = file.open(via_map_files, e.inode);
-    // Overlay file systems can report another inode in the maps than fstat does: last, trust the path.
-    if (!st && !hidden) st = file.open(e.path);
-    if (!st) {
-      warn_no_symbols(e.path, st);
-      return result;
-    }
-    load_elf(byte_view{file.data(), file.size()}, e.path, hidden, *result);
-    return result;
-  }
-
-  // Without the rights map_files needs, a memfd or deleted file is still readable through a
-  // descriptor the process holds open (a JIT usually keeps its memfd): find it in /proc/self/fd.
-  static status open_through_fd(const maps_entry& e, mapped_file& file) {
-    DIR* dir = ::opendir("/proc/self/fd");
-    if (dir == nullptr) return status::error(e.path + ": no readable descriptor");
-    status st = status::error(e.path + ": not in map_files (permission) nor held open by this process");
-    while (struct dirent* d = ::readdir(dir)) {
-      if (d->d_name[0] < '0' || d->d_name[0] > '9') continue;
-      std::string path = std::string("/proc/self/fd/") + d->d_name;
-      struct stat sb;
-      if (::stat(path.c_str(), &sb) != 0 || static_cast<std::uint64_t>(sb.st_ino) != e.inode ||
-          major(sb.st_dev) != e.dev_major || minor(sb.st_dev) != e.dev_minor || !S_ISREG(sb.st_mode))
-        continue;
-      if (file.open(path, e.inode)) {
-        st = status::ok();
-        break;
-      }
-    }
-    ::closedir(dir);
-    return st;
-  }
-
-  std::shared_ptr<module_symbols> vdso_symbols(const maps_entry& e) {
-    auto result = std::make_shared<module_symbols>();
-    // The vdso is mapped whole and laid out as its file, so its section headers are in memory too.
-    unsigned long base = ::getauxval(AT_SYSINFO_EHDR);
-    if (base == 0 || base < e.start || base >= e.end || !e.readable) return result;
-    load_elf(byte_view{reinterpret_cast<const unsigned char*>(base), static_cast<std::size_t>(e.end - base)},
-             "[vdso]", true, *result);
-    return result;
-  }
-
-  void load_elf(byte_view bytes, const std::string& path, bool no_debug_search, module_symbols& out) {
-    elf_image image;
-    status st = image.parse(bytes, path);
-    if (!st) {
-      warn_no_symbols(path, st);
-      return;
-    }
-    out.elf_ok = true;
-    out.segments = image.segments();
-    out.build_id = image.build_id();
-    std::size_t from_symtab = 0;
-    if (const elf_section* symtab = image.find_section_type(SHT_SYMTAB))
-      from_symtab = out.table.add_symbols(image, *symtab);
-    if (from_symtab == 0) {
-      debug_file debug;
-      // A deleted or memory file has no directory for debuglink; build-id lookups still work.
-      if (find_debug_file(options_.debug_roots, no_debug_search ? std::string() : path, image, debug)) {
-        if (const elf_section* symtab = debug.image.find_section_type(SHT_SYMTAB))
-          out.table.add_symbols(debug.image, *symtab);
-        out.debug_path = debug.path;
-      }
-    }
-    if (const elf_section* dynsym = image.find_section_type(SHT_DYNSYM))
-      out.table.add_symbols(image, *dynsym);
-    out.table.add_plt(image);
-    out.table.finish();
-  }
-
-  module_registry_options options_;
-  std::vector<module> modules_;
-  std::vector<std::size_t> mapped_;                            // indices into modules_, by start address
-  std::vector<std::size_t> unmapped_;                          // indices into modules_, latest unmapped first
-  std::vector<std::shared_ptr<module_symbols>> parsed_;        // each file's symbols, parsed once
-  std::unordered_map<std::string, std::size_t> parsed_index_;  // file_key -> index in parsed_
-  std::vector<std::string> warnings_;
-  std::string last_text_;
-  std::pair<unsigned long long, unsigned long long> last_counters_{0, 0};
-  std::uint64_t scans_ = 0;
-  std::uint64_t reads_ = 0;
-  std::uint64_t unmapped_seq_ = 0;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/modules.hpp ----
-
-#if SELFPROF_HAS_LIBDW
-#include <dwarf.h>  // DW_TAG_* and DW_AT_* (elfutils' copy, installed with libdw-dev)
-#include <elfutils/libdw.h>
-#include <elfutils/libdwfl.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <map>
-#include <memory>
-#include <unordered_map>
-#include <utility>
-
-#endif
-
-namespace selfprof {
-namespace detail {
-
-// One level of the source chain of an address.
-struct source_frame {
-  std::string function;    // demangled DWARF name (linkage name when present); empty when unnamed
-  std::string file;        // source file as DWARF records it (absolute when the compile dir is known)
-  std::uint32_t line = 0;  // 0 when unknown
-  bool inlined = false;    // true for an inlined callee; false for the real (outermost) function
-};
-
-// The source chain of an address, outermost first: the real function, whose file:line is the call
-// site of the first inlined callee (or the address's own line when nothing is inlined there), then each
-// inlined callee with the file:line of the call into the next, the innermost with the address's line.
-using source_chain = std::vector<source_frame>;
-
-#if SELFPROF_HAS_LIBDW
-
-// Largest number of inlined levels reported for one address; deeper nesting loses its outermost levels.
-// Real code stays far below (GCC's inline depth limit is in the tens); the bound only stops a corrupt
-// parent chain.
-constexpr std::size_t dwarf_max_inline_depth = 1024;
-// Most function DIEs indexed per compile unit; past it a unit's remaining functions get no inline frames.
-constexpr std::size_t dwarf_max_cu_functions = std::size_t{1} << 24;
-
-// DIE tags of code that has a name and source position: real functions and inlined instances.
-inline bool dwarf_is_function(int tag) {
-  return tag == DW_TAG_subprogram || tag == DW_TAG_inlined_subroutine || tag == DW_TAG_entry_point;
-}
-
-// The functions of one compile unit laid out by address, built once per unit on its first lookup:
-// libdw's dwarf_getscopes re-walks the whole unit on every call (measured: 14 ms a lookup in a unit
-// that includes all of selfprof), this answers in O(log n).
-struct dwarf_cu_index {
-  struct function {
-    Dwarf_Die die;        // DW_TAG_subprogram, DW_TAG_inlined_subroutine or DW_TAG_entry_point
-    std::int32_t parent;  // enclosing function in the DIE tree (what addr2line -i follows), -1 at the top
-  };
-  struct segment {
-    Dwarf_Addr start;    // the segment runs to the next one's start
-    std::int32_t owner;  // the deepest function whose ranges hold it, -1 for none
-  };
-  std::vector<function> functions;
-  std::vector<segment> segments;  // sorted by start
-
-  // The deepest function holding `pc`, or -1.
-  std::int32_t find(Dwarf_Addr pc) const {
-    auto it = std::upper_bound(segments.begin(), segments.end(), pc,
-                               [](Dwarf_Addr a, const segment& s) { return a < s.start; });
-    return it == segments.begin() ? -1 : (it - 1)->owner;
-  }
-
-  void build(Dwarf_Die* cu) {
-    struct interval {
-      Dwarf_Addr low, high;
-      int depth;
-      std::int32_t function;
-    };
-    struct pending {
-      Dwarf_Die die;
-      int depth;
-      std::int32_t parent;
-    };
-    std::vector<interval> intervals;
-    std::vector<pending> stack;
-    Dwarf_Die first;
-    if (::dwarf_child(cu, &first) == 0) stack.push_back(pending{first, 1, -1});
-    while (!stack.empty() && functions.size() < dwarf_max_cu_functions) {
-      pending at = stack.back();
-      stack.pop_back();
-      Dwarf_Die next;
-      if (::dwarf_siblingof(&at.die, &next) == 0) stack.push_back(pending{next, at.depth, at.parent});
-      int tag = ::dwarf_tag(&at.die);
-      std::int32_t parent = at.parent;
-      if (dwarf_is_function(tag)) {
-        parent = static_cast<std::int32_t>(functions.size());
-        functions.push_back(function{at.die, at.parent});
-        Dwarf_Addr base = 0, low = 0, high = 0;
-        for (std::ptrdiff_t off = 0; (off = ::dwarf_ranges(&at.die, off, &base, &low, &high)) > 0;)
-          if (high > low) intervals.push_back(interval{low, high, at.depth, parent});
-      }
-      // Code lives in functions, blocks, and functions nested in namespaces and classes; types,
-      // variables and parameters hold none, so their subtrees are skipped.
-      bool may_hold_code = dwarf_is_function(tag) || tag == DW_TAG_lexical_block || tag == DW_TAG_namespace ||
-                           tag == DW_TAG_class_type || tag == DW_TAG_structure_type ||
-                           tag == DW_TAG_union_type || tag == DW_TAG_module;
-      Dwarf_Die child;
-      if (may_hold_code && ::dwarf_haschildren(&at.die) > 0 && ::dwarf_child(&at.die, &child) == 0)
-        stack.push_back(pending{child, at.depth + 1, parent});
-    }
-    // Sweep the range boundaries; the deepest interval active over each elementary piece owns it.
-    std::vector<Dwarf_Addr> bounds;
-    for (const auto& i : intervals) {
-      bounds.push_back(i.low);
-      bounds.push_back(i.high);
-    }
-    std::sort(bounds.begin(), bounds.end());
-    bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
-    std::sort(intervals.begin(), intervals.end(),
-              [](const interval& a, const interval& b) { return a.low < b.low; });
-    auto shallower = [](const interval& a, const interval& b) {
-      return a.depth != b.depth ? a.depth < b.depth
-                                : a.low < b.low;  // ties: the later start is the inner one
-    };
-    std::vector<interval> active;  // a heap, the deepest on top (what std::priority_queue would do)
-    std::size_t next = 0;
-    for (Dwarf_Addr b : bounds) {
-      while (next < intervals.size() && intervals[next].low <= b) {
-        active.push_back(intervals[next++]);
-        std::push_heap(active.begin(), active.end(), shallower);
-      }
-      while (!active.empty() && active.front().high <= b) {  // lazily drops ended intervals
-        std::pop_heap(active.begin(), active.end(), shallower);
-        active.pop_back();
-      }
-      // An ended interval under a deeper active one is dropped when it surfaces: check the top only.
-      std::int32_t owner = active.empty() ? -1 : active.front().function;
-      if (segments.empty() || segments.back().owner != owner) segments.push_back(segment{b, owner});
-    }
-  }
-};
-
-class dwarf_lines {
- public:
-  static constexpr bool enabled = true;
-
-  dwarf_lines() = default;
-  explicit dwarf_lines(std::vector<std::string> debug_roots)
-      : debug_roots_(std::make_shared<const std::vector<std::string>>(std::move(debug_roots))) {}
-
-  // The source chain of `vaddr` (an ELF virtual address of module `m`'s file, i.e. the run-time
-  // address minus the module's bias), or nullptr when no DWARF covers it. The pointer stays valid for
-  // the lifetime of this object.
-  const source_chain* lookup(const module& m, std::uint64_t vaddr) {
-    if (m.kind != module_kind::file || !m.symbols || !m.symbols->elf_ok) return nullptr;
-    dwarf_file* file = file_for(m);  // heap-allocated: Dwfl keeps pointers to its callbacks and userdata
-    if (file == nullptr) return nullptr;
-    auto cached = file->chains.find(vaddr);
-    if (cached != file->chains.end()) return cached->second.empty() ? nullptr : &cached->second;
-    ++queries_;
-    source_chain& chain = file->chains[vaddr];
-    query(*file, vaddr, chain);
-    return chain.empty() ? nullptr : &chain;
-  }
-
-  std::size_t files_opened() const { return files_opened_; }  // module files given a Dwfl session
-  std::size_t files_with_dwarf() const { return files_with_dwarf_; }
-  std::size_t queries() const { return queries_; }  // lookups that reached libdw (cache misses)
-
- private:
-  struct dwarf_file {
-    std::shared_ptr<const std::vector<std::string>> debug_roots;
-    std::shared_ptr<module_symbols> symbols;  // keeps the cache key alive; holds debug_path
-    std::string path;                         // module file as opened (maybe via /proc/self/map_files)
-    std::string search_path;                  // for .gnu_debuglink search; empty for deleted/memfd files
-    Dwfl_Callbacks callbacks{};
-    Dwfl* dwfl = nullptr;
-    Dwfl_Module* mod = nullptr;
-    bool has_dwarf = false;
-    std::unordered_map<std::uint64_t, source_chain> chains;
-    std::unordered_map<Dwarf_Off, dwarf_cu_index> units;  // by the compile unit DIE's offset
-
-    dwarf_file() = default;
-    dwarf_file(const dwarf_file&) = delete;
-    dwarf_file& operator=(const dwarf_file&) = delete;
-    ~dwarf_file() {
-      if (dwfl != nullptr) ::dwfl_end(dwfl);
-    }
-  };
-
-  // The Dwfl session of m's file, opened on first use; nullptr when the file cannot be read or has no
-  // DWARF anywhere (remembered, so a module without debug info costs one attempt).
-  dwarf_file* file_for(const module& m) {
-    auto it = files_.find(m.symbols.get());
-    if (it == files_.end()) it = files_.emplace(m.symbols.get(), open_file(m)).first;
-    return it->second && it->second->has_dwarf ? it->second.get() : nullptr;
-  }
-
-  std::unique_ptr<dwarf_file> open_file(const module& m) {
-    auto file = std::make_unique<dwarf_file>();
-    file->debug_roots = debug_roots_;
-    file->symbols = m.symbols;
-    // A deleted file or memfd is reachable only through map_files while mapped (see modules.hpp).
-    bool hidden = m.deleted || m.path.compare(0, 7, "/memfd:") == 0;
-    char buffer[64];
-    std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
-                  static_cast<unsigned long long>(m.start), static_cast<unsigned long long>(m.end));
-    file->path = hidden ? std::string(buffer) : m.path;
-    file->search_path = hidden ? std::string() : m.path;
-    int fd = open_checked(file->path, m.inode);
-    if (fd < 0 && !hidden) {
-      file->path = buffer;
-      fd = open_checked(file->path, m.inode);
-    }
-    if (fd < 0) return file;
-    ++files_opened_;
-    file->callbacks.find_elf = nullptr;  // not consulted: the file is reported with dwfl_report_elf
-    file->callbacks.find_debuginfo = &dwarf_lines::find_debuginfo;
-    file->callbacks.section_address = nullptr;
-    file->callbacks.debuginfo_path = nullptr;
-    file->dwfl = ::dwfl_begin(&file->callbacks);
-    if (file->dwfl == nullptr) {
-      sys().close(fd);
-      return file;
-    }
-    ::dwfl_report_begin(file->dwfl);
-    // base 0 with add_p_vaddr: Dwfl addresses are the file's own virtual addresses (ET_DYN and ET_EXEC).
-    file->mod = ::dwfl_report_elf(file->dwfl, m.basename.c_str(), file->path.c_str(), fd, 0, true);
-    ::dwfl_report_end(file->dwfl, nullptr, nullptr);
-    if (file->mod == nullptr) {
-      sys().close(fd);  // consumed only on success
-      return file;
-    }
-    void** userdata = nullptr;
-    ::dwfl_module_info(file->mod, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
-    if (userdata != nullptr) *userdata = file.get();
-    Dwarf_Addr bias = 0;
-    file->has_dwarf = ::dwfl_module_getdwarf(file->mod, &bias) != nullptr;
-    if (file->has_dwarf) ++files_with_dwarf_;
-    return file;
-  }
-
-  // Opens `path` read-only through the syscall seam; -1 unless it is a regular file with inode
-  // `inode` (a library replaced on disk since it was mapped must not describe the mapped code).
-  static int open_checked(const std::string& path, std::uint64_t inode) {
-    int fd = sys().open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    struct stat st;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-        (inode != 0 && static_cast<std::uint64_t>(st.st_ino) != inode)) {
-      sys().close(fd);
-      return -1;
-    }
-    return fd;
-  }
-
-  // Dwfl's find_debuginfo callback, called when the module file itself has no DWARF: the debug file the
-  // module registry found, else one found here by build-id/debuglink under the same roots. Returns an
-  // open descriptor (Dwfl takes it) and the file's name in malloc'd memory, or -1.
-  static int find_debuginfo(Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, const char*, const char*,
-                            GElf_Word, char** debuginfo_file_name) {
-    if (userdata == nullptr || *userdata == nullptr) return -1;
-    const dwarf_file& file = *static_cast<const dwarf_file*>(*userdata);
-    std::string path = file.symbols->debug_path;
-    if (path.empty()) path = search_debug_file(file);
-    if (path.empty()) return -1;
-    int fd = open_checked(path, 0);
-    if (fd < 0) return -1;
-    if (debuginfo_file_name != nullptr) *debuginfo_file_name = ::strdup(path.c_str());
-    return fd;
-  }
-
-  // The module registry looks for a debug file only when a module lacks .symtab; a module stripped of
-  // DWARF alone (strip -g) gets its debug file found here.
-  static std::string search_debug_file(const dwarf_file& file) {
-    mapped_file bytes;
-    if (!bytes.open(file.path)) return {};
-    elf_image image;
-    if (!image.parse(byte_view{bytes.data(), bytes.size()}, file.path)) return {};
-    debug_file debug;
-    if (!find_debug_file(*file.debug_roots, file.search_path, image, debug)) return {};
-    return debug.path;
-  }
-
-  // Fills `chain` (outermost first) for `vaddr`; leaves it empty when no DWARF covers the address.
-  static void query(dwarf_file& file, std::uint64_t vaddr, source_chain& chain) {
-    Dwarf_Addr bias = 0;
-    Dwarf_Die* cu = ::dwfl_module_addrdie(file.mod, vaddr, &bias);
-    if (cu == nullptr) return;
-    const Dwarf_Addr pc = vaddr - bias;
-    Dwarf_Attribute comp_attr;
-    const char* comp_dir = ::dwarf_formstring(::dwarf_attr(cu, DW_AT_comp_dir, &comp_attr));
-
-    // The innermost location: the line table row of the address.
-    source_frame innermost;
-    if (Dwarf_Line* row = ::dwarf_getsrc_die(cu, pc)) {
-      if (const char* name = ::dwarf_linesrc(row, nullptr, nullptr))
-        innermost.file = source_path(name, comp_dir);
-      int line = 0;
-      if (::dwarf_lineno(row, &line) == 0 && line > 0) innermost.line = static_cast<std::uint32_t>(line);
-    }
-
-    // The deepest function holding pc, then its parents in the DIE tree, as addr2line -i walks them
-    // (a nested inlined call can hold pc where its parent's ranges do not, seen with GCC -O2).
-    auto unit = file.units.find(::dwarf_dieoffset(cu));
-    if (unit == file.units.end()) {
-      unit = file.units.emplace(::dwarf_dieoffset(cu), dwarf_cu_index()).first;
-      unit->second.build(cu);
-    }
-    const dwarf_cu_index& index = unit->second;
-    std::vector<source_frame> inner_first;  // the chain, innermost first
-    Dwarf_Files* files = nullptr;
-    std::size_t nfiles = 0;
-    bool have_files = false, files_tried = false;
-    source_frame current = innermost;  // the location inside the scope being visited
-    std::int32_t at = index.find(pc);
-    for (std::size_t level = 0; at >= 0 && level < dwarf_max_inline_depth; ++level) {
-      Dwarf_Die die = index.functions[static_cast<std::size_t>(at)].die;
-      at = index.functions[static_cast<std::size_t>(at)].parent;
-      Dwarf_Die* scope = &die;
-      int tag = ::dwarf_tag(scope);
-      current.function = function_name(scope);
-      current.inlined = tag == DW_TAG_inlined_subroutine;
-      if (!current.inlined) {
-        inner_first.push_back(std::move(current));
-        break;
-      }
-      // The caller's location is where this inlined instance was called from.
-      source_frame caller;
-      Dwarf_Attribute attr;
-      Dwarf_Word value = 0;
-      if (::dwarf_formudata(::dwarf_attr(scope, DW_AT_call_file, &attr), &value) == 0) {
-        if (!files_tried) {
-          files_tried = true;
-          have_files = ::dwarf_getsrcfiles(cu, &files, &nfiles) == 0;
-        }
-        if (have_files && value < nfiles)
-          if (const char* name = ::dwarf_filesrc(files, static_cast<std::size_t>(value), nullptr, nullptr))
-            caller.file = source_path(name, comp_dir);
-      }
-      if (::dwarf_formudata(::dwarf_attr(scope, DW_AT_call_line, &attr), &value) == 0 && value <= UINT32_MAX)
-        caller.line = static_cast<std::uint32_t>(value);
-      inner_first.push_back(std::move(current));
-      current = std::move(caller);
-    }
-    if (inner_first.empty() || inner_first.back().inlined) {
-      // No enclosing real function in the DWARF (assembly with line info only, or a cut walk): the
-      // outermost level is the location reached so far, unnamed.
-      current.inlined = false;
-      if (!current.file.empty() || current.line != 0 || !inner_first.empty())
-        inner_first.push_back(std::move(current));
-    }
-    chain.assign(std::make_move_iterator(inner_first.rbegin()), std::make_move_iterator(inner_first.rend()));
-  }
-
-  // libdw joins a file name with its line-table directory but leaves a relative directory (a file
-  // compiled as `cc ../src/x.c`) relative; addr2line then prefixes the compile directory: so do we.
-  static std::string source_path(const char* name, const char* comp_dir) {
-    if (name[0] == '/' || comp_dir == nullptr || comp_dir[0] == '\0') return name;
-    std::string out = comp_dir;
-    if (out.back() != '/') out += '/';
-    return out + name;
-  }
-
-  // Demangled linkage name (following abstract origin and specification), else the plain DWARF name.
-  static std::string function_name(Dwarf_Die* die) {
-    Dwarf_Attribute attr;
-    const char* linkage = ::dwarf_formstring(::dwarf_attr_integrate(die, DW_AT_linkage_name, &attr));
-    if (linkage == nullptr)
-      linkage = ::dwarf_formstring(::dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr));
-    if (linkage != nullptr) return demangle(linkage);
-    const char* name = ::dwarf_diename(die);
-    return name != nullptr ? std::string(name) : std::string();
-  }
-
-  std::shared_ptr<const std::vector<std::string>> debug_roots_ =
-      std::make_shared<const std::vector<std::string>>(std::vector<std::string>{"/usr/lib/debug"});
-  std::map<const module_symbols*, std::unique_ptr<dwarf_file>> files_;
-  std::size_t files_opened_ = 0;
-  std::size_t files_with_dwarf_ = 0;
-  std::size_t queries_ = 0;
-};
-
-#else  // !SELFPROF_HAS_LIBDW
-
-// Without libdw: no source lines, no inline frames; the symbolizer names functions from ELF symbols.
-class dwarf_lines {
- public:
-  static constexpr bool enabled = false;
-  dwarf_lines() = default;
-  explicit dwarf_lines(const std::vector<std::string>&) {}
-  const source_chain* lookup(const module&, std::uint64_t) { return nullptr; }
-  std::size_t files_opened() const { return 0; }
-  std::size_t files_with_dwarf() const { return 0; }
-  std::size_t queries() const { return 0; }
-};
-
-#endif  // SELFPROF_HAS_LIBDW
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/dwarf_lines.hpp ----
-// ---- begin selfprof/symbols/perf_map.hpp ----
-// Reader of perf's JIT symbol map, /tmp/perf-<pid>.map ("START SIZE name" lines, hex without 0x; the
-// last line wins where ranges overlap), re-read when its size or mtime changes; never created here.
-// Context: collector thread or setup (never the signal handler).
-
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <cstdint>
-#include <string>
-#include <string_view>
-#include <vector>
-
-
-namespace selfprof {
-namespace detail {
-
-// A perf map larger than this is not read (a runaway JIT or a hostile file).
-constexpr std::uint64_t perf_map_max_bytes = std::uint64_t{256} << 20;
-
-class perf_map {
- public:
-  struct hit {
-    std::string_view name;
-    std::uint64_t start = 0;
-    std::uint64_t end = 0;
-  };
-
-  explicit perf_map(std::string path = default_path(::getpid())) : path_(std::move(path)) {}
-
-  static std::string default_path(long pid) {
-    std::string path = "/tmp/perf-";
-    path += std::to_string(pid);
-    path += ".map";
-    return path;
-  }
-  const std::string& path() const { return path_; }
-
-  // Re-reads the file when its identity, size or modification time changed since the last read.
-  // A missing file keeps the names read before. A symlink, a non-regular file or a file owned by
-  // another user (neither us nor root) is ignored. Returns true when the entries were replaced.
-  bool reload_if_changed() {
-    struct stat st;
-    if (::lstat(path_.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
-    if (same_stamp(st)) return false;
-    int fd = sys().open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
-    if (fd < 0) return false;
-    bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (st.st_uid == ::geteuid() || st.st_uid == 0) &&
-              static_cast<std::uint64_t>(st.st_size) <= perf_map_max_bytes;
-    std::string text;
-    if (ok) {
-      char buffer[65536];
-      for (;;) {
-        ssize_t n = ::read(fd, buffer, sizeof buffer);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0 || text.size() + static_cast<std::size_t>(n) > perf_map_max_bytes) break;
-        text.append(buffer, static_cast<std::size_t>(n));
-      }
-    }
-    sys().close(fd);
-    if (!ok) return false;
-    stamp_ = {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
-              static_cast<std::uint64_t>(st.st_size), static_cast<std::uint64_t>(st.st_mtim.tv_sec),
-              static_cast<std::uint64_t>(st.st_mtim.tv_nsec)};
-    has_stamp_ = true;
-    parse(text);
-    return true;
-  }
-
-  // Replaces the entries with those of `text`. Malformed lines are skipped; size 0 means one byte (as perf).
-  void parse(std::string_view text) {
-    struct raw {
-      std::uint64_t start, end;
-      std::size_t name;
-    };
-    std::vector<raw> lines;
-    names_.clear();
-    std::size_t pos = 0;
-    while (pos < text.size()) {
-      std::size_t eol = text.find('\n', pos);
-      if (eol == std::string_view::npos) eol = text.size();
-      std::string_view line = text.substr(pos, eol - pos);
-      pos = eol + 1;
-      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      std::uint64_t start = 0, size = 0;
-      if (!take_hex(line, start) || !take_hex(line, size) || line.empty()) continue;
-      if (size == 0) size = 1;
-      std::uint64_t end = start + size < start ? ~std::uint64_t{0} : start + size;
-      lines.push_back(raw{start, end, names_.size()});
-      names_.emplace_back(line);
-    }
-    // The last line wins: every address goes to the latest line covering it, and each run of addresses
-    // with the same latest line becomes one entry. One sweep in address order, with a heap of the lines
-    // covering the current address (latest on top; lines that ended leave it when they reach the top).
-    std::vector<std::size_t> by_start(lines.size());
-    for (std::size_t i = 0; i < by_start.size(); ++i) by_start[i] = i;
-    std::sort(by_start.begin(), by_start.end(),
-              [&lines](std::size_t a, std::size_t b) { return lines[a].start < lines[b].start; });
-    entries_.clear();
-    std::vector<std::size_t> covering;  // a max-heap of line numbers
-    std::size_t next = 0;               // in by_start: the first line not yet in the heap
-    std::uint64_t at = next < by_start.size() ? lines[by_start[next]].start : 0;
-    for (;;) {
-      for (; next < by_start.size() && lines[by_start[next]].start <= at; ++next) {
-        covering.push_back(by_start[next]);
-        std::push_heap(covering.begin(), covering.end());
-      }
-      while (!covering.empty() && lines[covering.front()].end <= at) {
-        std::pop_heap(covering.begin(), covering.end());
-        covering.pop_back();
-      }
-      const bool more = next < by_start.size();
-      if (covering.empty()) {
-        if (!more) break;
-        at = lines[by_start[next]].start;
-        continue;
-      }
-      const raw& top = lines[covering.front()];
-      const std::uint64_t until = more ? std::min(top.end, lines[by_start[next]].start) : top.end;
-      if (!entries_.empty() && entries_.back().name == top.name && entries_.back().end == at)
-        entries_.back().end = until;
-      else
-        entries_.push_back(entry{at, until, top.name});
-      at = until;
-    }
-    entries_.shrink_to_fit();
-  }
-
-  bool lookup(std::uint64_t address, hit& out) const {
-    auto it = std::upper_bound(entries_.begin(), entries_.end(), address,
-                               [](std::uint64_t a, const entry& e) { return a < e.start; });
-    if (it == entries_.begin()) return false;
-    --it;
-    if (address >= it->end) return false;
-    out.name = names_[it->name];
-    out.start = it->start;
-    out.end = it->end;
-    return true;
-  }
-
-  std::size_t size() const { return entries_.size(); }
-
- private:
-  struct entry {
-    std::uint64_t start, end;
-    std::size_t name;
-  };
-  struct file_stamp {
-    std::uint64_t dev, ino, size, mtime_s, mtime_ns;
-  };
-
-  bool same_stamp(const struct stat& st) const {
-    return has_stamp_ && stamp_.dev == static_cast<std::uint64_t>(st.st_dev) &&
-           stamp_.ino == static_cast<std::uint64_t>(st.st_ino) &&
-           stamp_.size == static_cast<std::uint64_t>(st.st_size) &&
-           stamp_.mtime_s == static_cast<std::uint64_t>(st.st_mtim.tv_sec) &&
-           stamp_.mtime_ns == static_cast<std::uint64_t>(st.st_mtim.tv_nsec);
-  }
-
-  // Takes a hex number (optional 0x) and the spaces after it off the front of `s`.
-  static bool take_hex(std::string_view& s, std::uint64_t& out) {
-    std::size_t i = 0;
-    if (s.size() >= 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) i = 2;
-    std::size_t digits = 0;
-    out = 0;
-    for (; i < s.size(); ++i, ++digits) {
-      char c = s[i];
-      unsigned d;
-      if (c >= '0' && c <= '9')
-        d = static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        d = static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F')
-        d = static_cast<unsigned>(c - 'A' + 10);
-      else
-        break;
-      if (digits >= 16) return false;
-      out = (out << 4) | d;
-    }
-    if (digits == 0 || i >= s.size() || s[i] != ' ') return false;
-    while (i < s.size() && s[i] == ' ') ++i;
-    s.remove_prefix(i);
-    return true;
-  }
-
-  std::string path_;
-  std::vector<std::string> names_;
-  std::vector<entry> entries_;
-  file_stamp stamp_{};
-  bool has_stamp_ = false;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/perf_map.hpp ----
-
-namespace selfprof {
-
-struct symbolizer_options {
-  // Roots searched for separate debug files: <root>/.build-id/xx/rest.debug and <root>/<module dir>/<link>.
-  std::vector<std::string> debug_roots{"/usr/lib/debug"};
-  // perf map naming JIT code; empty means /tmp/perf-<getpid()>.map. Set use_perf_map to false to skip it.
-  std::string perf_map_path;
-  bool use_perf_map = true;
-  std::string maps_path = "/proc/self/maps";
-};
-
-class symbolizer {
- public:
-  symbolizer() : symbolizer(symbolizer_options()) {}
-  explicit symbolizer(symbolizer_options options)
-      : modules_(detail::module_registry_options{options.debug_roots, options.maps_path}),
-        perf_map_(options.perf_map_path.empty() ? detail::perf_map::default_path(::getpid())
-                                                : options.perf_map_path),
-        use_perf_map_(options.use_perf_map),
-        dwarf_(options.debug_roots) {}
-
-  // Snapshots the modules mapped now (parsing the symbols of new ones); keeps unmapped ones. Cheap when
-  // no library was loaded or unloaded since the last call: meant to run every ~100 ms while profiling.
-  void refresh() {
-    modules_.refresh();
-    refreshed_ = true;
-    rescanned_on_miss_ = false;
-    perf_map_checked_ = false;
-  }
-
-  // Appends the frames for one address, outermost first: one frame, or with libdw the real function
-  // (kind native, file:line of its call into the first inlined callee) then each inlined callee (kind
-  // inlined) down to the innermost, as `addr2line -f -C -i` lists them bottom up.
-  // `address` is what to look up: callers pass pc-1 for return addresses.
-  void resolve(std::uint64_t address, std::vector<frame>& out) {
-    {
-      frame jit;  // code registered with selfprof::jit, named by what was there when the sample was taken
-      if (detail::jit_name_tagged(address, jit)) {
-        out.push_back(std::move(jit));
-        return;
-      }
-    }
-    if (!refreshed_) refresh();
-    const detail::module* m = modules_.find(address);
-    if (m == nullptr && !rescanned_on_miss_) {
-      // Mapped without the loader since the last refresh (JIT code, mmap): look once per refresh.
-      rescanned_on_miss_ = true;
-      modules_.rescan();
-      m = modules_.find(address);
-    }
-    frame f;
-    f.address = address;
-    if (m == nullptr || m->kind == detail::module_kind::anonymous) {
-      if (resolve_jit(address, f)) {
-        out.push_back(std::move(f));
-        return;
-      }
-      f.name = "[unknown]";
-      if (m != nullptr) {
-        f.module = m->path;
-        f.module_offset = address - m->start;
-      }
-      out.push_back(std::move(f));
-      return;
-    }
-    f.module = m->path;
-    f.module_offset = address - m->bias;
-    detail::symbol_table::hit hit;
-    const bool named = m->symbols && m->symbols->table.lookup(f.module_offset, hit);
-    if (named) {
-      f.name = m->symbols->table.name(hit.index);
-    } else {
-      char offset[32];
-      std::snprintf(offset, sizeof offset, "+0x%llx]", static_cast<unsigned long long>(f.module_offset));
-      f.name = "[" + m->basename + offset;
-    }
-    if (const detail::source_chain* chain = dwarf_.lookup(*m, f.module_offset)) {
-      append_source_chain(*chain, named, std::move(f), out);
-      return;
-    }
-    out.push_back(std::move(f));
-  }
-
-  // Convenience for one frame: the real function holding the address (the outermost frame; with libdw
-  // it carries the file:line of its call into the inline chain, which is dropped).
-  frame resolve_one(std::uint64_t address) {
-    std::vector<frame> frames;
-    resolve(address, frames);
-    return frames.empty() ? frame() : std::move(frames.front());
-  }
-
-  // One message per module whose symbols could not be read (truncated ELF, unreadable file, ...);
-  // the caller decides where they go (profile notes, stderr). Cleared by this call.
-  std::vector<std::string> take_warnings() { return modules_.take_warnings(); }
-
-  const detail::module_registry& modules() const { return modules_; }
-  const detail::perf_map& jit_map() const { return perf_map_; }
-  const detail::dwarf_lines& source_lines() const { return dwarf_; }
-
- private:
-  // `f` as named by the symbol table (`named` false for the "[module+0xoffset]" fallback); `chain` from
-  // DWARF, outermost first. The outermost frame keeps the symbol table's name (DWARF's fills in a miss)
-  // and takes the chain's first file:line; each further level becomes an inlined frame.
-  static void append_source_chain(const detail::source_chain& chain, bool named, frame f,
-                                  std::vector<frame>& out) {
-    f.file = chain.front().file;
-    f.line = chain.front().line;
-    if (!named && !chain.front().function.empty()) f.name = chain.front().function;
-    out.push_back(f);
-    for (std::size_t i = 1; i < chain.size(); ++i) {
-      frame callee;
-      callee.name = chain[i].function.empty() ? std::string("[inlined]") : chain[i].function;
-      callee.module = f.module;
-      callee.address = f.address;
-      callee.module_offset = f.module_offset;
-      callee.file = chain[i].file;
-      callee.line = chain[i].line;
-      callee.kind = frame_kind::inlined;
-      out.push_back(std::move(callee));
-    }
-  }
-
-  bool resolve_jit(std::uint64_t address, frame& f) {
-    if (!use_perf_map_) return false;
-    if (!perf_map_checked_) {
-      perf_map_checked_ = true;
-      perf_map_.reload_if_changed();
-    }
-    detail::perf_map::hit hit;
-    if (!perf_map_.lookup(address, hit)) return false;
-    f.name = std::string(hit.name);
-    f.module = perf_map_.path();
-    f.module_offset = address - hit.start;
-    f.kind = frame_kind::jit;
-    return true;
-  }
-
-  detail::module_registry modules_;
-  detail::perf_map perf_map_;
-  bool use_perf_map_ = true;
-  bool refreshed_ = false;
-  bool rescanned_on_miss_ = false;
-  bool perf_map_checked_ = false;
-  detail::dwarf_lines dwarf_;  // file:line and inline frames (a stub finding nothing without libdw)
-};
-
-}  // namespace selfprof
-// ---- end selfprof/symbols/symbolizer.hpp ----
-
-namespace selfprof {
-namespace detail {
+constexpr int kForkWaitMs = 100;
 
 class shared_symbolizer {
  public:
@@ -7161,6 +7774,24 @@ class shared_symbolizer {
   void refresh() {
     std::lock_guard<std::mutex> lock(mu_);
     sym_.refresh();
+  }
+  // Re-reads the maps unconditionally (symbolizer::rescan); returns the executable ranges mapped now.
+  std::vector<code_range> rescan() {
+    std::lock_guard<std::mutex> lock(mu_);
+    sym_.rescan();
+    return sym_.code_ranges();
+  }
+  std::vector<code_range> code_ranges() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sym_.code_ranges();
+  }
+  // The perf map reader, for naming JIT samples while sampling (null when perf maps are not used);
+  // internally locked, valid as long as this object. Read on under this lock (poll_jit_map), which
+  // fork() takes, so a child never inherits a half-read map.
+  perf_map* jit_map() { return sym_.perf_map_if_used(); }
+  void poll_jit_map() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (perf_map* m = sym_.perf_map_if_used()) m->reload_if_changed();
   }
   // Runs `use(symbolizer&)` under the lock, after a refresh.
   template <class Use>
@@ -7176,7 +7807,28 @@ class shared_symbolizer {
     work();
   }
   std::mutex& lock_for_fork() { return mu_; }
-  void abandon_after_fork() { new (&mu_) std::mutex(); }
+  // fork(2) prepare: takes the lock if it comes within kForkWaitMs (a module scan or unwind-row build
+  // does; naming a large profile may not). Returns whether it was taken.
+  bool lock_for_fork_briefly() {
+    for (int waited_ms = 0;; ++waited_ms) {
+      if (mu_.try_lock()) return true;
+      if (waited_ms >= kForkWaitMs) return false;
+      struct timespec step {
+        0, 1000 * 1000
+      };
+      ::nanosleep(&step, nullptr);
+    }
+  }
+  // fork(2) child. Without the lock, another thread of the parent may have been inside the symbolizer:
+  // it starts afresh here (the old one is leaked, not destroyed half-changed).
+  void abandon_after_fork(bool was_locked = true) {
+    new (&mu_) std::mutex();
+    if (was_locked) {
+      sym_.abandon_after_fork();
+      return;
+    }
+    new (&sym_) symbolizer();
+  }
 
  private:
   std::mutex mu_;
@@ -8100,6 +8752,12 @@ inline status build_unwind_tables() { return detail::unwind_tables().build(false
 // no sampling handler can run any more (after stop).
 inline void release_unwind_tables() { detail::unwind_tables().release(); }
 
+// fork(2) child, when another thread of the parent may have been inside build(): a fresh state (the old
+// one is leaked; no handler runs in the child until a new start() publishes a new set).
+inline void abandon_unwind_tables_after_fork() {
+  new (&detail::unwind_tables()) detail::unwind_tables_state();
+}
+
 inline unwind_tables_info get_unwind_tables_info() { return detail::unwind_tables().info(); }
 
 }  // namespace selfprof
@@ -8355,11 +9013,12 @@ class wall_sampler {
     stop();
     cfg_ = cfg;
     if (cfg_.threads_per_tick == 0) cfg_.threads_per_tick = 1;
-    task_dir_ = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    task_dir_ = keep_fd_high(::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (task_dir_ < 0) return status::error("selfprof: wall mode needs /proc/self/task: " + errno_text());
     code_.refresh();
     states_.clear();
     cached_fds_ = 0;
+    cache_high_ = true;
     order_.clear();
     {
       std::lock_guard<std::mutex> lock(list_mu_);
@@ -8568,7 +9227,16 @@ class wall_sampler {
     int fd = open_task_syscall(task_dir_, tid);
     if (fd < 0) return task_syscall{};
     task_syscall ts = read_task_syscall(fd);
-    if (cached_fds_ < kWallCachedFds) {
+    // Kept only above the application's fds (detail/high_fd.hpp). Where there is no room, the files are
+    // opened per look for the rest of the session instead: up to kWallCachedFds kept in the application's
+    // range would shift its fds and could exhaust its limit.
+    bool keep = cached_fds_ < kWallCachedFds && cache_high_;
+    if (keep) {
+      const fd_move m = move_fd_high(fd);
+      fd = m.fd;
+      keep = cache_high_ = m.place == fd_place::moved;
+    }
+    if (keep) {
       st.fd = fd;
       ++cached_fds_;
     } else {
@@ -8662,6 +9330,7 @@ class wall_sampler {
   worker worker_;  // "selfprof-wall"
   int task_dir_ = -1;
   std::size_t cached_fds_ = 0;
+  bool cache_high_ = true;  // false once a syscall fd could not leave the application's range
   code_ranges code_;
   std::unordered_map<pid_t, thread_state> states_;
   std::vector<pid_t> order_;
@@ -8686,6 +9355,7 @@ constexpr unsigned kCollectorWakeMs = 50;
 constexpr unsigned kCollectorBusyWakeMs = 500;
 constexpr unsigned kFullThreadScanMs = 500;  // full /proc/self/task scan even when the count is stable
 constexpr unsigned kSymbolRefreshMs = 200;   // module snapshot while samples arrive and libraries change
+constexpr unsigned kCodeRescanMaxMs = 5000;  // the longest back-off between scans for samples in unknown code
 
 struct collector_config {
   sample_ring* ring = nullptr;
@@ -8714,7 +9384,7 @@ class collector {
     wakes_.store(0, std::memory_order_relaxed);
     contention_.reset(c.upgrade);
     listed_generation_ = ~std::uint64_t(0);
-    task_dir_fd_ = ::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    task_dir_fd_ = keep_fd_high(::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     status st = worker_.start("selfprof", &collector::main, this);
     if (!st) {
       close_task_dir();
@@ -8778,15 +9448,18 @@ class collector {
   void loop() {
     const auto start = std::chrono::steady_clock::now();
     auto last_full_scan = start;
-    auto last_sym = start;
     long last_count = -1;  // scan at once: threads may have started since start() looked
     std::uint64_t last_generation = loader_generation();
     std::uint64_t last_total = 0;
     std::uint64_t last_taken = g_handler.taken.load(std::memory_order_relaxed);
     bool ticks_arrive = false;
     bool boosting = false;
+    code_scan code;
+    config_.store->set_code({}, config_.symbols->jit_map());  // JIT samples are named from the first drain
+    auto last_code_scan = start;  // the first scan waits one interval: a short-lived process never pays it
     while (worker_.wait(wait_ms(ticks_arrive, boosting))) {
       wakes_.fetch_add(1, std::memory_order_relaxed);
+      config_.symbols->poll_jit_map();  // lines written before these samples were taken name them
       config_.store->drain(*config_.ring);
       watch_sample_signal();
       const std::uint64_t total = config_.store->total();
@@ -8813,17 +9486,51 @@ class collector {
                                                             std::memory_order_relaxed);
       }
       if (config_.unwind_rows)  // nearly free when no module came or went; under the lock fork() takes
-        config_.symbols->locked([] { build_unwind_tables(); });
-      // A library loaded while profiling is parsed while it is still mapped, so its samples keep their
-      // names after a dlclose. Nothing to do while no library comes or goes.
+        build_rows();
+      // A library loaded while profiling, or code mapped without the loader that samples landed in, is
+      // parsed while it is still mapped, so its samples keep their names after it is unmapped. Nothing to
+      // do while no library comes or goes and every sample lands in known code.
       const std::uint64_t generation = loader_generation();
-      if (generation != last_generation && total != last_total &&
-          now - last_sym >= std::chrono::milliseconds(kSymbolRefreshMs)) {
-        config_.symbols->refresh();
-        last_sym = now;
+      const bool loader_moved = generation != last_generation && total != last_total;
+      const bool unknown = config_.store->take_unknown_code();
+      if ((loader_moved || unknown) && now - last_code_scan >= code.interval) {
+        code.scanned(config_.symbols->rescan(), loader_moved);
+        config_.store->set_code(code.ranges, config_.symbols->jit_map());
+        last_code_scan = now;
         last_total = total;
         last_generation = generation;
       }
+    }
+  }
+
+  // Scans for samples in unknown code back off while the maps do not change (a bad unwind can leave
+  // addresses that belong to no mapping), and come back to the short interval when they do.
+  struct code_scan {
+    std::vector<code_range> ranges;
+    std::chrono::milliseconds interval{kSymbolRefreshMs};
+    void scanned(std::vector<code_range> now, bool loader_moved) {
+      const bool same =
+          now.size() == ranges.size() &&
+          std::equal(now.begin(), now.end(), ranges.begin(), [](const code_range& a, const code_range& b) {
+            return a.start == b.start && a.end == b.end && a.anonymous == b.anonymous;
+          });
+      if (same && !loader_moved)
+        interval = std::min(interval * 2, std::chrono::milliseconds(kCodeRescanMaxMs));
+      else
+        interval = std::chrono::milliseconds(kSymbolRefreshMs);
+      ranges = std::move(now);
+    }
+  };
+
+  // The handler's CFI rows: built at the first wake (start() leaves them to the collector unless
+  // SELFPROF_UNWIND=dwarf), rebuilt when modules come and go. A failure is noted once; the handler
+  // walks frame pointers where no row covers a pc.
+  void build_rows() {
+    status st;
+    config_.symbols->locked([&st] { st = build_unwind_tables(); });
+    if (!st && !rows_failed_) {
+      rows_failed_ = true;
+      config_.session->note(st.message() + "; unwinding with frame pointers only", true);
     }
   }
 
@@ -8890,6 +9597,7 @@ class collector {
   std::uint64_t listed_generation_ = ~std::uint64_t(0);
   std::vector<pid_t> listed_;
   std::atomic<std::uint64_t> wakes_{0};
+  bool rows_failed_ = false;  // collector thread only
 };
 
 }  // namespace detail
@@ -8946,6 +9654,7 @@ struct handler_counts {
 // Context: setup only (start/stop); the dumper thread; flush() from any thread.
 
 #include <signal.h>
+#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -10074,19 +10783,20 @@ inline std::string write_pprof(const profile& p, const pprof_options& opts = {})
 // Context: any thread except the signal handler (the collector thread on a dump, or the CLI).
 //
 // Policy, in the order it is checked (every refusal names the path and the reason):
-//  1. The directory is opened once (O_DIRECTORY) and every later step works relative to that
-//     descriptor, so a directory path swapped underneath us cannot redirect the write.
-//  2. The target itself must not be a symbolic link, even a dangling one, nor anything but a regular
+//  1. The directory is opened once, without following a symbolic link in any of its components, and
+//     every later step works relative to that descriptor, so nothing is resolved by path again and a
+//     directory swapped underneath us cannot redirect the write (safe_dir.hpp).
+//  2. Every directory on the way, and the destination, is judged by mode and owner (safe_dir.hpp): a
+//     *shared* one (writable by users other than us) is refused unless `sink_options::allow_shared_dir`
+//     when it has no sticky bit (anyone may rename or delete our file after we wrote it, or replace
+//     the next component) or belongs to neither us nor root (the sticky bit does not restrain its
+//     owner). /tmp and /var/tmp (root's, sticky) pass.
+//  3. The target itself must not be a symbolic link, even a dangling one, nor anything but a regular
 //     file (a FIFO, a device or a directory is refused): we replace files, we do not write into them.
-//  3. A *shared* directory is one writable by "other" users, or writable by its group when that group
-//     is not our effective group (with user-private groups and umask 002 a user's own 0775 directory
-//     is not shared). In a shared directory:
-//       - without the sticky bit anyone may rename or delete our file after we wrote it, or replace it
-//         between our checks: refused unless `sink_options::allow_shared_dir`;
-//       - with the sticky bit (/tmp, /var/tmp) other users cannot touch our files, so the write is
-//         allowed, but an existing target owned by someone else is refused (someone planted it;
-//         Linux's fs.protected_regular would refuse it as well).
-//  4. The bytes go to a fresh temp file ".<name>.tmp-<pid>-<n>" in the same directory, created with
+//     In a shared directory an existing target owned by someone else is refused (someone planted it;
+//     Linux's fs.protected_regular would refuse it as well).
+//  4. The bytes go to a fresh temp file ".<name>.tmp-<16 random hex digits>" in the same directory (the
+//     name is not guessable in advance; a taken one is retried), created with
 //     O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC and mode 0600 (and fchmod 0600, whatever the umask), written
 //     with a full write loop that retries EINTR, fsync'ed, closed (close errors count: NFS reports
 //     write-back failures there), then renamed over the target. The directory is fsync'ed afterwards.
@@ -10094,15 +10804,283 @@ inline std::string write_pprof(const profile& p, const pprof_options& opts = {})
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <string_view>
 #include <utility>
 
+// ---- begin selfprof/output/safe_dir.hpp ----
+// Opens the directory an output file goes into without following a symbolic link in any component, and
+// judges, by mode and owner, whether other users could swap what the path leads to.
+// Context: any thread except the signal handler (the dumper thread, an API caller, or the CLI).
+//
+// The path. `..` is resolved lexically: it cancels the name before it, which is then never opened (no
+// component may be a link, so the text and the kernel's walk agree). `..` left at the start of a
+// relative path go up from the working directory, by the kernel's `..` of an open directory, which is
+// never a link; "/.." is "/". A relative path starts at the working directory, however it was reached.
+//
+// Opening, two ways that judge the same directories and give the same verdicts:
+//  - openat2(2) with RESOLVE_NO_SYMLINKS (Linux 5.6) opens the whole path in one call; then the
+//    directories it looked names up in are judged by climbing `..` from the opened descriptor (a
+//    directory moves to another parent only with write permission on it).
+//  - the walk, used when openat2 fails for any reason (ENOSYS on older kernels, EPERM from a seccomp
+//    filter; or ENOENT, ELOOP, EACCES, ... so that the error names the component): one component at a
+//    time, openat(O_PATH|O_NOFOLLOW) relative to the descriptor of the previous one, judged before a name
+//    is looked up in it; a component that is a symbolic link or not a directory is refused.
+// Nothing is resolved by path after it was judged: the caller works relative to the returned descriptor.
+//
+// The judgement, the same for every directory a name is looked up in and for the destination itself. A
+// directory is *shared* when users other than us can write it: writable by "other", or by its group
+// when that group is not our effective group (with user-private groups and umask 002 a user's own 0775
+// directory is not shared). A shared directory is refused, unless `allow_shared`, when
+//   - it has no sticky bit: anyone who can write it may rename, delete or replace its entries (the next
+//     component, or our file after we wrote it), whoever owns the directory;
+//   - it belongs to neither us nor root: the sticky bit does not restrain the directory's owner.
+// /tmp (root's, sticky) passes; a directory that is not shared passes whoever owns it.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#if __has_include(<linux/openat2.h>)
+#include <linux/openat2.h>
+#endif
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace selfprof {
+namespace detail {
+
+#ifdef RESOLVE_NO_SYMLINKS
+using open_how_v0 = ::open_how;
+constexpr std::uint64_t k_resolve_no_symlinks = RESOLVE_NO_SYMLINKS;
+constexpr std::uint64_t k_resolve_no_magiclinks = RESOLVE_NO_MAGICLINKS;
+#else
+// The kernel's struct open_how and flags (include/uapi/linux/openat2.h), for headers older than 5.6.
+struct open_how_v0 {
+  std::uint64_t flags;
+  std::uint64_t mode;
+  std::uint64_t resolve;
+};
+constexpr std::uint64_t k_resolve_no_symlinks = 0x04;
+constexpr std::uint64_t k_resolve_no_magiclinks = 0x02;
+#endif
+
+// Which way open_dir_nofollow resolves: openat2 with the walk as fallback, or the walk only (tests).
+enum class dir_resolver { openat2_first, walk_only };
+
+inline std::string errno_text(int err) {
+  char buf[256];
+  // GNU strerror_r returns the message pointer (which may or may not be buf).
+#if defined(__GLIBC__) && defined(_GNU_SOURCE)
+  const char* text = ::strerror_r(err, buf, sizeof buf);
+  return text ? std::string(text) : std::string("error ") + std::to_string(err);
+#else
+  if (::strerror_r(err, buf, sizeof buf) != 0) return "error " + std::to_string(err);
+  return std::string(buf);
+#endif
+}
+
+// A descriptor closed on destruction (directory descriptors: opened and closed outside the seam).
+class owned_fd {
+ public:
+  owned_fd() = default;
+  explicit owned_fd(int fd) : fd_(fd) {}
+  owned_fd(owned_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  owned_fd& operator=(owned_fd&& o) noexcept {
+    if (this != &o) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  owned_fd(const owned_fd&) = delete;
+  owned_fd& operator=(const owned_fd&) = delete;
+  ~owned_fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+// A directory path after the lexical pass described at the top of this file.
+struct dir_path {
+  bool absolute = false;
+  unsigned up = 0;                 // leading ".." of a relative path
+  std::vector<std::string> names;  // the other components, without "", "." and the names ".." cancelled
+
+  // The directory that holds names[n], as text ("/", ".", "../a", "/a/b"); n == names.size(): the whole.
+  std::string prefix(std::size_t n) const {
+    std::string s = absolute ? "/" : "";
+    for (unsigned i = 0; i < up; ++i) s += "../";
+    for (std::size_t i = 0; i < n && i < names.size(); ++i) s += names[i] + "/";
+    if (s.size() > 1) s.pop_back();
+    return s.empty() ? std::string(".") : s;
+  }
+};
+
+inline dir_path parse_dir_path(const std::string& dir) {
+  dir_path p;
+  p.absolute = !dir.empty() && dir[0] == '/';
+  std::size_t i = 0;
+  while (i <= dir.size()) {
+    std::size_t end = dir.find('/', i);
+    if (end == std::string::npos) end = dir.size();
+    const std::string name = dir.substr(i, end - i);
+    if (name == "..") {
+      if (!p.names.empty()) {
+        p.names.pop_back();
+      } else if (!p.absolute) {
+        ++p.up;
+      }
+    } else if (!name.empty() && name != ".") {
+      p.names.push_back(name);
+    }
+    i = end + 1;
+  }
+  return p;
+}
+
+// True when users other than us may create, rename or delete entries of a directory with this stat.
+inline bool dir_is_shared(const struct stat& st) {
+  if (st.st_mode & S_IWOTH) return true;
+  if ((st.st_mode & S_IWGRP) && st.st_gid != ::getegid()) return true;
+  return false;
+}
+
+// Why a directory with this stat is refused (the judgement above), or "" when it is not.
+inline std::string dir_refusal(const struct stat& st, bool allow_shared) {
+  if (allow_shared || !dir_is_shared(st)) return "";
+  const char* const tail = " (refusing; allow_shared_dir overrides)";
+  if (!(st.st_mode & S_ISVTX)) return std::string("is writable by other users and has no sticky bit") + tail;
+  if (st.st_uid != ::geteuid() && st.st_uid != 0)
+    return "is writable by other users and belongs to another user (uid " + std::to_string(st.st_uid) +
+           "), who may rename or delete entries despite the sticky bit" + tail;
+  return "";
+}
+
+// The destination directory, or why it was refused.
+struct opened_dir {
+  owned_fd fd;        // O_RDONLY|O_DIRECTORY (fsync needs more than O_PATH); -1 when refused
+  struct stat st {};  // the destination's stat
+  std::string error;  // names the directory or component; empty when fd is open
+};
+
+inline opened_dir dir_refused(std::string why) {
+  opened_dir out;
+  out.error = std::move(why);
+  return out;
+}
+
+// The walk (see the top of this file). Public for tests: on a kernel with openat2 it runs only on errors.
+inline opened_dir open_dir_walk(const std::string& dir, bool allow_shared) {
+  const dir_path p = parse_dir_path(dir);
+  const std::string start = p.prefix(0), whole = p.prefix(p.names.size()), dotdot = "..";
+  // Takes errno as an argument, read before any message is built (allocation may change errno).
+  auto failed = [](int err, const char* kind, const std::string& name) {
+    return dir_refused(std::string(kind) + " '" + name + "': " + errno_text(err));
+  };
+  owned_fd cur(::open(p.absolute ? "/" : ".", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (cur.get() < 0) return failed(errno, "directory", start);
+  for (unsigned i = 0; i < p.up; ++i) {
+    owned_fd parent(::openat(cur.get(), "..", O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (parent.get() < 0) return failed(errno, "component", dotdot);
+    cur = std::move(parent);
+  }
+  struct stat st {};
+  if (::fstat(cur.get(), &st) != 0) return failed(errno, "directory", start);
+  for (std::size_t i = 0; i < p.names.size(); ++i) {
+    const std::string why = dir_refusal(st, allow_shared);
+    if (!why.empty()) return dir_refused("directory '" + p.prefix(i) + "' " + why);
+    const std::string& name = p.names[i];
+    // Without O_DIRECTORY a link opens as itself (O_PATH|O_NOFOLLOW), so fstat tells a link from a file.
+    owned_fd next(::openat(cur.get(), name.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (next.get() < 0 || ::fstat(next.get(), &st) != 0) return failed(errno, "component", name);
+    if (S_ISLNK(st.st_mode))
+      return dir_refused("component '" + name + "' is a symbolic link (refusing to follow it)");
+    if (!S_ISDIR(st.st_mode)) return dir_refused("component '" + name + "' is not a directory");
+    cur = std::move(next);
+  }
+  opened_dir out;
+  out.fd = owned_fd(::openat(cur.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (out.fd.get() < 0 || ::fstat(out.fd.get(), &out.st) != 0) return failed(errno, "directory", whole);
+  const std::string why = dir_refusal(out.st, allow_shared);
+  if (!why.empty()) return dir_refused("directory '" + whole + "' " + why);
+  return out;
+}
+
+// openat2 and the climb (see the top of this file). False when a system call failed: the walk then
+// decides and names the component. True with `out` set otherwise (opened, or refused by the judgement).
+inline bool open_dir_openat2(const std::string& dir, bool allow_shared, opened_dir& out) {
+#ifdef SYS_openat2
+  const dir_path p = parse_dir_path(dir);
+  const std::string whole = p.prefix(p.names.size());
+  open_how_v0 how{};
+  how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
+  how.resolve = k_resolve_no_symlinks | k_resolve_no_magiclinks;
+  const long fd = ::syscall(SYS_openat2, AT_FDCWD, whole.c_str(), &how, sizeof how);
+  if (fd < 0) return false;
+  owned_fd dest(static_cast<int>(fd));
+  struct stat st {};
+  if (::fstat(dest.get(), &st) != 0) return false;
+  // Each `..` is the directory that holds the next name up (the last one: the start). The refusal kept
+  // is the topmost, the one the walk reports.
+  std::string refusal;
+  owned_fd cur;
+  int at = dest.get();
+  for (std::size_t i = p.names.size(); i-- > 0;) {
+    owned_fd parent(::openat(at, "..", O_PATH | O_DIRECTORY | O_CLOEXEC));
+    struct stat pst {};
+    if (parent.get() < 0 || ::fstat(parent.get(), &pst) != 0) return false;
+    const std::string why = dir_refusal(pst, allow_shared);
+    if (!why.empty()) refusal = "directory '" + p.prefix(i) + "' " + why;
+    cur = std::move(parent);
+    at = cur.get();
+  }
+  if (refusal.empty()) {
+    const std::string why = dir_refusal(st, allow_shared);
+    if (!why.empty()) refusal = "directory '" + whole + "' " + why;
+  }
+  out = opened_dir();
+  if (!refusal.empty()) {
+    out.error = std::move(refusal);
+  } else {
+    out.fd = std::move(dest);
+    out.st = st;
+  }
+  return true;
+#else
+  (void)dir, (void)allow_shared, (void)out;
+  return false;
+#endif
+}
+
+// Opens `dir` for an output file: no symbolic link in any component, every directory judged.
+inline opened_dir open_dir_nofollow(const std::string& dir, bool allow_shared,
+                                    dir_resolver how = dir_resolver::openat2_first) {
+  opened_dir out;
+  if (how == dir_resolver::openat2_first && open_dir_openat2(dir, allow_shared, out)) return out;
+  return open_dir_walk(dir, allow_shared);
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/output/safe_dir.hpp ----
 
 namespace selfprof {
 
@@ -10124,18 +11102,6 @@ inline status sink_error(const std::string& path, const std::string& reason) {
   return status::error(std::move(message));
 }
 
-inline std::string errno_text(int err) {
-  char buf[256];
-  // GNU strerror_r returns the message pointer (which may or may not be buf).
-#if defined(__GLIBC__) && defined(_GNU_SOURCE)
-  const char* text = ::strerror_r(err, buf, sizeof buf);
-  return text ? std::string(text) : std::string("error ") + std::to_string(err);
-#else
-  if (::strerror_r(err, buf, sizeof buf) != 0) return "error " + std::to_string(err);
-  return std::string(buf);
-#endif
-}
-
 // Splits "a/b/c" into "a/b" and "c"; "c" into "." and "c"; "/c" into "/" and "c".
 inline void split_path(const std::string& path, std::string& dir, std::string& base) {
   const auto slash = path.find_last_of('/');
@@ -10146,13 +11112,6 @@ inline void split_path(const std::string& path, std::string& dir, std::string& b
     dir = slash == 0 ? std::string("/") : path.substr(0, slash);
     base = path.substr(slash + 1);
   }
-}
-
-// True when users other than us may create, rename or delete entries of a directory with this stat.
-inline bool dir_is_shared(const struct stat& st) {
-  if (st.st_mode & S_IWOTH) return true;
-  if ((st.st_mode & S_IWGRP) && st.st_gid != ::getegid()) return true;
-  return false;
 }
 
 // Owns a descriptor opened through the seam and closes it through the seam.
@@ -10192,47 +11151,61 @@ inline int write_all(int fd, std::string_view bytes) {
   return 0;
 }
 
-inline std::string temp_name_for(const std::string& base, unsigned attempt) {
-  static std::atomic<unsigned> counter{0};
-  const unsigned n = counter.fetch_add(1, std::memory_order_relaxed);
-  // A long name keeps its first 200 bytes so the temp name stays under NAME_MAX (255).
+// 64 bits nobody can guess in advance: getrandom(2), else /dev/urandom, else (neither available, as in
+// some sandboxes) the clock, the pid and a counter, mixed: not secret, but not known ahead of time.
+inline std::uint64_t random_u64() {
+  std::uint64_t v = 0;
+#ifdef SYS_getrandom
+  constexpr unsigned grnd_nonblock = 0x0001;  // GRND_NONBLOCK (getrandom(2)): never wait for the pool
+  if (::syscall(SYS_getrandom, &v, sizeof v, grnd_nonblock) == static_cast<long>(sizeof v)) return v;
+#endif
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    const ssize_t n = ::read(fd, &v, sizeof v);
+    ::close(fd);
+    if (n == static_cast<ssize_t>(sizeof v)) return v;
+  }
+  static std::atomic<std::uint64_t> counter{0};
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  v = static_cast<std::uint64_t>(ts.tv_sec) * 1000000007u + static_cast<std::uint64_t>(ts.tv_nsec);
+  v ^= static_cast<std::uint64_t>(::getpid()) << 40;
+  v += counter.fetch_add(1, std::memory_order_relaxed) * 0x9e3779b97f4a7c15u;
+  // splitmix64's finalizer: every input bit moves about half of the output bits.
+  v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9u;
+  v = (v ^ (v >> 27)) * 0x94d049bb133111ebu;
+  return v ^ (v >> 31);
+}
+
+// ".<base>.tmp-<16 random hex digits>". A long base keeps its first 200 bytes, so the temp name stays
+// under NAME_MAX (255).
+inline std::string temp_name_for(const std::string& base) {
+  static const char digits[] = "0123456789abcdef";
   std::string name = ".";
   name.append(base, 0, 200);
   name += ".tmp-";
-  name += std::to_string(::getpid());
-  name += '-';
-  name += std::to_string(n);
-  name += '-';
-  name += std::to_string(attempt);
+  const std::uint64_t r = random_u64();
+  for (int shift = 60; shift >= 0; shift -= 4) name += digits[(r >> shift) & 0xf];
   return name;
 }
 
-// Writes `bytes` to `path` atomically, following the policy at the top of this file.
-inline status write_file_atomic(const std::string& path, std::string_view bytes,
-                                const sink_options& opts = {}) {
+// Writes `bytes` to `path` atomically, following the policy at the top of this file. `how` chooses how
+// the directory is opened (tests force the walk that stands in for openat2 on older kernels).
+inline status write_file_atomic(const std::string& path, std::string_view bytes, const sink_options& opts,
+                                dir_resolver how) {
   if (path.empty()) return status::error("selfprof: cannot write an empty path");
   std::string dir, base;
   split_path(path, dir, base);
   if (base.empty() || base == "." || base == "..")
     return sink_error(path, "not a file name (the path ends in '/', '.' or '..')");
 
-  sink_fd dirfd(sys().open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0));
-  auto dir_error = [&path, &dir](int err) {
-    return sink_error(path, "directory " + dir + ": " + errno_text(err));
-  };
-  if (dirfd.get() < 0) return dir_error(errno);
-
-  struct stat dst {};
-  if (::fstat(dirfd.get(), &dst) != 0) return dir_error(errno);
-  const bool shared = dir_is_shared(dst);
-  const bool sticky = (dst.st_mode & S_ISVTX) != 0;
-  if (shared && !sticky && !opts.allow_shared_dir)
-    return sink_error(path, "directory " + dir +
-                                " is writable by other users and has no sticky bit (refusing; "
-                                "allow_shared_dir overrides)");
+  const opened_dir d = open_dir_nofollow(dir, opts.allow_shared_dir, how);
+  if (!d.error.empty()) return sink_error(path, d.error);
+  const int dirfd = d.fd.get();
+  const bool shared = dir_is_shared(d.st);
 
   struct stat tst {};
-  if (::fstatat(dirfd.get(), base.c_str(), &tst, AT_SYMLINK_NOFOLLOW) == 0) {
+  if (::fstatat(dirfd, base.c_str(), &tst, AT_SYMLINK_NOFOLLOW) == 0) {
     if (S_ISLNK(tst.st_mode))
       return sink_error(path, "the target is a symbolic link (refusing to follow it)");
     if (!S_ISREG(tst.st_mode)) return sink_error(path, "the target exists and is not a regular file");
@@ -10246,8 +11219,8 @@ inline status write_file_atomic(const std::string& path, std::string_view bytes,
   std::string temp;
   int tfd = -1;
   for (unsigned attempt = 0; attempt < 100; ++attempt) {
-    temp = temp_name_for(base, attempt);
-    tfd = sys().openat(dirfd.get(), temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    temp = temp_name_for(base);
+    tfd = sys().openat(dirfd, temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (tfd >= 0 || errno != EEXIST) break;
   }
   if (tfd < 0) return sink_error(path, errno_text(errno));
@@ -10255,7 +11228,7 @@ inline status write_file_atomic(const std::string& path, std::string_view bytes,
 
   auto fail = [&](int err, const char* step) {
     file.reset();
-    ::unlinkat(dirfd.get(), temp.c_str(), 0);
+    ::unlinkat(dirfd, temp.c_str(), 0);
     std::string reason = errno_text(err);
     if (step) {
       reason += " (";
@@ -10269,9 +11242,14 @@ inline status write_file_atomic(const std::string& path, std::string_view bytes,
   if (const int err = write_all(file.get(), bytes)) return fail(err, "write");
   if (opts.sync && ::fsync(file.get()) != 0) return fail(errno, "fsync");
   if (file.reset() != 0) return fail(errno, "close");
-  if (::renameat(dirfd.get(), temp.c_str(), dirfd.get(), base.c_str()) != 0) return fail(errno, "rename");
-  if (opts.sync) ::fsync(dirfd.get());  // best effort: the file is complete either way
+  if (::renameat(dirfd, temp.c_str(), dirfd, base.c_str()) != 0) return fail(errno, "rename");
+  if (opts.sync) ::fsync(dirfd);  // best effort: the file is complete either way
   return status::ok();
+}
+
+inline status write_file_atomic(const std::string& path, std::string_view bytes,
+                                const sink_options& opts = {}) {
+  return write_file_atomic(path, bytes, opts, dir_resolver::openat2_first);
 }
 
 }  // namespace detail
@@ -12927,7 +13905,8 @@ class snapshot_maker {
 // Signal-handler code: the dump signal (SIGUSR2 by default) only counts a request and wakes the dumper
 // thread through its eventfd; that thread does the work (a handler that opens files and allocates, as
 // some profilers' dump signals do, deadlocks when it interrupts malloc).
-// Context: signal handler (async-signal-safe: one atomic add and one write(2)).
+// Context: signal handler (async-signal-safe: atomic adds and one raw write(2), not libc's interposable
+// wrapper).
 
 #include <signal.h>
 #include <unistd.h>
@@ -12936,25 +13915,31 @@ class snapshot_maker {
 #include <atomic>
 #include <cstdint>
 
+
 namespace selfprof {
 namespace detail {
 
 struct dump_request_globals {
   std::atomic<std::uint64_t> requests{0};  // dump signals received
-  std::atomic<int> wake_fd{-1};            // the collector's eventfd, -1 when no collector runs
+  std::atomic<int> wake_fd{-1};            // the dumper's eventfd, -1 when no dumper runs
+  std::atomic<int> in_flight{0};           // handlers running now: the eventfd closes only at zero
 };
 
 inline dump_request_globals g_dump_requests;
 
+// in_flight and wake_fd are seq_cst, as the sampling handler's in_flight and active: stop() stores -1 in
+// wake_fd and then waits for in_flight to be zero, so a handler either sees -1 or is waited for, and
+// never writes into a descriptor number that was closed and reused.
 inline void dump_signal_handler(int, siginfo_t*, void*) {
   const int saved_errno = errno;
+  g_dump_requests.in_flight.fetch_add(1, std::memory_order_seq_cst);
   g_dump_requests.requests.fetch_add(1, std::memory_order_acq_rel);
-  int fd = g_dump_requests.wake_fd.load(std::memory_order_acquire);
+  const int fd = g_dump_requests.wake_fd.load(std::memory_order_seq_cst);
   if (fd >= 0) {
-    std::uint64_t one = 1;
-    ssize_t r = ::write(fd, &one, sizeof one);  // write(2) is async-signal-safe
-    (void)r;
+    const std::uint64_t one = 1;
+    raw_syscall3(SYS_write, fd, reinterpret_cast<long>(&one), sizeof one);
   }
+  g_dump_requests.in_flight.fetch_sub(1, std::memory_order_release);
   errno = saved_errno;
 }
 
@@ -13002,7 +13987,8 @@ class auto_dumps {
         struct sigaction act {};
         act.sa_sigaction = &dump_signal_handler;
         act.sa_flags = SA_SIGINFO | SA_RESTART;
-        sigemptyset(&act.sa_mask);
+        sigfillset(&act.sa_mask);  // no application handler runs inside it (and jumps out)
+        sigdelset(&act.sa_mask, SIGSYS);
         if (sys().sigaction(o.dump_signal, &act, &previous_) == 0) signal_ = o.dump_signal;
       }
     }
@@ -13013,7 +13999,16 @@ class auto_dumps {
   // unless `keep_signal` (the exit dump: a late request must not meet the default action, terminate,
   // while the last profile is written; the handler then only counts it).
   void stop(bool keep_signal = false) {
-    g_dump_requests.wake_fd.store(-1, std::memory_order_release);
+    g_dump_requests.wake_fd.store(-1, std::memory_order_seq_cst);
+    // A handler that read the descriptor before the store writes it before the thread closes it.
+    for (int waited_us = 0;
+         g_dump_requests.in_flight.load(std::memory_order_seq_cst) != 0 && waited_us < 1000000;
+         waited_us += 100) {
+      struct timespec step {
+        0, 100 * 1000
+      };
+      ::nanosleep(&step, nullptr);
+    }
     worker_.stop();
     if (signal_ != 0 && !keep_signal) {
       sys().sigaction(signal_, &previous_, nullptr);
@@ -13399,6 +14394,7 @@ class profiler_core {
   profile symbolize(const raw_snapshot& raw) { return snapshots_.symbolize(raw); }
   profile snapshot() { return symbolize(snapshot_raw()); }
   snapshot_maker& snapshots() { return snapshots_; }
+  shared_symbolizer& symbols() { return symbols_; }  // the process's one symbolizer (tests)
 
   // The one dump path with the session's settings and `paths` (the API's dump()).
   status dump(const std::string& paths) {
@@ -13481,14 +14477,17 @@ class profiler_core {
 
   // fork(2), see core/fork.hpp: every lock is taken before the fork, so no copy is held by a thread that
   // does not exist in the child; the child forgets the parent's threads and kernel objects.
+  // The symbolizer's lock is the exception: a dump may hold it for seconds while it names frames, so
+  // fork() waits for it only briefly (see shared_symbolizer::lock_for_fork_briefly), and a child that did
+  // not get it starts with a fresh symbolizer.
   void fork_prepare() {
     control_mu_.lock();
     registry_.lock_for_fork().lock();
     store_.lock_for_fork().lock();
-    symbols_.lock_for_fork().lock();
+    symbols_locked_for_fork_ = symbols_.lock_for_fork_briefly();
   }
   void fork_parent() {
-    symbols_.lock_for_fork().unlock();
+    if (symbols_locked_for_fork_) symbols_.lock_for_fork().unlock();
     store_.lock_for_fork().unlock();
     registry_.lock_for_fork().unlock();
     control_mu_.unlock();
@@ -13571,7 +14570,13 @@ class profiler_core {
     unwind_ = unwind_mode::fp;
     unwind_ok_ = true;
     if (opts_.unwind == unwind_mode::fp) return;
-    status u = build_unwind_tables();
+    if (opts_.unwind == unwind_mode::automatic) {
+      // The collector builds the rows at its first wake: a process that lives a few milliseconds never
+      // pays for parsing every module's .eh_frame, and until then the handler walks frame pointers.
+      unwind_ = unwind_mode::dwarf;
+      return;
+    }
+    status u = build_unwind_tables();  // SELFPROF_UNWIND=dwarf: rows from the first sample, or an error
     if (u) {
       unwind_ = unwind_mode::dwarf;
       return;
@@ -13628,10 +14633,12 @@ class profiler_core {
     collector_.stop();
     dumps_.stop(keep_dump_signal);  // answers what was requested, gives the dump signal back
     registry_.end();
-    g_handler.active.store(false, std::memory_order_release);
-    restore_sample_handler(signal_);  // waits until no handler runs: the tables and fds can go
+    g_handler.active.store(false, std::memory_order_seq_cst);  // pairs with the handler's in_flight
+    // Waits (bounded) until no handler runs: the tables can go. A handler still running after the wait
+    // is stuck in a fault of its own; its tables are kept (a leak) rather than freed under it.
+    const bool quiet = restore_sample_handler(signal_);
     collector_.close_task_dir();
-    release_unwind_tables();
+    if (quiet) release_unwind_tables();
     store_.drain(ring_);
     g_handler.ring.store(nullptr, std::memory_order_release);
     snapshots_.end();
@@ -13640,10 +14647,9 @@ class profiler_core {
   }
 
   status fail_start(status st) {
-    g_handler.active.store(false, std::memory_order_release);
+    g_handler.active.store(false, std::memory_order_seq_cst);  // pairs with the handler's in_flight
     registry_.end();
-    restore_sample_handler(signal_);
-    release_unwind_tables();
+    if (restore_sample_handler(signal_)) release_unwind_tables();
     g_handler.ring.store(nullptr, std::memory_order_release);
     notes_.clear();
     return st;
@@ -13704,6 +14710,7 @@ class profiler_core {
   thread_registry registry_;
   sample_store store_;
   shared_symbolizer symbols_;
+  bool symbols_locked_for_fork_ = false;  // between fork_prepare and fork_parent/fork_child
   snapshot_maker snapshots_{session_parts{&ring_, &store_, &registry_, &session_, &symbols_}};
   auto_dumps dumps_{snapshots_};
   wall_sampler wall_sampler_;
@@ -13741,9 +14748,10 @@ inline void profiler_core::fork_child() {
   // Another thread of the parent may have been inside the handler at the fork: its in-flight count was
   // copied, but that thread does not exist here, and stop() would wait for it forever.
   g_handler.in_flight.store(0, std::memory_order_release);
+  g_dump_requests.in_flight.store(0, std::memory_order_release);  // a handler on a thread the child lacks
   wall_sampler_.abandon_after_fork();
   if (running_) {
-    g_handler.active.store(false, std::memory_order_release);
+    g_handler.active.store(false, std::memory_order_seq_cst);  // pairs with the handler's in_flight
     collector_.abandon_after_fork();
     dumps_.abandon_after_fork();
     if (signal_.number != 0) sys().sigaction(signal_.number, &signal_.previous, nullptr);
@@ -13754,7 +14762,10 @@ inline void profiler_core::fork_child() {
   registry_.abandon_after_fork();
   store_.abandon_after_fork();
   session_.abandon_after_fork();
-  symbols_.abandon_after_fork();
+  // Without the symbolizer's lock, a dump or the unwind-row build (which runs under it) may have been
+  // half done on another thread of the parent.
+  if (!symbols_locked_for_fork_) abandon_unwind_tables_after_fork();
+  symbols_.abandon_after_fork(symbols_locked_for_fork_);
   new (&control_mu_) std::mutex();
 }
 
