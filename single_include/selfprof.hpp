@@ -13909,6 +13909,7 @@ class snapshot_maker {
 // wrapper).
 
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <errno.h>
@@ -13923,6 +13924,9 @@ struct dump_request_globals {
   std::atomic<std::uint64_t> requests{0};  // dump signals received
   std::atomic<int> wake_fd{-1};            // the dumper's eventfd, -1 when no dumper runs
   std::atomic<int> in_flight{0};           // handlers running now: the eventfd closes only at zero
+  std::atomic<int> dumper_tid{0};          // the dumper thread, 0 when none runs
+  std::atomic<int> exit_requested{0};      // the process is ending: write the exit dump, then set exit_done
+  std::atomic<int> exit_done{0};
 };
 
 inline dump_request_globals g_dump_requests;
@@ -13943,6 +13947,45 @@ inline void dump_signal_handler(int, siginfo_t*, void*) {
   errno = saved_errno;
 }
 
+// The exit dump, asked of the dumper thread by a thread that is ending the process (the preload library's
+// _exit: possibly inside a signal handler, or with a libc lock held by the thread it interrupted). No
+// dump work happens on the calling thread; it waits for the dumper while the dumper makes progress (its
+// CPU time grows) and gives up after `stall_ms` without any, or after `limit_ms` in all: a dumper blocked
+// on a lock the caller holds cannot make it wait longer. True when the dump was written.
+// Async-signal-safe: atomics, raw write(2), clock_gettime(2) and nanosleep(2).
+inline bool exit_dump_by_dumper(unsigned stall_ms = 500, unsigned limit_ms = 60000) {
+  const int tid = g_dump_requests.dumper_tid.load(std::memory_order_acquire);
+  if (tid <= 0) return false;
+  g_dump_requests.in_flight.fetch_add(1, std::memory_order_seq_cst);
+  g_dump_requests.exit_requested.store(1, std::memory_order_seq_cst);
+  const int fd = g_dump_requests.wake_fd.load(std::memory_order_seq_cst);
+  if (fd >= 0) {
+    const std::uint64_t one = 1;
+    raw_syscall3(SYS_write, fd, reinterpret_cast<long>(&one), sizeof one);
+  }
+  g_dump_requests.in_flight.fetch_sub(1, std::memory_order_release);
+  if (fd < 0) return false;
+  // The thread's CPU clock (clock_getcpuclockid's encoding for a thread: ~tid << 3 | CPUCLOCK_SCHED |
+  // CPUCLOCK_PERTHREAD); reading it fails once the thread is gone.
+  const clockid_t cpu = static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
+  long long last_cpu = -1;
+  unsigned still_ms = 0;
+  for (unsigned waited_ms = 0; waited_ms < limit_ms; ++waited_ms) {
+    if (g_dump_requests.exit_done.load(std::memory_order_acquire)) return true;
+    struct timespec t {};
+    if (raw_syscall3(SYS_clock_gettime, cpu, reinterpret_cast<long>(&t), 0) != 0) return false;
+    const long long now_cpu = static_cast<long long>(t.tv_sec) * 1000000000 + t.tv_nsec;
+    still_ms = now_cpu == last_cpu ? still_ms + 1 : 0;
+    if (still_ms >= stall_ms) return false;
+    last_cpu = now_cpu;
+    struct timespec step {
+      0, 1000 * 1000
+    };
+    raw_syscall3(SYS_nanosleep, reinterpret_cast<long>(&step), 0, 0);
+  }
+  return false;
+}
+
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/signal/dump_request.hpp ----
@@ -13952,7 +13995,9 @@ namespace detail {
 
 class auto_dumps {
  public:
-  explicit auto_dumps(snapshot_maker& snapshots) : snapshots_(snapshots) {}
+  // `exit_dump` writes the exit profile; run on this thread when the process ends through _exit() (see
+  // exit_dump_by_dumper in signal/dump_request.hpp).
+  auto_dumps(snapshot_maker& snapshots, void (*exit_dump)()) : snapshots_(snapshots), exit_dump_(exit_dump) {}
 
   // Starts the dumper thread and takes the dump signal when no one else handles it (else a note says so).
   status start(const options& o, session_info& session) {
@@ -13971,7 +14016,10 @@ class auto_dumps {
     }
     status st = worker_.start("selfprof-dump", &auto_dumps::main, this);
     if (!st) return st;
+    g_dump_requests.exit_requested.store(0, std::memory_order_relaxed);
+    g_dump_requests.exit_done.store(0, std::memory_order_relaxed);
     g_dump_requests.wake_fd.store(worker_.wake_fd(), std::memory_order_release);
+    g_dump_requests.dumper_tid.store(static_cast<int>(worker_.tid()), std::memory_order_release);
     if (o.dump_signal > 0) {
       struct sigaction cur {};
       sys().sigaction(o.dump_signal, nullptr, &cur);
@@ -13999,6 +14047,7 @@ class auto_dumps {
   // unless `keep_signal` (the exit dump: a late request must not meet the default action, terminate,
   // while the last profile is written; the handler then only counts it).
   void stop(bool keep_signal = false) {
+    g_dump_requests.dumper_tid.store(0, std::memory_order_release);
     g_dump_requests.wake_fd.store(-1, std::memory_order_seq_cst);
     // A handler that read the descriptor before the store writes it before the thread closes it.
     for (int waited_us = 0;
@@ -14025,6 +14074,7 @@ class auto_dumps {
   }
 
   void abandon_after_fork() {
+    g_dump_requests.dumper_tid.store(0, std::memory_order_release);
     g_dump_requests.wake_fd.store(-1, std::memory_order_release);
     worker_.abandon_after_fork();
     new (&mu_) std::mutex();
@@ -14059,6 +14109,11 @@ class auto_dumps {
                 : static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(left).count()) + 1;
       }
       const bool stopping = !worker_.wait(timeout);
+      if (g_dump_requests.exit_requested.load(std::memory_order_acquire)) {
+        exit_dump_();  // the process ends when this is written; nothing after it matters
+        g_dump_requests.exit_done.store(1, std::memory_order_release);
+        return;
+      }
       const auto now = std::chrono::steady_clock::now();
       const bool due = !stopping && opts_.interval_s > 0 && now >= next;
       if (due) next = now + interval();
@@ -14098,6 +14153,7 @@ class auto_dumps {
   }
 
   snapshot_maker& snapshots_;
+  void (*exit_dump_)();
   options opts_;
   dump_settings settings_;
   worker worker_;
@@ -14464,11 +14520,12 @@ class profiler_core {
   // What a normal exit runs when SELFPROF_OUT is set: the last session's profile is written there, whether
   // the session still runs (it is stopped first, so every sample is in it) or was stopped before. Only in
   // the process that ran the session: a forked child's exit writes nothing.
-  void exit_dump() {
+  // `on_dumper`: run by the dumper thread for a process ending through _exit(), which keeps that thread.
+  void exit_dump(bool on_dumper = false) {
     if (!session_ran_ || session_pid_ != ::getpid() || opts_.out.empty()) return;
     {
       std::lock_guard<std::mutex> control(control_mu_);
-      stop_locked(true);  // the dump signal stays taken: the process ends after this
+      stop_locked(true, on_dumper);  // the dump signal stays taken: the process ends after this
     }
     dump_contents c = snapshots_.contents();
     status st = write_dump(c, dump_settings_for(opts_.out));
@@ -14627,11 +14684,11 @@ class profiler_core {
     return status::ok();
   }
 
-  status stop_locked(bool keep_dump_signal = false) {
+  status stop_locked(bool keep_dump_signal = false, bool on_dumper = false) {
     if (!running_) return status::ok();
     wall_sampler_.stop();  // first: it reads the ring and the unwind tables
     collector_.stop();
-    dumps_.stop(keep_dump_signal);  // answers what was requested, gives the dump signal back
+    if (!on_dumper) dumps_.stop(keep_dump_signal);  // answers what was requested, gives the signal back
     registry_.end();
     g_handler.active.store(false, std::memory_order_seq_cst);  // pairs with the handler's in_flight
     // Waits (bounded) until no handler runs: the tables can go. A handler still running after the wait
@@ -14712,7 +14769,7 @@ class profiler_core {
   shared_symbolizer symbols_;
   bool symbols_locked_for_fork_ = false;  // between fork_prepare and fork_parent/fork_child
   snapshot_maker snapshots_{session_parts{&ring_, &store_, &registry_, &session_, &symbols_}};
-  auto_dumps dumps_{snapshots_};
+  auto_dumps dumps_{snapshots_, [] { instance().exit_dump(true); }};
   wall_sampler wall_sampler_;
   collector collector_;
 };

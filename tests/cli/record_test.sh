@@ -110,6 +110,48 @@ out=$("$bin" record -q -F 199 -o trap-%p.folded -- bash -c 'trap "exit 9" URG PR
 [ "$out" = done ] && [ $rc -eq 0 ] && grep -q hot_c_function trap-*.folded &&
   ok "a trap on the sampling signal: never triggered, sampling goes on" || bad "trap on the sampling signal: rc $rc, output '$out'"
 
+# A daemon whose SIGTERM handler calls _exit(0), killed while it mallocs (issue 15 item 1: the _exit
+# hook used to dump inside the handler and deadlock on the malloc lock the interrupted code held). Every
+# run must end promptly with status 0; the profile is written by the dumper thread when it can be.
+cat > term_daemon.c << 'EOF'
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+static void on_term(int sig) { (void)sig; _exit(0); }
+int main(void) {
+  struct sigaction sa = {0};
+  sa.sa_handler = on_term;
+  sigaction(SIGTERM, &sa, 0);
+  volatile unsigned long sink = 0;
+  for (;;) {
+    void* p[64];
+    for (int i = 0; i < 64; ++i) p[i] = malloc(2048 + 64 * i); /* past the tcache: the arena lock */
+    for (int i = 0; i < 64; ++i) { sink += (unsigned long)p[i]; free(p[i]); }
+  }
+}
+EOF
+hung=0 status_bad=0 written=0
+if "$cc" -O2 -fno-omit-frame-pointer -o term_daemon term_daemon.c; then
+  for i in 1 2 3 4 5 6 7 8; do
+    "$bin" record -q -F 499 -o "term-$i.folded" -- ./term_daemon > /dev/null 2>&1 &
+    rec=$!
+    sleep 0.3
+    kill -TERM "$(pgrep -P "$rec" | head -1)" 2> /dev/null
+    for _ in $(seq 50); do kill -0 "$rec" 2> /dev/null || break; sleep 0.1; done
+    if kill -0 "$rec" 2> /dev/null; then
+      hung=$((hung + 1)); pkill -KILL -P "$rec"; kill -KILL "$rec" 2> /dev/null
+    fi
+    wait "$rec"; rc=$?
+    [ $rc -eq 0 ] || status_bad=$((status_bad + 1))
+    [ -s "term-$i.folded" ] && written=$((written + 1))
+  done
+  [ $hung -eq 0 ] && [ $status_bad -eq 0 ] && [ $written -gt 0 ] &&
+    ok "SIGTERM -> _exit(0) during malloc, 8 runs: none hung, status 0, $written profiles written" ||
+    bad "SIGTERM -> _exit(0): $hung hung, $status_bad with another status, $written profiles written"
+else
+  bad "cannot compile term_daemon.c"
+fi
+
 # Errors: missing command (127, like a shell), missing library, bad option.
 "$bin" record -q -- ./does-not-exist 2> err; rc=$?
 [ $rc -eq 127 ] && grep -q "does-not-exist" err && ok "missing command: 127 and named" || bad "missing command: rc $rc"

@@ -26,16 +26,6 @@ namespace code_lifetime {
 
 using code_fn = std::uint64_t (*)(std::uint64_t);
 
-// uint64_t f(uint64_t n) { s = 0; for (i = 0; i < n; ++i) s += i * k; return s; } with a frame pointer.
-std::vector<unsigned char> emit_sum_by(std::int32_t k) {
-  std::vector<unsigned char> c = {0x55, 0x48, 0x89, 0xe5, 0x31, 0xc0, 0x31, 0xc9, 0x48, 0x69, 0xd1};
-  for (int i = 0; i < 4; ++i)
-    c.push_back(static_cast<unsigned char>((static_cast<std::uint32_t>(k) >> (8 * i)) & 0xff));
-  const unsigned char tail[] = {0x48, 0x01, 0xd0, 0x48, 0xff, 0xc1, 0x48, 0x39, 0xf9, 0x72, 0xee, 0x5d, 0xc3};
-  c.insert(c.end(), tail, tail + sizeof tail);
-  return c;
-}
-
 WL_NOINLINE std::uint64_t call_code(code_fn f, std::uint64_t n) {
   std::uint64_t r = f(n);
   WL_NO_TAIL();
@@ -115,7 +105,7 @@ TEST_CASE("perf map: a JIT address reused for other code is named by the line cu
   const auto at = reinterpret_cast<std::uintptr_t>(page);
   const std::string map_path = "/tmp/perf-" + std::to_string(::getpid()) + ".map";
   ::unlink(map_path.c_str());
-  std::vector<unsigned char> first = emit_sum_by(3), second = emit_sum_by(7);
+  std::vector<unsigned char> first = wl::emit_sum_by(3), second = wl::emit_sum_by(7);
   std::memcpy(page, first.data(), first.size());
   REQUIRE(::mprotect(page, 4096, PROT_READ | PROT_EXEC) == 0);
   REQUIRE(append_line(map_path, at, first.size(), "jit_first_tenant"));

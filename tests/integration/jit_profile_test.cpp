@@ -30,16 +30,6 @@ namespace {
 
 using jit_fn = std::uint64_t (*)(std::uint64_t);
 
-// uint64_t f(uint64_t n) { s = 0; for (i = 0; i < n; ++i) s += i * k; return s; } with a frame pointer.
-std::vector<unsigned char> emit_sum_by(std::int32_t k) {
-  std::vector<unsigned char> c = {0x55, 0x48, 0x89, 0xe5, 0x31, 0xc0, 0x31, 0xc9, 0x48, 0x69, 0xd1};
-  for (int i = 0; i < 4; ++i)
-    c.push_back(static_cast<unsigned char>((static_cast<std::uint32_t>(k) >> (8 * i)) & 0xff));
-  const unsigned char tail[] = {0x48, 0x01, 0xd0, 0x48, 0xff, 0xc1, 0x48, 0x39, 0xf9, 0x72, 0xee, 0x5d, 0xc3};
-  c.insert(c.end(), tail, tail + sizeof tail);
-  return c;
-}
-
 struct jit_program {
   struct fn {
     std::string name;
@@ -57,7 +47,7 @@ struct jit_program {
     const std::int32_t ks[] = {3, 7, 11};
     std::vector<std::size_t> sizes;
     for (int i = 0; i < 3; ++i) {
-      std::vector<unsigned char> code = emit_sum_by(ks[i]);
+      std::vector<unsigned char> code = wl::emit_sum_by(ks[i]);
       std::memcpy(static_cast<unsigned char*>(page) + 64 * i, code.data(), code.size());
       sizes.push_back(code.size());
     }

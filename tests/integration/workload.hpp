@@ -103,6 +103,17 @@ WL_NOINLINE inline truth run_rounds(std::int64_t cpu_ns) {
   return t;
 }
 
+// x86-64 machine code for the JIT tests: uint64_t f(uint64_t n) { s = 0; for (i = 0; i < n; ++i)
+// s += i * k; return s; } with a frame pointer.
+inline std::vector<unsigned char> emit_sum_by(std::int32_t k) {
+  std::vector<unsigned char> c = {0x55, 0x48, 0x89, 0xe5, 0x31, 0xc0, 0x31, 0xc9, 0x48, 0x69, 0xd1};
+  for (int i = 0; i < 4; ++i)
+    c.push_back(static_cast<unsigned char>((static_cast<std::uint32_t>(k) >> (8 * i)) & 0xff));
+  const unsigned char tail[] = {0x48, 0x01, 0xd0, 0x48, 0xff, 0xc1, 0x48, 0x39, 0xf9, 0x72, 0xee, 0x5d, 0xc3};
+  c.insert(c.end(), tail, tail + sizeof tail);
+  return c;
+}
+
 // Samples whose leaf frame's name contains `needle`.
 inline std::uint64_t samples_with_leaf(const selfprof::profile& p, const std::string& needle) {
   std::uint64_t n = 0;

@@ -85,11 +85,6 @@ void remove_from_ld_preload() {
 
 pid_t g_started_pid = 0;
 
-// Programs that leave through _exit() (dash's `exit`, many daemons) skip atexit: write the exit
-// profile here, as atexit would (only in the process that started profiling, never in a forked or
-// vfork'ed child).
-void dump_before_exit() { selfprof::detail::profiler_core::instance().exit_dump(); }
-
 // exec: the new image must start without anything of selfprof's. An armed perf_event or timer can
 // raise a tick while execve runs, and a tick pending at execve is delivered to the new image, whose
 // handler is back to the default action: terminate (exit status 155 for SIGPROF). So sampling stops
@@ -167,14 +162,25 @@ char** fill_args(const char* first, va_list ap, std::size_t n, char** argv, char
 
 using exit_fn = void (*)(int);
 
-[[noreturn]] void finish_exit(const char* name, int status) {
-  dump_before_exit();
-  if (auto real = reinterpret_cast<exit_fn>(::dlsym(RTLD_NEXT, name))) real(status);
+exit_fn g_real_exit = nullptr, g_real_Exit = nullptr;  // resolved at load: dlsym is not safe in _exit
+
+// Programs that leave through _exit() (dash's `exit`, many daemons) skip atexit: the exit profile is
+// written here, as atexit would. _exit() and _Exit() may be called from a signal handler (a SIGTERM handler's
+// _exit(0) is common), or while the thread they interrupted holds a libc lock: no dump work happens here. The
+// exit dump is handed to the dumper thread, waited for while it makes progress, and given up when it cannot
+// (it needs the lock this thread holds); then the process exits at once. Only in the process that started
+// profiling: a forked child has no dumper, and a vfork child shares the parent's memory (getpid() tells it
+// apart).
+[[noreturn]] void finish_exit(exit_fn real, int status) {
+  if (g_started_pid == ::getpid()) selfprof::detail::exit_dump_by_dumper();
+  if (real) real(status);
   for (;;) ::syscall(SYS_exit_group, status);
 }
 
 __attribute__((constructor)) void selfprof_preload_start() {
   g_started_pid = ::getpid();
+  g_real_exit = reinterpret_cast<exit_fn>(::dlsym(RTLD_NEXT, "_exit"));
+  g_real_Exit = reinterpret_cast<exit_fn>(::dlsym(RTLD_NEXT, "_Exit"));
   // selfprof's own sigaction calls go straight to libc, not through the interposer below.
   if (real_sigaction()) selfprof::detail::sys().sigaction = real_sigaction();
   const char* follow = std::getenv("SELFPROF_FOLLOW_EXEC");
@@ -198,7 +204,7 @@ extern "C" __attribute__((visibility("default"))) int pthread_create(pthread_t* 
   return rc;
 }
 
-extern "C" __attribute__((visibility("default"))) void _exit(int status) { finish_exit("_exit", status); }
+extern "C" __attribute__((visibility("default"))) void _exit(int status) { finish_exit(g_real_exit, status); }
 
 extern "C" __attribute__((visibility("default"))) int sigaction(int sig, const struct sigaction* act,
                                                                 struct sigaction* old) {
@@ -278,4 +284,4 @@ extern "C" __attribute__((visibility("default"))) int execle(const char* path, c
   exec_guard g;
   return g.failed(real<execve_fn>("execve")(path, argv, envp));
 }
-extern "C" __attribute__((visibility("default"))) void _Exit(int status) { finish_exit("_Exit", status); }
+extern "C" __attribute__((visibility("default"))) void _Exit(int status) { finish_exit(g_real_Exit, status); }

@@ -28,7 +28,9 @@ namespace detail {
 
 class auto_dumps {
  public:
-  explicit auto_dumps(snapshot_maker& snapshots) : snapshots_(snapshots) {}
+  // `exit_dump` writes the exit profile; run on this thread when the process ends through _exit() (see
+  // exit_dump_by_dumper in signal/dump_request.hpp).
+  auto_dumps(snapshot_maker& snapshots, void (*exit_dump)()) : snapshots_(snapshots), exit_dump_(exit_dump) {}
 
   // Starts the dumper thread and takes the dump signal when no one else handles it (else a note says so).
   status start(const options& o, session_info& session) {
@@ -47,7 +49,10 @@ class auto_dumps {
     }
     status st = worker_.start("selfprof-dump", &auto_dumps::main, this);
     if (!st) return st;
+    g_dump_requests.exit_requested.store(0, std::memory_order_relaxed);
+    g_dump_requests.exit_done.store(0, std::memory_order_relaxed);
     g_dump_requests.wake_fd.store(worker_.wake_fd(), std::memory_order_release);
+    g_dump_requests.dumper_tid.store(static_cast<int>(worker_.tid()), std::memory_order_release);
     if (o.dump_signal > 0) {
       struct sigaction cur {};
       sys().sigaction(o.dump_signal, nullptr, &cur);
@@ -75,6 +80,7 @@ class auto_dumps {
   // unless `keep_signal` (the exit dump: a late request must not meet the default action, terminate,
   // while the last profile is written; the handler then only counts it).
   void stop(bool keep_signal = false) {
+    g_dump_requests.dumper_tid.store(0, std::memory_order_release);
     g_dump_requests.wake_fd.store(-1, std::memory_order_seq_cst);
     // A handler that read the descriptor before the store writes it before the thread closes it.
     for (int waited_us = 0;
@@ -101,6 +107,7 @@ class auto_dumps {
   }
 
   void abandon_after_fork() {
+    g_dump_requests.dumper_tid.store(0, std::memory_order_release);
     g_dump_requests.wake_fd.store(-1, std::memory_order_release);
     worker_.abandon_after_fork();
     new (&mu_) std::mutex();
@@ -135,6 +142,11 @@ class auto_dumps {
                 : static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(left).count()) + 1;
       }
       const bool stopping = !worker_.wait(timeout);
+      if (g_dump_requests.exit_requested.load(std::memory_order_acquire)) {
+        exit_dump_();  // the process ends when this is written; nothing after it matters
+        g_dump_requests.exit_done.store(1, std::memory_order_release);
+        return;
+      }
       const auto now = std::chrono::steady_clock::now();
       const bool due = !stopping && opts_.interval_s > 0 && now >= next;
       if (due) next = now + interval();
@@ -174,6 +186,7 @@ class auto_dumps {
   }
 
   snapshot_maker& snapshots_;
+  void (*exit_dump_)();
   options opts_;
   dump_settings settings_;
   worker worker_;

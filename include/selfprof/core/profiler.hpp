@@ -196,11 +196,12 @@ class profiler_core {
   // What a normal exit runs when SELFPROF_OUT is set: the last session's profile is written there, whether
   // the session still runs (it is stopped first, so every sample is in it) or was stopped before. Only in
   // the process that ran the session: a forked child's exit writes nothing.
-  void exit_dump() {
+  // `on_dumper`: run by the dumper thread for a process ending through _exit(), which keeps that thread.
+  void exit_dump(bool on_dumper = false) {
     if (!session_ran_ || session_pid_ != ::getpid() || opts_.out.empty()) return;
     {
       std::lock_guard<std::mutex> control(control_mu_);
-      stop_locked(true);  // the dump signal stays taken: the process ends after this
+      stop_locked(true, on_dumper);  // the dump signal stays taken: the process ends after this
     }
     dump_contents c = snapshots_.contents();
     status st = write_dump(c, dump_settings_for(opts_.out));
@@ -359,11 +360,11 @@ class profiler_core {
     return status::ok();
   }
 
-  status stop_locked(bool keep_dump_signal = false) {
+  status stop_locked(bool keep_dump_signal = false, bool on_dumper = false) {
     if (!running_) return status::ok();
     wall_sampler_.stop();  // first: it reads the ring and the unwind tables
     collector_.stop();
-    dumps_.stop(keep_dump_signal);  // answers what was requested, gives the dump signal back
+    if (!on_dumper) dumps_.stop(keep_dump_signal);  // answers what was requested, gives the signal back
     registry_.end();
     g_handler.active.store(false, std::memory_order_seq_cst);  // pairs with the handler's in_flight
     // Waits (bounded) until no handler runs: the tables can go. A handler still running after the wait
@@ -444,7 +445,7 @@ class profiler_core {
   shared_symbolizer symbols_;
   bool symbols_locked_for_fork_ = false;  // between fork_prepare and fork_parent/fork_child
   snapshot_maker snapshots_{session_parts{&ring_, &store_, &registry_, &session_, &symbols_}};
-  auto_dumps dumps_{snapshots_};
+  auto_dumps dumps_{snapshots_, [] { instance().exit_dump(true); }};
   wall_sampler wall_sampler_;
   collector collector_;
 };

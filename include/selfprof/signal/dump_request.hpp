@@ -6,6 +6,7 @@
 #pragma once
 
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <errno.h>
@@ -21,6 +22,9 @@ struct dump_request_globals {
   std::atomic<std::uint64_t> requests{0};  // dump signals received
   std::atomic<int> wake_fd{-1};            // the dumper's eventfd, -1 when no dumper runs
   std::atomic<int> in_flight{0};           // handlers running now: the eventfd closes only at zero
+  std::atomic<int> dumper_tid{0};          // the dumper thread, 0 when none runs
+  std::atomic<int> exit_requested{0};      // the process is ending: write the exit dump, then set exit_done
+  std::atomic<int> exit_done{0};
 };
 
 inline dump_request_globals g_dump_requests;
@@ -39,6 +43,45 @@ inline void dump_signal_handler(int, siginfo_t*, void*) {
   }
   g_dump_requests.in_flight.fetch_sub(1, std::memory_order_release);
   errno = saved_errno;
+}
+
+// The exit dump, asked of the dumper thread by a thread that is ending the process (the preload library's
+// _exit: possibly inside a signal handler, or with a libc lock held by the thread it interrupted). No
+// dump work happens on the calling thread; it waits for the dumper while the dumper makes progress (its
+// CPU time grows) and gives up after `stall_ms` without any, or after `limit_ms` in all: a dumper blocked
+// on a lock the caller holds cannot make it wait longer. True when the dump was written.
+// Async-signal-safe: atomics, raw write(2), clock_gettime(2) and nanosleep(2).
+inline bool exit_dump_by_dumper(unsigned stall_ms = 500, unsigned limit_ms = 60000) {
+  const int tid = g_dump_requests.dumper_tid.load(std::memory_order_acquire);
+  if (tid <= 0) return false;
+  g_dump_requests.in_flight.fetch_add(1, std::memory_order_seq_cst);
+  g_dump_requests.exit_requested.store(1, std::memory_order_seq_cst);
+  const int fd = g_dump_requests.wake_fd.load(std::memory_order_seq_cst);
+  if (fd >= 0) {
+    const std::uint64_t one = 1;
+    raw_syscall3(SYS_write, fd, reinterpret_cast<long>(&one), sizeof one);
+  }
+  g_dump_requests.in_flight.fetch_sub(1, std::memory_order_release);
+  if (fd < 0) return false;
+  // The thread's CPU clock (clock_getcpuclockid's encoding for a thread: ~tid << 3 | CPUCLOCK_SCHED |
+  // CPUCLOCK_PERTHREAD); reading it fails once the thread is gone.
+  const clockid_t cpu = static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
+  long long last_cpu = -1;
+  unsigned still_ms = 0;
+  for (unsigned waited_ms = 0; waited_ms < limit_ms; ++waited_ms) {
+    if (g_dump_requests.exit_done.load(std::memory_order_acquire)) return true;
+    struct timespec t {};
+    if (raw_syscall3(SYS_clock_gettime, cpu, reinterpret_cast<long>(&t), 0) != 0) return false;
+    const long long now_cpu = static_cast<long long>(t.tv_sec) * 1000000000 + t.tv_nsec;
+    still_ms = now_cpu == last_cpu ? still_ms + 1 : 0;
+    if (still_ms >= stall_ms) return false;
+    last_cpu = now_cpu;
+    struct timespec step {
+      0, 1000 * 1000
+    };
+    raw_syscall3(SYS_nanosleep, reinterpret_cast<long>(&step), 0, 0);
+  }
+  return false;
 }
 
 }  // namespace detail

@@ -1,12 +1,15 @@
 // The automatic dumps: the dumper thread answers dump requests through the one dump path, answers a burst
-// of requests that arrive while it writes with one dump, and writes on its interval.
+// of requests that arrive while it writes with one dump, writes on its interval, and takes the exit dump
+// of a process ending through _exit().
 #include <doctest/doctest.h>
 
 #include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -81,7 +84,7 @@ TEST_CASE("auto dumps: a burst of 50 requests is answered by one or two dumps ho
   fake_session f(o);
   f.put(0x1000, 3);
   f.put(0x1100, 4);
-  auto_dumps dumps(f.maker);
+  auto_dumps dumps(f.maker, [] {});
   REQUIRE(dumps.start(o, f.session));
   CHECK(dumps.tid() != 0);
   for (int i = 0; i < 50; ++i) dump_signal_handler(SIGUSR2, nullptr, nullptr);
@@ -109,7 +112,7 @@ TEST_CASE("auto dumps: the interval writes without any request, and stop() ends 
   o.out = dir + "/i-%n.folded";
   fake_session f(o);
   f.put(0x1000, 1);
-  auto_dumps dumps(f.maker);
+  auto_dumps dumps(f.maker, [] {});
   REQUIRE(dumps.start(o, f.session));
   for (int i = 0; i < 400 && dumps.written() < 3; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -128,7 +131,7 @@ TEST_CASE("auto dumps: a failed dump is counted and loses nothing") {
   o.out = "/nonexistent-selfprof-dir/x-%n.folded";
   fake_session f(o);
   f.put(0x1000, 2);
-  auto_dumps dumps(f.maker);
+  auto_dumps dumps(f.maker, [] {});
   REQUIRE(dumps.start(o, f.session));
   dump_signal_handler(SIGUSR2, nullptr, nullptr);
   dumps.flush();
@@ -136,4 +139,39 @@ TEST_CASE("auto dumps: a failed dump is counted and loses nothing") {
   CHECK(dumps.failed() == 1);
   CHECK(dumps.written() == 0);
   CHECK(f.maker.raw().table.total() == 2);
+}
+
+namespace {
+std::atomic<int> g_exit_dumps{0};
+std::mutex g_exit_lock;  // held by the "ending thread" to stand for a libc lock the dumper needs
+}  // namespace
+
+TEST_CASE("auto dumps: the exit dump is handed to the dumper thread, and given up when the dumper is stuck") {
+  selfprof::options o;
+  o.dump_signal = 0;
+  fake_session f(o);
+  {
+    auto_dumps dumps(f.maker, [] { g_exit_dumps.fetch_add(1); });
+    REQUIRE(dumps.start(o, f.session));
+    CHECK(exit_dump_by_dumper());  // written by the dumper, and waited for
+    CHECK(g_exit_dumps.load() == 1);
+    dumps.stop();
+    CHECK_FALSE(exit_dump_by_dumper());  // no dumper: nothing to hand over, returns at once
+  }
+  {
+    // The dumper needs a lock the ending thread holds (as malloc's, when _exit() runs in a signal
+    // handler that interrupted malloc): the wait gives up instead of hanging.
+    auto_dumps dumps(f.maker, [] {
+      std::lock_guard<std::mutex> lock(g_exit_lock);
+      g_exit_dumps.fetch_add(1);
+    });
+    REQUIRE(dumps.start(o, f.session));
+    {
+      std::lock_guard<std::mutex> held(g_exit_lock);
+      CHECK_FALSE(exit_dump_by_dumper(50));
+      CHECK(g_exit_dumps.load() == 1);
+    }
+    dumps.stop();  // the dumper takes the lock now, writes, and ends
+    CHECK(g_exit_dumps.load() == 2);
+  }
 }
