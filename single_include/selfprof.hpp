@@ -6197,9 +6197,11 @@ class session_info {
 
 #include <pthread.h>
 #include <signal.h>
+#include <time.h>
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -7093,6 +7095,10 @@ class thread_registry {
     for (pid_t tid : live) {
       auto known = threads_.find(tid);
       if (known != threads_.end()) {
+        if (known->second.blocked && !blocks_sample_signal(tid)) {  // it unblocked the signal since
+          known->second.blocked = false;
+          if (primary_ && primary_->per_thread()) arm_locked(tid, known->second);
+        }
         if (known->second.name_checks < 2) {  // threads usually name themselves right after they start
           ++known->second.name_checks;
           std::string n = thread_name(tid);
@@ -7116,9 +7122,11 @@ class thread_registry {
     }
   }
 
-  // The calling thread arms itself now (instead of at the next scan) and unblocks the sampling signal.
-  status register_current(int sample_signal) {
-    if (sample_signal > 0) {
+  // The calling thread arms itself now (instead of at the next scan); with `unblock`, it first unblocks
+  // the sampling signal (selfprof::register_thread(), an explicit request). Without, a thread that blocks
+  // it stays unarmed (see add_locked).
+  status register_current(int sample_signal, bool unblock = true) {
+    if (sample_signal > 0 && unblock) {
       sigset_t set;
       sigemptyset(&set);
       sigaddset(&set, sample_signal);
@@ -7126,7 +7134,13 @@ class thread_registry {
     }
     const pid_t tid = static_cast<pid_t>(raw_gettid());
     std::lock_guard<std::mutex> lock(mu_);
-    if (!threads_.count(tid)) add_locked(tid);
+    auto known = threads_.find(tid);
+    if (known == threads_.end()) {
+      add_locked(tid);
+    } else if (known->second.blocked && !blocks_sample_signal(tid)) {  // register_thread() unblocked it
+      known->second.blocked = false;
+      if (primary_ && primary_->per_thread()) arm_locked(tid, known->second);
+    }
     return status::ok();
   }
 
@@ -7244,12 +7258,38 @@ class thread_registry {
     std::string name;
     armed_by by = armed_by::none;
     int name_checks = 0;
+    bool blocked = false;  // not armed: it blocked the sampling signal when last looked at
   };
 
+  // True when `tid` blocks the sampling signal. A thread being created runs with every signal blocked
+  // for a moment (glibc's pthread_create), so a blocked answer is confirmed over about a millisecond.
+  bool blocks_sample_signal(pid_t tid) const {
+    const int sig = config_.signal_number;
+    if (sig <= 0) return false;
+    for (int look = 0; look < 4; ++look) {
+      // An unreadable mask (a thread still being set up) counts as blocked: looked at again at the next scan.
+      const std::string status = read_small_file("/proc/self/task/" + std::to_string(tid) + "/status");
+      const std::size_t at = status.find("SigBlk:");
+      if (at != std::string::npos &&
+          ((std::strtoull(status.c_str() + at + 7, nullptr, 16) >> (sig - 1)) & 1) == 0)
+        return false;
+      struct timespec pause {
+        0, 300 * 1000
+      };
+      ::nanosleep(&pause, nullptr);
+    }
+    return true;
+  }
+
+  // A thread that blocks the sampling signal is not armed: its ticks would stay pending, and a sigwait()
+  // or signalfd of the program's own would receive them as its own signal.
   void add_locked(pid_t tid) {
     thread_rec rec;
     rec.name = thread_name(tid);
-    if (primary_ && primary_->per_thread()) arm_locked(tid, rec);
+    if (primary_ && primary_->per_thread()) {
+      rec.blocked = blocks_sample_signal(tid);
+      if (!rec.blocked) arm_locked(tid, rec);
+    }
     names_[static_cast<std::uint32_t>(tid)] = rec.name;
     threads_.emplace(tid, std::move(rec));
     ++counts_.seen;
@@ -7610,6 +7650,7 @@ inline std::unique_ptr<tick_source> open_upgrade_source(const source_config& bas
 // recognises another copy of selfprof in the same process by a marker in its handler's sa_mask.
 // Context: setup only.
 
+#include <pthread.h>
 #include <signal.h>
 #include <time.h>
 
@@ -7692,7 +7733,16 @@ inline status install_sample_handler(int requested, installed_signal& out, std::
   status other = check_no_other_copy();
   if (!other) return other;
   std::vector<int> candidates = requested > 0 ? std::vector<int>{requested} : sample_signal_candidates();
+  // A signal the starting thread blocks is one the program may wait for (sigwait, signalfd): not free.
+  sigset_t blocked;
+  sigemptyset(&blocked);
+  pthread_sigmask(SIG_BLOCK, nullptr, &blocked);
   for (int s : candidates) {
+    if (requested <= 0 && sigismember(&blocked, s) == 1) {
+      notes.push_back("signal " + std::to_string(s) +
+                      " is blocked by the program (it may wait for it): left alone");
+      continue;
+    }
     struct sigaction cur {};
     if (sys().sigaction(s, nullptr, &cur) != 0) continue;
     if (!is_free_action(cur)) {
@@ -14438,9 +14488,11 @@ class profiler_core {
   }
 
   // Arms the calling thread now (instead of at the next scan) and unblocks the sampling signal in it.
-  status register_current_thread() {
+  // `unblock`: also unblock the sampling signal in the thread (the API); the preload library arms new
+  // threads without touching their signal mask.
+  status register_current_thread(bool unblock = true) {
     if (!running_) return status::error("selfprof: register_thread() called while not profiling");
-    return registry_.register_current(signal_.number);
+    return registry_.register_current(signal_.number, unblock);
   }
 
   // A copy of everything collected so far (drains the ring first); the profile stays in place.

@@ -49,7 +49,9 @@ struct start_args {
 void* armed_start(void* p) {
   start_args a = *static_cast<start_args*>(p);
   delete static_cast<start_args*>(p);
-  if (selfprof::running()) (void)selfprof::register_thread();
+  // Armed at once, its signal mask untouched: a thread that blocks the sampling signal (to sigwait for
+  // it) keeps it blocked and is not sampled.
+  if (selfprof::running()) (void)selfprof::detail::profiler_core::instance().register_current_thread(false);
   return a.fn(a.arg);
 }
 

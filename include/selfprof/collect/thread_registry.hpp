@@ -8,9 +8,11 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <time.h>
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -75,6 +77,10 @@ class thread_registry {
     for (pid_t tid : live) {
       auto known = threads_.find(tid);
       if (known != threads_.end()) {
+        if (known->second.blocked && !blocks_sample_signal(tid)) {  // it unblocked the signal since
+          known->second.blocked = false;
+          if (primary_ && primary_->per_thread()) arm_locked(tid, known->second);
+        }
         if (known->second.name_checks < 2) {  // threads usually name themselves right after they start
           ++known->second.name_checks;
           std::string n = thread_name(tid);
@@ -98,9 +104,11 @@ class thread_registry {
     }
   }
 
-  // The calling thread arms itself now (instead of at the next scan) and unblocks the sampling signal.
-  status register_current(int sample_signal) {
-    if (sample_signal > 0) {
+  // The calling thread arms itself now (instead of at the next scan); with `unblock`, it first unblocks
+  // the sampling signal (selfprof::register_thread(), an explicit request). Without, a thread that blocks
+  // it stays unarmed (see add_locked).
+  status register_current(int sample_signal, bool unblock = true) {
+    if (sample_signal > 0 && unblock) {
       sigset_t set;
       sigemptyset(&set);
       sigaddset(&set, sample_signal);
@@ -108,7 +116,13 @@ class thread_registry {
     }
     const pid_t tid = static_cast<pid_t>(raw_gettid());
     std::lock_guard<std::mutex> lock(mu_);
-    if (!threads_.count(tid)) add_locked(tid);
+    auto known = threads_.find(tid);
+    if (known == threads_.end()) {
+      add_locked(tid);
+    } else if (known->second.blocked && !blocks_sample_signal(tid)) {  // register_thread() unblocked it
+      known->second.blocked = false;
+      if (primary_ && primary_->per_thread()) arm_locked(tid, known->second);
+    }
     return status::ok();
   }
 
@@ -226,12 +240,38 @@ class thread_registry {
     std::string name;
     armed_by by = armed_by::none;
     int name_checks = 0;
+    bool blocked = false;  // not armed: it blocked the sampling signal when last looked at
   };
 
+  // True when `tid` blocks the sampling signal. A thread being created runs with every signal blocked
+  // for a moment (glibc's pthread_create), so a blocked answer is confirmed over about a millisecond.
+  bool blocks_sample_signal(pid_t tid) const {
+    const int sig = config_.signal_number;
+    if (sig <= 0) return false;
+    for (int look = 0; look < 4; ++look) {
+      // An unreadable mask (a thread still being set up) counts as blocked: looked at again at the next scan.
+      const std::string status = read_small_file("/proc/self/task/" + std::to_string(tid) + "/status");
+      const std::size_t at = status.find("SigBlk:");
+      if (at != std::string::npos &&
+          ((std::strtoull(status.c_str() + at + 7, nullptr, 16) >> (sig - 1)) & 1) == 0)
+        return false;
+      struct timespec pause {
+        0, 300 * 1000
+      };
+      ::nanosleep(&pause, nullptr);
+    }
+    return true;
+  }
+
+  // A thread that blocks the sampling signal is not armed: its ticks would stay pending, and a sigwait()
+  // or signalfd of the program's own would receive them as its own signal.
   void add_locked(pid_t tid) {
     thread_rec rec;
     rec.name = thread_name(tid);
-    if (primary_ && primary_->per_thread()) arm_locked(tid, rec);
+    if (primary_ && primary_->per_thread()) {
+      rec.blocked = blocks_sample_signal(tid);
+      if (!rec.blocked) arm_locked(tid, rec);
+    }
     names_[static_cast<std::uint32_t>(tid)] = rec.name;
     threads_.emplace(tid, std::move(rec));
     ++counts_.seen;

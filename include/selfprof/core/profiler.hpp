@@ -114,9 +114,11 @@ class profiler_core {
   }
 
   // Arms the calling thread now (instead of at the next scan) and unblocks the sampling signal in it.
-  status register_current_thread() {
+  // `unblock`: also unblock the sampling signal in the thread (the API); the preload library arms new
+  // threads without touching their signal mask.
+  status register_current_thread(bool unblock = true) {
     if (!running_) return status::error("selfprof: register_thread() called while not profiling");
-    return registry_.register_current(signal_.number);
+    return registry_.register_current(signal_.number, unblock);
   }
 
   // A copy of everything collected so far (drains the ring first); the profile stays in place.

@@ -3,6 +3,7 @@
 // Context: setup only.
 #pragma once
 
+#include <pthread.h>
 #include <signal.h>
 #include <time.h>
 
@@ -88,7 +89,16 @@ inline status install_sample_handler(int requested, installed_signal& out, std::
   status other = check_no_other_copy();
   if (!other) return other;
   std::vector<int> candidates = requested > 0 ? std::vector<int>{requested} : sample_signal_candidates();
+  // A signal the starting thread blocks is one the program may wait for (sigwait, signalfd): not free.
+  sigset_t blocked;
+  sigemptyset(&blocked);
+  pthread_sigmask(SIG_BLOCK, nullptr, &blocked);
   for (int s : candidates) {
+    if (requested <= 0 && sigismember(&blocked, s) == 1) {
+      notes.push_back("signal " + std::to_string(s) +
+                      " is blocked by the program (it may wait for it): left alone");
+      continue;
+    }
     struct sigaction cur {};
     if (sys().sigaction(s, nullptr, &cur) != 0) continue;
     if (!is_free_action(cur)) {
