@@ -42,7 +42,14 @@ struct stats {
   std::uint64_t samples = 0;             // sample weight folded into the table
   std::uint64_t records = 0;             // records written by the handler
   std::uint64_t dropped_full = 0, dropped_inactive = 0, foreign_signals = 0, truncated = 0;
-  std::size_t unique_stacks = 0, table_bytes = 0;
+  std::size_t unique_stacks = 0, table_bytes = 0;  // table_bytes: the stack table and window buckets
+  // The memory ceiling (options::max_memory, SELFPROF_MAX_MEMORY) and what staying under it took.
+  std::size_t max_memory = 0;
+  std::size_t ring_slots = 0, ring_bytes = 0;  // the sample ring as allocated (clipped to its part)
+  bool ring_clipped = false;                   // fewer slots than the rate and depth asked for
+  std::uint64_t stacks_merged = 0;   // records of new stacks counted under [selfprof: memory ceiling]
+  std::uint64_t samples_merged = 0;  // their weight (samples; microseconds in wall mode)
+  std::uint64_t threads_merged = 0;  // ended threads whose stacks and totals were merged into one (tid 0)
   std::size_t threads_seen = 0, threads_armed = 0, threads_fallback = 0, threads_arm_failed = 0;
   std::size_t threads_blocking_signal = 0;  // live threads blocking the sampling signal (never sampled)
   std::uint64_t collector_wakes = 0;        // times the collector thread woke
