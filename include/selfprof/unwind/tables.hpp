@@ -1,20 +1,27 @@
 // Builds the unwind rows of every loaded module (from .eh_frame in memory, found through
 // dl_iterate_phdr and PT_GNU_EH_FRAME) and publishes them to the signal handler as one immutable set.
+// A module's parsed rows are kept while it stays loaded (across stop/start too) and reused only while the
+// same file (device, inode, size, mtime) sits at the same load address with the same .eh_frame_hdr and
+// .eh_frame bytes; a library rebuilt and reloaded at the same address is parsed anew. Each module's rows
+// are clipped to its own executable segments, so they can never describe another module's code.
 // Context: setup only (start/stop) and the collector thread; the handler only reads g_unwind_tables.
 #pragma once
 
 #include <elf.h>
 #include <link.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "selfprof/signal/arch_x86_64.hpp"
@@ -39,14 +46,78 @@ struct unwind_tables_info {
 
 namespace detail {
 
+// The file a module was loaded from, as stat() sees its path: a rebuilt library (written over in place
+// or renamed over the old one) differs in inode, size or mtime. All zero when the path cannot be stat'ed
+// (the vDSO).
+struct module_file_id {
+  std::uint64_t dev = 0, ino = 0, size = 0;
+  std::int64_t mtime_s = 0, mtime_ns = 0;
+  bool operator==(const module_file_id& o) const {
+    return dev == o.dev && ino == o.ino && size == o.size && mtime_s == o.mtime_s && mtime_ns == o.mtime_ns;
+  }
+  bool operator!=(const module_file_id& o) const { return !(*this == o); }
+};
+
 // The rows of one module, parsed once and kept while the module stays loaded (a retired set may still
-// point at them). `hdr_hash` identifies the bytes they were parsed from (see release()).
+// point at them). `file` and `content_hash` (of the .eh_frame_hdr and .eh_frame bytes the rows were parsed
+// from) must both match for the rows to be used again (see visit()).
 struct module_unwind {
   std::string name;
   std::uintptr_t bias = 0, hdr = 0;
-  std::uint64_t hdr_hash = 0;
+  module_file_id file;
+  std::uint64_t content_hash = 0;
   eh_frame_table table;
 };
+
+// Clips a table to the runtime address ranges `code` (sorted, not overlapping: the module's executable
+// PT_LOAD segments): pcs outside them get no row (row_no_info), and start/end shrink to what is left.
+// A table with nothing inside the ranges ends up empty. Rows stay sorted and relative to the new start.
+inline void clip_unwind_rows(eh_frame_table& t,
+                             const std::vector<std::pair<std::uintptr_t, std::uintptr_t>>& code) {
+  if (t.rows.empty()) return;
+  struct abs_row {
+    std::uintptr_t pc;
+    unwind_row row;
+  };
+  std::vector<abs_row> out;
+  auto push = [&out](std::uintptr_t pc, const unwind_row& r) {
+    if (!out.empty() && out.back().pc == pc) out.pop_back();  // a later row at the same pc wins
+    if (!out.empty()) {
+      const unwind_row& b = out.back().row;
+      if (b.kind == r.kind && b.cfa_off == r.cfa_off && b.fp_off == r.fp_off &&
+          b.plt_threshold == r.plt_threshold)
+        return;  // same rule continues
+    }
+    out.push_back(abs_row{pc, r});
+  };
+  const unwind_row none{0, 0, 0, row_no_info, 0};
+  std::size_t c = 0;
+  for (std::size_t i = 0; i + 1 < t.rows.size(); ++i) {
+    const std::uintptr_t a = t.start + t.rows[i].pc, b = t.start + t.rows[i + 1].pc;
+    while (c < code.size() && code[c].second <= a) ++c;
+    for (std::size_t k = c; k < code.size() && code[k].first < b; ++k) {
+      const std::uintptr_t lo = std::max(a, code[k].first), hi = std::min(b, code[k].second);
+      if (lo >= hi) continue;
+      push(lo, t.rows[i]);
+      if (hi < b || k + 1 == code.size() || code[k + 1].first > hi) push(hi, none);
+    }
+  }
+  while (!out.empty() && out.front().row.kind == row_no_info) out.erase(out.begin());
+  if (out.empty()) {
+    t.rows.clear();
+    t.start = t.end = 0;
+    return;
+  }
+  if (out.back().row.kind != row_no_info) out.push_back(abs_row{t.end, none});  // cannot happen: safety
+  t.rows.clear();
+  t.start = out.front().pc;
+  t.end = out.back().pc;
+  for (const abs_row& r : out) {
+    unwind_row row = r.row;
+    row.pc = static_cast<std::uint32_t>(r.pc - t.start);
+    t.rows.push_back(row);
+  }
+}
 
 // One published set: its module list and the set header the handler reads.
 struct unwind_set_storage {
@@ -104,12 +175,13 @@ class unwind_tables_state {
   // Unpublishes the tables and frees the sets. Only once no handler can be running (after the profiling
   // signal is restored and g_handler.in_flight reached zero), since a handler may hold a pointer into any
   // set. The parsed rows of modules still loaded are kept for the next start (parsing every module again
-  // is the costly part of a start): at the next build each is used only if its .eh_frame_hdr bytes hash
-  // as when it was parsed, so a library unloaded and another loaded at the same address is parsed anew.
+  // is the costly part of a start): at the next build each is used only if its file and bytes are still
+  // the ones it was parsed from (see visit()), so a library rebuilt and reloaded is parsed anew.
   void release() {
     std::lock_guard<std::mutex> lock(mu_);
     g_unwind_tables.store(nullptr, std::memory_order_release);
     sets_.clear();
+    retired_.clear();
     std::vector<key> loaded;
     dl_iterate_phdr(
         [](dl_phdr_info* info, std::size_t, void* data) -> int {
@@ -132,6 +204,7 @@ class unwind_tables_state {
     i.bytes = 0;
     for (auto& m : modules_)
       i.bytes += sizeof(module_unwind) + m.second->table.rows.capacity() * sizeof(unwind_row);
+    for (auto& m : retired_) i.bytes += sizeof(module_unwind) + m->table.rows.capacity() * sizeof(unwind_row);
     for (auto& s : sets_)
       i.bytes += sizeof(unwind_set_storage) + s->modules.capacity() * sizeof(unwind_module);
     return i;
@@ -175,12 +248,66 @@ class unwind_tables_state {
   static key key_of(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
     return key{module_name(info), info->dlpi_addr, info->dlpi_addr + eh->p_vaddr};
   }
-  // FNV-1a over the module's .eh_frame_hdr (its search table lists every FDE): far cheaper than a parse.
-  static std::uint64_t hdr_hash(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
-    eh_frame_input hdr = segment_from(info, info->dlpi_addr + eh->p_vaddr);
+  static module_file_id file_of(const dl_phdr_info* info) {
+    module_file_id id;
+    struct stat st;
+    const char* path = info->dlpi_name && info->dlpi_name[0] ? info->dlpi_name : "/proc/self/exe";
+    if (::stat(path, &st) != 0) return id;
+    id.dev = static_cast<std::uint64_t>(st.st_dev);
+    id.ino = static_cast<std::uint64_t>(st.st_ino);
+    id.size = static_cast<std::uint64_t>(st.st_size);
+    id.mtime_s = static_cast<std::int64_t>(st.st_mtim.tv_sec);
+    id.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_nsec);
+    return id;
+  }
+
+  // Where a module's .eh_frame_hdr and .eh_frame lie in memory (size 0: not found; `why` says what).
+  static void locate(const dl_phdr_info* info, const ElfW(Phdr) * eh, eh_frame_input& hdr,
+                     eh_frame_input& frames, const char*& why) {
+    frames = eh_frame_input{};
+    hdr = segment_from(info, info->dlpi_addr + eh->p_vaddr);
     if (hdr.size > eh->p_memsz) hdr.size = eh->p_memsz;
+    eh_frame_hdr_info hi;
+    if (hdr.size == 0 || !parse_eh_frame_hdr(hdr, hi)) {
+      hdr.size = 0;
+      why = "unreadable .eh_frame_hdr";
+      return;
+    }
+    frames = segment_from(info, hi.eh_frame);
+    if (frames.size == 0) {
+      why = ".eh_frame is outside the loaded segments";
+      return;
+    }
+    // The search table lists every FDE: stop after the last one instead of trusting a terminator.
+    if (hi.fde_limit > hi.eh_frame && hi.fde_limit - hi.eh_frame < frames.size) {
+      eh_cursor c{frames.data, hi.fde_limit - hi.eh_frame, frames.size, frames.address};
+      std::uint64_t len = c.fixed(4);
+      if (len == 0xffffffffu) len = c.fixed(8);
+      if (c.ok && len <= c.end - c.pos) frames.size = c.pos + static_cast<std::size_t>(len);
+    }
+  }
+
+  // A hash of the bytes the rows are parsed from (.eh_frame_hdr and .eh_frame), eight at a time: a
+  // fraction of a parse (no CFA programs are run), and it sees a changed frame layout that keeps every
+  // offset in .eh_frame_hdr the same.
+  static std::uint64_t content_hash(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
+    eh_frame_input hdr, frames;
+    const char* why = nullptr;
+    locate(info, eh, hdr, frames, why);
     std::uint64_t h = 1469598103934665603ull;
-    for (std::size_t i = 0; i < hdr.size; ++i) h = (h ^ hdr.data[i]) * 1099511628211ull;
+    auto mix = [&h](const eh_frame_input& in) {
+      std::size_t i = 0;
+      for (; i + 8 <= in.size; i += 8) {
+        std::uint64_t w;
+        std::memcpy(&w, in.data + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+      }
+      for (; i < in.size; ++i) h = (h ^ in.data[i]) * 1099511628211ull;
+      h = (h ^ in.size) * 1099511628211ull;
+    };
+    mix(hdr);
+    mix(frames);
     return h;
   }
 
@@ -196,20 +323,33 @@ class unwind_tables_state {
       return 0;
     }
     const key k = key_of(info, eh);
+    const module_file_id file = file_of(info);
+    std::uint64_t hash = 0;
+    bool hashed = false;
     auto found = ctx.self->modules_.find(k);
     if (found != ctx.self->modules_.end()) {
-      if (!ctx.self->revalidate_ || found->second->hdr_hash == hdr_hash(info, eh)) {
-        if (ctx.self->revalidate_) ++ctx.self->info_.reused;
-        ctx.present.push_back(found->second.get());
-        return 0;
+      // Same name, load address and .eh_frame_hdr address: the same module only if it is the same file
+      // and the same bytes. Every build checks, not only the first after a stop: a dlclose and a dlopen
+      // of the rebuilt library may both happen between two builds.
+      if (found->second->file == file) {
+        hash = content_hash(info, eh);
+        hashed = true;
+        if (found->second->content_hash == hash) {
+          if (ctx.self->revalidate_) ++ctx.self->info_.reused;
+          ctx.present.push_back(found->second.get());
+          return 0;
+        }
       }
-      ctx.self->modules_.erase(found);  // no set points at it: release() dropped them all
+      // A published set may still point at the old rows: they are freed at release().
+      ctx.self->retired_.push_back(std::move(found->second));
+      ctx.self->modules_.erase(found);
     }
     std::unique_ptr<module_unwind> m(new module_unwind());
     m->name = name;
     m->bias = info->dlpi_addr;
     m->hdr = std::get<2>(k);
-    m->hdr_hash = hdr_hash(info, eh);
+    m->file = file;
+    m->content_hash = hashed ? hash : content_hash(info, eh);
     parse_module(info, eh, *m, ctx.notes);
     ctx.present.push_back(m.get());
     ctx.self->modules_.emplace(k, std::move(m));
@@ -230,38 +370,39 @@ class unwind_tables_state {
 
   static void parse_module(const dl_phdr_info* info, const ElfW(Phdr) * eh, module_unwind& m,
                            std::vector<std::string>& notes) {
-    eh_frame_input hdr = segment_from(info, m.hdr);
-    if (hdr.size > eh->p_memsz) hdr.size = eh->p_memsz;
-    eh_frame_hdr_info hi;
-    if (hdr.size == 0 || !parse_eh_frame_hdr(hdr, hi)) {
-      notes.push_back("unwind: " + m.name + ": unreadable .eh_frame_hdr");
-      return;
-    }
-    eh_frame_input frames = segment_from(info, hi.eh_frame);
+    eh_frame_input hdr, frames;
+    const char* why = nullptr;
+    locate(info, eh, hdr, frames, why);
     if (frames.size == 0) {
-      notes.push_back("unwind: " + m.name + ": .eh_frame is outside the loaded segments");
+      notes.push_back("unwind: " + m.name + ": " + why);
       return;
-    }
-    // The search table lists every FDE: stop after the last one instead of trusting a terminator.
-    if (hi.fde_limit > hi.eh_frame && hi.fde_limit - hi.eh_frame < frames.size) {
-      eh_cursor c{frames.data, hi.fde_limit - hi.eh_frame, frames.size, frames.address};
-      std::uint64_t len = c.fixed(4);
-      if (len == 0xffffffffu) len = c.fixed(8);
-      if (c.ok && len <= c.end - c.pos) frames.size = c.pos + static_cast<std::size_t>(len);
     }
     m.table = parse_eh_frame(frames);
     if (!m.table.error.empty())
       notes.push_back("unwind: " + m.name + ": " + std::to_string(m.table.skipped) +
                       " records skipped; first: " + m.table.error);
+    // Only the module's own code: an FDE pointing elsewhere (broken input) must not shadow another module.
+    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> code;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+      const ElfW(Phdr)& p = info->dlpi_phdr[i];
+      if (p.p_type == PT_LOAD && (p.p_flags & PF_X) && p.p_memsz > 0)
+        code.emplace_back(info->dlpi_addr + p.p_vaddr, info->dlpi_addr + p.p_vaddr + p.p_memsz);
+    }
+    std::sort(code.begin(), code.end());
+    const std::size_t before = m.table.rows.size();
+    clip_unwind_rows(m.table, code);
+    if (before != 0 && m.table.rows.empty())
+      notes.push_back("unwind: " + m.name + ": no FDE covers its executable segments");
     m.table.rows.shrink_to_fit();
   }
 
   std::mutex mu_;
   std::map<key, std::unique_ptr<module_unwind>> modules_;
+  std::vector<std::unique_ptr<module_unwind>> retired_;  // replaced while a set may point at them
   std::vector<std::unique_ptr<unwind_set_storage>> sets_;
   counts counts_;
   bool have_counts_ = false;
-  bool revalidate_ = false;  // the first build after release() checks kept modules' hashes
+  bool revalidate_ = false;  // the first build after release(): kept modules found count as reused
   unwind_tables_info info_;
 };
 
