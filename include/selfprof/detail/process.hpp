@@ -1,6 +1,6 @@
 // Facts about this process that several parts read: the dynamic loader's generation, the threads in
-// /proc/self/task (names, blocked signals, scheduler statistics), the main thread's stack end and the
-// CPUs the process may use.
+// /proc/self/task (names, blocked signals, start times, scheduler statistics), the main thread's stack end
+// and the CPUs the process may use. Names, masks and start times are read through sys().read_task_file.
 // Context: any thread except the signal handler (dl_iterate_phdr takes the loader's lock).
 #pragma once
 
@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "selfprof/detail/sys.hpp"
 #include "selfprof/signal/clock.hpp"
 
 namespace selfprof {
@@ -65,15 +66,43 @@ inline std::vector<pid_t> list_threads() {
   return tids;
 }
 
+// /proc/self/task/<tid>/<file> (at most 16 KiB: comm, stat, status), or "" when it cannot be read.
+inline std::string task_file(pid_t tid, const char* file) {
+  std::string out(16384, '\0');
+  const long n = sys().read_task_file(static_cast<int>(tid), file, &out[0], out.size());
+  out.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  return out;
+}
+
+// The start time in /proc/.../stat text (field 22, clock ticks since boot), or 0. The name in field 2 may
+// hold spaces and parentheses: the fields are counted from its last ')'.
+inline std::uint64_t parse_start_time(const std::string& stat) {
+  const std::size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  const char* p = stat.c_str() + close + 1;
+  for (int field = 3; field < 22; ++field) {  // skip fields 3 (state) to 21
+    while (*p == ' ') ++p;
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  while (*p == ' ') ++p;
+  if (*p < '0' || *p > '9') return 0;
+  return std::strtoull(p, nullptr, 10);
+}
+
+// When thread `tid` of this process started (clock ticks since boot), or 0 when it is not one of this
+// process's threads (any more). With the tid, it identifies a thread: a tid is reused, a start time with it
+// is not (two threads given the same tid within one clock tick would need the tid space to wrap meanwhile).
+inline std::uint64_t task_start_time(pid_t tid) { return parse_start_time(task_file(tid, "stat")); }
+
 inline std::string thread_name(pid_t tid) {
-  std::string s = read_small_file("/proc/self/task/" + std::to_string(tid) + "/comm");
+  std::string s = task_file(tid, "comm");
   while (!s.empty() && (s.back() == '\n' || s.back() == '\0')) s.pop_back();
   return s;
 }
 
 // True when the thread currently blocks `sig` (SigBlk in /proc/self/task/<tid>/status).
 inline bool thread_blocks_signal(pid_t tid, int sig) {
-  std::string s = read_small_file("/proc/self/task/" + std::to_string(tid) + "/status");
+  std::string s = task_file(tid, "status");
   std::size_t at = s.find("SigBlk:");
   if (at == std::string::npos || sig <= 0 || sig > 64) return false;
   unsigned long long mask = std::strtoull(s.c_str() + at + 7, nullptr, 16);

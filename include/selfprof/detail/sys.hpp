@@ -1,7 +1,9 @@
 // The seam for the system calls tests inject failures into (EACCES, ENOSYS, EMFILE, ...): opening and
 // closing tick sources (perf_event_open, timer_*, setitimer, fcntl), taking signals (sigaction), creating
-// output files (open, openat, close) and resource limits. Other calls (ioctl on a perf fd, reads of
-// /proc, eventfd, poll) go to libc directly; their failures are handled where they happen.
+// output files (open, openat, close), resource limits and reads of a thread's /proc/self/task/<tid> files
+// (read_task_file: names, signal masks, start times; tests make them slow or fake a thread's identity).
+// Other calls (ioctl on a perf fd, other reads of /proc, eventfd, poll) go to libc directly; their
+// failures are handled where they happen.
 // Functions follow libc: -1 and errno on failure.
 // Context: any thread except the signal handler (the handler makes its few raw syscalls directly).
 #pragma once
@@ -15,7 +17,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
 
 namespace selfprof {
 namespace detail {
@@ -33,6 +38,8 @@ struct syscall_table {
   int (*fcntl_int)(int fd, int cmd, long arg);
   int (*getrlimit)(int resource, struct rlimit* out);
   int (*setrlimit)(int resource, const struct rlimit* value);
+  // Reads up to `size` bytes of /proc/self/task/<tid>/<file>: the byte count, or -1 and errno.
+  long (*read_task_file)(int tid, const char* file, char* buf, std::size_t size);
 };
 
 inline long default_perf_event_open(void* attr, int pid, int cpu, int group_fd, unsigned long flags) {
@@ -63,12 +70,33 @@ inline int default_getrlimit(int r, struct rlimit* out) {
 inline int default_setrlimit(int r, const struct rlimit* v) {
   return ::setrlimit(static_cast<__rlimit_resource>(r), v);
 }
+inline long default_read_task_file(int tid, const char* file, char* buf, std::size_t size) {
+  char path[96];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/%s", tid, file);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  std::size_t got = 0;
+  while (got < size) {
+    const ssize_t n = ::read(fd, buf + got, size - got);
+    if (n < 0 && got == 0) {
+      const int e = errno;
+      ::close(fd);
+      errno = e;
+      return -1;
+    }
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  return static_cast<long>(got);
+}
 
 inline syscall_table default_syscalls() {
   return syscall_table{
       default_perf_event_open, default_timer_create, default_timer_settime, default_timer_delete,
       default_setitimer,       default_sigaction,    default_open,          default_openat,
-      default_close,           default_fcntl_int,    default_getrlimit,     default_setrlimit};
+      default_close,           default_fcntl_int,    default_getrlimit,     default_setrlimit,
+      default_read_task_file};
 }
 
 // The table in use. Tests replace entries (and restore them with default_syscalls()).
