@@ -2,12 +2,32 @@
 // thread itself), armed with the primary tick source or, where that runs out of descriptors or memory,
 // with a fallback CPU timer; the names of every thread seen; and the move of every thread to a new
 // primary source (the contention upgrade, sources/contention.hpp).
-// Context: setup only and the collector thread; register_current() on the registering thread. Every
-// method takes the registry's own lock.
+//
+// A thread is (tid, start time) (detail/task_start_time): a tid is reused once its thread has exited. A
+// record whose tid now shows another start time belongs to a dead thread: it is dropped (its source
+// disarmed) and the new thread armed. Known threads are re-checked kVerifyPerScan per scan, round robin
+// (one /proc read each: all of them at every scan would cost ~70 ms at 10,000 threads).
+// Arming a thread that is not the caller is checked: a perf_event is opened and its signal owner set
+// (F_SETOWN_EX F_OWNER_TID) by tid, which may by then name a thread of another process; so the start time
+// is re-read just before and just after the arm, and the event is closed at once when the thread is no
+// longer the one recorded. The window that remains: the recorded thread exits and a same-uid process
+// gets its tid (the pid allocator must come round to it) during the arm call itself, and the foreign
+// thread's event overflows between the enable (PERF_EVENT_IOC_REFRESH, inside arm()) and the close after
+// the check, some microseconds: impossible for a task-clock event (a whole period of CPU time), possible
+// for a frequency-mode cycles event, whose first period is tiny; a signal queued then stays queued (its
+// default action terminates). Closing it needs the check between F_SETOWN_EX and the enable, inside
+// perf_event_source::arm. A CPU timer (SIGEV_THREAD_ID on a thread CPU clock) cannot target another
+// process's thread (the kernel refuses with EINVAL), so timers are not checked: at worst one lands on a
+// new thread of this process that reused the tid (sampled correctly; the record is fixed at a re-check).
+// /proc is read outside the lock (names, masks, start times); the lock covers the records and the sources,
+// so register_current() never waits for a snapshot reading 10,000 threads' names.
+// Context: setup only and the collector thread; register_current() on the registering thread, names() and
+// blocking() on a thread taking a snapshot or stats. Every method takes the registry's own lock.
 #pragma once
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include <cerrno>
@@ -29,6 +49,9 @@
 
 namespace selfprof {
 namespace detail {
+
+// Known threads whose identity (start time) each scan re-reads.
+constexpr std::size_t kVerifyPerScan = 512;
 
 // What armed a thread.
 enum class armed_by : std::uint8_t { none, primary, fallback };
@@ -69,44 +92,58 @@ class thread_registry {
   }
 
   // Compares /proc/self/task with the known threads: arms the new ones (except `own`, selfprof's
-  // threads), forgets the gone ones, reads names a thread may have set just after it started.
+  // threads), forgets the gone ones and those whose tid another thread now has, reads names a thread may
+  // have set just after it started. /proc is read outside the lock (see the top of the file).
   void scan(const std::vector<pid_t>& own) {
-    const std::vector<pid_t> live = list_threads();
+    std::vector<pid_t> live = list_threads();
+    std::vector<probe> plan;
+    std::vector<std::pair<pid_t, std::uint64_t>> gone;
+    bool arming = false;
+    int sig = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      arming = primary_ && primary_->per_thread();
+      sig = config_.signal_number;
+      std::unordered_set<pid_t> seen(live.begin(), live.end());
+      for (auto& t : threads_)
+        if (!seen.count(t.first)) gone.emplace_back(t.first, t.second.start);
+      const std::size_t n = live.size();
+      std::size_t budget = kVerifyPerScan, next_from = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const pid_t tid = live[(i + verify_from_) % n];
+        bool ours = false;
+        for (pid_t o : own) ours = ours || o == tid;
+        if (ours) continue;
+        probe p;
+        p.tid = tid;
+        auto known = threads_.find(tid);
+        if (known == threads_.end()) {
+          p.read_start = p.read_name = true;
+          p.read_blocked = arming;
+        } else {
+          p.known_start = known->second.start;
+          p.read_start = budget > 0;  // its identity, re-read round robin
+          if (budget > 0 && --budget == 0) next_from = (verify_from_ + i + 1) % n;
+          p.read_name = known->second.name_checks < 2;  // threads usually name themselves right after start
+          p.read_blocked = arming && known->second.blocked;
+          if (!p.read_start && !p.read_name && !p.read_blocked) continue;
+        }
+        plan.push_back(std::move(p));
+      }
+      verify_from_ = next_from;
+    }
+    for (probe& p : plan) read_probe(p, arming, sig);
     std::lock_guard<std::mutex> lock(mu_);
-    std::unordered_set<pid_t> seen(live.begin(), live.end());
-    for (pid_t tid : live) {
-      auto known = threads_.find(tid);
-      if (known != threads_.end()) {
-        if (known->second.blocked && !blocks_sample_signal(tid)) {  // it unblocked the signal since
-          known->second.blocked = false;
-          if (primary_ && primary_->per_thread()) arm_locked(tid, known->second);
-        }
-        if (known->second.name_checks < 2) {  // threads usually name themselves right after they start
-          ++known->second.name_checks;
-          std::string n = thread_name(tid);
-          if (!n.empty()) known->second.name = names_[static_cast<std::uint32_t>(tid)] = n;
-        }
-        continue;
-      }
-      bool ours = false;
-      for (pid_t o : own) ours = ours || o == tid;
-      if (ours) continue;
-      add_locked(tid);
+    for (auto& g : gone) {
+      auto it = threads_.find(g.first);
+      if (it != threads_.end() && it->second.start == g.second) drop_locked(it);  // else registered anew
     }
-    for (auto it = threads_.begin(); it != threads_.end();) {
-      if (seen.count(it->first)) {
-        ++it;
-        continue;
-      }
-      disarm_locked(it->first, it->second);
-      it = threads_.erase(it);
-      ++generation_;
-    }
+    for (probe& p : plan) merge_locked(p);
   }
 
   // The calling thread arms itself now (instead of at the next scan); with `unblock`, it first unblocks
   // the sampling signal (selfprof::register_thread(), an explicit request). Without, a thread that blocks
-  // it stays unarmed (see add_locked).
+  // it stays unarmed (see add_locked). A record of its tid with another start time is a dead thread's.
   status register_current(int sample_signal, bool unblock = true) {
     if (sample_signal > 0 && unblock) {
       sigset_t set;
@@ -115,14 +152,28 @@ class thread_registry {
       pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
     }
     const pid_t tid = static_cast<pid_t>(raw_gettid());
+    probe p;
+    p.tid = tid;
+    p.start = task_start_time(tid);
+    p.read_start = p.read_name = true;
+    p.name = thread_name(tid);
+    sigset_t mask;
+    sigemptyset(&mask);
+    pthread_sigmask(SIG_BLOCK, nullptr, &mask);
     std::lock_guard<std::mutex> lock(mu_);
+    const int sig = config_.signal_number;
+    p.read_blocked = true;
+    p.blocked = sig > 0 && sigismember(&mask, sig) == 1;  // its own mask, which only it changes
     auto known = threads_.find(tid);
-    if (known == threads_.end()) {
-      add_locked(tid);
-    } else if (known->second.blocked && !blocks_sample_signal(tid)) {  // register_thread() unblocked it
-      known->second.blocked = false;
-      if (primary_ && primary_->per_thread()) arm_locked(tid, known->second);
+    if (known != threads_.end() && (p.start == 0 || known->second.start == p.start)) {
+      if (known->second.blocked && !p.blocked) {  // register_thread() unblocked it
+        known->second.blocked = false;
+        if (primary_ && primary_->per_thread()) arm_locked(tid, known->second, true);
+      }
+      return status::ok();
     }
+    if (known != threads_.end()) drop_locked(known);  // the tid's previous thread exited
+    add_locked(p, true);
     return status::ok();
   }
 
@@ -136,22 +187,37 @@ class thread_registry {
     return true;
   }
 
-  // Names of every thread seen in this session, live or not, re-read for live threads.
+  // Names of every thread seen in this session, live or not, re-read for live threads (once per call,
+  // outside the lock: a thread registering meanwhile does not wait).
   std::unordered_map<std::uint32_t, std::string> names() {
+    std::vector<std::pair<pid_t, std::uint64_t>> live;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live.reserve(threads_.size());
+      for (auto& t : threads_) live.emplace_back(t.first, t.second.start);
+    }
+    std::vector<std::string> read(live.size());
+    for (std::size_t i = 0; i < live.size(); ++i) read[i] = thread_name(live[i].first);
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& t : threads_) {
-      std::string n = thread_name(t.first);
-      if (!n.empty()) t.second.name = names_[static_cast<std::uint32_t>(t.first)] = n;
+    for (std::size_t i = 0; i < live.size(); ++i) {
+      auto it = threads_.find(live[i].first);
+      if (it == threads_.end() || it->second.start != live[i].second || read[i].empty()) continue;
+      it->second.name = names_[static_cast<std::uint32_t>(it->first)] = read[i];
     }
     return names_;
   }
 
-  // Live threads that block `sig`, so never receive a tick.
+  // Live threads that block `sig`, so never receive a tick (their masks are read outside the lock).
   std::size_t blocking(int sig) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<pid_t> live;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live.reserve(threads_.size());
+      for (auto& t : threads_) live.push_back(t.first);
+    }
     std::size_t n = 0;
-    for (auto& t : threads_)
-      if (thread_blocks_signal(t.first, sig)) ++n;
+    for (pid_t tid : live)
+      if (thread_blocks_signal(tid, sig)) ++n;
     return n;
   }
 
@@ -179,9 +245,10 @@ class thread_registry {
     for (auto& t : threads_) {
       if (t.second.by != armed_by::primary) continue;
       old->disarm(t.first);
-      if (primary_->arm(t.first)) {
+      if (arm_checked(*primary_, t.first, t.second.start, false)) {
         ++r.moved;
-      } else if (old->arm(t.first)) {  // out of descriptors, say: this thread keeps its old source
+      } else if (arm_checked(*old, t.first, t.second.start,
+                             false)) {  // out of descriptors, say: keeps its old source
         t.second.by = armed_by::fallback;
         ++r.kept;
       } else {
@@ -231,26 +298,76 @@ class thread_registry {
     threads_.clear();
     names_.clear();
     counts_ = thread_counts{};
+    verify_from_ = 0;
   }
 
   std::mutex& lock_for_fork() { return mu_; }
 
  private:
   struct thread_rec {
+    std::uint64_t start = 0;  // start time (task_start_time): with the tid, which thread this is
     std::string name;
     armed_by by = armed_by::none;
     int name_checks = 0;
     bool blocked = false;  // not armed: it blocked the sampling signal when last looked at
   };
 
-  // True when `tid` blocks the sampling signal. A thread being created runs with every signal blocked
-  // for a moment (glibc's pthread_create), so a blocked answer is confirmed over about a millisecond.
-  bool blocks_sample_signal(pid_t tid) const {
-    const int sig = config_.signal_number;
+  // What scan() reads of one thread outside the lock, and merges under it.
+  struct probe {
+    pid_t tid = 0;
+    std::uint64_t known_start = 0;  // the record's start time when planned; 0: a new tid
+    std::uint64_t start = 0;        // read (or, when not read, known_start); 0: gone
+    bool read_start = false, read_name = false, read_blocked = false;
+    std::string name;
+    bool blocked = true;  // until read: an unread mask counts as blocked (not armed, looked at again)
+  };
+
+  static void read_probe(probe& p, bool arming, int sig) {
+    if (p.read_start) {
+      p.start = task_start_time(p.tid);
+      if (p.start == 0) return;                              // exited since the listing
+      if (p.known_start != 0 && p.start != p.known_start) {  // another thread has the tid now
+        p.read_name = true;
+        p.read_blocked = arming;
+      }
+    } else {
+      p.start = p.known_start;
+    }
+    if (p.read_name) p.name = thread_name(p.tid);
+    if (p.read_blocked) p.blocked = blocks_sample_signal(p.tid, sig);
+  }
+
+  void merge_locked(probe& p) {
+    if (p.start == 0) return;
+    auto known = threads_.find(p.tid);
+    const std::uint64_t recorded = known == threads_.end() ? 0 : known->second.start;
+    if (recorded != p.known_start) return;  // changed since planned (register_current): newer than this
+    if (known != threads_.end() && p.start != recorded) {  // the recorded thread is dead, its tid reused
+      drop_locked(known);
+      known = threads_.end();
+    }
+    if (known == threads_.end()) {
+      add_locked(p, false);
+      return;
+    }
+    thread_rec& rec = known->second;
+    if (p.read_name) {
+      ++rec.name_checks;
+      if (!p.name.empty()) rec.name = names_[static_cast<std::uint32_t>(p.tid)] = p.name;
+    }
+    if (p.read_blocked && rec.blocked && !p.blocked) {  // it unblocked the signal since
+      rec.blocked = false;
+      if (primary_ && primary_->per_thread()) arm_locked(p.tid, rec, false);
+    }
+  }
+
+  // True when `tid` blocks signal `sig`. A thread being created runs with every signal blocked for a
+  // moment (glibc's pthread_create), so a blocked answer is confirmed over about a millisecond.
+  static bool blocks_sample_signal(pid_t tid, int sig) {
     if (sig <= 0) return false;
     for (int look = 0; look < 4; ++look) {
       // An unreadable mask (a thread still being set up) counts as blocked: looked at again at the next scan.
-      const std::string status = read_small_file("/proc/self/task/" + std::to_string(tid) + "/status");
+      const std::string status = task_file(tid, "status");
       const std::size_t at = status.find("SigBlk:");
       if (at != std::string::npos &&
           ((std::strtoull(status.c_str() + at + 7, nullptr, 16) >> (sig - 1)) & 1) == 0)
@@ -264,22 +381,45 @@ class thread_registry {
   }
 
   // A thread that blocks the sampling signal is not armed: its ticks would stay pending, and a sigwait()
-  // or signalfd of the program's own would receive them as its own signal.
-  void add_locked(pid_t tid) {
+  // or signalfd of the program's own would receive them as its own signal. `self`: the calling thread.
+  void add_locked(const probe& p, bool self) {
     thread_rec rec;
-    rec.name = thread_name(tid);
+    rec.start = p.start;
+    rec.name = p.name;
     if (primary_ && primary_->per_thread()) {
-      rec.blocked = blocks_sample_signal(tid);
-      if (!rec.blocked) arm_locked(tid, rec);
+      rec.blocked = !p.read_blocked || p.blocked;
+      if (!rec.blocked) arm_locked(p.tid, rec, self);
     }
-    names_[static_cast<std::uint32_t>(tid)] = rec.name;
-    threads_.emplace(tid, std::move(rec));
+    names_[static_cast<std::uint32_t>(p.tid)] = rec.name;
+    threads_.emplace(p.tid, std::move(rec));
     ++counts_.seen;
     ++generation_;
   }
 
-  void arm_locked(pid_t tid, thread_rec& rec) {
-    status st = primary_->arm(tid);
+  // Disarms and forgets a record (its thread exited).
+  void drop_locked(std::unordered_map<pid_t, thread_rec>::iterator it) {
+    disarm_locked(it->first, it->second);
+    threads_.erase(it);
+    ++generation_;
+  }
+
+  // Arms `tid` with `src`. Unless it is the calling thread (`self`: alive throughout), a source that can
+  // reach another process's thread is checked before and after: `tid` must still be this process's thread
+  // that started at `start`, else the arm is undone at once (see the top of the file).
+  static status arm_checked(tick_source& src, pid_t tid, std::uint64_t start, bool self) {
+    const bool check = !self && src.kind() != source_kind::timer;
+    if (check && task_start_time(tid) != start)
+      return status::error("thread " + std::to_string(tid) + " exited before it was armed", ESRCH);
+    status st = src.arm(tid);
+    if (st && check && task_start_time(tid) != start) {
+      src.disarm(tid);
+      return status::error("thread " + std::to_string(tid) + " exited while it was armed", ESRCH);
+    }
+    return st;
+  }
+
+  void arm_locked(pid_t tid, thread_rec& rec, bool self) {
+    status st = arm_checked(*primary_, tid, rec.start, self);
     if (st) {
       rec.by = armed_by::primary;
       ++counts_.armed;
@@ -296,7 +436,7 @@ class thread_registry {
                            st.message() + "): CPU timers for the remaining threads");
         }
       }
-      if (fallback_ && fallback_->arm(tid)) {
+      if (fallback_ && arm_checked(*fallback_, tid, rec.start, self)) {
         rec.by = armed_by::fallback;
         ++counts_.armed;
         ++counts_.fallback;
@@ -319,6 +459,7 @@ class thread_registry {
   std::unordered_map<pid_t, thread_rec> threads_;
   std::unordered_map<std::uint32_t, std::string> names_;  // every thread seen, even exited ones
   std::uint64_t generation_ = 0;                          // changes whenever threads_ does
+  std::size_t verify_from_ = 0;                           // where in the listing scan() re-checks from
   thread_counts counts_;
   std::vector<std::string> notes_;
   std::uint64_t fds_low_before_ = 0;  // fds_in_app_range() when the session began
