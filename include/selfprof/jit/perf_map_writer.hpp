@@ -1,6 +1,10 @@
 // Writer of perf's JIT symbol map /tmp/perf-<pid>.map: "START SIZE name" lines (lower-case hex without
 // 0x, one space each, newline-terminated), appended in registration order so perf's last-line-wins
 // reading matches the latest code at each address; the file is created safely (see safe_file.hpp).
+// A map another live writer holds (another JIT runtime or copy of selfprof in this process, or a process
+// with the same pid in another container sharing /tmp) is appended to, never truncated or removed: perf
+// maps are meant to collect the lines of every JIT of the process, and each write() is whole lines with
+// O_APPEND, so lines of different writers never mix. Only a provably dead writer's map is replaced.
 // Context: any thread (the JIT runtime serialises calls).
 #pragma once
 
@@ -59,15 +63,18 @@ class perf_map_writer {
   const std::string& path() const { return path_; }
   bool is_open() const { return fd_ >= 0; }
   bool replaced_stale() const { return replaced_stale_; }
+  bool shared() const { return shared_; }  // appending to another live writer's map
 
-  // Creates the file (replacing a stale one of ours, refusing anything else). Idempotent once open.
+  // Creates the file or joins a live writer's (replacing a provably stale one of ours, refusing anything
+  // else), and keeps a shared flock on it while open. Idempotent once open.
   status open() {
     if (fd_ >= 0) return status::ok();
     safe_file f;
-    status st = create_safe_file(path_, O_WRONLY | O_APPEND, "perf map", f);
+    status st = create_safe_file(path_, O_WRONLY | O_APPEND, "perf map", f, live_file::share);
     if (!st) return st;
-    fd_ = keep_fd_high(f.fd);  // above the application's descriptors (detail/high_fd.hpp)
+    fd_ = keep_fd_high(f.fd);  // above the application's descriptors; the lock moves with it (same file)
     replaced_stale_ = f.replaced_stale;
+    shared_ = f.shared;
     return status::ok();
   }
 
@@ -82,7 +89,8 @@ class perf_map_writer {
     fd_ = -1;
   }
 
-  // After fork(): the descriptor belongs to the parent's file; forget it without writing.
+  // After fork(): the descriptor belongs to the parent's file; forget it without writing (closing the
+  // child's copy leaves the parent's lock in place: a flock belongs to the shared open file description).
   void abandon_after_fork(const std::string& dir, long pid) {
     close();
     path_ = path_for(dir, pid);
@@ -92,6 +100,7 @@ class perf_map_writer {
   std::string path_;
   int fd_ = -1;
   bool replaced_stale_ = false;
+  bool shared_ = false;
 };
 
 }  // namespace detail

@@ -1,9 +1,12 @@
 // Unit tests of include/selfprof/jit/perf_map_writer.hpp and safe_file.hpp: the perf map line format
-// and the safe creation of /tmp/perf-<pid>.map (symlinks, foreign and stale files).
+// and the safe creation of /tmp/perf-<pid>.map (symlinks, foreign and stale files; live maps are shared:
+// tests/torture/perf_map_owner_test.cpp).
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <pwd.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -83,6 +86,12 @@ TEST_CASE("jit perf map: a stale regular file of ours is replaced, not appended 
   long pid = jit_test::fake_pid();
   perf_map_writer w(dir.path, pid);
   jit_test::write_file(w.path(), "5000 10 stale_from_a_dead_process\n");
+  // Unlocked and written before this process started (by the pid's previous owner): provably stale.
+  struct timespec old[2];
+  clock_gettime(CLOCK_REALTIME, &old[0]);
+  old[0].tv_sec -= 3600;
+  old[1] = old[0];
+  REQUIRE(::utimensat(AT_FDCWD, w.path().c_str(), old, AT_SYMLINK_NOFOLLOW) == 0);
   struct stat before;
   REQUIRE(::stat(w.path().c_str(), &before) == 0);
   selfprof::status st = w.open();
