@@ -133,10 +133,12 @@ class thread_registry {
       verify_from_ = next_from;
     }
     for (probe& p : plan) read_probe(p, arming, sig);
+    for (auto& g : gone)  // still there: it registered itself after the listing
+      if (g.second != 0 && task_start_time(g.first) == g.second) g.second = 0;
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& g : gone) {
       auto it = threads_.find(g.first);
-      if (it != threads_.end() && it->second.start == g.second) drop_locked(it);  // else registered anew
+      if (it != threads_.end() && g.second != 0 && it->second.start == g.second) drop_locked(it);
     }
     for (probe& p : plan) merge_locked(p);
   }
