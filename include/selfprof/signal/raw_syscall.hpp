@@ -37,6 +37,22 @@ inline long raw_syscall4(long nr, long a, long b, long c, long d) {
 #endif
 }
 
+inline long raw_syscall6(long nr, long a, long b, long c, long d, long e, long f) {
+#if defined(__x86_64__)
+  long ret;
+  register long r10 __asm__("r10") = d;
+  register long r8 __asm__("r8") = e;
+  register long r9 __asm__("r9") = f;
+  __asm__ volatile("syscall"
+                   : "=a"(ret)
+                   : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                   : "rcx", "r11", "memory");
+  return ret;
+#else
+  return ::syscall(nr, a, b, c, d, e, f);
+#endif
+}
+
 inline std::uint32_t raw_gettid() { return static_cast<std::uint32_t>(raw_syscall3(SYS_gettid, 0, 0, 0)); }
 
 // True when the 8 bytes at `address` can be read. rt_sigprocmask copies the new set from user memory

@@ -80,11 +80,13 @@ class cpu_timer_source final : public tick_source {
     if (it == timers_.end()) return;
     sys().timer_delete(it->second);  // also discards a queued tick of this timer
     timers_.erase(it);
+    reap_altstacks();  // a thread that ended: its alternate stack can go (signal/altstack.hpp)
   }
 
   void close() override {
     for (auto& t : timers_) sys().timer_delete(t.second);
     timers_.clear();
+    reap_altstacks();
   }
 
   // POSIX timers are not inherited by fork(2): the child has nothing to release.

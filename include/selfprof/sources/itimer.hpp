@@ -11,6 +11,7 @@
 #include <string>
 
 #include "selfprof/detail/sys.hpp"
+#include "selfprof/signal/altstack.hpp"
 #include "selfprof/sources/source.hpp"
 
 namespace selfprof {
@@ -42,8 +43,9 @@ class itimer_source final : public tick_source {
     return status::ok();
   }
   status arm(pid_t) override { return status::ok(); }
-  void disarm(pid_t) override {}
+  void disarm(pid_t) override { reap_altstacks(); }  // a thread that ended (signal/altstack.hpp)
   void close() override {
+    reap_altstacks();
     if (!armed_) return;
     struct itimerval off {};
     sys().setitimer(ITIMER_PROF, &off, nullptr);

@@ -1,5 +1,6 @@
 // Tick source: one perf_event per thread (software task clock, or hardware cycles where a PMU exists)
-// whose overflow signal is delivered to that thread (F_SETOWN_EX F_OWNER_TID).
+// whose overflow signal is delivered to that thread (F_SETOWN_EX F_OWNER_TID). The handler re-arms it after
+// sampling and caps its rate by the handler's measured cost (signal/handler.hpp, kMinGapPerCost).
 // Context: setup only and the collector thread.
 #pragma once
 
@@ -61,6 +62,7 @@ class perf_event_source final : public tick_source {
         int fd = open_event(self);
         if (fd >= 0) {
           sys().close(fd);
+          g_handler.perf_freq.store(hardware_, std::memory_order_relaxed);  // the rate cap's units
           return status::ok();
         }
         if (hw == 0 && (user == 0 || user_clock)) first_errno = errno;  // the software event says most
@@ -95,10 +97,12 @@ class perf_event_source final : public tick_source {
       return status::error(std::string("perf_event fd setup: ") + std::strerror(e), e);
     }
     set_bit(fd, true);
+    perf_rate_track(g_handler, fd, rate_value(config_.hz));
     // Overflow disables the event (event_limit 1) until the handler refreshes it: no re-entrant ticks.
     if (::ioctl(fd, PERF_EVENT_IOC_REFRESH, 1) != 0) {
       const int e = errno;
       set_bit(fd, false);
+      perf_rate_track(g_handler, fd, 0);
       sys().close(fd);
       return status::error(std::string("PERF_EVENT_IOC_REFRESH: ") + std::strerror(e), e);
     }
@@ -111,8 +115,8 @@ class perf_event_source final : public tick_source {
   status set_thread_rate(pid_t tid, double hz) override {
     auto it = fds_.find(tid);
     if (it == fds_.end()) return status::error("perf: thread " + std::to_string(tid) + " is not armed");
-    std::uint64_t value = hardware_ ? static_cast<std::uint64_t>(hz > 1 ? hz : 1)
-                                    : static_cast<std::uint64_t>(period_ns_for(hz));
+    std::uint64_t value = rate_value(hz);
+    perf_rate_track(g_handler, it->second, value);  // the handler's cap starts again from this rate
     if (::ioctl(it->second, PERF_EVENT_IOC_PERIOD, &value) != 0)
       return status::error(std::string("PERF_EVENT_IOC_PERIOD: ") + std::strerror(errno));
     return status::ok();
@@ -123,11 +127,13 @@ class perf_event_source final : public tick_source {
     if (it == fds_.end()) return;
     release(it->second, true);
     fds_.erase(it);
+    reap_altstacks();  // a thread that ended: its alternate stack can go (signal/altstack.hpp)
   }
 
   void close() override {
     for (auto& f : fds_) release(f.second, true);
     fds_.clear();
+    reap_altstacks();
   }
 
   // The child's fds are copies that still point at the parent's events: close them without disabling.
@@ -145,11 +151,11 @@ class perf_event_source final : public tick_source {
       attr.type = PERF_TYPE_HARDWARE;
       attr.config = PERF_COUNT_HW_CPU_CYCLES;
       attr.freq = 1;
-      attr.sample_freq = static_cast<std::uint64_t>(config_.hz > 1 ? config_.hz : 1);
+      attr.sample_freq = rate_value(config_.hz);
     } else {
       attr.type = PERF_TYPE_SOFTWARE;
       attr.config = PERF_COUNT_SW_TASK_CLOCK;
-      attr.sample_period = static_cast<std::uint64_t>(period_ns_for(config_.hz));
+      attr.sample_period = rate_value(config_.hz);
     }
     attr.disabled = 1;
     attr.exclude_kernel = user_only_ ? 1 : 0;
@@ -157,6 +163,12 @@ class perf_event_source final : public tick_source {
     attr.wakeup_events = 1;
     long fd = sys().perf_event_open(&attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
     return static_cast<int>(fd);
+  }
+
+  // The event's rate as the kernel takes it: a frequency in Hz (cycles, freq=1) or a period in ns.
+  std::uint64_t rate_value(double hz) const {
+    return hardware_ ? static_cast<std::uint64_t>(hz > 1 ? hz : 1)
+                     : static_cast<std::uint64_t>(period_ns_for(hz));
   }
 
   void set_bit(int fd, bool on) {
@@ -170,6 +182,7 @@ class perf_event_source final : public tick_source {
 
   void release(int fd, bool disable) {
     set_bit(fd, false);
+    perf_rate_track(g_handler, fd, 0);
     if (disable) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
     sys().close(fd);
   }

@@ -1,10 +1,12 @@
 // Choosing and installing the profiling signal: never replaces an application's handler silently, and
-// recognises another copy of selfprof in the same process by a marker in its handler's sa_mask.
+// recognises another copy of selfprof in the same process by a marker in its handler's sa_mask. The handler
+// runs on an alternate signal stack (SA_ONSTACK; signal/altstack.hpp says which and why).
 // Context: setup only.
 #pragma once
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/auxv.h>
 #include <time.h>
 
 #include <cerrno>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "selfprof/detail/sys.hpp"
+#include "selfprof/signal/altstack.hpp"
 #include "selfprof/signal/handler.hpp"
 #include "selfprof/status.hpp"
 
@@ -47,6 +50,24 @@ inline bool wait_handlers_quiet(unsigned limit_ms = 1000) {
     ::nanosleep(&step, nullptr);
   }
   return true;
+}
+
+// The signal frame the kernel writes on this CPU (AT_MINSIGSTKSZ, which grows with the xsave state: 3.4 KiB
+// with AVX-512), or the old ABI's MINSIGSTKSZ where the kernel does not say.
+inline std::size_t kernel_min_sigstksz() {
+  std::size_t min = 2048;
+#ifdef AT_MINSIGSTKSZ
+  const unsigned long v = ::getauxval(AT_MINSIGSTKSZ);
+  if (v > min && v < 1024 * 1024) min = v;
+#endif
+  return min;
+}
+
+// Gives the calling thread selfprof's alternate signal stack unless it has one (signal/altstack.hpp):
+// the thread that starts profiling, and threads the preload library starts, before their first tick.
+inline void arm_thread_altstack() {
+  set_altstack_size(kernel_min_sigstksz() + kHandlerBudget);
+  install_altstack(g_altstack.size.load(std::memory_order_acquire));
 }
 
 inline bool is_free_action(const struct sigaction& a) {
@@ -108,7 +129,9 @@ inline status install_sample_handler(int requested, installed_signal& out, std::
     }
     struct sigaction act {};
     act.sa_sigaction = &sample_signal_handler;
-    act.sa_flags = SA_SIGINFO | SA_RESTART;
+    // SA_ONSTACK: the kernel writes the signal frame on the thread's alternate stack (when it has one), not
+    // on a fiber's small stack.
+    act.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
     selfprof_handler_mask(act.sa_mask);
     if (sys().sigaction(s, &act, &out.previous) != 0) {
       notes.push_back("sigaction(" + std::to_string(s) + "): " + std::strerror(errno));
@@ -116,6 +139,7 @@ inline status install_sample_handler(int requested, installed_signal& out, std::
     }
     out.number = s;
     g_handler.signal_number.store(s, std::memory_order_release);
+    arm_thread_altstack();  // the starting thread, from itself; others at their first tick
     return status::ok();
   }
   std::string why = requested > 0
