@@ -5,6 +5,8 @@
 #include <signal.h>
 
 #include <cerrno>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -31,7 +33,21 @@ struct options {
   std::size_t ring_slots = 0;                   // sample ring capacity (0: sized from hz)
   double frame_budget_ms = 16.7;  // SELFPROF_FRAME_BUDGET_MS: a game frame longer than this is slow
   double frame_hz = 0;            // SELFPROF_FRAME_HZ: rate on threads that mark game frames (0: hz)
+  // SELFPROF_MAX_MEMORY (bytes, K/M/G suffixes): the ceiling on what sampling collects. The sample ring
+  // gets at most a quarter (it is clipped to fewer slots: samples the collector cannot take in time are
+  // dropped and counted); of the rest, the stack table gets 40% (a dump briefly holds a copy of the same
+  // size) and the rest is for per-thread totals and names. With SELFPROF_WINDOW the table's part is
+  // shared with the window buckets. Past its part, a new distinct stack is counted under one
+  // "[selfprof: memory ceiling]" stack, and when many threads were seen the stacks of ended threads are
+  // merged into one thread; both are counted in the stats and said in the profile notes. The default,
+  // 64 MiB, keeps the default ring (0.5 MB at 99 Hz) whole and lets the table hold about 100,000
+  // distinct stacks, more than long runs of large programs show, while a runaway (a thread per request,
+  // an absurd rate or depth) stays small next to the program. Values under 1 MiB are raised to 1 MiB.
+  std::size_t max_memory = std::size_t{64} << 20;
 };
+
+// The smallest ceiling: room for the smallest ring at the deepest stacks and a useful table.
+constexpr std::size_t kMinMaxMemory = std::size_t{1} << 20;
 
 namespace detail {
 
@@ -42,6 +58,33 @@ inline bool parse_double(const char* text, double lo, double hi, double& out) {
   double v = std::strtod(text, &end);
   if (errno != 0 || end == text || *end != '\0' || !(v >= lo && v <= hi)) return false;
   out = v;
+  return true;
+}
+
+// A byte count: digits with an optional K, M or G (powers of 1024; "KiB", "MB" and lowercase work too).
+inline bool parse_bytes(const char* text, std::uint64_t lo, std::uint64_t hi, std::uint64_t& out) {
+  if (text == nullptr || *text < '0' || *text > '9') return false;
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text, &end, 10);
+  if (errno != 0 || end == text) return false;
+  std::string unit = end;
+  for (char& c : unit) c = static_cast<char>(c >= 'a' && c <= 'z' ? c - 'a' + 'A' : c);
+  unsigned shift = 0;
+  if (unit.empty() || unit == "B")
+    shift = 0;
+  else if (unit == "K" || unit == "KB" || unit == "KIB")
+    shift = 10;
+  else if (unit == "M" || unit == "MB" || unit == "MIB")
+    shift = 20;
+  else if (unit == "G" || unit == "GB" || unit == "GIB")
+    shift = 30;
+  else
+    return false;
+  if (v > (hi >> shift)) return false;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(v) << shift;
+  if (bytes < lo || bytes > hi) return false;
+  out = bytes;
   return true;
 }
 
@@ -212,6 +255,13 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
       o.frame_hz = d;
     else
       bad("SELFPROF_FRAME_HZ", v, "a rate in Hz from 0 (same as SELFPROF_HZ) to 100000");
+  }
+  if (const char* v = std::getenv("SELFPROF_MAX_MEMORY")) {
+    std::uint64_t bytes = 0;
+    if (detail::parse_bytes(v, kMinMaxMemory, std::uint64_t{1} << 40, bytes))
+      o.max_memory = static_cast<std::size_t>(bytes);
+    else
+      bad("SELFPROF_MAX_MEMORY", v, "a size in bytes with an optional K, M or G suffix, from 1M to 1024G");
   }
   return o;
 }
