@@ -1,7 +1,8 @@
 // The collector: the one thread that does the work off the signal path while sampling. It drains the
 // sample ring into the sample store, finds new threads and arms them, rebuilds unwind rows and refreshes
 // the module snapshot when libraries come and go, applies SELFPROF_FRAME_HZ to threads that mark game
-// frames, and runs the contention upgrade. It never symbolizes and never writes files.
+// frames, runs the contention upgrade, and merges the samples of ended threads when many threads came and
+// went (sample_store::merge_ended_threads). It never symbolizes and never writes files.
 // Context: its own thread ("selfprof"); start/stop from setup only.
 //
 // When it wakes. A wake-up costs tens of microseconds of CPU even when there is nothing to do, so:
@@ -78,6 +79,7 @@ class collector {
     wakes_.store(0, std::memory_order_relaxed);
     contention_.reset(c.upgrade);
     listed_generation_ = ~std::uint64_t(0);
+    merge_generation_ = ~std::uint64_t(0);
     task_dir_fd_ = keep_fd_high(::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     status st = worker_.start("selfprof", &collector::main, this);
     if (!st) {
@@ -172,6 +174,7 @@ class collector {
         last_count = count;
         last_full_scan = now;
       }
+      merge_ended_threads();
       if (ticks_arrive && config_.threads->primary() && contention_.due(now)) check_contention(now);
       if (count >= 0) {  // the handler compares with this; its next check is at most kThreadCheckNs away
         g_handler.task_links.store(static_cast<std::uint64_t>(count), std::memory_order_relaxed);
@@ -241,6 +244,19 @@ class collector {
     config_.sample_signal = 0;
   }
 
+  // A thread per request must not cost memory for every thread the program ever ran: once the store
+  // asks for it, the threads that ended since the last merge are merged into one.
+  void merge_ended_threads() {
+    if (!config_.store->wants_thread_merge()) return;
+    std::vector<pid_t> live;
+    if (!config_.threads->list_if_changed(merge_generation_, live)) return;  // none ended since
+    std::vector<std::uint32_t> tids(live.begin(), live.end());
+    std::sort(tids.begin(), tids.end());
+    config_.store->merge_ended_threads(tids);
+    // Their names too: their samples are thread 0's now, and names() reads the live threads' again.
+    config_.threads->clear_names();
+  }
+
   // SELFPROF_FRAME_HZ on threads that started marking game frames; true while such a rate is set.
   bool boost_game_frame_threads() {
     const double hz = config_.store->game_frame_hz();
@@ -290,6 +306,7 @@ class collector {
   int task_dir_fd_ = -1;  // /proc/self/task (handler_globals::task_dir_fd)
   std::uint64_t listed_generation_ = ~std::uint64_t(0);
   std::vector<pid_t> listed_;
+  std::uint64_t merge_generation_ = ~std::uint64_t(0);  // the thread list last merged against
   std::atomic<std::uint64_t> wakes_{0};
   bool rows_failed_ = false;  // collector thread only
 };

@@ -2,10 +2,14 @@
 // stack table, the time windows and the per-thread totals, and hands game-frame samples to the game-frame
 // tracker. JIT code is recorded by what was at each address when the sample was taken (the JIT registry,
 // the perf map); a sample outside every known mapping is noted so the collector reads the maps again.
+// Memory is bounded (store_config's limits, from SELFPROF_MAX_MEMORY): a new distinct stack past the
+// limit is counted under a "[selfprof: memory ceiling]" stack, and once many threads were seen, the
+// stacks and totals of threads that ended are merged into one thread (merge_ended_threads).
 // Context: the collector thread (drain) and any thread taking a snapshot; every method takes the store's
 // lock, which is also the ring's consumer lock.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <new>
@@ -33,6 +37,19 @@ struct store_config {
   double frame_budget_ms = 16.7;
   double frame_hz = 0;
   std::size_t max_depth = 128;
+  std::size_t table_limit = 0;   // bytes of the cumulative stack table (0: no limit)
+  std::size_t window_limit = 0;  // bytes of all the window buckets together (0: no limit)
+};
+
+// Threads with their own per-thread total (and stacks) before ended ones are merged: a program that
+// starts a thread per request must not grow with every thread it ever ran.
+constexpr std::size_t kThreadEntriesBeforeMerge = 1024;
+
+// What was merged to stay within the memory limits (stats, profile notes).
+struct merge_counts {
+  std::uint64_t stack_records = 0;  // records of new stacks counted under the memory-ceiling stack
+  std::uint64_t samples = 0;        // their weight (samples; microseconds in wall mode)
+  std::uint64_t threads = 0;        // ended threads whose stacks and totals were merged into one
 };
 
 class sample_store {
@@ -43,8 +60,10 @@ class sample_store {
     config_ = c;
     period_ns_ = static_cast<std::uint64_t>(period_ns_for(c.hz));
     table_.clear();
+    table_.set_limit(c.table_limit);
     by_thread_.clear();
-    windows_.configure(static_cast<std::uint64_t>(c.window_s * 1e9));
+    threads_merged_ = 0;
+    windows_.configure(static_cast<std::uint64_t>(c.window_s * 1e9), c.window_limit);
     games_.clear();
     games_.configure(c.frame_budget_ms, monotonic_ns());
     rates_.configure(c.hz, c.frame_hz);
@@ -80,13 +99,23 @@ class sample_store {
   void copy_table(sample_ring* ring, bool windowed, raw_snapshot& out, std::uint64_t* window_seq) {
     std::lock_guard<std::mutex> lock(mu_);
     if (ring) drain_locked(*ring);
-    if (windowed && windows_.enabled()) {
+    const bool window = windowed && windows_.enabled();
+    if (window) {
       const std::uint64_t seq = windows_.take(monotonic_ns(), out.table);
       if (window_seq) *window_seq = seq;
     } else {
       out.table = table_;
     }
     out.info.frame_loops = games_.stats();
+    const merge_counts m = merged_locked(window);
+    if (m.samples)
+      out.info.notes.push_back(std::to_string(m.samples) + (config_.wall ? " us" : " samples") + " of " +
+                               std::to_string(m.stack_records) +
+                               " records with new stacks counted under [selfprof: memory ceiling] "
+                               "(SELFPROF_MAX_MEMORY)");
+    if (m.threads)
+      out.info.notes.push_back(std::to_string(m.threads) +
+                               " ended threads merged into one, [ended threads] (SELFPROF_MAX_MEMORY)");
     if (games_.held_dropped())
       out.info.notes.push_back(std::to_string(games_.held_dropped()) +
                                " samples of open game frames dropped (held-sample memory bound)");
@@ -143,7 +172,39 @@ class sample_store {
   };
   sizes size() {
     std::lock_guard<std::mutex> lock(mu_);
-    return sizes{table_.total(), table_.unique(), table_.memory_bytes()};
+    return sizes{table_.total(), table_.unique(), table_.memory_bytes() + windows_.memory_bytes()};
+  }
+  merge_counts merged() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return merged_locked();
+  }
+
+  // True when ended threads should be merged: many threads have entries of their own, or the tables
+  // are past half their limit.
+  bool wants_thread_merge() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (by_thread_.size() > kThreadEntriesBeforeMerge) return true;
+    return table_.limit() != 0 && table_.memory_bytes() > table_.limit() / 2;
+  }
+  // Merges the stacks and totals of every thread not in `live` (sorted) into thread kMergedThreadsTid.
+  void merge_ended_threads(const std::vector<std::uint32_t>& live) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto ended = [&live](std::uint32_t tid) { return !std::binary_search(live.begin(), live.end(), tid); };
+    std::uint64_t moved = 0;
+    for (auto it = by_thread_.begin(); it != by_thread_.end();) {
+      if (it->first == kMergedThreadsTid || !ended(it->first)) {
+        ++it;
+        continue;
+      }
+      moved += it->second;
+      it = by_thread_.erase(it);
+      ++threads_merged_;
+    }
+    if (moved) by_thread_[kMergedThreadsTid] += moved;
+    if (by_thread_.bucket_count() > 4 * (by_thread_.size() + kThreadEntriesBeforeMerge))
+      by_thread_.rehash(0);  // the buckets of thousands of gone threads
+    table_.merge_threads(ended);
+    windows_.merge_threads(ended);
   }
 
   std::mutex& lock_for_fork() { return mu_; }
@@ -152,6 +213,7 @@ class sample_store {
     new (&mu_) std::mutex();
     table_.clear();
     by_thread_.clear();
+    threads_merged_ = 0;
     games_.clear();
     rates_.clear();
     code_.forget();
@@ -178,7 +240,7 @@ class sample_store {
         // Wall mode counts microseconds: the sampler's records already are; a tick stands for one period.
         if (config_.wall && !wall_record) w = (w * period_ns_ + 500) / 1000;
         if (w > 0) {
-          table_.add(h.tid, flags, pcs_.data(), depth, w);
+          table_.add_bounded(h.tid, flags, pcs_.data(), depth, w);
           windows_.add(h.tid, flags, pcs_.data(), depth, w, now);
           by_thread_[h.tid] += w;
         }
@@ -188,12 +250,22 @@ class sample_store {
     games_.process_closed();
   }
 
+  // Of the cumulative table, or of the window buckets (`windowed`).
+  merge_counts merged_locked(bool windowed = false) const {
+    merge_counts m;
+    m.stack_records = windowed ? windows_.merged_records() : table_.merged_records();
+    m.samples = windowed ? windows_.merged_weight() : table_.merged_weight();
+    m.threads = threads_merged_;
+    return m;
+  }
+
   std::mutex mu_;
   store_config config_;
   std::uint64_t period_ns_ = 0;
   stack_table table_;
   window_tables windows_;
   std::unordered_map<std::uint32_t, std::uint64_t> by_thread_;
+  std::uint64_t threads_merged_ = 0;
   game_frame_tracker games_;
   game_frame_rates rates_;
   std::vector<std::uint64_t> pcs_;  // one record's addresses, translated

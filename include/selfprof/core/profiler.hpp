@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -35,9 +37,26 @@ namespace selfprof {
 namespace detail {
 
 // The sample ring holds about this long of samples from 16 busy threads (at least 512 slots): the
-// collector wakes early when it is half full, and otherwise every kCollectorBusyWakeMs.
+// collector wakes early when it is half full, and otherwise every kCollectorBusyWakeMs. It never takes
+// more than a quarter of options::max_memory (down to kRingMinSlots slots).
 constexpr double kRingSeconds = 0.2;
 constexpr std::size_t kRingThreads = 16;
+constexpr std::size_t kRingMinSlots = 64;
+
+// How options::max_memory is shared (see its comment): the ring's part, then of what the ring leaves,
+// the stack tables' (the cumulative table, and the window buckets with SELFPROF_WINDOW).
+struct memory_shares {
+  std::size_t ring = 0, table = 0, windows = 0;
+};
+inline memory_shares share_memory(std::size_t max_memory, std::size_t ring_bytes, bool windows) {
+  memory_shares m;
+  m.ring = max_memory / 4;
+  const std::size_t rest = max_memory > ring_bytes ? max_memory - ring_bytes : 0;
+  const std::size_t tables = rest / 5 * 2;
+  m.table = windows ? tables / 2 : tables;
+  m.windows = windows ? tables - m.table : 0;
+  return m;
+}
 
 class profiler_core {
  public:
@@ -46,9 +65,32 @@ class profiler_core {
     return *core;
   }
 
+  // Never throws: a failed allocation (the ring, a table) makes it return an error.
   status start(const options& opts) {
     std::lock_guard<std::mutex> control(control_mu_);
     if (running_) return status::ok();
+    starting_threads_ = false;
+    try {
+      return start_locked(opts);
+    } catch (const std::exception& e) {
+      return start_threw(std::string("selfprof: start failed: ") + e.what());
+    } catch (...) {
+      return start_threw("selfprof: start failed: unknown exception");
+    }
+  }
+
+ private:
+  status start_threw(const std::string& why) {
+    if (starting_threads_) {
+      running_ = true;  // stop_locked() undoes everything started so far
+      stop_locked();
+    } else {
+      fail_start(status::ok());
+    }
+    return status::error(why);
+  }
+
+  status start_locked(const options& opts) {
     install_fork_handlers_once();
     if (opts.mode == profile_mode::offcpu)
       return status::error("selfprof: mode offcpu names profiles; start in cpu or wall mode");
@@ -59,11 +101,17 @@ class profiler_core {
     if (opts_.max_depth > 1024) opts_.max_depth = 1024;
     session_.clear();
     registry_.clear_names();
-    prepare_ring();
+    if (opts_.max_memory < kMinMaxMemory) {
+      notes_.push_back("max_memory raised to the smallest ceiling, " + std::to_string(kMinMaxMemory >> 20) +
+                       " MiB");
+      opts_.max_memory = kMinMaxMemory;
+    }
+    status st = prepare_ring();
+    if (!st) return fail_start(st);
     // A forced itimer can only deliver SIGPROF.
     const int wanted =
         opts_.sample_signal == 0 && opts_.source == source_kind::itimer ? SIGPROF : opts_.sample_signal;
-    status st = install_sample_handler(wanted, signal_, notes_);
+    st = install_sample_handler(wanted, signal_, notes_);
     if (!st) return fail_start(st);
     sample_signal_ = signal_.number;
     st = choose_tick_source();
@@ -77,10 +125,14 @@ class profiler_core {
     sc.frame_budget_ms = opts_.frame_budget_ms;
     sc.frame_hz = opts_.frame_hz;
     sc.max_depth = opts_.max_depth;
+    const memory_shares shares = share_memory(opts_.max_memory, ring_memory_.size() * 8, opts_.window_s > 0);
+    sc.table_limit = shares.table;
+    sc.window_limit = shares.windows;
     store_.begin(sc);
     snapshots_.begin(opts_, handler_counts::now());
     g_handler.active.store(true, std::memory_order_release);
     registry_.scan({jit_flusher_tid()});
+    starting_threads_ = true;
     st = start_threads();
     if (!st) {
       running_ = true;  // stop_locked() undoes everything started so far
@@ -92,11 +144,13 @@ class profiler_core {
     if (!opts_.out.empty()) install_exit_dump_once();
     session_ran_ = true;
     session_pid_ = ::getpid();
+    starting_threads_ = false;
     running_ = true;
     if (opts_.verbose) std::fprintf(stderr, "%s", describe_locked().c_str());
     return status::ok();
   }
 
+ public:
   status stop() {
     std::lock_guard<std::mutex> control(control_mu_);
     return stop_locked();
@@ -106,6 +160,7 @@ class profiler_core {
   bool thread_roots() const { return opts_.thread_roots; }
   // The signal ticks arrive on while sampling runs, else 0.
   int sample_signal() const { return running_ ? sample_signal_ : 0; }
+  int dump_signal() const { return running_ ? dump_signal_ : 0; }
 
   // The options of the running (or last) session, as start() applied them.
   options current_options() {
@@ -182,6 +237,14 @@ class profiler_core {
     s.samples = z.samples;
     s.unique_stacks = z.unique;
     s.table_bytes = z.bytes;
+    s.max_memory = opts_.max_memory;
+    s.ring_slots = ring_.capacity();
+    s.ring_bytes = ring_memory_.size() * 8;
+    s.ring_clipped = ring_clipped_;
+    const merge_counts m = store_.merged();
+    s.stacks_merged = m.stack_records;
+    s.samples_merged = m.samples;
+    s.threads_merged = m.threads;
     s.samples_by_thread = store_.samples_by_thread();
     if (wall_) s.wall = wall_sampler_.counters();
     s.dump_signal = dump_signal_;
@@ -232,19 +295,46 @@ class profiler_core {
  private:
   profiler_core() = default;
 
-  void prepare_ring() {
+  // Sizes the ring from the rate (or options::ring_slots), clipped to its part of max_memory; an
+  // allocation that fails is an error, never an exception out of start().
+  status prepare_ring() {
     std::size_t want = opts_.ring_slots ? opts_.ring_slots
                                         : static_cast<std::size_t>(opts_.hz * kRingThreads * kRingSeconds);
     std::size_t cap = 512;
     while (cap < want && cap < (1u << 20)) cap <<= 1;
+    const std::size_t stride = sample_ring::stride_for(opts_.max_depth);
+    const std::size_t share = share_memory(opts_.max_memory, 0, false).ring;
+    ring_clipped_ = false;
+    while (cap > kRingMinSlots && cap * stride > share) {
+      cap >>= 1;
+      ring_clipped_ = true;
+    }
+    if (ring_clipped_)
+      notes_.push_back("sample ring clipped to " + std::to_string(cap) + " slots (" +
+                       std::to_string(cap * stride >> 10) + " KiB, a quarter of SELFPROF_MAX_MEMORY " +
+                       std::to_string(opts_.max_memory >> 20) +
+                       " MiB): samples the collector cannot take in time are dropped and counted");
     // Kept across restarts when the size is the same: init() rewrites every slot's sequence number, and
     // a slot's other bytes are written before it is published (a new zeroed block would page-fault again).
-    const std::size_t ring_words = cap * sample_ring::stride_for(opts_.max_depth) / 8;
-    if (ring_memory_.size() != ring_words) std::vector<std::uint64_t>(ring_words, 0).swap(ring_memory_);
+    const std::size_t ring_words = cap * stride / 8;
+    if (ring_memory_.size() != ring_words) {
+      g_handler.ring.store(nullptr, std::memory_order_release);
+      std::vector<std::uint64_t>().swap(ring_memory_);  // the old block goes first: never both at once
+      try {
+        std::vector<std::uint64_t>(ring_words, 0).swap(ring_memory_);
+      } catch (const std::bad_alloc&) {
+        return status::error("selfprof: cannot allocate the sample ring (" + std::to_string(ring_words * 8) +
+                             " bytes for " + std::to_string(cap) + " slots of " +
+                             std::to_string(opts_.max_depth) +
+                             " frames); lower SELFPROF_MAX_MEMORY, "
+                             "SELFPROF_HZ or SELFPROF_MAX_DEPTH");
+      }
+    }
     ring_.init(ring_memory_.data(), cap, opts_.max_depth);
     g_handler.main_tid.store(static_cast<std::uint32_t>(::getpid()), std::memory_order_relaxed);
     g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
     g_handler.ring.store(&ring_, std::memory_order_release);
+    return status::ok();
   }
 
   status choose_tick_source() {
@@ -441,6 +531,8 @@ class profiler_core {
   source_config source_config_;
   std::vector<std::uint64_t> ring_memory_;
   sample_ring ring_;
+  bool ring_clipped_ = false;
+  bool starting_threads_ = false;  // start() got as far as starting threads: stop_locked() undoes it
   session_info session_;
   thread_registry registry_;
   sample_store store_;

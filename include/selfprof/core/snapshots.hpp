@@ -1,13 +1,16 @@
 // Snapshots of the running (or last) session: the folded stacks with what the profile is about — mode,
 // unit, source, rate, duration, what was dropped, the notes that belong in every profile — symbolized
-// for a dump, with the slow game frames beside them when frames were marked.
+// for a dump, with the slow game frames beside them when frames were marked. What the memory ceiling
+// merged is named here: the ceiling stack's frame, and thread 0 for the threads that ended.
 // Context: any thread except the signal handler (the dumper thread, API callers); begin/end from setup.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "selfprof/collect/handler_counters.hpp"
@@ -59,6 +62,14 @@ class snapshot_maker {
     raw_snapshot s;
     parts_.store->copy_table(running_ ? parts_.ring : nullptr, windowed, s, window_seq);
     s.thread_names = parts_.threads->names();
+    if (parts_.store->merged().threads) {
+      // Only the threads still in the table: the merged ones are not, and may be thousands.
+      std::unordered_set<std::uint32_t> in_table;
+      for (const auto& e : s.table.entries()) in_table.insert(e.tid);
+      for (auto it = s.thread_names.begin(); it != s.thread_names.end();)
+        it = in_table.count(it->first) ? std::next(it) : s.thread_names.erase(it);
+      if (in_table.count(kMergedThreadsTid)) s.thread_names[kMergedThreadsTid] = "ended threads";
+    }
     const bool wall = opts_.mode == profile_mode::wall;
     const source_info src = parts_.session->source();
     s.info.mode = opts_.mode;
@@ -83,7 +94,9 @@ class snapshot_maker {
   }
 
   profile symbolize(const raw_snapshot& raw) {
-    return parts_.symbols->with_fresh([&](symbolizer& sym) { return build_profile(raw, sym); });
+    profile p = parts_.symbols->with_fresh([&](symbolizer& sym) { return build_profile(raw, sym); });
+    name_ceiling_frame(p);
+    return p;
   }
 
   // The samples of game frames over budget, described like raw(); `marked`: any game frame was marked.
@@ -135,6 +148,16 @@ class snapshot_maker {
       out.push_back(std::move(p));
     }
     return out;
+  }
+
+  // The stack that new stacks past the memory ceiling were counted under has one frame, at an address
+  // no module holds: the symbolizer left it unnamed.
+  static void name_ceiling_frame(profile& p) {
+    for (frame& f : p.frames) {
+      if (f.address != kMemoryCeilingPc || !f.module.empty()) continue;
+      f.name = "[selfprof: memory ceiling]";
+      f.kind = frame_kind::marker;
+    }
   }
 
   const options& opts() const { return opts_; }
