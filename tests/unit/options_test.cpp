@@ -111,3 +111,27 @@ TEST_CASE("options: fault, job-control and termination signals are refused, by n
   unsetenv("SELFPROF_SIGNAL");
   unsetenv("SELFPROF_SAMPLE_SIGNAL");
 }
+
+TEST_CASE("SELFPROF_MAX_MEMORY: sizes with K, M, G suffixes; bad or too small values named and refused") {
+  {
+    selfprof::options d;
+    CHECK(d.max_memory == (std::size_t{64} << 20));
+  }
+  const char* good[][2] = {{"16M", "16777216"}, {"2G", "2147483648"},   {"4096K", "4194304"},
+                           {"8MiB", "8388608"}, {"1048576", "1048576"}, {"3mb", "3145728"}};
+  for (auto& g : good) {
+    env_guard e("SELFPROF_MAX_MEMORY", g[0]);
+    std::vector<std::string> warnings;
+    selfprof::options o = selfprof::options_from_env(&warnings);
+    CHECK(warnings.empty());
+    CHECK(std::to_string(o.max_memory) == g[1]);
+  }
+  for (const char* bad : {"", "lots", "16X", "-5M", "512K", "0", "2000G", "1.5G", "M"}) {
+    env_guard e("SELFPROF_MAX_MEMORY", bad);
+    std::vector<std::string> warnings;
+    selfprof::options o = selfprof::options_from_env(&warnings);
+    REQUIRE(warnings.size() == 1);
+    CHECK(warnings[0].find("SELFPROF_MAX_MEMORY") != std::string::npos);
+    CHECK(o.max_memory == (std::size_t{64} << 20));
+  }
+}

@@ -56,3 +56,27 @@ TEST_CASE("windows: samples older than the window are not in a take") {
   w.take(now + 11 * kWindowBucketNs, t);
   CHECK(t.total() == 3);
 }
+
+TEST_CASE("windows: the buckets share one memory limit, and a take keeps every sample") {
+  constexpr std::size_t kLimit = 96 * 1024;
+  window_tables w;
+  w.configure(10 * kWindowBucketNs, kLimit);
+  const std::uint64_t now = 1000 * kWindowBucketNs;
+  std::uint64_t added = 0;
+  for (std::uint64_t i = 0; i < 30000; ++i) {  // 5 buckets of distinct stacks
+    add_one(w, 1000 + i, now + i * (kWindowBucketNs / 6000), 1);
+    ++added;
+    CHECK(w.memory_bytes() <= kLimit + 1024);
+  }
+  CHECK(w.merged_records() > 0);
+  CHECK(w.merged_weight() == w.merged_records());
+  stack_table t;
+  w.take(now + 6 * kWindowBucketNs, t);
+  CHECK(t.total() == added);
+  // Ended threads merge in every bucket.
+  w.merge_threads([](std::uint32_t tid) { return tid == 1; });
+  stack_table u;
+  w.mark_dumped(0);
+  w.take(now + 6 * kWindowBucketNs, u);
+  for (auto& e : u.entries()) CHECK(e.tid == selfprof::detail::kMergedThreadsTid);
+}
