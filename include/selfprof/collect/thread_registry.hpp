@@ -13,14 +13,14 @@
 // longer the one recorded. The window that remains: the recorded thread exits and a same-uid process
 // gets its tid (the pid allocator must come round to it) during the arm call itself, and the foreign
 // thread's event overflows between the enable (PERF_EVENT_IOC_REFRESH, inside arm()) and the close after
-// the check, some microseconds: impossible for a task-clock event (a whole period of CPU time), possible
-// for a frequency-mode cycles event, whose first period is tiny; a signal queued then stays queued (its
-// default action terminates). Closing it needs the check between F_SETOWN_EX and the enable, inside
-// perf_event_source::arm. A CPU timer (SIGEV_THREAD_ID on a thread CPU clock) cannot target another
-// process's thread (the kernel refuses with EINVAL), so timers are not checked: at worst one lands on a
-// new thread of this process that reused the tid (sampled correctly; the record is fixed at a re-check).
-// /proc is read outside the lock (names, masks, start times); the lock covers the records and the sources,
-// so register_current() never waits for a snapshot reading 10,000 threads' names.
+// the check, some microseconds: a task-clock event needs a whole period of CPU time in them (10 ms at
+// 99 Hz; only rates of 100 kHz and more come close), a frequency-mode cycles event's first period is tiny; a
+// signal queued then stays queued (its default action terminates). Closing it needs the check between
+// F_SETOWN_EX and the enable, inside perf_event_source::arm. A CPU timer (SIGEV_THREAD_ID on a thread CPU
+// clock) cannot target another process's thread (the kernel refuses with EINVAL), so timers are not checked:
+// at worst one lands on a new thread of this process that reused the tid (sampled correctly; the record is
+// fixed at a re-check). /proc is read outside the lock (names, masks, start times); the lock covers the
+// records and the sources, so register_current() never waits for a snapshot reading 10,000 threads' names.
 // Context: setup only and the collector thread; register_current() on the registering thread, names() and
 // blocking() on a thread taking a snapshot or stats. Every method takes the registry's own lock.
 #pragma once
