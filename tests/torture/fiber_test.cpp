@@ -102,16 +102,23 @@ bool wait_for_ticks() {
 
 // The fiber case on the calling thread; its exit status. `wait_for_altstack`: spin on the thread's own
 // stack until the handler gave it an alternate stack (a thread the collector armed from outside).
-int fiber_case(bool wait_first) {
-  if (wait_first && !wait_for_ticks()) return 32;
+// The fiber's own use of its stack, measured before sampling starts (deterministic code: the same each run).
+std::size_t measure_guard() {
   auto* stack = static_cast<unsigned char*>(std::malloc(kFiberStack));
-  if (stack == nullptr) return 30;
-  // The fiber's own use, measured first: the canary covers everything below it.
+  if (stack == nullptr) return 0;
   std::memset(stack, kCanary, kFiberStack);
   run_fiber(stack, 20 * 1000 * 1000);
   const std::size_t deepest = lowest_touched(stack);
-  if (deepest < kSlack + 8 * 1024) return 31;  // the fiber used most of its stack: nothing to guard
-  const std::size_t guard = deepest - kSlack;
+  std::free(stack);
+  return deepest < kSlack + 8 * 1024 ? 0 : deepest - kSlack;  // 0: it used most of its stack
+}
+
+// The fiber case on the calling thread; its exit status. The canary covers [0, guard) of the fiber stack.
+int fiber_case(std::size_t guard, bool wait_first) {
+  if (wait_first && !wait_for_ticks()) return 32;
+  auto* stack = static_cast<unsigned char*>(std::malloc(kFiberStack));
+  if (stack == nullptr) return 30;
+  const std::size_t deepest = guard + kSlack;
   std::memset(stack, kCanary, kFiberStack);
   run_fiber(stack, 1000 * 1000 * 1000);
   const std::size_t damaged = lowest_touched(stack) < guard ? guard - lowest_touched(stack) : 0;
@@ -159,15 +166,17 @@ int child_run(const char* source, thread_case which) {
     stack_t cur{};
     if (sigaltstack(nullptr, &cur) != 0 || (cur.ss_flags & SS_DISABLE)) return 34;  // doctest set none
   }
+  const std::size_t guard = measure_guard();
+  if (guard == 0) return 31;
   selfprof::options o = selfprof::options_from_env();
   o.hz = 999;
   if (!selfprof::start(o)) return 11;
   int rc = 0;
   if (which == kNewThread) {
-    std::thread t([&rc] { rc = fiber_case(true); });
+    std::thread t([&rc, guard] { rc = fiber_case(guard, true); });
     t.join();
   } else {
-    rc = fiber_case(false);
+    rc = fiber_case(guard, false);
   }
   selfprof::stop();
   return rc;
