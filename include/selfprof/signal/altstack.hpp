@@ -11,9 +11,10 @@
 // - A thread that has an alternate stack already (the program's own, for its SIGSEGV handler; Go's or
 //   Rust's runtime) keeps it: selfprof shares it and never replaces it. Only a thread with none gets one.
 // - Size: AT_MINSIGSTKSZ (the frame the kernel writes on this CPU) + kHandlerBudget for the handler's
-//   frames, in whole pages, plus a PROT_NONE guard page below it. The handler's depth, measured by
-//   tests/torture/fiber_test.cpp, is a few KiB; the budget leaves room for a program handler that uses
-//   the same stack later (the program sees it as its thread's alternate stack).
+//   frames, in whole pages, plus a PROT_NONE guard page below it (36 KiB with AVX-512, mostly never
+//   touched). The deepest use fiber_test.cpp measured, kernel frame included, is 6.4 KiB (the tick that
+//   installs the stack; 3.5 KiB otherwise). The budget is Go's signal stack size (32 KiB): a program
+//   handler or runtime that finds this stack takes it for its thread's own and may run on it.
 // - Where: a thread's alternate stack can be set only by the thread itself. It is set from the thread
 //   before its first tick where selfprof runs code in it: the thread calling start() (install_sample_handler)
 //   and threads started under the preload library (its pthread_create wrapper). Every other thread (armed
@@ -30,6 +31,9 @@
 // - The unwinder is unaffected: it walks the interrupted stack from the context's sp (the fiber's), not
 //   the handler's; current_thread_stack_end() returns 0 (unknown: bounded by kMaxStackSpan) for a heap
 //   stack or the thread's descriptor when that lies above it (an over-estimate), and every read is probed.
+//   Samples on a makecontext fiber walk its frames and end at glibc's __start_context (fiber_test.cpp).
+// - The handler sets a stack on a thread both with sigaltstack and in the interrupted context's uc_stack:
+//   sigreturn restores the alternate stack saved there, which would undo the first alone.
 #pragma once
 
 #include <errno.h>
