@@ -4,8 +4,9 @@
 // every new thread is armed before its start routine runs. It also interposes _exit/_Exit, which skip
 // atexit handlers, so a program leaving that way (dash's `exit`) still writes its exit profile, and the
 // exec family (execve, execv, execvp, execvpe, execl, execlp, execle, fexecve, execveat), to stop
-// sampling before the image is replaced, and sigaction/signal/bsd_signal, to move off the sampling
-// signal when the program claims it.
+// sampling before the image is replaced, posix_spawn/posix_spawnp, so a child does not inherit the dump
+// signal's block, and sigaction/signal/bsd_signal, to move off the sampling or dump signal when the program
+// claims it.
 //
 // exec'd children: unless SELFPROF_FOLLOW_EXEC=1, the library removes itself from LD_PRELOAD in this
 // process's environment as soon as it is loaded, so programs this one executes are not profiled
@@ -17,6 +18,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -93,16 +95,36 @@ pid_t g_started_pid = 0;
 // before the exec (events disabled and closed, pending ticks discarded, the signals given back), and
 // starts again when the exec fails. A forked or vfork'ed child has nothing armed (timers and perf events
 // are not inherited; in a vfork child the memory is the parent's, not to be touched): left alone.
+// The dump signal is blocked in the program's threads while selfprof routes it to its dumper
+// (core/auto_dumps.hpp); the block would outlive the exec, so it is taken off here, in any process (a
+// vfork child's mask is its own), and put back when the exec fails.
 struct exec_guard {
   bool restart = false;
+  int unblocked = 0;
   selfprof::options opts;
   exec_guard() {
-    if (g_started_pid != ::getpid() || !selfprof::running()) return;
-    opts = selfprof::detail::profiler_core::instance().current_options();
-    restart = static_cast<bool>(selfprof::stop());
+    const int routed = selfprof::detail::g_dump_requests.routed_signal.load(std::memory_order_acquire);
+    if (g_started_pid == ::getpid() && selfprof::running()) {
+      opts = selfprof::detail::profiler_core::instance().current_options();
+      restart = static_cast<bool>(selfprof::stop());
+    }
+    if (routed > 0) {
+      sigset_t mask, one;
+      pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+      sigemptyset(&one);
+      sigaddset(&one, routed);
+      if (sigismember(&mask, routed) == 1 && pthread_sigmask(SIG_UNBLOCK, &one, nullptr) == 0)
+        unblocked = routed;
+    }
   }
   int failed(int rc) {
     const int saved = errno;
+    if (unblocked > 0) {
+      sigset_t one;
+      sigemptyset(&one);
+      sigaddset(&one, unblocked);
+      pthread_sigmask(SIG_BLOCK, &one, nullptr);
+    }
     if (restart) (void)selfprof::start(opts);
     errno = saved;
     return rc;
@@ -124,15 +146,19 @@ sigaction_fn real_sigaction() {
 // program that handles SIGPROF): the program's handler must never see a tick, and some re-raise it
 // and die. So sampling stops first (the signal's previous action comes back), the program's action is
 // installed, and sampling starts again on another free signal; the profile so far starts anew.
+// The same when the program claims the dump signal (a daemon's SIGUSR2 handler): selfprof gives it back
+// with its block in this thread, and dumps on a signal are off from then on.
 int claim_signal(int sig, const struct sigaction* act, struct sigaction* old) {
   selfprof::detail::profiler_core& core = selfprof::detail::profiler_core::instance();
-  if (act == nullptr || sig <= 0 || g_started_pid != ::getpid() || core.sample_signal() != sig)
+  if (act == nullptr || sig <= 0 || g_started_pid != ::getpid() ||
+      (core.sample_signal() != sig && core.dump_signal() != sig))
     return real_sigaction()(sig, act, old);
   selfprof::options o = core.current_options();
   (void)selfprof::stop();
   const int rc = real_sigaction()(sig, act, old);
   const int saved = errno;
   if (o.sample_signal == sig) o.sample_signal = 0;  // asked for, but the program owns it now
+  if (o.dump_signal == sig) o.dump_signal = 0;
   const selfprof::status st = selfprof::start(o);
   if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
   errno = saved;
@@ -287,3 +313,48 @@ extern "C" __attribute__((visibility("default"))) int execle(const char* path, c
   return g.failed(real<execve_fn>("execve")(path, argv, envp));
 }
 extern "C" __attribute__((visibility("default"))) void _Exit(int status) { finish_exit(g_real_Exit, status); }
+
+namespace {
+using spawn_fn = int (*)(pid_t*, const char*, const posix_spawn_file_actions_t*, const posix_spawnattr_t*,
+                         char* const[], char* const[]);
+
+// posix_spawn: the child starts with the caller's signal mask unless the attributes give one, so it would
+// inherit the dump signal's block (see exec_guard). Without POSIX_SPAWN_SETSIGMASK, the caller's mask
+// without that signal is given; a mask the program sets itself is left as it is. (glibc's system() and
+// popen() spawn through an internal entry that cannot be interposed: README.md says so.)
+int spawn_unblocked(spawn_fn real, pid_t* pid, const char* path, const posix_spawn_file_actions_t* actions,
+                    const posix_spawnattr_t* attr, char* const argv[], char* const envp[]) {
+  if (!real) return ENOSYS;
+  const int routed = selfprof::detail::g_dump_requests.routed_signal.load(std::memory_order_acquire);
+  short flags = 0;
+  if (attr) posix_spawnattr_getflags(attr, &flags);
+  sigset_t mask;
+  pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+  if (routed <= 0 || (flags & POSIX_SPAWN_SETSIGMASK) || sigismember(&mask, routed) != 1)
+    return real(pid, path, actions, attr, argv, envp);
+  posix_spawnattr_t copy;
+  if (attr)
+    copy = *attr;  // glibc's attributes are a plain struct that owns nothing
+  else
+    posix_spawnattr_init(&copy);
+  sigdelset(&mask, routed);
+  posix_spawnattr_setsigmask(&copy, &mask);
+  posix_spawnattr_setflags(&copy, static_cast<short>(flags | POSIX_SPAWN_SETSIGMASK));
+  const int rc = real(pid, path, actions, &copy, argv, envp);
+  if (!attr) posix_spawnattr_destroy(&copy);
+  return rc;
+}
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int posix_spawn(pid_t* pid, const char* path,
+                                                                  const posix_spawn_file_actions_t* actions,
+                                                                  const posix_spawnattr_t* attr,
+                                                                  char* const argv[], char* const envp[]) {
+  return spawn_unblocked(real<spawn_fn>("posix_spawn"), pid, path, actions, attr, argv, envp);
+}
+extern "C" __attribute__((visibility("default"))) int posix_spawnp(pid_t* pid, const char* file,
+                                                                   const posix_spawn_file_actions_t* actions,
+                                                                   const posix_spawnattr_t* attr,
+                                                                   char* const argv[], char* const envp[]) {
+  return spawn_unblocked(real<spawn_fn>("posix_spawnp"), pid, file, actions, attr, argv, envp);
+}

@@ -2,11 +2,28 @@
 // SELFPROF_INTERVAL seconds, written by the dumper thread ("selfprof-dump") through the one dump path
 // (dump/dump.hpp), so the collector keeps draining while a dump is symbolized and written. Requests that
 // arrive while a dump is being written are answered together by the next one.
-// Context: setup only (start/stop); the dumper thread; flush() from any thread.
+//
+// The dump signal is taken by the dumper thread, not by an application thread. A process-directed signal
+// goes to some thread that does not block it, and a handler run there cuts that thread's blocking call
+// short: sleep(), nanosleep(), poll() and epoll_wait() return early whatever SA_RESTART says. So start()
+// blocks the signal in the thread that calls it (threads it creates afterwards inherit the block), and the
+// dumper reads it from a signalfd: the signal is blocked in every selfprof thread too, so a handler the
+// program installs for it later never runs on one (the preload library gives the signal up when the program
+// claims it). stop() on the starting thread takes the block off again. Limits, documented in README.md:
+// a thread created before start() by another thread keeps the signal unblocked and may still take a request
+// (counted all the same); a program that unblocks it takes it back; a child started by posix_spawn(),
+// system() or popen() from a blocking thread inherits the block across exec (a fork child drops it, and so
+// does exec under the preload library). A signal the starting thread already blocks is one the program may
+// wait for (sigwait, signalfd): selfprof does not take it.
+// Context: setup only (start/stop); the dumper thread; flush() from any thread; fork child.
 #pragma once
 
+#include <pthread.h>
 #include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/types.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,11 +34,13 @@
 #include <string>
 
 #include "selfprof/core/snapshots.hpp"
+#include "selfprof/detail/high_fd.hpp"
 #include "selfprof/detail/sys.hpp"
 #include "selfprof/detail/worker.hpp"
 #include "selfprof/dump/dump.hpp"
 #include "selfprof/options.hpp"
 #include "selfprof/signal/dump_request.hpp"
+#include "selfprof/signal/raw_syscall.hpp"
 
 namespace selfprof {
 namespace detail {
@@ -47,32 +66,17 @@ class auto_dumps {
       done_ = handled_;
       busy_ = false;
     }
+    take_signal(o.dump_signal, session);
     status st = worker_.start("selfprof-dump", &auto_dumps::main, this);
-    if (!st) return st;
+    if (!st) {
+      give_signal_back();
+      return st;
+    }
     g_dump_requests.exit_requested.store(0, std::memory_order_relaxed);
     g_dump_requests.exit_done.store(0, std::memory_order_relaxed);
     g_dump_requests.wake_fd.store(worker_.wake_fd(), std::memory_order_release);
     g_dump_requests.dumper_tid.store(static_cast<int>(worker_.tid()), std::memory_order_release);
-    if (o.dump_signal > 0) {
-      struct sigaction cur {};
-      sys().sigaction(o.dump_signal, nullptr, &cur);
-      const bool free =
-          !(cur.sa_flags & SA_SIGINFO) && (cur.sa_handler == SIG_DFL || cur.sa_handler == SIG_IGN);
-      if (!free) {
-        std::string n = "signal " + std::to_string(o.dump_signal) +
-                        " already has a handler installed by the application: dumps on that signal are off "
-                        "(set SELFPROF_SIGNAL to another one)";
-        session.note(n);
-        std::fprintf(stderr, "selfprof: %s\n", n.c_str());
-      } else {
-        struct sigaction act {};
-        act.sa_sigaction = &dump_signal_handler;
-        act.sa_flags = SA_SIGINFO | SA_RESTART;
-        sigfillset(&act.sa_mask);  // no application handler runs inside it (and jumps out)
-        sigdelset(&act.sa_mask, SIGSYS);
-        if (sys().sigaction(o.dump_signal, &act, &previous_) == 0) signal_ = o.dump_signal;
-      }
-    }
+    worker_.wake();  // a request counted by the handler before wake_fd was set
     return status::ok();
   }
 
@@ -92,10 +96,7 @@ class auto_dumps {
       ::nanosleep(&step, nullptr);
     }
     worker_.stop();
-    if (signal_ != 0 && !keep_signal) {
-      sys().sigaction(signal_, &previous_, nullptr);
-      signal_ = 0;
-    }
+    if (!keep_signal) give_signal_back();
   }
 
   // Waits until every dump requested so far is written (tests, exit); at most `limit`.
@@ -112,8 +113,18 @@ class auto_dumps {
     worker_.abandon_after_fork();
     new (&mu_) std::mutex();
     new (&done_cv_) std::condition_variable();
-    if (signal_ != 0) sys().sigaction(signal_, &previous_, nullptr);
+    if (signal_ != 0) {
+      sys().sigaction(signal_, &previous_, nullptr);
+      if (sfd_ >= 0) ::close(sfd_);
+      sfd_ = -1;
+      // The child's only thread is a copy of the forking one: it blocks the signal only because of
+      // selfprof (start() never takes a signal its thread blocks), and an exec'd program must not inherit
+      // that. routed_signal stays: a child that puts its saved mask back before exec (shells do) gets the
+      // block off again from the preload library's exec hooks.
+      if (blocked_) unblock_here(signal_);
+    }
     signal_ = 0;
+    blocked_ = false;
   }
 
   int signal_number() const { return signal_; }
@@ -124,6 +135,92 @@ class auto_dumps {
 
  private:
   static void main(void* self) { static_cast<auto_dumps*>(self)->loop(); }
+
+  static sigset_t only(int sig) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    return set;
+  }
+  static void unblock_here(int sig) {
+    const sigset_t set = only(sig);
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  }
+
+  // Installs the dump handler when the signal is free (no handler of the program's, not blocked by the
+  // calling thread), and blocks it in the calling thread so that only the dumper takes it.
+  void take_signal(int sig, session_info& session) {
+    if (sig <= 0) return;
+    struct sigaction cur {};
+    sys().sigaction(sig, nullptr, &cur);
+    sigset_t mask;
+    pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+    const char* why = nullptr;
+    if ((cur.sa_flags & SA_SIGINFO) || (cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN))
+      why = "already has a handler installed by the application";
+    else if (sigismember(&mask, sig) == 1)
+      why =
+          "is blocked by the thread that starts selfprof (the program may wait for it with sigwait or "
+          "signalfd)";
+    if (why) {
+      std::string n = "signal " + std::to_string(sig) + " " + why +
+                      ": dumps on that signal are off (set SELFPROF_SIGNAL to another one)";
+      session.note(n);
+      std::fprintf(stderr, "selfprof: %s\n", n.c_str());
+      return;
+    }
+    struct sigaction act {};
+    act.sa_sigaction = &dump_signal_handler;
+    act.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigfillset(&act.sa_mask);  // no application handler runs inside it (and jumps out)
+    sigdelset(&act.sa_mask, SIGSYS);
+    if (sys().sigaction(sig, &act, &previous_) != 0) return;
+    signal_ = sig;
+    const sigset_t set = only(sig);
+    sfd_ = keep_fd_high(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
+    if (sfd_ < 0) return;  // the handler alone then: a request may land on any thread
+    blocked_ = pthread_sigmask(SIG_BLOCK, &set, nullptr) == 0;
+    blocker_tid_ = static_cast<pid_t>(raw_gettid());
+    if (blocked_) g_dump_requests.routed_signal.store(sig, std::memory_order_release);
+  }
+
+  // Counts the dump signals waiting in the signalfd as requests.
+  void read_signalfd() {
+    struct signalfd_siginfo info[8];
+    for (;;) {
+      const ssize_t n = ::read(sfd_, info, sizeof info);
+      if (n <= 0) return;
+      g_dump_requests.requests.fetch_add(static_cast<std::uint64_t>(n) / sizeof info[0],
+                                         std::memory_order_acq_rel);
+    }
+  }
+
+  // Gives the signal back: requests already pending for blocked threads are taken here (counted, as the
+  // handler would) so none meets the program's action, then the action is restored and, on the thread
+  // that blocked it, the block is taken off. Another thread cannot change the starting thread's mask:
+  // there the block stays (README.md says so).
+  void give_signal_back() {
+    if (signal_ == 0) return;
+    const sigset_t set = only(signal_);
+    sigset_t mask;
+    pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+    if (sfd_ >= 0) {
+      read_signalfd();
+      ::close(sfd_);
+      sfd_ = -1;
+    }
+    if (sigismember(&mask, signal_) == 1) {
+      const struct timespec zero {};
+      while (sigtimedwait(&set, nullptr, &zero) == signal_) g_dump_requests.requests.fetch_add(1);
+    }
+    sys().sigaction(signal_, &previous_, nullptr);
+    if (blocked_ && blocker_tid_ == static_cast<pid_t>(raw_gettid())) {
+      unblock_here(signal_);
+      g_dump_requests.routed_signal.store(0, std::memory_order_release);
+    }
+    signal_ = 0;
+    blocked_ = false;
+  }
 
   std::chrono::steady_clock::duration interval() const {
     return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -141,7 +238,9 @@ class auto_dumps {
                 ? 0
                 : static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(left).count()) + 1;
       }
-      const bool stopping = !worker_.wait(timeout);
+      bool signalled = false;
+      const bool stopping = !worker_.wait(timeout, sfd_, &signalled);
+      if (signalled) read_signalfd();
       if (g_dump_requests.exit_requested.load(std::memory_order_acquire)) {
         exit_dump_();  // the process ends when this is written; nothing after it matters
         g_dump_requests.exit_done.store(1, std::memory_order_release);
@@ -191,6 +290,9 @@ class auto_dumps {
   dump_settings settings_;
   worker worker_;
   int signal_ = 0;
+  int sfd_ = -1;           // signalfd of signal_, read by the dumper
+  bool blocked_ = false;   // the starting thread's block of signal_ is selfprof's
+  pid_t blocker_tid_ = 0;  // that thread
   struct sigaction previous_ {};
   std::mutex mu_;
   std::condition_variable done_cv_;

@@ -25,6 +25,9 @@ struct dump_request_globals {
   std::atomic<int> dumper_tid{0};          // the dumper thread, 0 when none runs
   std::atomic<int> exit_requested{0};      // the process is ending: write the exit dump, then set exit_done
   std::atomic<int> exit_done{0};
+  // The dump signal while selfprof routes it to the dumper (blocked in the starting thread and so in every
+  // thread it creates later), 0 otherwise: a fork child and an exec take the block off (core/auto_dumps.hpp).
+  std::atomic<int> routed_signal{0};
 };
 
 inline dump_request_globals g_dump_requests;
