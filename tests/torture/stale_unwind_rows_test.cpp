@@ -32,10 +32,10 @@ namespace stale_rows_torture {
 
 using hot_fn = long (*)(long);
 
-WL_NOINLINE long stale_rows_driver(hot_fn fn, std::int64_t cpu_ns) {
-  long r = 0;
+WL_NOINLINE unsigned long stale_rows_driver(hot_fn fn, std::int64_t cpu_ns) {
+  unsigned long r = 0;
   const std::int64_t start = wl::thread_cpu_ns();
-  while (wl::thread_cpu_ns() - start < cpu_ns) r += fn(200000);
+  while (wl::thread_cpu_ns() - start < cpu_ns) r += static_cast<unsigned long>(fn(200000));
   WL_NO_TAIL();
   return r;
 }
