@@ -76,6 +76,36 @@ nd=$(ls def | wc -l); nf=$(ls fol | wc -l)
 [ "$nf" -eq 2 ] && grep -q hot_c_function fol/*.folded && ok "--follow-exec: the exec'd child is profiled" ||
   bad "--follow-exec: $nf profiles, want 2 with hot_c_function"
 
+# A wrapper that execs the real program (pyenv's python3 shim; issue 15): no profile, and record says
+# what the program exec'd and that --follow-exec follows it.
+printf '#!/bin/sh\nexec ./hot_c 0 1000 > /dev/null\n' > shim && chmod +x shim
+"$bin" record -o shim.folded -- ./shim 2> shim.err
+if [ ! -f shim.folded ] && grep -q "exec'd ./hot_c" shim.err && grep -q -- "--follow-exec" shim.err; then
+  ok "a shim that execs: record names what it exec'd and suggests --follow-exec"
+else
+  bad "shim that execs: $(cat shim.err)"
+fi
+"$bin" record -o shim2.folded --follow-exec -- ./shim 2> shim.err
+[ -f shim2.folded ] && ! grep -q "exec'd" shim.err && ok "the shim with --follow-exec: profile written" ||
+  bad "the shim with --follow-exec: $(cat shim.err)"
+
+# kill -USR2 asks for a dump and never cuts the program's sleep short (issue 15 item 6): the preload routes
+# the dump signal to its dumper thread. perl's sleep returns the seconds slept, less when interrupted.
+"$bin" record -q -o usr2-%n.folded -- perl -e 'print sleep(3), "\n"' > usr2.out &
+rec=$!
+kid=
+for i in $(seq 50); do  # the child, once its dumper thread runs (before that SIGUSR2 would kill it)
+  for p in /proc/[0-9]*; do [ "$(cut -d' ' -f4 "$p/stat" 2> /dev/null)" = "$rec" ] && kid=${p#/proc/}; done
+  [ -n "$kid" ] && grep -qx selfprof-dump /proc/"$kid"/task/*/comm 2> /dev/null && break
+  kid=
+  sleep 0.05
+done
+for i in 1 2 3; do [ -n "$kid" ] && kill -USR2 "$kid"; sleep 0.3; done
+wait $rec
+n=$(ls usr2-*.folded 2> /dev/null | wc -l)
+[ "$(cat usr2.out)" = 3 ] && [ "$n" -ge 2 ] && ok "kill -USR2 x3 during sleep(3): slept 3 s, $n profiles" ||
+  bad "kill -USR2 during sleep(3): slept '$(cat usr2.out)' s, $n profiles"
+
 # exec while sampling (issue 21 item 1, issue 15 item 4): a tick pending at execve used to kill the new
 # image (status 155, SIGPROF's default action), every time with perf_event and with the itimer. The
 # preload stops sampling before the exec; the exec'd program prints and exits normally.

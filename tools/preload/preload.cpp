@@ -16,6 +16,7 @@
 #include <alloca.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
@@ -53,7 +54,10 @@ void* armed_start(void* p) {
   delete static_cast<start_args*>(p);
   // Armed at once, its signal mask untouched: a thread that blocks the sampling signal (to sigwait for
   // it) keeps it blocked and is not sampled.
-  if (selfprof::running()) (void)selfprof::detail::profiler_core::instance().register_current_thread(false);
+  if (selfprof::running()) {
+    selfprof::detail::arm_thread_altstack();  // from the thread itself, before its first tick
+    (void)selfprof::detail::profiler_core::instance().register_current_thread(false);
+  }
   return a.fn(a.arg);
 }
 
@@ -95,6 +99,23 @@ pid_t g_started_pid = 0;
 // before the exec (events disabled and closed, pending ticks discarded, the signals given back), and
 // starts again when the exec fails. A forked or vfork'ed child has nothing armed (timers and perf events
 // are not inherited; in a vfork child the memory is the parent's, not to be touched): left alone.
+// `selfprof record` names a file (SELFPROF_EXEC_NOTE, taken out of the environment at load) where the
+// program that replaces the profiled one by exec is written down, so record can say why no profile came
+// (a version manager's `python3` shim that execs the real interpreter, say). Without --follow-exec only.
+char g_exec_note[4096] = {};
+bool g_follow_exec = false;
+
+bool note_exec(const char* what) {
+  if (g_exec_note[0] == '\0' || g_follow_exec || what == nullptr) return false;
+  const int fd = ::open(g_exec_note, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return false;
+  const std::size_t n = std::strlen(what);
+  ssize_t w = ::write(fd, what, n);
+  (void)w;
+  ::close(fd);
+  return true;
+}
+
 // The dump signal is blocked in the program's threads while selfprof routes it to its dumper
 // (core/auto_dumps.hpp); the block would outlive the exec, so it is taken off here, in any process (a
 // vfork child's mask is its own), and put back when the exec fails.
@@ -102,7 +123,9 @@ struct exec_guard {
   bool restart = false;
   int unblocked = 0;
   selfprof::options opts;
-  exec_guard() {
+  bool noted = false;
+  explicit exec_guard(const char* what) {
+    if (g_started_pid == ::getpid()) noted = note_exec(what);
     const int routed = selfprof::detail::g_dump_requests.routed_signal.load(std::memory_order_acquire);
     if (g_started_pid == ::getpid() && selfprof::running()) {
       opts = selfprof::detail::profiler_core::instance().current_options();
@@ -119,6 +142,7 @@ struct exec_guard {
   }
   int failed(int rc) {
     const int saved = errno;
+    if (noted) note_exec("");  // the exec failed: this program goes on
     if (unblocked > 0) {
       sigset_t one;
       sigemptyset(&one);
@@ -212,7 +236,12 @@ __attribute__((constructor)) void selfprof_preload_start() {
   // selfprof's own sigaction calls go straight to libc, not through the interposer below.
   if (real_sigaction()) selfprof::detail::sys().sigaction = real_sigaction();
   const char* follow = std::getenv("SELFPROF_FOLLOW_EXEC");
-  if (!(follow && std::strcmp(follow, "1") == 0)) remove_from_ld_preload();
+  g_follow_exec = follow && std::strcmp(follow, "1") == 0;
+  if (!g_follow_exec) remove_from_ld_preload();
+  if (const char* note = std::getenv("SELFPROF_EXEC_NOTE")) {
+    if (std::strlen(note) < sizeof g_exec_note) std::strcpy(g_exec_note, note);
+    ::unsetenv("SELFPROF_EXEC_NOTE");
+  }
   (void)real_pthread_create();  // resolve now, before any thread exists
   (void)selfprof::start_from_env();
 }
@@ -256,31 +285,31 @@ extern "C" __attribute__((visibility("default"))) sighandler_t bsd_signal(int si
 
 extern "C" __attribute__((visibility("default"))) int execve(const char* path, char* const argv[],
                                                              char* const envp[]) {
-  exec_guard g;
+  exec_guard g(path);
   return g.failed(real<execve_fn>("execve")(path, argv, envp));
 }
 extern "C" __attribute__((visibility("default"))) int execv(const char* path, char* const argv[]) {
-  exec_guard g;
+  exec_guard g(path);
   return g.failed(real<execv_fn>("execv")(path, argv));
 }
 extern "C" __attribute__((visibility("default"))) int execvp(const char* file, char* const argv[]) {
-  exec_guard g;
+  exec_guard g(file);
   return g.failed(real<execv_fn>("execvp")(file, argv));
 }
 extern "C" __attribute__((visibility("default"))) int execvpe(const char* file, char* const argv[],
                                                               char* const envp[]) {
-  exec_guard g;
+  exec_guard g(file);
   return g.failed(real<execve_fn>("execvpe")(file, argv, envp));
 }
 extern "C" __attribute__((visibility("default"))) int fexecve(int fd, char* const argv[],
                                                               char* const envp[]) {
-  exec_guard g;
+  exec_guard g(argv[0] ? argv[0] : "a program (fexecve)");
   return g.failed(real<fexecve_fn>("fexecve")(fd, argv, envp));
 }
 extern "C" __attribute__((visibility("default"))) int execveat(int dirfd, const char* path,
                                                                char* const argv[], char* const envp[],
                                                                int flags) {
-  exec_guard g;
+  exec_guard g(path[0] ? path : argv[0] ? argv[0] : "a program (execveat)");
   return g.failed(real<execveat_fn>("execveat")(dirfd, path, argv, envp, flags));
 }
 // execl*: the argv array on this frame's stack (alloca, no malloc: the caller may be a vfork child).
@@ -290,7 +319,7 @@ extern "C" __attribute__((visibility("default"))) int execl(const char* path, co
   const std::size_t n = count_args(ap);
   char** argv = fill_args(arg, ap, n, static_cast<char**>(alloca((n + 2) * sizeof(char*))), nullptr);
   va_end(ap);
-  exec_guard g;
+  exec_guard g(path);
   return g.failed(real<execv_fn>("execv")(path, argv));
 }
 extern "C" __attribute__((visibility("default"))) int execlp(const char* file, const char* arg, ...) {
@@ -299,7 +328,7 @@ extern "C" __attribute__((visibility("default"))) int execlp(const char* file, c
   const std::size_t n = count_args(ap);
   char** argv = fill_args(arg, ap, n, static_cast<char**>(alloca((n + 2) * sizeof(char*))), nullptr);
   va_end(ap);
-  exec_guard g;
+  exec_guard g(file);
   return g.failed(real<execv_fn>("execvp")(file, argv));
 }
 extern "C" __attribute__((visibility("default"))) int execle(const char* path, const char* arg, ...) {
@@ -309,7 +338,7 @@ extern "C" __attribute__((visibility("default"))) int execle(const char* path, c
   char** envp = nullptr;
   char** argv = fill_args(arg, ap, n, static_cast<char**>(alloca((n + 2) * sizeof(char*))), &envp);
   va_end(ap);
-  exec_guard g;
+  exec_guard g(path);
   return g.failed(real<execve_fn>("execve")(path, argv, envp));
 }
 extern "C" __attribute__((visibility("default"))) void _Exit(int status) { finish_exit(g_real_Exit, status); }

@@ -138,6 +138,30 @@ int run_record(int argc, char** argv) {
   std::string ld = preload;
   if (const char* old = std::getenv("LD_PRELOAD"); old && *old) ld += std::string(":") + old;
 
+  // Where the preload library writes what the program exec'd (see preload.cpp), in a directory of our own.
+  std::string note_dir, note;
+  {
+    const char* t = std::getenv("TMPDIR");
+    std::string templ = std::string(t && *t ? t : "/tmp") + "/selfprof-record-XXXXXX";
+    if (::mkdtemp(&templ[0]) != nullptr) {
+      note_dir = templ;
+      note = note_dir + "/exec";
+    }
+  }
+  auto read_note = [&]() {
+    std::string what;
+    if (note.empty()) return what;
+    if (std::FILE* f = std::fopen(note.c_str(), "re")) {
+      char buf[4096];
+      const std::size_t n = std::fread(buf, 1, sizeof buf, f);
+      what.assign(buf, n);
+      std::fclose(f);
+    }
+    ::unlink(note.c_str());
+    ::rmdir(note_dir.c_str());
+    return what;
+  };
+
   // Like system(): the terminal's SIGINT/SIGQUIT go to the child; we wait for it and report. Ignored
   // before the fork, so a ^C in between cannot kill us and orphan the child; the child gets them back.
   struct sigaction ign {
@@ -163,6 +187,7 @@ int run_record(int argc, char** argv) {
     if (a.has("mode")) ::setenv("SELFPROF_MODE", mode.c_str(), 1);
     if (a.has("verbose")) ::setenv("SELFPROF_VERBOSE", "1", 1);
     ::setenv("SELFPROF_FOLLOW_EXEC", a.has("follow-exec") ? "1" : "0", 1);
+    if (!note.empty()) ::setenv("SELFPROF_EXEC_NOTE", note.c_str(), 1);
     std::vector<char*> args;
     for (auto& s : cmd) args.push_back(&s[0]);
     args.push_back(nullptr);
@@ -177,6 +202,7 @@ int run_record(int argc, char** argv) {
   while (w < 0 && errno == EINTR);
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGQUIT, &old_quit, nullptr);
+  const std::string exec_note = read_note();
   if (w < 0) return fail("record", std::string("waitpid: ") + std::strerror(errno));
   int rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : WIFSIGNALED(wstatus) ? 128 + WTERMSIG(wstatus) : 1;
   if (!a.has("quiet")) {
@@ -184,11 +210,15 @@ int run_record(int argc, char** argv) {
     if (path.find('%') == std::string::npos && path.find(',') == std::string::npos) {
       if (::access(path.c_str(), F_OK) == 0)
         std::fprintf(stderr, "selfprof record: profile written to %s\n", path.c_str());
+      else if (!exec_note.empty())
+        std::fprintf(stderr,
+                     "selfprof record: no profile at %s: the program exec'd %s, and the profile does not "
+                     "follow an exec without --follow-exec (a wrapper such as a version manager's shim "
+                     "execs the real program); run again with --follow-exec\n",
+                     path.c_str(), exec_note.c_str());
       else if (rc != 126 && rc != 127)
-        std::fprintf(
-            stderr,
-            "selfprof record: no profile at %s (was the program killed by a signal, or did it exec?)\n",
-            path.c_str());
+        std::fprintf(stderr, "selfprof record: no profile at %s (was the program killed by a signal?)\n",
+                     path.c_str());
     }
   }
   return rc;
