@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -45,6 +46,7 @@ class contention_monitor {
     samples_prev_.clear();
   }
   bool active() const { return active_; }
+  std::size_t threads_tracked() const { return samples_prev_.size() + schedstat_prev_.size(); }
   // The collector's longest sleep while the monitor watches.
   unsigned period_ms() const { return fast_ ? kContentionFastCheckMs : kContentionCheckMs; }
   bool due(std::chrono::steady_clock::time_point now) const {
@@ -62,6 +64,14 @@ class contention_monitor {
       std::uint64_t& before = samples_prev_[kv.first];
       if (kv.second > before) busy.emplace_back(kv.second - before, kv.first);
       before = kv.second;
+    }
+    // Threads no longer in the table (ended and merged away) are forgotten: the maps stay as small as the
+    // table, whatever the thread churn.
+    if (samples_prev_.size() > samples_by_thread.size()) {
+      for (auto it = samples_prev_.begin(); it != samples_prev_.end();)
+        it = samples_by_thread.count(it->first) ? std::next(it) : samples_prev_.erase(it);
+      for (auto it = schedstat_prev_.begin(); it != schedstat_prev_.end();)
+        it = samples_by_thread.count(it->first) ? std::next(it) : schedstat_prev_.erase(it);
     }
     fast_ = busy.size() > static_cast<std::size_t>(cpus_);
     if (busy.size() > kContentionThreads) {
