@@ -61,9 +61,9 @@ int child_run() {
   const std::int64_t cpu0 = wl::thread_cpu_ns();
   const double sampled = rate(1000 * 1000 * 1000);
   const double cpu_s = static_cast<double>(wl::thread_cpu_ns() - cpu0) / 1e9;
-  const selfprof::detail::handler_globals& g = selfprof::detail::g_handler;
-  const std::uint64_t records = g.taken.load(), capped = g.rate_capped.load();
-  const std::uint64_t skipped = g.periods_skipped.load(), changes = g.period_changes.load();
+  const selfprof::stats st = selfprof::get_stats();  // the cap as a user sees it
+  const std::uint64_t records = st.records, capped = st.rate_capped, skipped = st.periods_skipped;
+  const std::uint64_t changes = selfprof::detail::g_handler.period_changes.load();
   selfprof::stop();
   const double share = sampled / alone;
   std::fprintf(stderr,

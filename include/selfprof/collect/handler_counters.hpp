@@ -13,6 +13,7 @@ namespace detail {
 struct handler_counts {
   std::uint64_t taken = 0, full = 0, inactive = 0, foreign = 0, truncated = 0;
   std::uint64_t thread_checks = 0, thread_wakes = 0;
+  std::uint64_t rate_capped = 0, periods_skipped = 0;
 
   static handler_counts now() {
     const handler_globals& g = g_handler;
@@ -24,6 +25,8 @@ struct handler_counts {
     c.truncated = g.truncated.load(std::memory_order_relaxed);
     c.thread_checks = g.thread_checks.load(std::memory_order_relaxed);
     c.thread_wakes = g.thread_wakes.load(std::memory_order_relaxed);
+    c.rate_capped = g.rate_capped.load(std::memory_order_relaxed);
+    c.periods_skipped = g.periods_skipped.load(std::memory_order_relaxed);
     return c;
   }
   handler_counts since(const handler_counts& base) const {
@@ -35,6 +38,8 @@ struct handler_counts {
     d.truncated = truncated - base.truncated;
     d.thread_checks = thread_checks - base.thread_checks;
     d.thread_wakes = thread_wakes - base.thread_wakes;
+    d.rate_capped = rate_capped - base.rate_capped;
+    d.periods_skipped = periods_skipped - base.periods_skipped;
     return d;
   }
 };

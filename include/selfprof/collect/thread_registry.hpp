@@ -2,6 +2,8 @@
 // thread itself), armed with the primary tick source or, where that runs out of descriptors or memory,
 // with a fallback CPU timer; the names of every thread seen; and the move of every thread to a new
 // primary source (the contention upgrade, sources/contention.hpp).
+// Context: setup only and the collector thread; register_current() on the registering thread, names() and
+// blocking() on a thread taking a snapshot or stats. Every method takes the registry's own lock.
 //
 // A thread is (tid, start time) (detail/task_start_time): a tid is reused once its thread has exited. A
 // record whose tid now shows another start time belongs to a dead thread: it is dropped (its source
@@ -10,19 +12,14 @@
 // Arming a thread that is not the caller is checked: a perf_event is opened and its signal owner set
 // (F_SETOWN_EX F_OWNER_TID) by tid, which may by then name a thread of another process; so the start time
 // is re-read just before and just after the arm, and the event is closed at once when the thread is no
-// longer the one recorded. The window that remains: the recorded thread exits and a same-uid process
-// gets its tid (the pid allocator must come round to it) during the arm call itself, and the foreign
-// thread's event overflows between the enable (PERF_EVENT_IOC_REFRESH, inside arm()) and the close after
-// the check, some microseconds: a task-clock event needs a whole period of CPU time in them (10 ms at
-// 99 Hz; only rates of 100 kHz and more come close), a frequency-mode cycles event's first period is tiny; a
-// signal queued then stays queued (its default action terminates). Closing it needs the check between
-// F_SETOWN_EX and the enable, inside perf_event_source::arm. A CPU timer (SIGEV_THREAD_ID on a thread CPU
-// clock) cannot target another process's thread (the kernel refuses with EINVAL), so timers are not checked:
-// at worst one lands on a new thread of this process that reused the tid (sampled correctly; the record is
-// fixed at a re-check). /proc is read outside the lock (names, masks, start times); the lock covers the
-// records and the sources, so register_current() never waits for a snapshot reading 10,000 threads' names.
-// Context: setup only and the collector thread; register_current() on the registering thread, names() and
-// blocking() on a thread taking a snapshot or stats. Every method takes the registry's own lock.
+// longer the one recorded. perf_event_source::arm also checks, while the event is still disabled, that the
+// tid is a thread of this process (the event and its signal owner are bound to the task, not the number),
+// so no window remains where another process's thread gets a tick. A CPU timer (SIGEV_THREAD_ID on a thread
+// CPU clock) cannot target another process's thread (the kernel refuses with EINVAL), so timers are not
+// checked: at worst one lands on a new thread of this process that reused the tid (sampled correctly; the
+// record is fixed at a re-check). /proc is read outside the lock (names, masks, start times); the lock covers
+// the records and the sources, so register_current() never waits for a snapshot reading 10,000 threads'
+// names.
 #pragma once
 
 #include <pthread.h>

@@ -2,6 +2,7 @@
 // SELFPROF_INTERVAL seconds, written by the dumper thread ("selfprof-dump") through the one dump path
 // (dump/dump.hpp), so the collector keeps draining while a dump is symbolized and written. Requests that
 // arrive while a dump is being written are answered together by the next one.
+// Context: setup only (start/stop); the dumper thread; flush() from any thread; fork child.
 //
 // The dump signal is taken by the dumper thread, not by an application thread. A process-directed signal
 // goes to some thread that does not block it, and a handler run there cuts that thread's blocking call
@@ -15,7 +16,6 @@
 // system() or popen() from a blocking thread inherits the block across exec (a fork child drops it, and so
 // does exec under the preload library). A signal the starting thread already blocks is one the program may
 // wait for (sigwait, signalfd): selfprof does not take it.
-// Context: setup only (start/stop); the dumper thread; flush() from any thread; fork child.
 #pragma once
 
 #include <pthread.h>

@@ -173,6 +173,7 @@ class profiler_core {
   // threads without touching their signal mask.
   status register_current_thread(bool unblock = true) {
     if (!running_) return status::error("selfprof: register_thread() called while not profiling");
+    arm_thread_altstack();  // from the thread itself, before its first tick (signal/altstack.hpp)
     return registry_.register_current(signal_.number, unblock);
   }
 
@@ -232,6 +233,8 @@ class profiler_core {
     s.truncated = h.truncated;
     s.thread_checks = h.thread_checks;
     s.thread_wakes = h.thread_wakes;
+    s.rate_capped = h.rate_capped;
+    s.periods_skipped = h.periods_skipped;
     s.collector_wakes = collector_.wakes();
     const sample_store::sizes z = store_.size();
     s.samples = z.samples;

@@ -6,7 +6,9 @@
 
 #include <linux/perf_event.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <sys/utsname.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -95,6 +97,15 @@ class perf_event_source final : public tick_source {
       const int e = fd >= handler_globals::kPerfFdBits ? EMFILE : errno;
       sys().close(fd);
       return status::error(std::string("perf_event fd setup: ") + std::strerror(e), e);
+    }
+    // The event is bound to the task `tid` named when it was opened, and F_SETOWN_EX to that task's pid
+    // struct, which a later task reusing the number does not share. So one check, still disabled, that
+    // the tid is a thread of this process (tgkill with signal 0 looks only in our thread group) means no
+    // signal ever goes to another process's thread that took a reused tid.
+    if (::syscall(SYS_tgkill, ::getpid(), tid, 0) != 0) {
+      const int e = errno;
+      sys().close(fd);
+      return status::error("perf_event: thread " + std::to_string(tid) + " is no longer in this process", e);
     }
     set_bit(fd, true);
     perf_rate_track(g_handler, fd, rate_value(config_.hz));
