@@ -284,6 +284,22 @@ inline long raw_syscall4(long nr, long a, long b, long c, long d) {
 #endif
 }
 
+inline long raw_syscall6(long nr, long a, long b, long c, long d, long e, long f) {
+#if defined(__x86_64__)
+  long ret;
+  register long r10 __asm__("r10") = d;
+  register long r8 __asm__("r8") = e;
+  register long r9 __asm__("r9") = f;
+  __asm__ volatile("syscall"
+                   : "=a"(ret)
+                   : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                   : "rcx", "r11", "memory");
+  return ret;
+#else
+  return ::syscall(nr, a, b, c, d, e, f);
+#endif
+}
+
 inline std::uint32_t raw_gettid() { return static_cast<std::uint32_t>(raw_syscall3(SYS_gettid, 0, 0, 0)); }
 
 // True when the 8 bytes at `address` can be read. rt_sigprocmask copies the new set from user memory
@@ -568,8 +584,10 @@ SELFPROF_API std::string perf_map_path();
 // ---- begin selfprof/detail/sys.hpp ----
 // The seam for the system calls tests inject failures into (EACCES, ENOSYS, EMFILE, ...): opening and
 // closing tick sources (perf_event_open, timer_*, setitimer, fcntl), taking signals (sigaction), creating
-// output files (open, openat, close) and resource limits. Other calls (ioctl on a perf fd, reads of
-// /proc, eventfd, poll) go to libc directly; their failures are handled where they happen.
+// output files (open, openat, close), resource limits and reads of a thread's /proc/self/task/<tid> files
+// (read_task_file: names, signal masks, start times; tests make them slow or fake a thread's identity).
+// Other calls (ioctl on a perf fd, other reads of /proc, eventfd, poll) go to libc directly; their
+// failures are handled where they happen.
 // Functions follow libc: -1 and errno on failure.
 // Context: any thread except the signal handler (the handler makes its few raw syscalls directly).
 
@@ -582,7 +600,10 @@ SELFPROF_API std::string perf_map_path();
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
 
 namespace selfprof {
 namespace detail {
@@ -600,6 +621,8 @@ struct syscall_table {
   int (*fcntl_int)(int fd, int cmd, long arg);
   int (*getrlimit)(int resource, struct rlimit* out);
   int (*setrlimit)(int resource, const struct rlimit* value);
+  // Reads up to `size` bytes of /proc/self/task/<tid>/<file>: the byte count, or -1 and errno.
+  long (*read_task_file)(int tid, const char* file, char* buf, std::size_t size);
 };
 
 inline long default_perf_event_open(void* attr, int pid, int cpu, int group_fd, unsigned long flags) {
@@ -630,12 +653,33 @@ inline int default_getrlimit(int r, struct rlimit* out) {
 inline int default_setrlimit(int r, const struct rlimit* v) {
   return ::setrlimit(static_cast<__rlimit_resource>(r), v);
 }
+inline long default_read_task_file(int tid, const char* file, char* buf, std::size_t size) {
+  char path[96];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/%s", tid, file);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  std::size_t got = 0;
+  while (got < size) {
+    const ssize_t n = ::read(fd, buf + got, size - got);
+    if (n < 0 && got == 0) {
+      const int e = errno;
+      ::close(fd);
+      errno = e;
+      return -1;
+    }
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  return static_cast<long>(got);
+}
 
 inline syscall_table default_syscalls() {
   return syscall_table{
       default_perf_event_open, default_timer_create, default_timer_settime, default_timer_delete,
       default_setitimer,       default_sigaction,    default_open,          default_openat,
-      default_close,           default_fcntl_int,    default_getrlimit,     default_setrlimit};
+      default_close,           default_fcntl_int,    default_getrlimit,     default_setrlimit,
+      default_read_task_file};
 }
 
 // The table in use. Tests replace entries (and restore them with default_syscalls()).
@@ -947,14 +991,33 @@ class worker {
 
 // ---- begin selfprof/jit/safe_file.hpp ----
 // Creating the files perf reads about JIT code (/tmp/perf-<pid>.map, jit-<pid>.dump) safely in a shared
-// directory: never through a symlink, never into a file owned by someone else or hard-linked elsewhere.
+// directory: never through a symlink, never into a file owned by someone else or hard-linked elsewhere,
+// and never removing a file another writer may still be using.
 // Context: any thread (setup of the JIT writers; never the signal handler).
+//
+// Who owns a file. Every writer holds a shared flock(2) on its file for as long as it has it open (flock
+// locks belong to the open file description: a second writer in the same process conflicts like one in
+// another process, and the lock goes away with the writer, however it dies). A file already at the path
+// is replaced only when it is provably not in use:
+// - nobody holds a lock on it (an exclusive flock can be taken), and
+// - it was last written before this process started, so no writer of this process wrote it, selfprof or
+//   not (CPython's -X perf, a JIT with its own map writer, another copy of selfprof), and whoever wrote
+//   it then held no lock when we looked. That is the file of a dead process that had our pid before us.
+// Anything else is live: the perf map is opened for appending and shared (perf maps are made to be
+// appended to by every JIT of the process: perf reads the whole file at report time), the jitdump (one
+// header, one writer) is refused with a message. A file created here is new, so its mtime is after the
+// start of every process that could look at it: nobody takes it for stale between its creation and
+// the moment we lock it.
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -965,15 +1028,13 @@ namespace detail {
 
 struct safe_file {
   int fd = -1;
-  bool replaced_stale = false;  // a file of ours from an earlier process with this pid was replaced
+  bool replaced_stale = false;  // a file of a dead process with this pid (pids wrap) was replaced
+  bool shared = false;          // a live writer's file, opened to append to it
 };
 
-// Creates `path` fresh with O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC and mode 0644 (whatever the umask) for
-// writing (`extra_flags`, e.g. O_APPEND or O_RDWR), owned by the effective user. What is already there:
-// - a regular file owned by us with one link: a stale file from a dead process with the same pid (pids
-//   wrap) or from before an exec; it is unlinked and the file created again with O_EXCL (as QEMU does);
-// - a symlink, anything not a regular file, a file owned by another user or with other hard links: refused,
-//   nothing is opened, followed, truncated or removed. `what` names the file in messages.
+// What to do with a file another writer may be using.
+enum class live_file { refuse, share };
+
 // "<head><what> <path>: <reason>", the shape of every message below.
 inline status file_error(const char* head, const char* what, const std::string& path, const char* reason,
                          const char* more = "") {
@@ -987,20 +1048,100 @@ inline status file_error(const char* head, const char* what, const std::string& 
   return status::error(std::move(m));
 }
 
-inline status create_safe_file(const std::string& path, int extra_flags, const char* what, safe_file& out) {
+// When this process started, in CLOCK_REALTIME nanoseconds (the clock of file times); 0 when unknown.
+// /proc/self/stat gives it in clock ticks since boot (CLOCK_BOOTTIME), rounded down to a tick.
+inline std::int64_t process_start_realtime_ns() {
+  int fd = ::open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[1024];
+  ssize_t n;
+  do n = ::read(fd, buf, sizeof buf - 1);
+  while (n < 0 && errno == EINTR);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces and parentheses
+  if (p == nullptr) return 0;
+  // Fields after the name: 3 (state) ... 22 (starttime).
+  for (int field = 2; field < 22 && *p; ++p)
+    if (*p == ' ') ++field;
+  char* end = nullptr;
+  unsigned long long ticks = std::strtoull(p, &end, 10);
+  long hz = ::sysconf(_SC_CLK_TCK);
+  struct timespec real, boot;
+  if (end == p || hz <= 0 || ::clock_gettime(CLOCK_REALTIME, &real) != 0 ||
+      ::clock_gettime(CLOCK_BOOTTIME, &boot) != 0)
+    return 0;
+  const std::int64_t boot_at =
+      (std::int64_t(real.tv_sec) - boot.tv_sec) * 1000000000 + (real.tv_nsec - boot.tv_nsec);
+  return boot_at + static_cast<std::int64_t>(ticks / static_cast<unsigned long long>(hz)) * 1000000000 +
+         static_cast<std::int64_t>(ticks % static_cast<unsigned long long>(hz)) * (1000000000 / hz);
+}
+
+// True when `st` was last modified before this process started: with a second of slack for the clock
+// being stepped, a file written in the second before our start counts as possibly ours (kept, not removed).
+inline bool written_before_this_process(const struct stat& st) {
+  const std::int64_t start = process_start_realtime_ns();
+  if (start == 0) return false;  // cannot tell: keep it
+  const std::int64_t mtime = std::int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return mtime < start - 1000000000;
+}
+
+// Takes a shared flock on fd. Another writer holds an exclusive one only for the moment it takes to
+// decide a file is stale: waits up to about half a second, never longer. 0: locked; EWOULDBLOCK: still
+// held exclusively; another errno: the filesystem has no flock (the file is used unlocked).
+inline int lock_shared(int fd) {
+  for (int i = 0; i < 500; ++i) {
+    if (::flock(fd, LOCK_SH | LOCK_NB) == 0) return 0;
+    if (errno == EINTR) continue;
+    if (errno != EWOULDBLOCK) return errno;
+    struct timespec ms {
+      0, 1000000
+    };
+    ::nanosleep(&ms, nullptr);
+  }
+  return EWOULDBLOCK;
+}
+
+// True when `path` (not followed) is still the file open at fd.
+inline bool still_at(const std::string& path, int fd) {
+  struct stat a, b;
+  return ::lstat(path.c_str(), &a) == 0 && ::fstat(fd, &b) == 0 && a.st_dev == b.st_dev &&
+         a.st_ino == b.st_ino;
+}
+
+// Opens `path` for writing (`extra_flags`: O_WRONLY|O_APPEND or O_RDWR), holding a shared flock on it
+// until the descriptor is closed. A new file is created with O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC and mode
+// 0644 (whatever the umask), owned by the effective user. What is already there:
+// - a symlink, anything not a regular file, a file owned by another user or with other hard links:
+//   refused; nothing is opened, followed, truncated or removed;
+// - a regular file of ours that is provably not in use (see the top of this file): unlinked and created
+//   again with O_EXCL (as QEMU does); `replaced_stale` is set;
+// - any other regular file of ours: a live writer's. `live` says whether to share it (opened without
+//   O_CREAT or O_TRUNC, `shared` set) or to refuse it. `what` names the file in messages.
+inline status create_safe_file(const std::string& path, int extra_flags, const char* what, safe_file& out,
+                               live_file live = live_file::refuse) {
   out = safe_file{};
   const int flags = O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | extra_flags;
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  const int existing_flags =
+      (extra_flags & ~(O_CREAT | O_EXCL | O_TRUNC)) | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
+  for (int attempt = 0; attempt < 6; ++attempt) {
     int fd = sys().open(path.c_str(), flags, 0644);
     if (fd >= 0) {
       // The umask may have taken bits away; perf run by another user (root) reads the file.
       int rc = ::fchmod(fd, 0644);  // on failure the umask's mode stays: still readable by us and root
       (void)rc;
+      // Removed by a writer that found it unlocked and old before we locked it: cannot happen (it is
+      // newer than any process), but a foreign tool may have: start over.
+      if (lock_shared(fd) == EWOULDBLOCK || !still_at(path, fd)) {
+        sys().close(fd);
+        continue;
+      }
       out.fd = fd;
       return status::ok();
     }
     int e = errno;
-    if (e != EEXIST || attempt == 1) {
+    if (e != EEXIST) {
       return file_error("selfprof: cannot create ", what, path, std::strerror(e));
     }
     struct stat st;
@@ -1026,12 +1167,52 @@ inline status create_safe_file(const std::string& path, int extra_flags, const c
                         " (a stale or hostile file); remove it or set another directory. Nothing was "
                         "written to it");
     }
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-      return file_error("selfprof: cannot replace the stale ", what, path, std::strerror(errno));
+    // Open what lstat saw (O_NOFOLLOW; O_NONBLOCK in case it became a FIFO) and check it is that file.
+    fd = sys().open(path.c_str(), existing_flags, 0);
+    if (fd < 0) {
+      e = errno;
+      if (e == ENOENT || e == ELOOP || e == ENXIO) continue;  // replaced meanwhile: look again
+      return file_error("selfprof: cannot open ", what, path, std::strerror(e));
     }
-    out.replaced_stale = true;
+    struct stat fs;
+    if (::fstat(fd, &fs) != 0 || fs.st_dev != st.st_dev || fs.st_ino != st.st_ino || !S_ISREG(fs.st_mode)) {
+      sys().close(fd);
+      continue;
+    }
+    int fl = ::fcntl(fd, F_GETFL);
+    if (fl >= 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    const int lock_error = ::flock(fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno;
+    const bool unlocked = lock_error == 0;
+    if (unlocked && written_before_this_process(fs)) {
+      // Provably stale. We hold the exclusive lock: whoever opens it now waits for us, then finds it gone.
+      if (still_at(path, fd) && ::unlink(path.c_str()) != 0 && errno != ENOENT) {
+        e = errno;
+        sys().close(fd);
+        return file_error("selfprof: cannot replace the stale ", what, path, std::strerror(e));
+      }
+      sys().close(fd);
+      out.replaced_stale = true;
+      continue;
+    }
+    if (live == live_file::refuse) {
+      sys().close(fd);
+      return file_error("selfprof: refusing to replace ", what, path,
+                        unlocked ? "it was written since this process started (another writer here?)"
+                        : lock_error == EWOULDBLOCK
+                            ? "another writer has it open (it is locked)"
+                            : "it may be in use (no file locks on this filesystem to tell)",
+                        "; set another directory. Nothing was written to it");
+    }
+    // Share it: appending under a shared lock, like the writer that made it.
+    if (lock_shared(fd) == EWOULDBLOCK || !still_at(path, fd)) {
+      sys().close(fd);
+      continue;
+    }
+    out.fd = fd;
+    out.shared = true;
+    return status::ok();
   }
-  return file_error("selfprof: cannot create ", what, path, "something keeps re-creating it");
+  return file_error("selfprof: cannot create ", what, path, "something keeps replacing it");
 }
 
 // Writes all of [data, data+size) to fd, retrying on EINTR and short writes.
@@ -1262,6 +1443,10 @@ inline std::string sanitize_jit_name(std::string_view name) {
 // Writer of perf's JIT symbol map /tmp/perf-<pid>.map: "START SIZE name" lines (lower-case hex without
 // 0x, one space each, newline-terminated), appended in registration order so perf's last-line-wins
 // reading matches the latest code at each address; the file is created safely (see safe_file.hpp).
+// A map another live writer holds (another JIT runtime or copy of selfprof in this process, or a process
+// with the same pid in another container sharing /tmp) is appended to, never truncated or removed: perf
+// maps are meant to collect the lines of every JIT of the process, and each write() is whole lines with
+// O_APPEND, so lines of different writers never mix. Only a provably dead writer's map is replaced.
 // Context: any thread (the JIT runtime serialises calls).
 
 #include <fcntl.h>
@@ -1315,15 +1500,18 @@ class perf_map_writer {
   const std::string& path() const { return path_; }
   bool is_open() const { return fd_ >= 0; }
   bool replaced_stale() const { return replaced_stale_; }
+  bool shared() const { return shared_; }  // appending to another live writer's map
 
-  // Creates the file (replacing a stale one of ours, refusing anything else). Idempotent once open.
+  // Creates the file or joins a live writer's (replacing a provably stale one of ours, refusing anything
+  // else), and keeps a shared flock on it while open. Idempotent once open.
   status open() {
     if (fd_ >= 0) return status::ok();
     safe_file f;
-    status st = create_safe_file(path_, O_WRONLY | O_APPEND, "perf map", f);
+    status st = create_safe_file(path_, O_WRONLY | O_APPEND, "perf map", f, live_file::share);
     if (!st) return st;
-    fd_ = keep_fd_high(f.fd);  // above the application's descriptors (detail/high_fd.hpp)
+    fd_ = keep_fd_high(f.fd);  // above the application's descriptors; the lock moves with it (same file)
     replaced_stale_ = f.replaced_stale;
+    shared_ = f.shared;
     return status::ok();
   }
 
@@ -1338,7 +1526,8 @@ class perf_map_writer {
     fd_ = -1;
   }
 
-  // After fork(): the descriptor belongs to the parent's file; forget it without writing.
+  // After fork(): the descriptor belongs to the parent's file; forget it without writing (closing the
+  // child's copy leaves the parent's lock in place: a flock belongs to the shared open file description).
   void abandon_after_fork(const std::string& dir, long pid) {
     close();
     path_ = path_for(dir, pid);
@@ -1348,6 +1537,7 @@ class perf_map_writer {
   std::string path_;
   int fd_ = -1;
   bool replaced_stale_ = false;
+  bool shared_ = false;
 };
 
 }  // namespace detail
@@ -2151,6 +2341,8 @@ SELFPROF_API std::string perf_map_path() { return selfprof::detail::jit_global()
 #include <signal.h>
 
 #include <cerrno>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -2176,7 +2368,21 @@ struct options {
   std::size_t ring_slots = 0;                   // sample ring capacity (0: sized from hz)
   double frame_budget_ms = 16.7;  // SELFPROF_FRAME_BUDGET_MS: a game frame longer than this is slow
   double frame_hz = 0;            // SELFPROF_FRAME_HZ: rate on threads that mark game frames (0: hz)
+  // SELFPROF_MAX_MEMORY (bytes, K/M/G suffixes): the ceiling on what sampling collects. The sample ring
+  // gets at most a quarter (it is clipped to fewer slots: samples the collector cannot take in time are
+  // dropped and counted); of the rest, the stack table gets 40% (a dump briefly holds a copy of the same
+  // size) and the rest is for per-thread totals and names. With SELFPROF_WINDOW the table's part is
+  // shared with the window buckets. Past its part, a new distinct stack is counted under one
+  // "[selfprof: memory ceiling]" stack, and when many threads were seen the stacks of ended threads are
+  // merged into one thread; both are counted in the stats and said in the profile notes. The default,
+  // 64 MiB, keeps the default ring (0.5 MB at 99 Hz) whole and lets the table hold about 100,000
+  // distinct stacks, more than long runs of large programs show, while a runaway (a thread per request,
+  // an absurd rate or depth) stays small next to the program. Values under 1 MiB are raised to 1 MiB.
+  std::size_t max_memory = std::size_t{64} << 20;
 };
+
+// The smallest ceiling: room for the smallest ring at the deepest stacks and a useful table.
+constexpr std::size_t kMinMaxMemory = std::size_t{1} << 20;
 
 namespace detail {
 
@@ -2187,6 +2393,33 @@ inline bool parse_double(const char* text, double lo, double hi, double& out) {
   double v = std::strtod(text, &end);
   if (errno != 0 || end == text || *end != '\0' || !(v >= lo && v <= hi)) return false;
   out = v;
+  return true;
+}
+
+// A byte count: digits with an optional K, M or G (powers of 1024; "KiB", "MB" and lowercase work too).
+inline bool parse_bytes(const char* text, std::uint64_t lo, std::uint64_t hi, std::uint64_t& out) {
+  if (text == nullptr || *text < '0' || *text > '9') return false;
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text, &end, 10);
+  if (errno != 0 || end == text) return false;
+  std::string unit = end;
+  for (char& c : unit) c = static_cast<char>(c >= 'a' && c <= 'z' ? c - 'a' + 'A' : c);
+  unsigned shift = 0;
+  if (unit.empty() || unit == "B")
+    shift = 0;
+  else if (unit == "K" || unit == "KB" || unit == "KIB")
+    shift = 10;
+  else if (unit == "M" || unit == "MB" || unit == "MIB")
+    shift = 20;
+  else if (unit == "G" || unit == "GB" || unit == "GIB")
+    shift = 30;
+  else
+    return false;
+  if (v > (hi >> shift)) return false;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(v) << shift;
+  if (bytes < lo || bytes > hi) return false;
+  out = bytes;
   return true;
 }
 
@@ -2358,6 +2591,13 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
     else
       bad("SELFPROF_FRAME_HZ", v, "a rate in Hz from 0 (same as SELFPROF_HZ) to 100000");
   }
+  if (const char* v = std::getenv("SELFPROF_MAX_MEMORY")) {
+    std::uint64_t bytes = 0;
+    if (detail::parse_bytes(v, kMinMaxMemory, std::uint64_t{1} << 40, bytes))
+      o.max_memory = static_cast<std::size_t>(bytes);
+    else
+      bad("SELFPROF_MAX_MEMORY", v, "a size in bytes with an optional K, M or G suffix, from 1M to 1024G");
+  }
   return o;
 }
 
@@ -2440,12 +2680,21 @@ struct stats {
   std::uint64_t samples = 0;             // sample weight folded into the table
   std::uint64_t records = 0;             // records written by the handler
   std::uint64_t dropped_full = 0, dropped_inactive = 0, foreign_signals = 0, truncated = 0;
-  std::size_t unique_stacks = 0, table_bytes = 0;
+  std::size_t unique_stacks = 0, table_bytes = 0;  // table_bytes: the stack table and window buckets
+  // The memory ceiling (options::max_memory, SELFPROF_MAX_MEMORY) and what staying under it took.
+  std::size_t max_memory = 0;
+  std::size_t ring_slots = 0, ring_bytes = 0;  // the sample ring as allocated (clipped to its part)
+  bool ring_clipped = false;                   // fewer slots than the rate and depth asked for
+  std::uint64_t stacks_merged = 0;   // records of new stacks counted under [selfprof: memory ceiling]
+  std::uint64_t samples_merged = 0;  // their weight (samples; microseconds in wall mode)
+  std::uint64_t threads_merged = 0;  // ended threads whose stacks and totals were merged into one (tid 0)
   std::size_t threads_seen = 0, threads_armed = 0, threads_fallback = 0, threads_arm_failed = 0;
   std::size_t threads_blocking_signal = 0;  // live threads blocking the sampling signal (never sampled)
   std::uint64_t collector_wakes = 0;        // times the collector thread woke
   std::uint64_t thread_checks = 0;          // thread-count checks made by the handler
   std::uint64_t thread_wakes = 0;           // ... that saw the count change and woke the collector
+  std::uint64_t rate_capped = 0;            // perf ticks taken at a period stretched to the handler's cost
+  std::uint64_t periods_skipped = 0;        // requested periods left unsampled by that stretch
   int dump_signal = 0;                      // signal that triggers a dump (0: none taken)
   unsigned long dumps_written = 0, dumps_failed = 0;  // signal and interval dumps
   std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread;
@@ -2551,8 +2800,10 @@ SELFPROF_API status dump_diff(const profile& before, const profile& after, const
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -2560,7 +2811,8 @@ SELFPROF_API status dump_diff(const profile& before, const profile& after, const
 // The collector: the one thread that does the work off the signal path while sampling. It drains the
 // sample ring into the sample store, finds new threads and arms them, rebuilds unwind rows and refreshes
 // the module snapshot when libraries come and go, applies SELFPROF_FRAME_HZ to threads that mark game
-// frames, and runs the contention upgrade. It never symbolizes and never writes files.
+// frames, runs the contention upgrade, and merges the samples of ended threads when many threads came and
+// went (sample_store::merge_ended_threads). It never symbolizes and never writes files.
 // Context: its own thread ("selfprof"); start/stop from setup only.
 //
 // When it wakes. A wake-up costs tens of microseconds of CPU even when there is nothing to do, so:
@@ -2592,9 +2844,13 @@ SELFPROF_API status dump_diff(const profile& before, const profile& after, const
 // stack table, the time windows and the per-thread totals, and hands game-frame samples to the game-frame
 // tracker. JIT code is recorded by what was at each address when the sample was taken (the JIT registry,
 // the perf map); a sample outside every known mapping is noted so the collector reads the maps again.
+// Memory is bounded (store_config's limits, from SELFPROF_MAX_MEMORY): a new distinct stack past the
+// limit is counted under a "[selfprof: memory ceiling]" stack, and once many threads were seen, the
+// stacks and totals of threads that ended are merged into one thread (merge_ended_threads).
 // Context: the collector thread (drain) and any thread taking a snapshot; every method takes the store's
 // lock, which is also the ring's consumer lock.
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <new>
@@ -5021,9 +5277,12 @@ class code_watch {
 
 // ---- begin selfprof/detail/stack_table.hpp ----
 // The stack table: raw stacks (addresses, thread, flags) folded into counts. Memory grows with unique
-// stacks, not with samples.
+// stacks, not with samples, and never past a limit when one is set (set_limit): a new distinct stack that
+// would pass it is counted under one "[selfprof: memory ceiling]" stack instead (add_bounded), so the
+// table's total stays right. Threads that ended can be folded into one entry per stack (merge_threads).
 // Context: any thread except the signal handler (the collector folds into it under the sample store's lock).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -5031,6 +5290,12 @@ class code_watch {
 
 namespace selfprof {
 namespace detail {
+
+// The one frame of the stacks merged at the memory ceiling: 0xfc in the top byte is never a canonical
+// user or kernel address, nor a JIT (0xfe) or perf map (0xfd) tag. Named when a profile is symbolized.
+constexpr std::uint64_t kMemoryCeilingPc = std::uint64_t{0xfc} << 56;
+// The thread the stacks of ended threads are merged into (see merge_threads), and the ceiling stacks'.
+constexpr std::uint32_t kMergedThreadsTid = 0;
 
 class stack_table {
  public:
@@ -5043,33 +5308,69 @@ class stack_table {
     std::uint16_t flags;
   };
 
-  void add(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth,
+  // The most bytes the table may hold (entries, addresses, index); 0: no limit. Applies to new stacks.
+  void set_limit(std::size_t bytes) { limit_ = bytes; }
+  std::size_t limit() const { return limit_; }
+
+  // Counts `weight` for the stack. False (and nothing counted) when it is new and there is no room.
+  bool add(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth,
            std::uint64_t weight) {
-    std::uint64_t h = hash(tid, flags, pcs, depth);
-    if ((entries_.size() + 1) * 10 > index_.size() * 7) grow();
-    std::size_t mask = index_.size() - 1;
-    for (std::size_t i = h & mask;; i = (i + 1) & mask) {
-      std::uint32_t slot = index_[i];
-      if (slot == 0) {
-        entries_.push_back(entry{h, weight, static_cast<std::uint32_t>(pcs_.size()), tid,
-                                 static_cast<std::uint16_t>(depth), flags});
-        pcs_.insert(pcs_.end(), pcs, pcs + depth);
-        index_[i] = static_cast<std::uint32_t>(entries_.size());
-        total_ += weight;
-        return;
-      }
-      entry& e = entries_[slot - 1];
-      if (e.hash == h && e.tid == tid && e.flags == flags && e.depth == depth &&
-          std::memcmp(&pcs_[e.offset], pcs, depth * sizeof(std::uint64_t)) == 0) {
-        e.count += weight;
-        total_ += weight;
-        return;
-      }
-    }
+    return add_hashed(hash(tid, flags, pcs, depth), tid, flags, pcs, depth, weight, false);
+  }
+
+  // add(), and a stack with no room is counted under the memory-ceiling stack of its kind (on-CPU,
+  // off-CPU, running) in thread kMergedThreadsTid, so the total stays right.
+  void add_bounded(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth,
+                   std::uint64_t weight) {
+    if (add(tid, flags, pcs, depth, weight)) return;
+    ++merged_records_;
+    merged_weight_ += weight;
+    const std::uint64_t ceiling = kMemoryCeilingPc;
+    const auto kind = static_cast<std::uint16_t>(flags & kCeilingKeptFlags);
+    add_hashed(hash(kMergedThreadsTid, kind, &ceiling, 1), kMergedThreadsTid, kind, &ceiling, 1, weight,
+               true);
   }
 
   void merge(const stack_table& other) {
     for (const entry& e : other.entries_) add(e.tid, e.flags, other.pcs(e), e.depth, e.count);
+  }
+
+  // Moves every stack of a thread for which `ended(tid)` is true to thread kMergedThreadsTid, merging
+  // those that become equal, in place (no second table). Returns how many entries that freed.
+  template <typename Pred>
+  std::size_t merge_threads(Pred ended) {
+    if (entries_.empty()) return 0;
+    std::fill(index_.begin(), index_.end(), 0u);
+    const std::size_t mask = index_.size() - 1;
+    std::size_t kept = 0, pcs_end = 0;
+    for (std::size_t r = 0; r < entries_.size(); ++r) {
+      entry e = entries_[r];
+      if (e.tid != kMergedThreadsTid && ended(e.tid)) {
+        e.tid = kMergedThreadsTid;
+        e.hash = hash(e.tid, e.flags, &pcs_[e.offset], e.depth);
+      }
+      std::size_t i = e.hash & mask;
+      bool merged = false;
+      for (; index_[i] != 0; i = (i + 1) & mask) {
+        entry& k = entries_[index_[i] - 1];
+        if (same(k, e.hash, e.tid, e.flags, &pcs_[e.offset], e.depth)) {
+          k.count += e.count;
+          merged = true;
+          break;
+        }
+      }
+      if (merged) continue;
+      // Kept entries only move towards the front, so this never overwrites addresses not read yet.
+      std::memmove(&pcs_[pcs_end], &pcs_[e.offset], e.depth * sizeof(std::uint64_t));
+      e.offset = static_cast<std::uint32_t>(pcs_end);
+      pcs_end += e.depth;
+      entries_[kept++] = e;
+      index_[i] = static_cast<std::uint32_t>(kept);
+    }
+    const std::size_t freed = entries_.size() - kept;
+    entries_.resize(kept);
+    pcs_.resize(pcs_end);
+    return freed;
   }
 
   const std::vector<entry>& entries() const { return entries_; }
@@ -5079,14 +5380,22 @@ class stack_table {
   std::size_t memory_bytes() const {
     return entries_.capacity() * sizeof(entry) + pcs_.capacity() * 8 + index_.capacity() * 4;
   }
+  // New stacks counted under the memory-ceiling stack: add() calls that found no room, and their weight.
+  std::uint64_t merged_records() const { return merged_records_; }
+  std::uint64_t merged_weight() const { return merged_weight_; }
   void clear() {
     entries_.clear();
     pcs_.clear();
     index_.assign(index_.size(), 0);
     total_ = 0;
+    merged_records_ = 0;
+    merged_weight_ = 0;
   }
 
  private:
+  static constexpr std::uint16_t kCeilingKeptFlags = 0x2 | 0x8;  // sample_offcpu | sample_running
+  static constexpr std::size_t kFirstIndexSlots = 1024;
+
   static std::uint64_t hash(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
                             std::size_t depth) {
     std::uint64_t h =
@@ -5098,9 +5407,84 @@ class stack_table {
     return h ^ (h >> 33);
   }
 
-  void grow() {
-    std::size_t n = index_.empty() ? 1024 : index_.size() * 2;
-    index_.assign(n, 0);
+  bool same(const entry& e, std::uint64_t h, std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
+            std::size_t depth) const {
+    return e.hash == h && e.tid == tid && e.flags == flags && e.depth == depth &&
+           std::memcmp(&pcs_[e.offset], pcs, depth * sizeof(std::uint64_t)) == 0;
+  }
+
+  // `always`: the few memory-ceiling stacks, added past the limit in the smallest steps.
+  bool add_hashed(std::uint64_t h, std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
+                  std::size_t depth, std::uint64_t weight, bool always) {
+    if (!index_.empty()) {
+      const std::size_t mask = index_.size() - 1;
+      for (std::size_t i = h & mask; index_[i] != 0; i = (i + 1) & mask) {
+        entry& e = entries_[index_[i] - 1];
+        if (same(e, h, tid, flags, pcs, depth)) {
+          e.count += weight;
+          total_ += weight;
+          return true;
+        }
+      }
+    }
+    if (!make_room(depth, always)) return false;
+    const std::size_t mask = index_.size() - 1;
+    std::size_t i = h & mask;
+    while (index_[i] != 0) i = (i + 1) & mask;
+    entries_.push_back(entry{h, weight, static_cast<std::uint32_t>(pcs_.size()), tid,
+                             static_cast<std::uint16_t>(depth), flags});
+    pcs_.insert(pcs_.end(), pcs, pcs + depth);
+    index_[i] = static_cast<std::uint32_t>(entries_.size());
+    total_ += weight;
+    return true;
+  }
+
+  // Capacity for one more entry of `depth` addresses, within the limit unless `always`. Near the limit
+  // the vectors grow into what is left in one step, so adding never turns into copying on every stack.
+  bool make_room(std::size_t depth, bool always) {
+    const std::size_t n = entries_.size() + 1, p_need = pcs_.size() + depth;
+    std::size_t slots = !index_.empty() ? index_.size() : always && limit_ ? 8 : kFirstIndexSlots;
+    while (n * 10 > slots * 7) slots *= 2;
+    // The ceiling stacks take a free slot past the load limit rather than double the index.
+    if (always && !index_.empty() && n < index_.size()) slots = index_.size();
+    if (limit_ == 0) {
+      if (slots != index_.size()) rehash(slots);
+      return true;
+    }
+    if (always) {
+      reserve(std::max(entries_.capacity(), n + 2), std::max(pcs_.capacity(), p_need + 2), slots);
+      return true;
+    }
+    if (slots * 4 > limit_) return false;
+    const std::size_t budget = limit_ - slots * 4;
+    const std::size_t e_min = std::max(entries_.capacity(), n), p_min = std::max(pcs_.capacity(), p_need);
+    if (e_min * sizeof(entry) + p_min * 8 > budget) return false;
+    std::size_t e_cap = e_min, p_cap = p_min;
+    if (n > entries_.capacity()) {
+      const std::size_t spare = (budget - e_min * sizeof(entry) - p_min * 8) / 2 / sizeof(entry);
+      e_cap = std::min(grown(entries_.capacity(), n, sizeof(entry)), e_min + spare);
+    }
+    if (p_need > pcs_.capacity()) {
+      const std::size_t spare = (budget - e_cap * sizeof(entry) - p_min * 8) / 8;
+      p_cap = std::min(grown(pcs_.capacity(), p_need, 8), p_min + spare);
+    }
+    reserve(e_cap, p_cap, slots);
+    return true;
+  }
+
+  // Capacity after growing from `cap` to hold `need`: by half again, at least a page's worth.
+  static std::size_t grown(std::size_t cap, std::size_t need, std::size_t elem) {
+    return std::max(need, std::max(cap + cap / 2, 4096 / elem));
+  }
+
+  void reserve(std::size_t entries_cap, std::size_t pcs_cap, std::size_t slots) {
+    entries_.reserve(entries_cap);
+    pcs_.reserve(pcs_cap);
+    if (slots != index_.size()) rehash(slots);
+  }
+
+  void rehash(std::size_t n) {
+    std::vector<std::uint32_t>(n, 0).swap(index_);
     for (std::size_t k = 0; k < entries_.size(); ++k) {
       for (std::size_t i = entries_[k].hash & (n - 1);; i = (i + 1) & (n - 1)) {
         if (index_[i] == 0) {
@@ -5115,6 +5499,8 @@ class stack_table {
   std::vector<std::uint64_t> pcs_;
   std::vector<std::uint32_t> index_;
   std::uint64_t total_ = 0;
+  std::size_t limit_ = 0;
+  std::uint64_t merged_records_ = 0, merged_weight_ = 0;
 };
 
 }  // namespace detail
@@ -5135,9 +5521,12 @@ struct raw_snapshot {
 // ---- end selfprof/collect/snapshot.hpp ----
 // ---- begin selfprof/collect/windows.hpp ----
 // Time windows: the same samples as the cumulative table, also kept in one-second buckets, so a dump can
-// hold "the last N seconds" and consecutive windowed dumps never count a sample twice.
+// hold "the last N seconds" and consecutive windowed dumps never count a sample twice. The buckets share
+// one memory limit: only the newest bucket grows, up to what the others leave of it (past that, new
+// stacks go to the memory-ceiling stack).
 // Context: collector thread (and dump callers holding the collector's table lock).
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 
@@ -5149,19 +5538,32 @@ constexpr std::uint64_t kWindowBucketNs = 1000000000ull;
 
 class window_tables {
  public:
-  void configure(std::uint64_t window_ns) {
+  // `limit_bytes`: of all the buckets together (0: no limit).
+  void configure(std::uint64_t window_ns, std::size_t limit_bytes = 0) {
     window_ns_ = window_ns;
     buckets_.clear();
     cut_seq_ = 0;
     next_seq_ = 0;
+    merged_records_ = 0;
+    merged_weight_ = 0;
+    limit_ = limit_bytes;
   }
   bool enabled() const { return window_ns_ != 0; }
 
   void add(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth,
            std::uint64_t weight, std::uint64_t now_ns) {
     if (!enabled()) return;
-    if (buckets_.empty() || now_ns - buckets_.back().start_ns >= kWindowBucketNs) open_bucket(now_ns);
-    buckets_.back().table.add(tid, flags, pcs, depth, weight);
+    if (buckets_.empty() || now_ns - buckets_.back().start_ns >= kWindowBucketNs) {
+      drop_old(now_ns);  // before the new bucket's limit is set from what the others hold
+      open_bucket(now_ns);
+    }
+    stack_table& t = buckets_.back().table;
+    const std::uint64_t before = t.merged_records();
+    t.add_bounded(tid, flags, pcs, depth, weight);
+    if (t.merged_records() != before) {
+      ++merged_records_;
+      merged_weight_ += weight;
+    }
     buckets_.back().end_ns = now_ns;
   }
 
@@ -5184,6 +5586,20 @@ class window_tables {
     if (seq > cut_seq_) cut_seq_ = seq;
   }
 
+  // See stack_table::merge_threads.
+  template <typename Pred>
+  void merge_threads(Pred ended) {
+    for (bucket& b : buckets_) b.table.merge_threads(ended);
+  }
+  std::size_t memory_bytes() const {
+    std::size_t n = 0;
+    for (const bucket& b : buckets_) n += b.table.memory_bytes();
+    return n;
+  }
+  // Records of new stacks counted under the memory-ceiling stack since configure(), and their weight.
+  std::uint64_t merged_records() const { return merged_records_; }
+  std::uint64_t merged_weight() const { return merged_weight_; }
+
  private:
   struct bucket {
     std::uint64_t seq = 0, start_ns = 0, end_ns = 0;
@@ -5193,12 +5609,17 @@ class window_tables {
     buckets_.emplace_back();
     buckets_.back().seq = next_seq_++;
     buckets_.back().start_ns = now_ns;
+    if (limit_ == 0) return;
+    const std::size_t used = memory_bytes();
+    buckets_.back().table.set_limit(used < limit_ ? limit_ - used : 1);
   }
   void drop_old(std::uint64_t now_ns) {
     while (buckets_.size() > 1 && buckets_.front().end_ns + window_ns_ < now_ns) buckets_.pop_front();
   }
 
   std::uint64_t window_ns_ = 0, cut_seq_ = 0, next_seq_ = 0;
+  std::size_t limit_ = 0;
+  std::uint64_t merged_records_ = 0, merged_weight_ = 0;
   std::deque<bucket> buckets_;
 };
 
@@ -5743,8 +6164,8 @@ inline void reorder_game_frame_profile(profile& p, const game_frame_sequence& se
 
 // ---- begin selfprof/detail/process.hpp ----
 // Facts about this process that several parts read: the dynamic loader's generation, the threads in
-// /proc/self/task (names, blocked signals, scheduler statistics), the main thread's stack end and the
-// CPUs the process may use.
+// /proc/self/task (names, blocked signals, start times, scheduler statistics), the main thread's stack end
+// and the CPUs the process may use. Names, masks and start times are read through sys().read_task_file.
 // Context: any thread except the signal handler (dl_iterate_phdr takes the loader's lock).
 
 #include <dirent.h>
@@ -5807,15 +6228,43 @@ inline std::vector<pid_t> list_threads() {
   return tids;
 }
 
+// /proc/self/task/<tid>/<file> (at most 16 KiB: comm, stat, status), or "" when it cannot be read.
+inline std::string task_file(pid_t tid, const char* file) {
+  std::string out(16384, '\0');
+  const long n = sys().read_task_file(static_cast<int>(tid), file, &out[0], out.size());
+  out.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  return out;
+}
+
+// The start time in /proc/.../stat text (field 22, clock ticks since boot), or 0. The name in field 2 may
+// hold spaces and parentheses: the fields are counted from its last ')'.
+inline std::uint64_t parse_start_time(const std::string& stat) {
+  const std::size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  const char* p = stat.c_str() + close + 1;
+  for (int field = 3; field < 22; ++field) {  // skip fields 3 (state) to 21
+    while (*p == ' ') ++p;
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  while (*p == ' ') ++p;
+  if (*p < '0' || *p > '9') return 0;
+  return std::strtoull(p, nullptr, 10);
+}
+
+// When thread `tid` of this process started (clock ticks since boot), or 0 when it is not one of this
+// process's threads (any more). With the tid, it identifies a thread: a tid is reused, a start time with it
+// is not (two threads given the same tid within one clock tick would need the tid space to wrap meanwhile).
+inline std::uint64_t task_start_time(pid_t tid) { return parse_start_time(task_file(tid, "stat")); }
+
 inline std::string thread_name(pid_t tid) {
-  std::string s = read_small_file("/proc/self/task/" + std::to_string(tid) + "/comm");
+  std::string s = task_file(tid, "comm");
   while (!s.empty() && (s.back() == '\n' || s.back() == '\0')) s.pop_back();
   return s;
 }
 
 // True when the thread currently blocks `sig` (SigBlk in /proc/self/task/<tid>/status).
 inline bool thread_blocks_signal(pid_t tid, int sig) {
-  std::string s = read_small_file("/proc/self/task/" + std::to_string(tid) + "/status");
+  std::string s = task_file(tid, "status");
   std::size_t at = s.find("SigBlk:");
   if (at == std::string::npos || sig <= 0 || sig > 64) return false;
   unsigned long long mask = std::strtoull(s.c_str() + at + 7, nullptr, 16);
@@ -5937,6 +6386,19 @@ struct store_config {
   double frame_budget_ms = 16.7;
   double frame_hz = 0;
   std::size_t max_depth = 128;
+  std::size_t table_limit = 0;   // bytes of the cumulative stack table (0: no limit)
+  std::size_t window_limit = 0;  // bytes of all the window buckets together (0: no limit)
+};
+
+// Threads with their own per-thread total (and stacks) before ended ones are merged: a program that
+// starts a thread per request must not grow with every thread it ever ran.
+constexpr std::size_t kThreadEntriesBeforeMerge = 1024;
+
+// What was merged to stay within the memory limits (stats, profile notes).
+struct merge_counts {
+  std::uint64_t stack_records = 0;  // records of new stacks counted under the memory-ceiling stack
+  std::uint64_t samples = 0;        // their weight (samples; microseconds in wall mode)
+  std::uint64_t threads = 0;        // ended threads whose stacks and totals were merged into one
 };
 
 class sample_store {
@@ -5947,8 +6409,10 @@ class sample_store {
     config_ = c;
     period_ns_ = static_cast<std::uint64_t>(period_ns_for(c.hz));
     table_.clear();
+    table_.set_limit(c.table_limit);
     by_thread_.clear();
-    windows_.configure(static_cast<std::uint64_t>(c.window_s * 1e9));
+    threads_merged_ = 0;
+    windows_.configure(static_cast<std::uint64_t>(c.window_s * 1e9), c.window_limit);
     games_.clear();
     games_.configure(c.frame_budget_ms, monotonic_ns());
     rates_.configure(c.hz, c.frame_hz);
@@ -5984,13 +6448,23 @@ class sample_store {
   void copy_table(sample_ring* ring, bool windowed, raw_snapshot& out, std::uint64_t* window_seq) {
     std::lock_guard<std::mutex> lock(mu_);
     if (ring) drain_locked(*ring);
-    if (windowed && windows_.enabled()) {
+    const bool window = windowed && windows_.enabled();
+    if (window) {
       const std::uint64_t seq = windows_.take(monotonic_ns(), out.table);
       if (window_seq) *window_seq = seq;
     } else {
       out.table = table_;
     }
     out.info.frame_loops = games_.stats();
+    const merge_counts m = merged_locked(window);
+    if (m.samples)
+      out.info.notes.push_back(std::to_string(m.samples) + (config_.wall ? " us" : " samples") + " of " +
+                               std::to_string(m.stack_records) +
+                               " records with new stacks counted under [selfprof: memory ceiling] "
+                               "(SELFPROF_MAX_MEMORY)");
+    if (m.threads)
+      out.info.notes.push_back(std::to_string(m.threads) +
+                               " ended threads merged into one, [ended threads] (SELFPROF_MAX_MEMORY)");
     if (games_.held_dropped())
       out.info.notes.push_back(std::to_string(games_.held_dropped()) +
                                " samples of open game frames dropped (held-sample memory bound)");
@@ -6047,7 +6521,39 @@ class sample_store {
   };
   sizes size() {
     std::lock_guard<std::mutex> lock(mu_);
-    return sizes{table_.total(), table_.unique(), table_.memory_bytes()};
+    return sizes{table_.total(), table_.unique(), table_.memory_bytes() + windows_.memory_bytes()};
+  }
+  merge_counts merged() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return merged_locked();
+  }
+
+  // True when ended threads should be merged: many threads have entries of their own, or the tables
+  // are past half their limit.
+  bool wants_thread_merge() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (by_thread_.size() > kThreadEntriesBeforeMerge) return true;
+    return table_.limit() != 0 && table_.memory_bytes() > table_.limit() / 2;
+  }
+  // Merges the stacks and totals of every thread not in `live` (sorted) into thread kMergedThreadsTid.
+  void merge_ended_threads(const std::vector<std::uint32_t>& live) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto ended = [&live](std::uint32_t tid) { return !std::binary_search(live.begin(), live.end(), tid); };
+    std::uint64_t moved = 0;
+    for (auto it = by_thread_.begin(); it != by_thread_.end();) {
+      if (it->first == kMergedThreadsTid || !ended(it->first)) {
+        ++it;
+        continue;
+      }
+      moved += it->second;
+      it = by_thread_.erase(it);
+      ++threads_merged_;
+    }
+    if (moved) by_thread_[kMergedThreadsTid] += moved;
+    if (by_thread_.bucket_count() > 4 * (by_thread_.size() + kThreadEntriesBeforeMerge))
+      by_thread_.rehash(0);  // the buckets of thousands of gone threads
+    table_.merge_threads(ended);
+    windows_.merge_threads(ended);
   }
 
   std::mutex& lock_for_fork() { return mu_; }
@@ -6056,6 +6562,7 @@ class sample_store {
     new (&mu_) std::mutex();
     table_.clear();
     by_thread_.clear();
+    threads_merged_ = 0;
     games_.clear();
     rates_.clear();
     code_.forget();
@@ -6082,7 +6589,7 @@ class sample_store {
         // Wall mode counts microseconds: the sampler's records already are; a tick stands for one period.
         if (config_.wall && !wall_record) w = (w * period_ns_ + 500) / 1000;
         if (w > 0) {
-          table_.add(h.tid, flags, pcs_.data(), depth, w);
+          table_.add_bounded(h.tid, flags, pcs_.data(), depth, w);
           windows_.add(h.tid, flags, pcs_.data(), depth, w, now);
           by_thread_[h.tid] += w;
         }
@@ -6092,12 +6599,22 @@ class sample_store {
     games_.process_closed();
   }
 
+  // Of the cumulative table, or of the window buckets (`windowed`).
+  merge_counts merged_locked(bool windowed = false) const {
+    merge_counts m;
+    m.stack_records = windowed ? windows_.merged_records() : table_.merged_records();
+    m.samples = windowed ? windows_.merged_weight() : table_.merged_weight();
+    m.threads = threads_merged_;
+    return m;
+  }
+
   std::mutex mu_;
   store_config config_;
   std::uint64_t period_ns_ = 0;
   stack_table table_;
   window_tables windows_;
   std::unordered_map<std::uint32_t, std::uint64_t> by_thread_;
+  std::uint64_t threads_merged_ = 0;
   game_frame_tracker games_;
   game_frame_rates rates_;
   std::vector<std::uint64_t> pcs_;  // one record's addresses, translated
@@ -6192,11 +6709,28 @@ class session_info {
 // thread itself), armed with the primary tick source or, where that runs out of descriptors or memory,
 // with a fallback CPU timer; the names of every thread seen; and the move of every thread to a new
 // primary source (the contention upgrade, sources/contention.hpp).
-// Context: setup only and the collector thread; register_current() on the registering thread. Every
-// method takes the registry's own lock.
+// Context: setup only and the collector thread; register_current() on the registering thread, names() and
+// blocking() on a thread taking a snapshot or stats. Every method takes the registry's own lock.
+//
+// A thread is (tid, start time) (detail/task_start_time): a tid is reused once its thread has exited. A
+// record whose tid now shows another start time belongs to a dead thread: it is dropped (its source
+// disarmed) and the new thread armed. Known threads are re-checked kVerifyPerScan per scan, round robin
+// (one /proc read each: all of them at every scan would cost ~70 ms at 10,000 threads).
+// Arming a thread that is not the caller is checked: a perf_event is opened and its signal owner set
+// (F_SETOWN_EX F_OWNER_TID) by tid, which may by then name a thread of another process; so the start time
+// is re-read just before and just after the arm, and the event is closed at once when the thread is no
+// longer the one recorded. perf_event_source::arm also checks, while the event is still disabled, that the
+// tid is a thread of this process (the event and its signal owner are bound to the task, not the number),
+// so no window remains where another process's thread gets a tick. A CPU timer (SIGEV_THREAD_ID on a thread
+// CPU clock) cannot target another process's thread (the kernel refuses with EINVAL), so timers are not
+// checked: at worst one lands on a new thread of this process that reused the tid (sampled correctly; the
+// record is fixed at a re-check). /proc is read outside the lock (names, masks, start times); the lock covers
+// the records and the sources, so register_current() never waits for a snapshot reading 10,000 threads'
+// names.
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include <cerrno>
@@ -6238,6 +6772,190 @@ class session_info {
 #include <cstddef>
 #include <cstdint>
 
+// ---- begin selfprof/signal/altstack.hpp ----
+// Signal-handler code: alternate signal stacks (sigaltstack) for the sampled threads.
+// Context: signal handler (altstack_on_tick, install_altstack: raw syscalls only, no allocation, no locks);
+// setup (install_altstack from the thread itself; sources/signal_setup.hpp); the collector (reap_altstacks).
+//
+// Why: the sampling handler is installed with SA_ONSTACK. Without an alternate stack the kernel writes the
+// signal frame (the xsave state: 2.5 KiB with AVX, 3.4 KiB with AVX-512, up to 11 KiB with AMX; see
+// getauxval(AT_MINSIGSTKSZ)) and the handler's own frames just below the interrupted sp: on a coroutine or
+// fiber with a small heap stack (makecontext, boost.context) that can be past its end, into the heap.
+//
+// What is settled here:
+// - A thread that has an alternate stack already (the program's own, for its SIGSEGV handler; Go's or
+//   Rust's runtime) keeps it: selfprof shares it and never replaces it. Only a thread with none gets one.
+// - Size: AT_MINSIGSTKSZ (the frame the kernel writes on this CPU) + kHandlerBudget for the handler's
+//   frames, in whole pages, plus a PROT_NONE guard page below it (36 KiB with AVX-512, mostly never
+//   touched). The deepest use fiber_test.cpp measured, kernel frame included, is 6.4 KiB (the tick that
+//   installs the stack; 3.5 KiB otherwise). The budget is Go's signal stack size (32 KiB): a program
+//   handler or runtime that finds this stack takes it for its thread's own and may run on it.
+// - Where: a thread's alternate stack can be set only by the thread itself. It is set from the thread
+//   before its first tick where selfprof runs code in it: the thread calling start() (install_sample_handler)
+//   and threads started under the preload library (its pthread_create wrapper). Every other thread (armed
+//   by the collector from outside) gets one from the handler at its first tick, with raw mmap and
+//   sigaltstack; that first tick's frame still lands on whatever stack the thread is on, as every tick
+//   did before. Accepted: it is one frame per thread's life, and a thread that is born on its own
+//   stack (every pthread is) usually takes its first tick there long before it switches to fibers.
+// - Freed when: only once the thread is gone. The stack stays installed after stop() (the program's own
+//   SA_ONSTACK handlers may be running on it or may run on it later), so selfprof cannot free it while
+//   the thread lives. reap_altstacks() (called by the sources when the collector disarms a thread that
+//   ended, and when they close) unmaps the stacks of threads that tgkill(pid, tid, 0) says are gone.
+//   The stacks of another process (a fork child's copies of its parent's table) are never freed: the
+//   child's only thread still runs with its copy of its parent's stack.
+// - The unwinder is unaffected: it walks the interrupted stack from the context's sp (the fiber's), not
+//   the handler's; current_thread_stack_end() returns 0 (unknown: bounded by kMaxStackSpan) for a heap
+//   stack or the thread's descriptor when that lies above it (an over-estimate), and every read is probed.
+//   Samples on a makecontext fiber walk its frames and end at glibc's __start_context (fiber_test.cpp).
+// - The handler sets a stack on a thread both with sigaltstack and in the interrupted context's uc_stack:
+//   sigreturn restores the alternate stack saved there, which would undo the first alone.
+
+#include <errno.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+
+namespace selfprof {
+namespace detail {
+
+// Stack the handler may use below the signal frame (its frames, the unwinder's, clock_gettime's).
+constexpr std::size_t kHandlerBudget = 32 * 1024;
+constexpr std::size_t kAltstackPage = 4096;
+constexpr int kAltstackSlots = 4096;  // threads that can hold a selfprof stack at once
+// <sys/mman.h> values (Linux x86-64 and aarch64); that header is not on the handler's list.
+constexpr long kProtNone = 0, kProtReadWrite = 3;
+constexpr long kMapPrivateAnonNoreserve = 0x02 | 0x20 | 0x4000;
+
+// One stack: owner = (pid << 32) | tid of the thread it was made for (0: free), base = its usable low end.
+struct altstack_slot {
+  std::atomic<std::uint64_t> owner{0};
+  std::atomic<std::uintptr_t> base{0};
+};
+
+struct altstack_globals {
+  std::atomic<std::size_t> size{0};         // usable bytes of each stack; 0 until prepare_altstacks()
+  std::atomic<std::uint64_t> installed{0};  // stacks given to threads
+  std::atomic<std::uint64_t> kept_own{0};   // threads found with an alternate stack of their own
+  std::atomic<std::uint64_t> failed{0};     // mmap, sigaltstack or the table failed: the thread has none
+  std::atomic<std::uint64_t> reaped{0};     // stacks unmapped after their thread ended
+  altstack_slot slots[kAltstackSlots];
+};
+
+inline altstack_globals g_altstack;  // constant-initialized, like g_handler
+
+inline bool raw_failed(long r) { return r < 0 && r > -4096; }
+
+// Gives the calling thread a selfprof alternate stack of `size` bytes unless it has one. Async-signal-safe.
+// In a handler, `uc` is its context: sigreturn restores the alternate stack saved in uc->uc_stack when the
+// signal came, so the new stack is written there too, or it would be gone at the handler's return.
+inline bool install_altstack(std::size_t size, ucontext_t* uc = nullptr) {
+  altstack_globals& a = g_altstack;
+  stack_t cur{};
+  if (raw_syscall3(SYS_sigaltstack, 0, reinterpret_cast<long>(&cur), 0) != 0) return false;
+  if (!(cur.ss_flags & SS_DISABLE)) {  // the program's own (or selfprof's, or running on one): shared
+    a.kept_own.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  const std::size_t total = size + kAltstackPage;
+  const long m =
+      raw_syscall6(SYS_mmap, 0, static_cast<long>(total), kProtReadWrite, kMapPrivateAnonNoreserve, -1, 0);
+  if (raw_failed(m)) {
+    a.failed.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  const auto low = static_cast<std::uintptr_t>(m);
+  raw_syscall3(SYS_mprotect, static_cast<long>(low), kAltstackPage, kProtNone);  // overflow faults
+  const auto pid = static_cast<std::uint64_t>(raw_syscall3(SYS_getpid, 0, 0, 0));
+  const std::uint32_t tid = raw_gettid();
+  const std::uint64_t key = (pid << 32) | tid;
+  altstack_slot* slot = nullptr;
+  for (int i = 0; i < kAltstackSlots && slot == nullptr; ++i) {
+    altstack_slot& s = a.slots[(tid + static_cast<std::uint32_t>(i)) % kAltstackSlots];
+    std::uint64_t free_key = 0;
+    if (s.owner.load(std::memory_order_relaxed) == 0 &&
+        s.owner.compare_exchange_strong(free_key, key, std::memory_order_acq_rel))
+      slot = &s;
+  }
+  stack_t ss{};
+  ss.ss_sp = reinterpret_cast<void*>(low + kAltstackPage);
+  ss.ss_size = size;
+  ss.ss_flags = 0;
+  if (slot != nullptr) slot->base.store(low + kAltstackPage, std::memory_order_release);
+  if (slot == nullptr || raw_syscall3(SYS_sigaltstack, reinterpret_cast<long>(&ss), 0, 0) != 0) {
+    if (slot != nullptr) {
+      slot->base.store(0, std::memory_order_relaxed);
+      slot->owner.store(0, std::memory_order_release);
+    }
+    raw_syscall3(SYS_munmap, static_cast<long>(low), static_cast<long>(total), 0);
+    a.failed.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  if (uc != nullptr) uc->uc_stack = ss;
+  a.installed.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+// Called by the sampling handler with the interrupted sp. On an alternate stack the handler's frame lies
+// elsewhere; right below the interrupted sp (within a signal frame and the budget) it runs on the
+// interrupted stack: the thread has no alternate stack yet (or runs on one, e.g. in the program's own
+// SIGSEGV handler, which install_altstack sees). Costs one comparison once the thread has one.
+inline void altstack_on_tick(ucontext_t* uc, std::uintptr_t interrupted_sp) {
+  const std::size_t size = g_altstack.size.load(std::memory_order_relaxed);
+  if (size == 0) return;
+  const auto here = reinterpret_cast<std::uintptr_t>(__builtin_frame_address(0));
+  if (here > interrupted_sp || interrupted_sp - here > size) return;
+  install_altstack(size, uc);
+}
+
+// Setup: fixes the stacks' size (sources/signal_setup.hpp computes it; the same for every thread).
+inline void set_altstack_size(std::size_t size) {
+  size = (size + kAltstackPage - 1) & ~(kAltstackPage - 1);
+  std::size_t none = 0;
+  g_altstack.size.compare_exchange_strong(none, size, std::memory_order_acq_rel);
+}
+
+// Collector or setup: unmaps the stacks of this process's threads that have ended. Returns how many.
+inline std::size_t reap_altstacks() {
+  altstack_globals& a = g_altstack;
+  const std::size_t size = a.size.load(std::memory_order_acquire);
+  if (size == 0) return 0;
+  const auto pid = static_cast<std::uint64_t>(raw_syscall3(SYS_getpid, 0, 0, 0));
+  std::size_t n = 0;
+  for (altstack_slot& s : a.slots) {
+    const std::uint64_t key = s.owner.load(std::memory_order_acquire);
+    if (key == 0 || (key >> 32) != pid) continue;
+    const long tid = static_cast<long>(key & 0xffffffffu);
+    if (raw_syscall3(SYS_tgkill, static_cast<long>(pid), tid, 0) != -ESRCH) continue;
+    const std::uintptr_t base = s.base.load(std::memory_order_acquire);
+    if (base == 0) continue;
+    raw_syscall3(SYS_munmap, static_cast<long>(base - kAltstackPage), static_cast<long>(size + kAltstackPage),
+                 0);
+    s.base.store(0, std::memory_order_relaxed);
+    s.owner.store(0, std::memory_order_release);
+    a.reaped.fetch_add(1, std::memory_order_relaxed);
+    ++n;
+  }
+  return n;
+}
+
+// The selfprof stack of thread `tid` of this process ([base, base + size)), or base 0 (tests).
+inline std::uintptr_t altstack_base_of(std::uint32_t tid) {
+  const auto pid = static_cast<std::uint64_t>(raw_syscall3(SYS_getpid, 0, 0, 0));
+  for (altstack_slot& s : g_altstack.slots)
+    if (s.owner.load(std::memory_order_acquire) == ((pid << 32) | tid))
+      return s.base.load(std::memory_order_acquire);
+  return 0;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/altstack.hpp ----
 // ---- begin selfprof/signal/arch_x86_64.hpp ----
 // What stack walking needs to know about the machine: registers of an interrupted context, the x86-64
 // frame conventions (return address at CFA-8, DWARF register numbers, prologue bytes), the thread pointer.
@@ -6802,6 +7520,28 @@ inline unwind_result unwind_stack_copy(const unwind_table_set* set, std::uintptr
 namespace selfprof {
 namespace detail {
 
+// The perf_event rate cap. A perf event is re-armed (PERF_EVENT_IOC_REFRESH) at the end of the handler,
+// after the unwind: re-armed first, a handler slower than the period (deep stacks at 100 kHz) found the
+// next overflow pending on return and ran again at once, starving the program. Re-armed last, the thread
+// gets at least one period of its own between two ticks; on top of that, where the handler's average cost
+// on a thread (plus the kernel's delivery, estimated) exceeds a ninth of the period, the handler stretches
+// that thread's event period (PERF_EVENT_IOC_PERIOD) to kMinGapPerCost times the cost: the handler's share
+// of the thread's CPU stays near 1 / (1 + kMinGapPerCost) whatever rate was asked for. The period goes back
+// to the requested one when the cost falls. Ticks taken at a stretched period and the requested periods
+// they skipped are counted (rate_capped, periods_skipped).
+constexpr std::uint64_t kMinGapPerCost = 8;
+constexpr std::uint64_t kSignalDeliveryNs = 2000;  // signal frame, xsave/xrstor and sigreturn (estimate)
+constexpr int kPerfRateSlots = 4096;               // indexed by fd % kPerfRateSlots
+
+// One perf fd's rate: what the source asked for and what the handler set. A second fd mapping to a taken
+// slot (more than 4096 perf fds) is not capped.
+struct perf_rate_slot {
+  std::atomic<int> fd_plus1{0};           // the fd + 1 (0: free)
+  std::atomic<std::uint32_t> base{0};     // requested: the period in ns, or the frequency in Hz (perf_freq)
+  std::atomic<std::uint32_t> current{0};  // set by the handler (0: base)
+  std::atomic<std::uint32_t> cost_ns{0};  // moving average of one tick's cost on this thread
+};
+
 // Everything the handler reads or counts. Constant-initialized: no constructor runs, so it is valid in
 // any thread at any time, before main and after exit.
 struct handler_globals {
@@ -6833,6 +7573,12 @@ struct handler_globals {
   // event (PERF_EVENT_IOC_REFRESH 1) and the handler re-arms it after sampling.
   static constexpr int kPerfFdBits = 65536;
   std::atomic<std::uint64_t> perf_fds[kPerfFdBits / 64]{};
+  // The rate cap (see kMinGapPerCost).
+  std::atomic<bool> perf_freq{false};             // perf_rate_slot values are frequencies (cycles, freq=1)
+  std::atomic<std::uint64_t> rate_capped{0};      // perf ticks taken while their period was stretched
+  std::atomic<std::uint64_t> periods_skipped{0};  // requested periods left unsampled by the stretch
+  std::atomic<std::uint64_t> period_changes{0};   // PERF_EVENT_IOC_PERIOD calls made by the handler
+  perf_rate_slot perf_rates[kPerfRateSlots];
 };
 
 inline handler_globals g_handler;  // one per copy of selfprof (sources/signal_setup.hpp: two copies)
@@ -6857,9 +7603,74 @@ inline bool owns_perf_fd(handler_globals& g, int fd) {
   return (g.perf_fds[fd / 64].load(std::memory_order_acquire) >> (fd % 64)) & 1u;
 }
 
-inline void rearm_perf_event(handler_globals& g, const siginfo_t* info) {
-  if (info->si_code == kPollHup && owns_perf_fd(g, info->si_fd))
-    raw_syscall3(SYS_ioctl, info->si_fd, static_cast<long>(kPerfIocRefresh), 1);
+// PERF_EVENT_IOC_PERIOD: _IOW('$', 4, __u64).
+constexpr unsigned long kPerfIocPeriod = 0x40082404;
+
+// Source side (collector): `fd` was asked for rate `base` (ns period, or Hz in freq mode); 0 forgets it.
+inline void perf_rate_track(handler_globals& g, int fd, std::uint64_t base) {
+  if (fd < 0) return;
+  perf_rate_slot& r = g.perf_rates[fd % kPerfRateSlots];
+  const int mine = fd + 1;
+  int now = r.fd_plus1.load(std::memory_order_acquire);
+  if (base == 0) {
+    if (now == mine) r.fd_plus1.store(0, std::memory_order_release);
+    return;
+  }
+  if (now != mine && (now != 0 || !r.fd_plus1.compare_exchange_strong(now, mine))) return;  // taken
+  r.base.store(static_cast<std::uint32_t>(base > 0xffffffffu ? 0xffffffffu : base),
+               std::memory_order_relaxed);
+  r.current.store(0, std::memory_order_relaxed);
+  r.cost_ns.store(0, std::memory_order_relaxed);
+}
+
+// The gap in ns between ticks that a rate value stands for.
+inline std::uint64_t rate_gap_ns(std::uint64_t value, bool freq) {
+  if (!freq) return value;
+  return value == 0 ? 1000000000u : 1000000000u / value;
+}
+
+// Ends a perf tick that started at `start_ns`: updates the thread's cost, stretches or restores its period
+// (see kMinGapPerCost), then re-arms the event, last, so the next period starts counting now.
+inline void rearm_perf_event(handler_globals& g, int fd, std::uint64_t start_ns) {
+  perf_rate_slot& r = g.perf_rates[fd % kPerfRateSlots];
+  const std::uint32_t base = r.base.load(std::memory_order_relaxed);
+  if (r.fd_plus1.load(std::memory_order_acquire) == fd + 1 && base != 0) {
+    std::uint64_t cost = monotonic_ns() - start_ns + kSignalDeliveryNs;
+    const std::uint32_t avg_was = r.cost_ns.load(std::memory_order_relaxed);
+    // One preempted handler says little about the cost: a tick moves the average by at most 4x its value.
+    if (avg_was != 0 && cost > std::uint64_t(avg_was) * 4) cost = std::uint64_t(avg_was) * 4;
+    if (cost > 100000000u) cost = 100000000u;
+    const std::uint64_t avg = avg_was == 0 ? cost : (std::uint64_t(avg_was) * 7 + cost) / 8;
+    r.cost_ns.store(static_cast<std::uint32_t>(avg), std::memory_order_relaxed);
+    const bool freq = g.perf_freq.load(std::memory_order_relaxed);
+    std::uint32_t cur = r.current.load(std::memory_order_relaxed);
+    if (cur == 0) cur = base;
+    const std::uint64_t base_gap = rate_gap_ns(base, freq), cur_gap = rate_gap_ns(cur, freq);
+    const std::uint64_t min_gap = avg * kMinGapPerCost;
+    std::uint64_t want = 0;  // a new rate value, 0: keep
+    if (min_gap > base_gap) {
+      // Stretch, or follow the cost when it moved by more than an eighth (an ioctl per change, not per tick).
+      if (min_gap > cur_gap + cur_gap / 8 || min_gap + min_gap / 8 < cur_gap)
+        want = freq ? (1000000000u / min_gap > 0 ? 1000000000u / min_gap : 1) : min_gap;
+    } else if (cur != base && min_gap <= base_gap - base_gap / 8) {
+      want = base;  // cheap again: the requested rate
+    }
+    if (want != 0 && want <= 0xffffffffu) {
+      std::uint64_t value = want;
+      if (raw_syscall3(SYS_ioctl, fd, static_cast<long>(kPerfIocPeriod), reinterpret_cast<long>(&value)) ==
+          0) {
+        cur = static_cast<std::uint32_t>(want);
+        r.current.store(cur, std::memory_order_relaxed);
+        g.period_changes.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    if (cur != base) {
+      g.rate_capped.fetch_add(1, std::memory_order_relaxed);
+      const std::uint64_t gap = rate_gap_ns(cur, freq);
+      if (gap > base_gap) g.periods_skipped.fetch_add((gap - 1) / base_gap, std::memory_order_relaxed);
+    }
+  }
+  raw_syscall3(SYS_ioctl, fd, static_cast<long>(kPerfIocRefresh), 1);
 }
 
 constexpr std::uint64_t kThreadCheckNs = 20000000;  // 20 ms: new threads are found within ~20 ms
@@ -6890,6 +7701,8 @@ inline void sample_signal_handler(int, siginfo_t* info, void* context) {
   // `active` and load of `in_flight` (each side stores, then loads the other's variable); only a total
   // order guarantees that either stop() sees this handler or this handler sees `active` false, on any CPU.
   g.in_flight.fetch_add(1, std::memory_order_seq_cst);
+  int perf_fd = -1;  // a perf event to re-arm at the end (see kMinGapPerCost)
+  std::uint64_t start_ns = 0;
   do {
     if (!is_our_tick(info)) {
       g.foreign.fetch_add(1, std::memory_order_relaxed);
@@ -6899,16 +7712,22 @@ inline void sample_signal_handler(int, siginfo_t* info, void* context) {
       g.dropped_inactive.fetch_add(1, std::memory_order_relaxed);
       break;
     }
-    rearm_perf_event(g, info);  // first, so the next period starts counting now
+    if (info->si_code == kPollHup && owns_perf_fd(g, info->si_fd)) {
+      perf_fd = info->si_fd;
+      start_ns = monotonic_ns();
+    }
+    if (context == nullptr) break;
+    const frame_regs regs = context_regs(static_cast<const ucontext_t*>(context));
+    altstack_on_tick(static_cast<ucontext_t*>(context),
+                     regs.sp);  // a thread's first tick (signal/altstack.hpp)
     sample_ring* ring = g.ring.load(std::memory_order_acquire);
-    if (ring == nullptr || context == nullptr) break;
+    if (ring == nullptr) break;
     std::uint64_t pos = 0;
     ring_slot* slot = ring->claim(pos);
     if (slot == nullptr) {
       g.dropped_full.fetch_add(1, std::memory_order_relaxed);
       break;
     }
-    const frame_regs regs = context_regs(static_cast<const ucontext_t*>(context));
     const std::uint32_t tid = raw_gettid();
     const bool is_main = tid == g.main_tid.load(std::memory_order_relaxed);
     const std::uintptr_t end =
@@ -6944,6 +7763,7 @@ inline void sample_signal_handler(int, siginfo_t* info, void* context) {
     }
     g.taken.fetch_add(1, std::memory_order_relaxed);
   } while (false);
+  if (perf_fd >= 0) rearm_perf_event(g, perf_fd, start_ns);  // last: see kMinGapPerCost
   g.in_flight.fetch_sub(1, std::memory_order_release);
   errno = saved_errno;
 }
@@ -7016,11 +7836,13 @@ class cpu_timer_source final : public tick_source {
     if (it == timers_.end()) return;
     sys().timer_delete(it->second);  // also discards a queued tick of this timer
     timers_.erase(it);
+    reap_altstacks();  // a thread that ended: its alternate stack can go (signal/altstack.hpp)
   }
 
   void close() override {
     for (auto& t : timers_) sys().timer_delete(t.second);
     timers_.clear();
+    reap_altstacks();
   }
 
   // POSIX timers are not inherited by fork(2): the child has nothing to release.
@@ -7047,6 +7869,9 @@ class cpu_timer_source final : public tick_source {
 
 namespace selfprof {
 namespace detail {
+
+// Known threads whose identity (start time) each scan re-reads.
+constexpr std::size_t kVerifyPerScan = 512;
 
 // What armed a thread.
 enum class armed_by : std::uint8_t { none, primary, fallback };
@@ -7087,44 +7912,60 @@ class thread_registry {
   }
 
   // Compares /proc/self/task with the known threads: arms the new ones (except `own`, selfprof's
-  // threads), forgets the gone ones, reads names a thread may have set just after it started.
+  // threads), forgets the gone ones and those whose tid another thread now has, reads names a thread may
+  // have set just after it started. /proc is read outside the lock (see the top of the file).
   void scan(const std::vector<pid_t>& own) {
-    const std::vector<pid_t> live = list_threads();
+    std::vector<pid_t> live = list_threads();
+    std::vector<probe> plan;
+    std::vector<std::pair<pid_t, std::uint64_t>> gone;
+    bool arming = false;
+    int sig = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      arming = primary_ && primary_->per_thread();
+      sig = config_.signal_number;
+      std::unordered_set<pid_t> seen(live.begin(), live.end());
+      for (auto& t : threads_)
+        if (!seen.count(t.first)) gone.emplace_back(t.first, t.second.start);
+      const std::size_t n = live.size();
+      std::size_t budget = kVerifyPerScan, next_from = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const pid_t tid = live[(i + verify_from_) % n];
+        bool ours = false;
+        for (pid_t o : own) ours = ours || o == tid;
+        if (ours) continue;
+        probe p;
+        p.tid = tid;
+        auto known = threads_.find(tid);
+        if (known == threads_.end()) {
+          p.read_start = p.read_name = true;
+          p.read_blocked = arming;
+        } else {
+          p.known_start = known->second.start;
+          p.read_start = budget > 0;  // its identity, re-read round robin
+          if (budget > 0 && --budget == 0) next_from = (verify_from_ + i + 1) % n;
+          p.read_name = known->second.name_checks < 2;  // threads usually name themselves right after start
+          p.read_blocked = arming && known->second.blocked;
+          if (!p.read_start && !p.read_name && !p.read_blocked) continue;
+        }
+        plan.push_back(std::move(p));
+      }
+      verify_from_ = next_from;
+    }
+    for (probe& p : plan) read_probe(p, arming, sig);
+    for (auto& g : gone)  // still there: it registered itself after the listing
+      if (g.second != 0 && task_start_time(g.first) == g.second) g.second = 0;
     std::lock_guard<std::mutex> lock(mu_);
-    std::unordered_set<pid_t> seen(live.begin(), live.end());
-    for (pid_t tid : live) {
-      auto known = threads_.find(tid);
-      if (known != threads_.end()) {
-        if (known->second.blocked && !blocks_sample_signal(tid)) {  // it unblocked the signal since
-          known->second.blocked = false;
-          if (primary_ && primary_->per_thread()) arm_locked(tid, known->second);
-        }
-        if (known->second.name_checks < 2) {  // threads usually name themselves right after they start
-          ++known->second.name_checks;
-          std::string n = thread_name(tid);
-          if (!n.empty()) known->second.name = names_[static_cast<std::uint32_t>(tid)] = n;
-        }
-        continue;
-      }
-      bool ours = false;
-      for (pid_t o : own) ours = ours || o == tid;
-      if (ours) continue;
-      add_locked(tid);
+    for (auto& g : gone) {
+      auto it = threads_.find(g.first);
+      if (it != threads_.end() && g.second != 0 && it->second.start == g.second) drop_locked(it);
     }
-    for (auto it = threads_.begin(); it != threads_.end();) {
-      if (seen.count(it->first)) {
-        ++it;
-        continue;
-      }
-      disarm_locked(it->first, it->second);
-      it = threads_.erase(it);
-      ++generation_;
-    }
+    for (probe& p : plan) merge_locked(p);
   }
 
   // The calling thread arms itself now (instead of at the next scan); with `unblock`, it first unblocks
   // the sampling signal (selfprof::register_thread(), an explicit request). Without, a thread that blocks
-  // it stays unarmed (see add_locked).
+  // it stays unarmed (see add_locked). A record of its tid with another start time is a dead thread's.
   status register_current(int sample_signal, bool unblock = true) {
     if (sample_signal > 0 && unblock) {
       sigset_t set;
@@ -7133,14 +7974,28 @@ class thread_registry {
       pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
     }
     const pid_t tid = static_cast<pid_t>(raw_gettid());
+    probe p;
+    p.tid = tid;
+    p.start = task_start_time(tid);
+    p.read_start = p.read_name = true;
+    p.name = thread_name(tid);
+    sigset_t mask;
+    sigemptyset(&mask);
+    pthread_sigmask(SIG_BLOCK, nullptr, &mask);
     std::lock_guard<std::mutex> lock(mu_);
+    const int sig = config_.signal_number;
+    p.read_blocked = true;
+    p.blocked = sig > 0 && sigismember(&mask, sig) == 1;  // its own mask, which only it changes
     auto known = threads_.find(tid);
-    if (known == threads_.end()) {
-      add_locked(tid);
-    } else if (known->second.blocked && !blocks_sample_signal(tid)) {  // register_thread() unblocked it
-      known->second.blocked = false;
-      if (primary_ && primary_->per_thread()) arm_locked(tid, known->second);
+    if (known != threads_.end() && (p.start == 0 || known->second.start == p.start)) {
+      if (known->second.blocked && !p.blocked) {  // register_thread() unblocked it
+        known->second.blocked = false;
+        if (primary_ && primary_->per_thread()) arm_locked(tid, known->second, true);
+      }
+      return status::ok();
     }
+    if (known != threads_.end()) drop_locked(known);  // the tid's previous thread exited
+    add_locked(p, true);
     return status::ok();
   }
 
@@ -7154,22 +8009,37 @@ class thread_registry {
     return true;
   }
 
-  // Names of every thread seen in this session, live or not, re-read for live threads.
+  // Names of every thread seen in this session, live or not, re-read for live threads (once per call,
+  // outside the lock: a thread registering meanwhile does not wait).
   std::unordered_map<std::uint32_t, std::string> names() {
+    std::vector<std::pair<pid_t, std::uint64_t>> live;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live.reserve(threads_.size());
+      for (auto& t : threads_) live.emplace_back(t.first, t.second.start);
+    }
+    std::vector<std::string> read(live.size());
+    for (std::size_t i = 0; i < live.size(); ++i) read[i] = thread_name(live[i].first);
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& t : threads_) {
-      std::string n = thread_name(t.first);
-      if (!n.empty()) t.second.name = names_[static_cast<std::uint32_t>(t.first)] = n;
+    for (std::size_t i = 0; i < live.size(); ++i) {
+      auto it = threads_.find(live[i].first);
+      if (it == threads_.end() || it->second.start != live[i].second || read[i].empty()) continue;
+      it->second.name = names_[static_cast<std::uint32_t>(it->first)] = read[i];
     }
     return names_;
   }
 
-  // Live threads that block `sig`, so never receive a tick.
+  // Live threads that block `sig`, so never receive a tick (their masks are read outside the lock).
   std::size_t blocking(int sig) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<pid_t> live;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live.reserve(threads_.size());
+      for (auto& t : threads_) live.push_back(t.first);
+    }
     std::size_t n = 0;
-    for (auto& t : threads_)
-      if (thread_blocks_signal(t.first, sig)) ++n;
+    for (pid_t tid : live)
+      if (thread_blocks_signal(tid, sig)) ++n;
     return n;
   }
 
@@ -7197,9 +8067,10 @@ class thread_registry {
     for (auto& t : threads_) {
       if (t.second.by != armed_by::primary) continue;
       old->disarm(t.first);
-      if (primary_->arm(t.first)) {
+      if (arm_checked(*primary_, t.first, t.second.start, false)) {
         ++r.moved;
-      } else if (old->arm(t.first)) {  // out of descriptors, say: this thread keeps its old source
+      } else if (arm_checked(*old, t.first, t.second.start,
+                             false)) {  // out of descriptors, say: keeps its old source
         t.second.by = armed_by::fallback;
         ++r.kept;
       } else {
@@ -7249,26 +8120,76 @@ class thread_registry {
     threads_.clear();
     names_.clear();
     counts_ = thread_counts{};
+    verify_from_ = 0;
   }
 
   std::mutex& lock_for_fork() { return mu_; }
 
  private:
   struct thread_rec {
+    std::uint64_t start = 0;  // start time (task_start_time): with the tid, which thread this is
     std::string name;
     armed_by by = armed_by::none;
     int name_checks = 0;
     bool blocked = false;  // not armed: it blocked the sampling signal when last looked at
   };
 
-  // True when `tid` blocks the sampling signal. A thread being created runs with every signal blocked
-  // for a moment (glibc's pthread_create), so a blocked answer is confirmed over about a millisecond.
-  bool blocks_sample_signal(pid_t tid) const {
-    const int sig = config_.signal_number;
+  // What scan() reads of one thread outside the lock, and merges under it.
+  struct probe {
+    pid_t tid = 0;
+    std::uint64_t known_start = 0;  // the record's start time when planned; 0: a new tid
+    std::uint64_t start = 0;        // read (or, when not read, known_start); 0: gone
+    bool read_start = false, read_name = false, read_blocked = false;
+    std::string name;
+    bool blocked = true;  // until read: an unread mask counts as blocked (not armed, looked at again)
+  };
+
+  static void read_probe(probe& p, bool arming, int sig) {
+    if (p.read_start) {
+      p.start = task_start_time(p.tid);
+      if (p.start == 0) return;                              // exited since the listing
+      if (p.known_start != 0 && p.start != p.known_start) {  // another thread has the tid now
+        p.read_name = true;
+        p.read_blocked = arming;
+      }
+    } else {
+      p.start = p.known_start;
+    }
+    if (p.read_name) p.name = thread_name(p.tid);
+    if (p.read_blocked) p.blocked = blocks_sample_signal(p.tid, sig);
+  }
+
+  void merge_locked(probe& p) {
+    if (p.start == 0) return;
+    auto known = threads_.find(p.tid);
+    const std::uint64_t recorded = known == threads_.end() ? 0 : known->second.start;
+    if (recorded != p.known_start) return;  // changed since planned (register_current): newer than this
+    if (known != threads_.end() && p.start != recorded) {  // the recorded thread is dead, its tid reused
+      drop_locked(known);
+      known = threads_.end();
+    }
+    if (known == threads_.end()) {
+      add_locked(p, false);
+      return;
+    }
+    thread_rec& rec = known->second;
+    if (p.read_name) {
+      ++rec.name_checks;
+      if (!p.name.empty()) rec.name = names_[static_cast<std::uint32_t>(p.tid)] = p.name;
+    }
+    if (p.read_blocked && rec.blocked && !p.blocked) {  // it unblocked the signal since
+      rec.blocked = false;
+      if (primary_ && primary_->per_thread()) arm_locked(p.tid, rec, false);
+    }
+  }
+
+  // True when `tid` blocks signal `sig`. A thread being created runs with every signal blocked for a
+  // moment (glibc's pthread_create), so a blocked answer is confirmed over about a millisecond.
+  static bool blocks_sample_signal(pid_t tid, int sig) {
     if (sig <= 0) return false;
     for (int look = 0; look < 4; ++look) {
       // An unreadable mask (a thread still being set up) counts as blocked: looked at again at the next scan.
-      const std::string status = read_small_file("/proc/self/task/" + std::to_string(tid) + "/status");
+      const std::string status = task_file(tid, "status");
       const std::size_t at = status.find("SigBlk:");
       if (at != std::string::npos &&
           ((std::strtoull(status.c_str() + at + 7, nullptr, 16) >> (sig - 1)) & 1) == 0)
@@ -7282,22 +8203,45 @@ class thread_registry {
   }
 
   // A thread that blocks the sampling signal is not armed: its ticks would stay pending, and a sigwait()
-  // or signalfd of the program's own would receive them as its own signal.
-  void add_locked(pid_t tid) {
+  // or signalfd of the program's own would receive them as its own signal. `self`: the calling thread.
+  void add_locked(const probe& p, bool self) {
     thread_rec rec;
-    rec.name = thread_name(tid);
+    rec.start = p.start;
+    rec.name = p.name;
     if (primary_ && primary_->per_thread()) {
-      rec.blocked = blocks_sample_signal(tid);
-      if (!rec.blocked) arm_locked(tid, rec);
+      rec.blocked = !p.read_blocked || p.blocked;
+      if (!rec.blocked) arm_locked(p.tid, rec, self);
     }
-    names_[static_cast<std::uint32_t>(tid)] = rec.name;
-    threads_.emplace(tid, std::move(rec));
+    names_[static_cast<std::uint32_t>(p.tid)] = rec.name;
+    threads_.emplace(p.tid, std::move(rec));
     ++counts_.seen;
     ++generation_;
   }
 
-  void arm_locked(pid_t tid, thread_rec& rec) {
-    status st = primary_->arm(tid);
+  // Disarms and forgets a record (its thread exited).
+  void drop_locked(std::unordered_map<pid_t, thread_rec>::iterator it) {
+    disarm_locked(it->first, it->second);
+    threads_.erase(it);
+    ++generation_;
+  }
+
+  // Arms `tid` with `src`. Unless it is the calling thread (`self`: alive throughout), a source that can
+  // reach another process's thread is checked before and after: `tid` must still be this process's thread
+  // that started at `start`, else the arm is undone at once (see the top of the file).
+  static status arm_checked(tick_source& src, pid_t tid, std::uint64_t start, bool self) {
+    const bool check = !self && src.kind() != source_kind::timer;
+    if (check && task_start_time(tid) != start)
+      return status::error("thread " + std::to_string(tid) + " exited before it was armed", ESRCH);
+    status st = src.arm(tid);
+    if (st && check && task_start_time(tid) != start) {
+      src.disarm(tid);
+      return status::error("thread " + std::to_string(tid) + " exited while it was armed", ESRCH);
+    }
+    return st;
+  }
+
+  void arm_locked(pid_t tid, thread_rec& rec, bool self) {
+    status st = arm_checked(*primary_, tid, rec.start, self);
     if (st) {
       rec.by = armed_by::primary;
       ++counts_.armed;
@@ -7314,7 +8258,7 @@ class thread_registry {
                            st.message() + "): CPU timers for the remaining threads");
         }
       }
-      if (fallback_ && fallback_->arm(tid)) {
+      if (fallback_ && arm_checked(*fallback_, tid, rec.start, self)) {
         rec.by = armed_by::fallback;
         ++counts_.armed;
         ++counts_.fallback;
@@ -7337,6 +8281,7 @@ class thread_registry {
   std::unordered_map<pid_t, thread_rec> threads_;
   std::unordered_map<std::uint32_t, std::string> names_;  // every thread seen, even exited ones
   std::uint64_t generation_ = 0;                          // changes whenever threads_ does
+  std::size_t verify_from_ = 0;                           // where in the listing scan() re-checks from
   thread_counts counts_;
   std::vector<std::string> notes_;
   std::uint64_t fds_low_before_ = 0;  // fds_in_app_range() when the session began
@@ -7363,6 +8308,7 @@ class thread_registry {
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -7371,12 +8317,15 @@ class thread_registry {
 
 // ---- begin selfprof/sources/perf_event.hpp ----
 // Tick source: one perf_event per thread (software task clock, or hardware cycles where a PMU exists)
-// whose overflow signal is delivered to that thread (F_SETOWN_EX F_OWNER_TID).
+// whose overflow signal is delivered to that thread (F_SETOWN_EX F_OWNER_TID). The handler re-arms it after
+// sampling and caps its rate by the handler's measured cost (signal/handler.hpp, kMinGapPerCost).
 // Context: setup only and the collector thread.
 
 #include <linux/perf_event.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <sys/utsname.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -7428,6 +8377,7 @@ class perf_event_source final : public tick_source {
         int fd = open_event(self);
         if (fd >= 0) {
           sys().close(fd);
+          g_handler.perf_freq.store(hardware_, std::memory_order_relaxed);  // the rate cap's units
           return status::ok();
         }
         if (hw == 0 && (user == 0 || user_clock)) first_errno = errno;  // the software event says most
@@ -7461,11 +8411,22 @@ class perf_event_source final : public tick_source {
       sys().close(fd);
       return status::error(std::string("perf_event fd setup: ") + std::strerror(e), e);
     }
+    // The event is bound to the task `tid` named when it was opened, and F_SETOWN_EX to that task's pid
+    // struct, which a later task reusing the number does not share. So one check, still disabled, that
+    // the tid is a thread of this process (tgkill with signal 0 looks only in our thread group) means no
+    // signal ever goes to another process's thread that took a reused tid.
+    if (::syscall(SYS_tgkill, ::getpid(), tid, 0) != 0) {
+      const int e = errno;
+      sys().close(fd);
+      return status::error("perf_event: thread " + std::to_string(tid) + " is no longer in this process", e);
+    }
     set_bit(fd, true);
+    perf_rate_track(g_handler, fd, rate_value(config_.hz));
     // Overflow disables the event (event_limit 1) until the handler refreshes it: no re-entrant ticks.
     if (::ioctl(fd, PERF_EVENT_IOC_REFRESH, 1) != 0) {
       const int e = errno;
       set_bit(fd, false);
+      perf_rate_track(g_handler, fd, 0);
       sys().close(fd);
       return status::error(std::string("PERF_EVENT_IOC_REFRESH: ") + std::strerror(e), e);
     }
@@ -7478,8 +8439,8 @@ class perf_event_source final : public tick_source {
   status set_thread_rate(pid_t tid, double hz) override {
     auto it = fds_.find(tid);
     if (it == fds_.end()) return status::error("perf: thread " + std::to_string(tid) + " is not armed");
-    std::uint64_t value = hardware_ ? static_cast<std::uint64_t>(hz > 1 ? hz : 1)
-                                    : static_cast<std::uint64_t>(period_ns_for(hz));
+    std::uint64_t value = rate_value(hz);
+    perf_rate_track(g_handler, it->second, value);  // the handler's cap starts again from this rate
     if (::ioctl(it->second, PERF_EVENT_IOC_PERIOD, &value) != 0)
       return status::error(std::string("PERF_EVENT_IOC_PERIOD: ") + std::strerror(errno));
     return status::ok();
@@ -7490,11 +8451,13 @@ class perf_event_source final : public tick_source {
     if (it == fds_.end()) return;
     release(it->second, true);
     fds_.erase(it);
+    reap_altstacks();  // a thread that ended: its alternate stack can go (signal/altstack.hpp)
   }
 
   void close() override {
     for (auto& f : fds_) release(f.second, true);
     fds_.clear();
+    reap_altstacks();
   }
 
   // The child's fds are copies that still point at the parent's events: close them without disabling.
@@ -7512,11 +8475,11 @@ class perf_event_source final : public tick_source {
       attr.type = PERF_TYPE_HARDWARE;
       attr.config = PERF_COUNT_HW_CPU_CYCLES;
       attr.freq = 1;
-      attr.sample_freq = static_cast<std::uint64_t>(config_.hz > 1 ? config_.hz : 1);
+      attr.sample_freq = rate_value(config_.hz);
     } else {
       attr.type = PERF_TYPE_SOFTWARE;
       attr.config = PERF_COUNT_SW_TASK_CLOCK;
-      attr.sample_period = static_cast<std::uint64_t>(period_ns_for(config_.hz));
+      attr.sample_period = rate_value(config_.hz);
     }
     attr.disabled = 1;
     attr.exclude_kernel = user_only_ ? 1 : 0;
@@ -7524,6 +8487,12 @@ class perf_event_source final : public tick_source {
     attr.wakeup_events = 1;
     long fd = sys().perf_event_open(&attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
     return static_cast<int>(fd);
+  }
+
+  // The event's rate as the kernel takes it: a frequency in Hz (cycles, freq=1) or a period in ns.
+  std::uint64_t rate_value(double hz) const {
+    return hardware_ ? static_cast<std::uint64_t>(hz > 1 ? hz : 1)
+                     : static_cast<std::uint64_t>(period_ns_for(hz));
   }
 
   void set_bit(int fd, bool on) {
@@ -7537,6 +8506,7 @@ class perf_event_source final : public tick_source {
 
   void release(int fd, bool disable) {
     set_bit(fd, false);
+    perf_rate_track(g_handler, fd, 0);
     if (disable) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
     sys().close(fd);
   }
@@ -7571,6 +8541,7 @@ class contention_monitor {
     samples_prev_.clear();
   }
   bool active() const { return active_; }
+  std::size_t threads_tracked() const { return samples_prev_.size() + schedstat_prev_.size(); }
   // The collector's longest sleep while the monitor watches.
   unsigned period_ms() const { return fast_ ? kContentionFastCheckMs : kContentionCheckMs; }
   bool due(std::chrono::steady_clock::time_point now) const {
@@ -7588,6 +8559,14 @@ class contention_monitor {
       std::uint64_t& before = samples_prev_[kv.first];
       if (kv.second > before) busy.emplace_back(kv.second - before, kv.first);
       before = kv.second;
+    }
+    // Threads no longer in the table (ended and merged away) are forgotten: the maps stay as small as the
+    // table, whatever the thread churn.
+    if (samples_prev_.size() > samples_by_thread.size()) {
+      for (auto it = samples_prev_.begin(); it != samples_prev_.end();)
+        it = samples_by_thread.count(it->first) ? std::next(it) : samples_prev_.erase(it);
+      for (auto it = schedstat_prev_.begin(); it != schedstat_prev_.end();)
+        it = samples_by_thread.count(it->first) ? std::next(it) : schedstat_prev_.erase(it);
     }
     fast_ = busy.size() > static_cast<std::size_t>(cpus_);
     if (busy.size() > kContentionThreads) {
@@ -7647,11 +8626,13 @@ inline std::unique_ptr<tick_source> open_upgrade_source(const source_config& bas
 // ---- end selfprof/sources/contention.hpp ----
 // ---- begin selfprof/sources/signal_setup.hpp ----
 // Choosing and installing the profiling signal: never replaces an application's handler silently, and
-// recognises another copy of selfprof in the same process by a marker in its handler's sa_mask.
+// recognises another copy of selfprof in the same process by a marker in its handler's sa_mask. The handler
+// runs on an alternate signal stack (SA_ONSTACK; signal/altstack.hpp says which and why).
 // Context: setup only.
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/auxv.h>
 #include <time.h>
 
 #include <cerrno>
@@ -7691,6 +8672,24 @@ inline bool wait_handlers_quiet(unsigned limit_ms = 1000) {
     ::nanosleep(&step, nullptr);
   }
   return true;
+}
+
+// The signal frame the kernel writes on this CPU (AT_MINSIGSTKSZ, which grows with the xsave state: 3.4 KiB
+// with AVX-512), or the old ABI's MINSIGSTKSZ where the kernel does not say.
+inline std::size_t kernel_min_sigstksz() {
+  std::size_t min = 2048;
+#ifdef AT_MINSIGSTKSZ
+  const unsigned long v = ::getauxval(AT_MINSIGSTKSZ);
+  if (v > min && v < 1024 * 1024) min = v;
+#endif
+  return min;
+}
+
+// Gives the calling thread selfprof's alternate signal stack unless it has one (signal/altstack.hpp):
+// the thread that starts profiling, and threads the preload library starts, before their first tick.
+inline void arm_thread_altstack() {
+  set_altstack_size(kernel_min_sigstksz() + kHandlerBudget);
+  install_altstack(g_altstack.size.load(std::memory_order_acquire));
 }
 
 inline bool is_free_action(const struct sigaction& a) {
@@ -7752,7 +8751,9 @@ inline status install_sample_handler(int requested, installed_signal& out, std::
     }
     struct sigaction act {};
     act.sa_sigaction = &sample_signal_handler;
-    act.sa_flags = SA_SIGINFO | SA_RESTART;
+    // SA_ONSTACK: the kernel writes the signal frame on the thread's alternate stack (when it has one), not
+    // on a fiber's small stack.
+    act.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
     selfprof_handler_mask(act.sa_mask);
     if (sys().sigaction(s, &act, &out.previous) != 0) {
       notes.push_back("sigaction(" + std::to_string(s) + "): " + std::strerror(errno));
@@ -7760,6 +8761,7 @@ inline status install_sample_handler(int requested, installed_signal& out, std::
     }
     out.number = s;
     g_handler.signal_number.store(s, std::memory_order_release);
+    arm_thread_altstack();  // the starting thread, from itself; others at their first tick
     return status::ok();
   }
   std::string why = requested > 0
@@ -7891,20 +8893,27 @@ class shared_symbolizer {
 // ---- begin selfprof/unwind/tables.hpp ----
 // Builds the unwind rows of every loaded module (from .eh_frame in memory, found through
 // dl_iterate_phdr and PT_GNU_EH_FRAME) and publishes them to the signal handler as one immutable set.
+// A module's parsed rows are kept while it stays loaded (across stop/start too) and reused only while the
+// same file (device, inode, size, mtime) sits at the same load address with the same .eh_frame_hdr and
+// .eh_frame bytes; a library rebuilt and reloaded at the same address is parsed anew. Each module's rows
+// are clipped to its own executable segments, so they can never describe another module's code.
 // Context: setup only (start/stop) and the collector thread; the handler only reads g_unwind_tables.
 
 #include <elf.h>
 #include <link.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 // ---- begin selfprof/unwind/eh_frame.hpp ----
@@ -8561,14 +9570,78 @@ struct unwind_tables_info {
 
 namespace detail {
 
+// The file a module was loaded from, as stat() sees its path: a rebuilt library (written over in place
+// or renamed over the old one) differs in inode, size or mtime. All zero when the path cannot be stat'ed
+// (the vDSO).
+struct module_file_id {
+  std::uint64_t dev = 0, ino = 0, size = 0;
+  std::int64_t mtime_s = 0, mtime_ns = 0;
+  bool operator==(const module_file_id& o) const {
+    return dev == o.dev && ino == o.ino && size == o.size && mtime_s == o.mtime_s && mtime_ns == o.mtime_ns;
+  }
+  bool operator!=(const module_file_id& o) const { return !(*this == o); }
+};
+
 // The rows of one module, parsed once and kept while the module stays loaded (a retired set may still
-// point at them). `hdr_hash` identifies the bytes they were parsed from (see release()).
+// point at them). `file` and `content_hash` (of the .eh_frame_hdr and .eh_frame bytes the rows were parsed
+// from) must both match for the rows to be used again (see visit()).
 struct module_unwind {
   std::string name;
   std::uintptr_t bias = 0, hdr = 0;
-  std::uint64_t hdr_hash = 0;
+  module_file_id file;
+  std::uint64_t content_hash = 0;
   eh_frame_table table;
 };
+
+// Clips a table to the runtime address ranges `code` (sorted, not overlapping: the module's executable
+// PT_LOAD segments): pcs outside them get no row (row_no_info), and start/end shrink to what is left.
+// A table with nothing inside the ranges ends up empty. Rows stay sorted and relative to the new start.
+inline void clip_unwind_rows(eh_frame_table& t,
+                             const std::vector<std::pair<std::uintptr_t, std::uintptr_t>>& code) {
+  if (t.rows.empty()) return;
+  struct abs_row {
+    std::uintptr_t pc;
+    unwind_row row;
+  };
+  std::vector<abs_row> out;
+  auto push = [&out](std::uintptr_t pc, const unwind_row& r) {
+    if (!out.empty() && out.back().pc == pc) out.pop_back();  // a later row at the same pc wins
+    if (!out.empty()) {
+      const unwind_row& b = out.back().row;
+      if (b.kind == r.kind && b.cfa_off == r.cfa_off && b.fp_off == r.fp_off &&
+          b.plt_threshold == r.plt_threshold)
+        return;  // same rule continues
+    }
+    out.push_back(abs_row{pc, r});
+  };
+  const unwind_row none{0, 0, 0, row_no_info, 0};
+  std::size_t c = 0;
+  for (std::size_t i = 0; i + 1 < t.rows.size(); ++i) {
+    const std::uintptr_t a = t.start + t.rows[i].pc, b = t.start + t.rows[i + 1].pc;
+    while (c < code.size() && code[c].second <= a) ++c;
+    for (std::size_t k = c; k < code.size() && code[k].first < b; ++k) {
+      const std::uintptr_t lo = std::max(a, code[k].first), hi = std::min(b, code[k].second);
+      if (lo >= hi) continue;
+      push(lo, t.rows[i]);
+      if (hi < b || k + 1 == code.size() || code[k + 1].first > hi) push(hi, none);
+    }
+  }
+  while (!out.empty() && out.front().row.kind == row_no_info) out.erase(out.begin());
+  if (out.empty()) {
+    t.rows.clear();
+    t.start = t.end = 0;
+    return;
+  }
+  if (out.back().row.kind != row_no_info) out.push_back(abs_row{t.end, none});  // cannot happen: safety
+  t.rows.clear();
+  t.start = out.front().pc;
+  t.end = out.back().pc;
+  for (const abs_row& r : out) {
+    unwind_row row = r.row;
+    row.pc = static_cast<std::uint32_t>(r.pc - t.start);
+    t.rows.push_back(row);
+  }
+}
 
 // One published set: its module list and the set header the handler reads.
 struct unwind_set_storage {
@@ -8626,12 +9699,13 @@ class unwind_tables_state {
   // Unpublishes the tables and frees the sets. Only once no handler can be running (after the profiling
   // signal is restored and g_handler.in_flight reached zero), since a handler may hold a pointer into any
   // set. The parsed rows of modules still loaded are kept for the next start (parsing every module again
-  // is the costly part of a start): at the next build each is used only if its .eh_frame_hdr bytes hash
-  // as when it was parsed, so a library unloaded and another loaded at the same address is parsed anew.
+  // is the costly part of a start): at the next build each is used only if its file and bytes are still
+  // the ones it was parsed from (see visit()), so a library rebuilt and reloaded is parsed anew.
   void release() {
     std::lock_guard<std::mutex> lock(mu_);
     g_unwind_tables.store(nullptr, std::memory_order_release);
     sets_.clear();
+    retired_.clear();
     std::vector<key> loaded;
     dl_iterate_phdr(
         [](dl_phdr_info* info, std::size_t, void* data) -> int {
@@ -8654,6 +9728,7 @@ class unwind_tables_state {
     i.bytes = 0;
     for (auto& m : modules_)
       i.bytes += sizeof(module_unwind) + m.second->table.rows.capacity() * sizeof(unwind_row);
+    for (auto& m : retired_) i.bytes += sizeof(module_unwind) + m->table.rows.capacity() * sizeof(unwind_row);
     for (auto& s : sets_)
       i.bytes += sizeof(unwind_set_storage) + s->modules.capacity() * sizeof(unwind_module);
     return i;
@@ -8697,12 +9772,66 @@ class unwind_tables_state {
   static key key_of(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
     return key{module_name(info), info->dlpi_addr, info->dlpi_addr + eh->p_vaddr};
   }
-  // FNV-1a over the module's .eh_frame_hdr (its search table lists every FDE): far cheaper than a parse.
-  static std::uint64_t hdr_hash(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
-    eh_frame_input hdr = segment_from(info, info->dlpi_addr + eh->p_vaddr);
+  static module_file_id file_of(const dl_phdr_info* info) {
+    module_file_id id;
+    struct stat st;
+    const char* path = info->dlpi_name && info->dlpi_name[0] ? info->dlpi_name : "/proc/self/exe";
+    if (::stat(path, &st) != 0) return id;
+    id.dev = static_cast<std::uint64_t>(st.st_dev);
+    id.ino = static_cast<std::uint64_t>(st.st_ino);
+    id.size = static_cast<std::uint64_t>(st.st_size);
+    id.mtime_s = static_cast<std::int64_t>(st.st_mtim.tv_sec);
+    id.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_nsec);
+    return id;
+  }
+
+  // Where a module's .eh_frame_hdr and .eh_frame lie in memory (size 0: not found; `why` says what).
+  static void locate(const dl_phdr_info* info, const ElfW(Phdr) * eh, eh_frame_input& hdr,
+                     eh_frame_input& frames, const char*& why) {
+    frames = eh_frame_input{};
+    hdr = segment_from(info, info->dlpi_addr + eh->p_vaddr);
     if (hdr.size > eh->p_memsz) hdr.size = eh->p_memsz;
+    eh_frame_hdr_info hi;
+    if (hdr.size == 0 || !parse_eh_frame_hdr(hdr, hi)) {
+      hdr.size = 0;
+      why = "unreadable .eh_frame_hdr";
+      return;
+    }
+    frames = segment_from(info, hi.eh_frame);
+    if (frames.size == 0) {
+      why = ".eh_frame is outside the loaded segments";
+      return;
+    }
+    // The search table lists every FDE: stop after the last one instead of trusting a terminator.
+    if (hi.fde_limit > hi.eh_frame && hi.fde_limit - hi.eh_frame < frames.size) {
+      eh_cursor c{frames.data, hi.fde_limit - hi.eh_frame, frames.size, frames.address};
+      std::uint64_t len = c.fixed(4);
+      if (len == 0xffffffffu) len = c.fixed(8);
+      if (c.ok && len <= c.end - c.pos) frames.size = c.pos + static_cast<std::size_t>(len);
+    }
+  }
+
+  // A hash of the bytes the rows are parsed from (.eh_frame_hdr and .eh_frame), eight at a time: a
+  // fraction of a parse (no CFA programs are run), and it sees a changed frame layout that keeps every
+  // offset in .eh_frame_hdr the same.
+  static std::uint64_t content_hash(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
+    eh_frame_input hdr, frames;
+    const char* why = nullptr;
+    locate(info, eh, hdr, frames, why);
     std::uint64_t h = 1469598103934665603ull;
-    for (std::size_t i = 0; i < hdr.size; ++i) h = (h ^ hdr.data[i]) * 1099511628211ull;
+    auto mix = [&h](const eh_frame_input& in) {
+      std::size_t i = 0;
+      for (; i + 8 <= in.size; i += 8) {
+        std::uint64_t w;
+        std::memcpy(&w, in.data + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+      }
+      for (; i < in.size; ++i) h = (h ^ in.data[i]) * 1099511628211ull;
+      h = (h ^ in.size) * 1099511628211ull;
+    };
+    mix(hdr);
+    mix(frames);
     return h;
   }
 
@@ -8718,20 +9847,33 @@ class unwind_tables_state {
       return 0;
     }
     const key k = key_of(info, eh);
+    const module_file_id file = file_of(info);
+    std::uint64_t hash = 0;
+    bool hashed = false;
     auto found = ctx.self->modules_.find(k);
     if (found != ctx.self->modules_.end()) {
-      if (!ctx.self->revalidate_ || found->second->hdr_hash == hdr_hash(info, eh)) {
-        if (ctx.self->revalidate_) ++ctx.self->info_.reused;
-        ctx.present.push_back(found->second.get());
-        return 0;
+      // Same name, load address and .eh_frame_hdr address: the same module only if it is the same file
+      // and the same bytes. Every build checks, not only the first after a stop: a dlclose and a dlopen
+      // of the rebuilt library may both happen between two builds.
+      if (found->second->file == file) {
+        hash = content_hash(info, eh);
+        hashed = true;
+        if (found->second->content_hash == hash) {
+          if (ctx.self->revalidate_) ++ctx.self->info_.reused;
+          ctx.present.push_back(found->second.get());
+          return 0;
+        }
       }
-      ctx.self->modules_.erase(found);  // no set points at it: release() dropped them all
+      // A published set may still point at the old rows: they are freed at release().
+      ctx.self->retired_.push_back(std::move(found->second));
+      ctx.self->modules_.erase(found);
     }
     std::unique_ptr<module_unwind> m(new module_unwind());
     m->name = name;
     m->bias = info->dlpi_addr;
     m->hdr = std::get<2>(k);
-    m->hdr_hash = hdr_hash(info, eh);
+    m->file = file;
+    m->content_hash = hashed ? hash : content_hash(info, eh);
     parse_module(info, eh, *m, ctx.notes);
     ctx.present.push_back(m.get());
     ctx.self->modules_.emplace(k, std::move(m));
@@ -8752,38 +9894,39 @@ class unwind_tables_state {
 
   static void parse_module(const dl_phdr_info* info, const ElfW(Phdr) * eh, module_unwind& m,
                            std::vector<std::string>& notes) {
-    eh_frame_input hdr = segment_from(info, m.hdr);
-    if (hdr.size > eh->p_memsz) hdr.size = eh->p_memsz;
-    eh_frame_hdr_info hi;
-    if (hdr.size == 0 || !parse_eh_frame_hdr(hdr, hi)) {
-      notes.push_back("unwind: " + m.name + ": unreadable .eh_frame_hdr");
-      return;
-    }
-    eh_frame_input frames = segment_from(info, hi.eh_frame);
+    eh_frame_input hdr, frames;
+    const char* why = nullptr;
+    locate(info, eh, hdr, frames, why);
     if (frames.size == 0) {
-      notes.push_back("unwind: " + m.name + ": .eh_frame is outside the loaded segments");
+      notes.push_back("unwind: " + m.name + ": " + why);
       return;
-    }
-    // The search table lists every FDE: stop after the last one instead of trusting a terminator.
-    if (hi.fde_limit > hi.eh_frame && hi.fde_limit - hi.eh_frame < frames.size) {
-      eh_cursor c{frames.data, hi.fde_limit - hi.eh_frame, frames.size, frames.address};
-      std::uint64_t len = c.fixed(4);
-      if (len == 0xffffffffu) len = c.fixed(8);
-      if (c.ok && len <= c.end - c.pos) frames.size = c.pos + static_cast<std::size_t>(len);
     }
     m.table = parse_eh_frame(frames);
     if (!m.table.error.empty())
       notes.push_back("unwind: " + m.name + ": " + std::to_string(m.table.skipped) +
                       " records skipped; first: " + m.table.error);
+    // Only the module's own code: an FDE pointing elsewhere (broken input) must not shadow another module.
+    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> code;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+      const ElfW(Phdr)& p = info->dlpi_phdr[i];
+      if (p.p_type == PT_LOAD && (p.p_flags & PF_X) && p.p_memsz > 0)
+        code.emplace_back(info->dlpi_addr + p.p_vaddr, info->dlpi_addr + p.p_vaddr + p.p_memsz);
+    }
+    std::sort(code.begin(), code.end());
+    const std::size_t before = m.table.rows.size();
+    clip_unwind_rows(m.table, code);
+    if (before != 0 && m.table.rows.empty())
+      notes.push_back("unwind: " + m.name + ": no FDE covers its executable segments");
     m.table.rows.shrink_to_fit();
   }
 
   std::mutex mu_;
   std::map<key, std::unique_ptr<module_unwind>> modules_;
+  std::vector<std::unique_ptr<module_unwind>> retired_;  // replaced while a set may point at them
   std::vector<std::unique_ptr<unwind_set_storage>> sets_;
   counts counts_;
   bool have_counts_ = false;
-  bool revalidate_ = false;  // the first build after release() checks kept modules' hashes
+  bool revalidate_ = false;  // the first build after release(): kept modules found count as reused
   unwind_tables_info info_;
 };
 
@@ -9434,6 +10577,7 @@ class collector {
     wakes_.store(0, std::memory_order_relaxed);
     contention_.reset(c.upgrade);
     listed_generation_ = ~std::uint64_t(0);
+    merge_generation_ = ~std::uint64_t(0);
     task_dir_fd_ = keep_fd_high(::open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     status st = worker_.start("selfprof", &collector::main, this);
     if (!st) {
@@ -9528,6 +10672,7 @@ class collector {
         last_count = count;
         last_full_scan = now;
       }
+      merge_ended_threads();
       if (ticks_arrive && config_.threads->primary() && contention_.due(now)) check_contention(now);
       if (count >= 0) {  // the handler compares with this; its next check is at most kThreadCheckNs away
         g_handler.task_links.store(static_cast<std::uint64_t>(count), std::memory_order_relaxed);
@@ -9597,6 +10742,19 @@ class collector {
     config_.sample_signal = 0;
   }
 
+  // A thread per request must not cost memory for every thread the program ever ran: once the store
+  // asks for it, the threads that ended since the last merge are merged into one.
+  void merge_ended_threads() {
+    if (!config_.store->wants_thread_merge()) return;
+    std::vector<pid_t> live;
+    if (!config_.threads->list_if_changed(merge_generation_, live)) return;  // none ended since
+    std::vector<std::uint32_t> tids(live.begin(), live.end());
+    std::sort(tids.begin(), tids.end());
+    config_.store->merge_ended_threads(tids);
+    // Their names too: their samples are thread 0's now, and names() reads the live threads' again.
+    config_.threads->clear_names();
+  }
+
   // SELFPROF_FRAME_HZ on threads that started marking game frames; true while such a rate is set.
   bool boost_game_frame_threads() {
     const double hz = config_.store->game_frame_hz();
@@ -9646,6 +10804,7 @@ class collector {
   int task_dir_fd_ = -1;  // /proc/self/task (handler_globals::task_dir_fd)
   std::uint64_t listed_generation_ = ~std::uint64_t(0);
   std::vector<pid_t> listed_;
+  std::uint64_t merge_generation_ = ~std::uint64_t(0);  // the thread list last merged against
   std::atomic<std::uint64_t> wakes_{0};
   bool rows_failed_ = false;  // collector thread only
 };
@@ -9667,6 +10826,7 @@ namespace detail {
 struct handler_counts {
   std::uint64_t taken = 0, full = 0, inactive = 0, foreign = 0, truncated = 0;
   std::uint64_t thread_checks = 0, thread_wakes = 0;
+  std::uint64_t rate_capped = 0, periods_skipped = 0;
 
   static handler_counts now() {
     const handler_globals& g = g_handler;
@@ -9678,6 +10838,8 @@ struct handler_counts {
     c.truncated = g.truncated.load(std::memory_order_relaxed);
     c.thread_checks = g.thread_checks.load(std::memory_order_relaxed);
     c.thread_wakes = g.thread_wakes.load(std::memory_order_relaxed);
+    c.rate_capped = g.rate_capped.load(std::memory_order_relaxed);
+    c.periods_skipped = g.periods_skipped.load(std::memory_order_relaxed);
     return c;
   }
   handler_counts since(const handler_counts& base) const {
@@ -9689,6 +10851,8 @@ struct handler_counts {
     d.truncated = truncated - base.truncated;
     d.thread_checks = thread_checks - base.thread_checks;
     d.thread_wakes = thread_wakes - base.thread_wakes;
+    d.rate_capped = rate_capped - base.rate_capped;
+    d.periods_skipped = periods_skipped - base.periods_skipped;
     return d;
   }
 };
@@ -9701,10 +10865,27 @@ struct handler_counts {
 // SELFPROF_INTERVAL seconds, written by the dumper thread ("selfprof-dump") through the one dump path
 // (dump/dump.hpp), so the collector keeps draining while a dump is symbolized and written. Requests that
 // arrive while a dump is being written are answered together by the next one.
-// Context: setup only (start/stop); the dumper thread; flush() from any thread.
+// Context: setup only (start/stop); the dumper thread; flush() from any thread; fork child.
+//
+// The dump signal is taken by the dumper thread, not by an application thread. A process-directed signal
+// goes to some thread that does not block it, and a handler run there cuts that thread's blocking call
+// short: sleep(), nanosleep(), poll() and epoll_wait() return early whatever SA_RESTART says. So start()
+// blocks the signal in the thread that calls it (threads it creates afterwards inherit the block), and the
+// dumper reads it from a signalfd: the signal is blocked in every selfprof thread too, so a handler the
+// program installs for it later never runs on one (the preload library gives the signal up when the program
+// claims it). stop() on the starting thread takes the block off again. Limits, documented in README.md:
+// a thread created before start() by another thread keeps the signal unblocked and may still take a request
+// (counted all the same); a program that unblocks it takes it back; a child started by posix_spawn(),
+// system() or popen() from a blocking thread inherits the block across exec (a fork child drops it, and so
+// does exec under the preload library). A signal the starting thread already blocks is one the program may
+// wait for (sigwait, signalfd): selfprof does not take it.
 
+#include <pthread.h>
 #include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/types.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -9717,13 +10898,16 @@ struct handler_counts {
 // ---- begin selfprof/core/snapshots.hpp ----
 // Snapshots of the running (or last) session: the folded stacks with what the profile is about — mode,
 // unit, source, rate, duration, what was dropped, the notes that belong in every profile — symbolized
-// for a dump, with the slow game frames beside them when frames were marked.
+// for a dump, with the slow game frames beside them when frames were marked. What the memory ceiling
+// merged is named here: the ceiling stack's frame, and thread 0 for the threads that ended.
 // Context: any thread except the signal handler (the dumper thread, API callers); begin/end from setup.
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 // ---- begin selfprof/dump/dump.hpp ----
@@ -13858,6 +15042,14 @@ class snapshot_maker {
     raw_snapshot s;
     parts_.store->copy_table(running_ ? parts_.ring : nullptr, windowed, s, window_seq);
     s.thread_names = parts_.threads->names();
+    if (parts_.store->merged().threads) {
+      // Only the threads still in the table: the merged ones are not, and may be thousands.
+      std::unordered_set<std::uint32_t> in_table;
+      for (const auto& e : s.table.entries()) in_table.insert(e.tid);
+      for (auto it = s.thread_names.begin(); it != s.thread_names.end();)
+        it = in_table.count(it->first) ? std::next(it) : s.thread_names.erase(it);
+      if (in_table.count(kMergedThreadsTid)) s.thread_names[kMergedThreadsTid] = "ended threads";
+    }
     const bool wall = opts_.mode == profile_mode::wall;
     const source_info src = parts_.session->source();
     s.info.mode = opts_.mode;
@@ -13882,7 +15074,9 @@ class snapshot_maker {
   }
 
   profile symbolize(const raw_snapshot& raw) {
-    return parts_.symbols->with_fresh([&](symbolizer& sym) { return build_profile(raw, sym); });
+    profile p = parts_.symbols->with_fresh([&](symbolizer& sym) { return build_profile(raw, sym); });
+    name_ceiling_frame(p);
+    return p;
   }
 
   // The samples of game frames over budget, described like raw(); `marked`: any game frame was marked.
@@ -13936,6 +15130,16 @@ class snapshot_maker {
     return out;
   }
 
+  // The stack that new stacks past the memory ceiling were counted under has one frame, at an address
+  // no module holds: the symbolizer left it unnamed.
+  static void name_ceiling_frame(profile& p) {
+    for (frame& f : p.frames) {
+      if (f.address != kMemoryCeilingPc || !f.module.empty()) continue;
+      f.name = "[selfprof: memory ceiling]";
+      f.kind = frame_kind::marker;
+    }
+  }
+
   const options& opts() const { return opts_; }
   handler_counts counts() const { return handler_counts::now().since(base_); }
 
@@ -13977,6 +15181,9 @@ struct dump_request_globals {
   std::atomic<int> dumper_tid{0};          // the dumper thread, 0 when none runs
   std::atomic<int> exit_requested{0};      // the process is ending: write the exit dump, then set exit_done
   std::atomic<int> exit_done{0};
+  // The dump signal while selfprof routes it to the dumper (blocked in the starting thread and so in every
+  // thread it creates later), 0 otherwise: a fork child and an exec take the block off (core/auto_dumps.hpp).
+  std::atomic<int> routed_signal{0};
 };
 
 inline dump_request_globals g_dump_requests;
@@ -14064,32 +15271,17 @@ class auto_dumps {
       done_ = handled_;
       busy_ = false;
     }
+    take_signal(o.dump_signal, session);
     status st = worker_.start("selfprof-dump", &auto_dumps::main, this);
-    if (!st) return st;
+    if (!st) {
+      give_signal_back();
+      return st;
+    }
     g_dump_requests.exit_requested.store(0, std::memory_order_relaxed);
     g_dump_requests.exit_done.store(0, std::memory_order_relaxed);
     g_dump_requests.wake_fd.store(worker_.wake_fd(), std::memory_order_release);
     g_dump_requests.dumper_tid.store(static_cast<int>(worker_.tid()), std::memory_order_release);
-    if (o.dump_signal > 0) {
-      struct sigaction cur {};
-      sys().sigaction(o.dump_signal, nullptr, &cur);
-      const bool free =
-          !(cur.sa_flags & SA_SIGINFO) && (cur.sa_handler == SIG_DFL || cur.sa_handler == SIG_IGN);
-      if (!free) {
-        std::string n = "signal " + std::to_string(o.dump_signal) +
-                        " already has a handler installed by the application: dumps on that signal are off "
-                        "(set SELFPROF_SIGNAL to another one)";
-        session.note(n);
-        std::fprintf(stderr, "selfprof: %s\n", n.c_str());
-      } else {
-        struct sigaction act {};
-        act.sa_sigaction = &dump_signal_handler;
-        act.sa_flags = SA_SIGINFO | SA_RESTART;
-        sigfillset(&act.sa_mask);  // no application handler runs inside it (and jumps out)
-        sigdelset(&act.sa_mask, SIGSYS);
-        if (sys().sigaction(o.dump_signal, &act, &previous_) == 0) signal_ = o.dump_signal;
-      }
-    }
+    worker_.wake();  // a request counted by the handler before wake_fd was set
     return status::ok();
   }
 
@@ -14109,10 +15301,7 @@ class auto_dumps {
       ::nanosleep(&step, nullptr);
     }
     worker_.stop();
-    if (signal_ != 0 && !keep_signal) {
-      sys().sigaction(signal_, &previous_, nullptr);
-      signal_ = 0;
-    }
+    if (!keep_signal) give_signal_back();
   }
 
   // Waits until every dump requested so far is written (tests, exit); at most `limit`.
@@ -14129,8 +15318,18 @@ class auto_dumps {
     worker_.abandon_after_fork();
     new (&mu_) std::mutex();
     new (&done_cv_) std::condition_variable();
-    if (signal_ != 0) sys().sigaction(signal_, &previous_, nullptr);
+    if (signal_ != 0) {
+      sys().sigaction(signal_, &previous_, nullptr);
+      if (sfd_ >= 0) ::close(sfd_);
+      sfd_ = -1;
+      // The child's only thread is a copy of the forking one: it blocks the signal only because of
+      // selfprof (start() never takes a signal its thread blocks), and an exec'd program must not inherit
+      // that. routed_signal stays: a child that puts its saved mask back before exec (shells do) gets the
+      // block off again from the preload library's exec hooks.
+      if (blocked_) unblock_here(signal_);
+    }
     signal_ = 0;
+    blocked_ = false;
   }
 
   int signal_number() const { return signal_; }
@@ -14141,6 +15340,92 @@ class auto_dumps {
 
  private:
   static void main(void* self) { static_cast<auto_dumps*>(self)->loop(); }
+
+  static sigset_t only(int sig) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    return set;
+  }
+  static void unblock_here(int sig) {
+    const sigset_t set = only(sig);
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  }
+
+  // Installs the dump handler when the signal is free (no handler of the program's, not blocked by the
+  // calling thread), and blocks it in the calling thread so that only the dumper takes it.
+  void take_signal(int sig, session_info& session) {
+    if (sig <= 0) return;
+    struct sigaction cur {};
+    sys().sigaction(sig, nullptr, &cur);
+    sigset_t mask;
+    pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+    const char* why = nullptr;
+    if ((cur.sa_flags & SA_SIGINFO) || (cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN))
+      why = "already has a handler installed by the application";
+    else if (sigismember(&mask, sig) == 1)
+      why =
+          "is blocked by the thread that starts selfprof (the program may wait for it with sigwait or "
+          "signalfd)";
+    if (why) {
+      std::string n = "signal " + std::to_string(sig) + " " + why +
+                      ": dumps on that signal are off (set SELFPROF_SIGNAL to another one)";
+      session.note(n);
+      std::fprintf(stderr, "selfprof: %s\n", n.c_str());
+      return;
+    }
+    struct sigaction act {};
+    act.sa_sigaction = &dump_signal_handler;
+    act.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigfillset(&act.sa_mask);  // no application handler runs inside it (and jumps out)
+    sigdelset(&act.sa_mask, SIGSYS);
+    if (sys().sigaction(sig, &act, &previous_) != 0) return;
+    signal_ = sig;
+    const sigset_t set = only(sig);
+    sfd_ = keep_fd_high(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
+    if (sfd_ < 0) return;  // the handler alone then: a request may land on any thread
+    blocked_ = pthread_sigmask(SIG_BLOCK, &set, nullptr) == 0;
+    blocker_tid_ = static_cast<pid_t>(raw_gettid());
+    if (blocked_) g_dump_requests.routed_signal.store(sig, std::memory_order_release);
+  }
+
+  // Counts the dump signals waiting in the signalfd as requests.
+  void read_signalfd() {
+    struct signalfd_siginfo info[8];
+    for (;;) {
+      const ssize_t n = ::read(sfd_, info, sizeof info);
+      if (n <= 0) return;
+      g_dump_requests.requests.fetch_add(static_cast<std::uint64_t>(n) / sizeof info[0],
+                                         std::memory_order_acq_rel);
+    }
+  }
+
+  // Gives the signal back: requests already pending for blocked threads are taken here (counted, as the
+  // handler would) so none meets the program's action, then the action is restored and, on the thread
+  // that blocked it, the block is taken off. Another thread cannot change the starting thread's mask:
+  // there the block stays (README.md says so).
+  void give_signal_back() {
+    if (signal_ == 0) return;
+    const sigset_t set = only(signal_);
+    sigset_t mask;
+    pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+    if (sfd_ >= 0) {
+      read_signalfd();
+      ::close(sfd_);
+      sfd_ = -1;
+    }
+    if (sigismember(&mask, signal_) == 1) {
+      const struct timespec zero {};
+      while (sigtimedwait(&set, nullptr, &zero) == signal_) g_dump_requests.requests.fetch_add(1);
+    }
+    sys().sigaction(signal_, &previous_, nullptr);
+    if (blocked_ && blocker_tid_ == static_cast<pid_t>(raw_gettid())) {
+      unblock_here(signal_);
+      g_dump_requests.routed_signal.store(0, std::memory_order_release);
+    }
+    signal_ = 0;
+    blocked_ = false;
+  }
 
   std::chrono::steady_clock::duration interval() const {
     return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -14158,7 +15443,9 @@ class auto_dumps {
                 ? 0
                 : static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(left).count()) + 1;
       }
-      const bool stopping = !worker_.wait(timeout);
+      bool signalled = false;
+      const bool stopping = !worker_.wait(timeout, sfd_, &signalled);
+      if (signalled) read_signalfd();
       if (g_dump_requests.exit_requested.load(std::memory_order_acquire)) {
         exit_dump_();  // the process ends when this is written; nothing after it matters
         g_dump_requests.exit_done.store(1, std::memory_order_release);
@@ -14208,6 +15495,9 @@ class auto_dumps {
   dump_settings settings_;
   worker worker_;
   int signal_ = 0;
+  int sfd_ = -1;           // signalfd of signal_, read by the dumper
+  bool blocked_ = false;   // the starting thread's block of signal_ is selfprof's
+  pid_t blocker_tid_ = 0;  // that thread
   struct sigaction previous_ {};
   std::mutex mu_;
   std::condition_variable done_cv_;
@@ -14273,8 +15563,9 @@ class itimer_source final : public tick_source {
     return status::ok();
   }
   status arm(pid_t) override { return status::ok(); }
-  void disarm(pid_t) override {}
+  void disarm(pid_t) override { reap_altstacks(); }  // a thread that ended (signal/altstack.hpp)
   void close() override {
+    reap_altstacks();
     if (!armed_) return;
     struct itimerval off {};
     sys().setitimer(ITIMER_PROF, &off, nullptr);
@@ -14409,9 +15700,26 @@ namespace selfprof {
 namespace detail {
 
 // The sample ring holds about this long of samples from 16 busy threads (at least 512 slots): the
-// collector wakes early when it is half full, and otherwise every kCollectorBusyWakeMs.
+// collector wakes early when it is half full, and otherwise every kCollectorBusyWakeMs. It never takes
+// more than a quarter of options::max_memory (down to kRingMinSlots slots).
 constexpr double kRingSeconds = 0.2;
 constexpr std::size_t kRingThreads = 16;
+constexpr std::size_t kRingMinSlots = 64;
+
+// How options::max_memory is shared (see its comment): the ring's part, then of what the ring leaves,
+// the stack tables' (the cumulative table, and the window buckets with SELFPROF_WINDOW).
+struct memory_shares {
+  std::size_t ring = 0, table = 0, windows = 0;
+};
+inline memory_shares share_memory(std::size_t max_memory, std::size_t ring_bytes, bool windows) {
+  memory_shares m;
+  m.ring = max_memory / 4;
+  const std::size_t rest = max_memory > ring_bytes ? max_memory - ring_bytes : 0;
+  const std::size_t tables = rest / 5 * 2;
+  m.table = windows ? tables / 2 : tables;
+  m.windows = windows ? tables - m.table : 0;
+  return m;
+}
 
 class profiler_core {
  public:
@@ -14420,9 +15728,32 @@ class profiler_core {
     return *core;
   }
 
+  // Never throws: a failed allocation (the ring, a table) makes it return an error.
   status start(const options& opts) {
     std::lock_guard<std::mutex> control(control_mu_);
     if (running_) return status::ok();
+    starting_threads_ = false;
+    try {
+      return start_locked(opts);
+    } catch (const std::exception& e) {
+      return start_threw(std::string("selfprof: start failed: ") + e.what());
+    } catch (...) {
+      return start_threw("selfprof: start failed: unknown exception");
+    }
+  }
+
+ private:
+  status start_threw(const std::string& why) {
+    if (starting_threads_) {
+      running_ = true;  // stop_locked() undoes everything started so far
+      stop_locked();
+    } else {
+      fail_start(status::ok());
+    }
+    return status::error(why);
+  }
+
+  status start_locked(const options& opts) {
     install_fork_handlers_once();
     if (opts.mode == profile_mode::offcpu)
       return status::error("selfprof: mode offcpu names profiles; start in cpu or wall mode");
@@ -14433,11 +15764,17 @@ class profiler_core {
     if (opts_.max_depth > 1024) opts_.max_depth = 1024;
     session_.clear();
     registry_.clear_names();
-    prepare_ring();
+    if (opts_.max_memory < kMinMaxMemory) {
+      notes_.push_back("max_memory raised to the smallest ceiling, " + std::to_string(kMinMaxMemory >> 20) +
+                       " MiB");
+      opts_.max_memory = kMinMaxMemory;
+    }
+    status st = prepare_ring();
+    if (!st) return fail_start(st);
     // A forced itimer can only deliver SIGPROF.
     const int wanted =
         opts_.sample_signal == 0 && opts_.source == source_kind::itimer ? SIGPROF : opts_.sample_signal;
-    status st = install_sample_handler(wanted, signal_, notes_);
+    st = install_sample_handler(wanted, signal_, notes_);
     if (!st) return fail_start(st);
     sample_signal_ = signal_.number;
     st = choose_tick_source();
@@ -14451,10 +15788,14 @@ class profiler_core {
     sc.frame_budget_ms = opts_.frame_budget_ms;
     sc.frame_hz = opts_.frame_hz;
     sc.max_depth = opts_.max_depth;
+    const memory_shares shares = share_memory(opts_.max_memory, ring_memory_.size() * 8, opts_.window_s > 0);
+    sc.table_limit = shares.table;
+    sc.window_limit = shares.windows;
     store_.begin(sc);
     snapshots_.begin(opts_, handler_counts::now());
     g_handler.active.store(true, std::memory_order_release);
     registry_.scan({jit_flusher_tid()});
+    starting_threads_ = true;
     st = start_threads();
     if (!st) {
       running_ = true;  // stop_locked() undoes everything started so far
@@ -14466,11 +15807,13 @@ class profiler_core {
     if (!opts_.out.empty()) install_exit_dump_once();
     session_ran_ = true;
     session_pid_ = ::getpid();
+    starting_threads_ = false;
     running_ = true;
     if (opts_.verbose) std::fprintf(stderr, "%s", describe_locked().c_str());
     return status::ok();
   }
 
+ public:
   status stop() {
     std::lock_guard<std::mutex> control(control_mu_);
     return stop_locked();
@@ -14480,6 +15823,7 @@ class profiler_core {
   bool thread_roots() const { return opts_.thread_roots; }
   // The signal ticks arrive on while sampling runs, else 0.
   int sample_signal() const { return running_ ? sample_signal_ : 0; }
+  int dump_signal() const { return running_ ? dump_signal_ : 0; }
 
   // The options of the running (or last) session, as start() applied them.
   options current_options() {
@@ -14492,6 +15836,7 @@ class profiler_core {
   // threads without touching their signal mask.
   status register_current_thread(bool unblock = true) {
     if (!running_) return status::error("selfprof: register_thread() called while not profiling");
+    arm_thread_altstack();  // from the thread itself, before its first tick (signal/altstack.hpp)
     return registry_.register_current(signal_.number, unblock);
   }
 
@@ -14551,11 +15896,21 @@ class profiler_core {
     s.truncated = h.truncated;
     s.thread_checks = h.thread_checks;
     s.thread_wakes = h.thread_wakes;
+    s.rate_capped = h.rate_capped;
+    s.periods_skipped = h.periods_skipped;
     s.collector_wakes = collector_.wakes();
     const sample_store::sizes z = store_.size();
     s.samples = z.samples;
     s.unique_stacks = z.unique;
     s.table_bytes = z.bytes;
+    s.max_memory = opts_.max_memory;
+    s.ring_slots = ring_.capacity();
+    s.ring_bytes = ring_memory_.size() * 8;
+    s.ring_clipped = ring_clipped_;
+    const merge_counts m = store_.merged();
+    s.stacks_merged = m.stack_records;
+    s.samples_merged = m.samples;
+    s.threads_merged = m.threads;
     s.samples_by_thread = store_.samples_by_thread();
     if (wall_) s.wall = wall_sampler_.counters();
     s.dump_signal = dump_signal_;
@@ -14606,19 +15961,46 @@ class profiler_core {
  private:
   profiler_core() = default;
 
-  void prepare_ring() {
+  // Sizes the ring from the rate (or options::ring_slots), clipped to its part of max_memory; an
+  // allocation that fails is an error, never an exception out of start().
+  status prepare_ring() {
     std::size_t want = opts_.ring_slots ? opts_.ring_slots
                                         : static_cast<std::size_t>(opts_.hz * kRingThreads * kRingSeconds);
     std::size_t cap = 512;
     while (cap < want && cap < (1u << 20)) cap <<= 1;
+    const std::size_t stride = sample_ring::stride_for(opts_.max_depth);
+    const std::size_t share = share_memory(opts_.max_memory, 0, false).ring;
+    ring_clipped_ = false;
+    while (cap > kRingMinSlots && cap * stride > share) {
+      cap >>= 1;
+      ring_clipped_ = true;
+    }
+    if (ring_clipped_)
+      notes_.push_back("sample ring clipped to " + std::to_string(cap) + " slots (" +
+                       std::to_string(cap * stride >> 10) + " KiB, a quarter of SELFPROF_MAX_MEMORY " +
+                       std::to_string(opts_.max_memory >> 20) +
+                       " MiB): samples the collector cannot take in time are dropped and counted");
     // Kept across restarts when the size is the same: init() rewrites every slot's sequence number, and
     // a slot's other bytes are written before it is published (a new zeroed block would page-fault again).
-    const std::size_t ring_words = cap * sample_ring::stride_for(opts_.max_depth) / 8;
-    if (ring_memory_.size() != ring_words) std::vector<std::uint64_t>(ring_words, 0).swap(ring_memory_);
+    const std::size_t ring_words = cap * stride / 8;
+    if (ring_memory_.size() != ring_words) {
+      g_handler.ring.store(nullptr, std::memory_order_release);
+      std::vector<std::uint64_t>().swap(ring_memory_);  // the old block goes first: never both at once
+      try {
+        std::vector<std::uint64_t>(ring_words, 0).swap(ring_memory_);
+      } catch (const std::bad_alloc&) {
+        return status::error("selfprof: cannot allocate the sample ring (" + std::to_string(ring_words * 8) +
+                             " bytes for " + std::to_string(cap) + " slots of " +
+                             std::to_string(opts_.max_depth) +
+                             " frames); lower SELFPROF_MAX_MEMORY, "
+                             "SELFPROF_HZ or SELFPROF_MAX_DEPTH");
+      }
+    }
     ring_.init(ring_memory_.data(), cap, opts_.max_depth);
     g_handler.main_tid.store(static_cast<std::uint32_t>(::getpid()), std::memory_order_relaxed);
     g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
     g_handler.ring.store(&ring_, std::memory_order_release);
+    return status::ok();
   }
 
   status choose_tick_source() {
@@ -14815,6 +16197,8 @@ class profiler_core {
   source_config source_config_;
   std::vector<std::uint64_t> ring_memory_;
   sample_ring ring_;
+  bool ring_clipped_ = false;
+  bool starting_threads_ = false;  // start() got as far as starting threads: stop_locked() undoes it
   session_info session_;
   thread_registry registry_;
   sample_store store_;
