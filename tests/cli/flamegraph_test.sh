@@ -51,6 +51,13 @@ printf 'a;b 1\nnot folded\na;c 2\n' > m.folded
 "$bin" flamegraph empty.folded > e.svg 2> /dev/null; [ $? -eq 2 ] && grep -q "ERROR" e.svg && ok "empty input: error SVG, exit 2" ||
   bad "empty input"
 
+# Counts whose sum passes 2^64, split over two files (issue 15 item 13): totals saturate, never wrap.
+printf 'a;b 9223372036854775808\n' > big1.folded
+printf 'a;c 9223372036854775808\n' > big2.folded
+"$bin" flamegraph big1.folded big2.folded > big.svg 2> big.err; rc=$?
+[ $rc -eq 0 ] && grep -q "all (18,446,744,073,709,551,615 samples, 100%)" big.svg && ! grep -q "no stack counts" big.err &&
+  ok "two files summing past 2^64: saturated total" || bad "two files summing past 2^64: exit $rc, $(cat big.err)"
+
 # Options: unique prefixes, fixed width, inverted, bad values rejected with exit 2.
 "$bin" flamegraph --color=java --width=800 --inverted uk.folded > o.svg && grep -q 'width="800"' o.svg &&
   grep -q "Icicle Graph" o.svg && ok "options" || bad "options"

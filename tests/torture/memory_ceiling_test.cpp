@@ -142,7 +142,7 @@ TEST_CASE("a sample ring that cannot be allocated makes start() return an error,
 
 TEST_CASE("20,000 short threads at 999 Hz: RSS grows by less than the ceiling, ended threads merged") {
   wl::apply_test_environment();
-  const int threads = mct::kSanitized ? 2000 : 20000;
+  const int threads = mct::kSanitized ? 6000 : 20000;
   constexpr int kAtOnce = 4;
   constexpr std::size_t kCeiling = std::size_t{16} << 20;
   // The same churn without profiling first: glibc's thread stack cache and malloc arenas reach their
@@ -171,13 +171,17 @@ TEST_CASE("20,000 short threads at 999 Hz: RSS grows by less than the ceiling, e
                   << " samples, " << s.unique_stacks << " stacks, table " << s.table_bytes << " bytes, ring "
                   << s.ring_bytes << " bytes; merged: " << s.threads_merged << " threads, " << s.stacks_merged
                   << " stack records; " << s.samples_by_thread.size() << " per-thread totals");
-  CHECK(after - before < kCeiling);
+  // ASan keeps freed memory in its quarantine (256 MiB) and every thread's fake stack: RSS says nothing
+  // there, so only the ceiling's own accounting is checked.
+  if (!mct::kSanitized) CHECK(after - before < kCeiling);
   CHECK(s.ring_bytes <= kCeiling / 4);
   CHECK(s.table_bytes <= kCeiling / 2);
   CHECK(copied > static_cast<std::uint64_t>(threads) / 4);  // the short threads were sampled
   CHECK(s.threads_merged > static_cast<std::uint64_t>(threads) / 2);
-  CHECK(s.samples_by_thread.size() < 2000);                        // bounded, not one per thread ever run
-  CHECK(s.unique_stacks < static_cast<std::size_t>(threads) / 4);  // ditto the stacks
+  CHECK(s.samples_by_thread.size() < 2000);  // bounded, not one per thread ever run
+  // ditto the stacks (each thread's are its own until merged; the last ~1,000 threads are not merged yet,
+  // which weighs more in the sanitizers' shorter run)
+  CHECK(s.unique_stacks < static_cast<std::size_t>(threads) / (mct::kSanitized ? 2 : 4));
   std::uint64_t total = 0;
   for (const auto& st : p.stacks) total += st.count;
   CHECK(total == p.info.samples);

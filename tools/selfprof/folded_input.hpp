@@ -49,8 +49,9 @@ inline void merge_folded(selfprof::folded_parse_result& dst, selfprof::folded_pa
     dst.before_counts.push_back(k < src.before_counts.size() ? src.before_counts[k] : 0);
   }
   for (auto& t : src.prof.threads) dst.prof.threads.push_back(std::move(t));
-  dst.prof.info.samples += src.prof.info.samples;
-  dst.prof.info.truncated += src.prof.info.truncated;
+  selfprof::detail::add_saturating(dst.prof.info.samples,
+                                   src.prof.info.samples);  // counts from files can be huge
+  selfprof::detail::add_saturating(dst.prof.info.truncated, src.prof.info.truncated);
   dst.differential = dst.differential || src.differential;
   dst.lines += src.lines;
   dst.ignored_lines += src.ignored_lines;

@@ -262,7 +262,7 @@ int run_flamegraph(int argc, char** argv) {
     return write_diff_svg(before, r.prof, o2, d);
   });
   std::uint64_t total = 0;
-  for (const auto& s : r.prof.stacks) total += s.count;
+  for (const auto& s : r.prof.stacks) selfprof::detail::add_saturating(total, s.count);
   if (!lo.quiet && total > 0 && total < 100 && o.count_name == "samples")
     std::fprintf(stderr, "selfprof flamegraph: warning: stack count is low (%llu); the graph may mislead\n",
                  static_cast<unsigned long long>(total));
