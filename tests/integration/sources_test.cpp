@@ -182,7 +182,10 @@ TEST_CASE("auto at 1 kHz: perf_event delivers the rate; without perf, CPU timers
   if (perf_user_only_expected()) {
     CHECK(r.st.source == selfprof::source_kind::perf);
     CHECK(r.st.kernel_time == perf_with_kernel_expected());
-    CHECK(distinct > 1000 * 0.9);
+    // A user-only event (unprivileged at perf_event_paranoid 2) delivers fewer ticks per CPU-second:
+    // 0.6-0.94 of the rate here at 1 kHz, in this session and with the previous handler alike (cause not
+    // established; docs/measurements.md). Still far above the CPU timer's 250 Hz.
+    CHECK(distinct > 1000 * (perf_with_kernel_expected() ? 0.9 : 0.5));
   } else {
     CHECK(r.st.source == selfprof::source_kind::timer);
     REQUIRE(r.st.refused.size() >= 1);
