@@ -212,9 +212,9 @@ TEST_CASE("more distinct stacks than the table's part: counted under the ceiling
       next_check = now + 100000000LL;
     }
   }
+  REQUIRE(selfprof::stop());  // first: the profile and the counts then come from the same samples
   const selfprof::profile p = selfprof::snapshot();
   const selfprof::stats s = selfprof::get_stats();
-  REQUIRE(selfprof::stop());
   std::uint64_t total = 0, at_ceiling = 0;
   for (const auto& st : p.stacks) {
     total += st.count;
