@@ -12,7 +12,8 @@
 #   single        g++ against single_include/ (header-only); unit + integration
 #   asan          g++ -O1 -g -fsanitize=address,undefined; tests labelled no_asan are left out
 #   tsan          g++ -O1 -g -fsanitize=thread; tests labelled no_tsan are left out
-#   meson         meson setup + meson test (unit + integration; the tool is left to the CMake stages)
+#                 (tests labelled slow run in the gcc and asan stages only)
+#   meson         meson setup -Dcompiled=true + meson test (unit + integration; the tool is left to the CMake stages)
 #   unprivileged  the gcc build's integration and torture tests as a throwaway system user (setpriv)
 #   no_perf       the gcc build's unit + integration tests with SELFPROF_TEST_NO_PERF=1
 #   fuzz          libFuzzer targets (ELF reader, perf-script and folded parsers), 10 s each (SELFPROF_FUZZ_SECONDS)
@@ -99,16 +100,16 @@ stage_meson() {
   local dir=$build_root/meson log
   note "meson $dir"
   # The tool is built and tested by the CMake stages; here only the library and its tests (-Dtools=false
-  # saves a minute of CI).
+  # saves a minute of CI), in the compiled mode (the clang and single stages build header-only).
   if [ -f "$dir/meson-private/coredata.dat" ]; then
-    meson setup --reconfigure "$dir" "$root_dir" --buildtype=debugoptimized -Dtools=false
+    meson setup --reconfigure "$dir" "$root_dir" --buildtype=debugoptimized -Dtools=false -Dcompiled=true
   else
     rm -rf "$dir"
-    meson setup "$dir" "$root_dir" --buildtype=debugoptimized -Dtools=false
+    meson setup "$dir" "$root_dir" --buildtype=debugoptimized -Dtools=false -Dcompiled=true
   fi || { count 0 1 "meson setup"; return; }
   meson compile -C "$dir" -j "$jobs" || count 0 1 "meson compile"
   log=$(mktemp)
-  meson test -C "$dir" --print-errorlogs --num-processes "$jobs" 2>&1 | tee "$log"
+  meson test -C "$dir" --print-errorlogs --num-processes "$jobs" --no-suite slow 2>&1 | tee "$log"
   local ok bad
   ok=$(awk '/^Ok:/ {s += $2} /^Expected Fail:/ {s += $3} END {print s + 0}' "$log")
   bad=$(awk '/^(Fail|Timeout):/ {s += $2} /^Unexpected Pass:/ {s += $3} END {print s + 0}' "$log")
@@ -151,6 +152,7 @@ stage_unprivileged() {
   for f in "$root_dir"/tests/integration/*_test.cpp "$root_dir"/tests/torture/*_test.cpp; do
     name=$(basename "$f" _test.cpp)
     kind=$(basename "$(dirname "$f")")
+    grep -q '^//[ ]*ctest-labels:.*\bslow\b' "$f" && continue  # left to the gcc and ASan stages
     if grep -q '^//[ ]*integration-binary:[ ]*own' "$f"; then
       cmd=("$tmp/${kind}_$name")
     else

@@ -3,8 +3,9 @@
 // more distinct stacks than the table's part are counted under one "[selfprof: memory ceiling]" stack
 // with the total intact; an absurd rate x depth starts with a clipped ring, a ring that cannot be
 // allocated is an error status (never an exception); 50 dump signals at once are answered together.
-// ctest-labels: no_tsan
+// ctest-labels: no_tsan slow
 // Not under TSan: it defers asynchronous signals (the ticks, SIGUSR2), and kills children that start threads.
+// slow (a minute of 20,000 threads): run by the gcc and ASan stages only; the logic is the same elsewhere.
 #include <doctest/doctest.h>
 
 #include <signal.h>

@@ -7,6 +7,8 @@
 // cases fake a thread's start time through the read_task_file seam (detail/sys.hpp) and arm with a fake
 // tick source that records what it is asked; one case makes the kernel really hand a dead thread's tid to a
 // new thread of this process, when pid_max is small enough to go round in seconds.
+// ctest-labels: slow
+// slow (the real reuse goes round pid_max): run by the gcc and ASan stages only.
 #include <doctest/doctest.h>
 
 #include <pthread.h>
