@@ -7,7 +7,9 @@
 // a stack that is no longer the interrupted one; and it kills children that start threads after fork.
 #include <doctest/doctest.h>
 
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <thread>
@@ -15,11 +17,19 @@
 #include "workload.hpp"
 
 namespace {
+// The child's exit status, 1000 + N when killed by signal N, or -1 when it had not ended after two minutes
+// (killed then): a hang fails the test instead of hanging the suite.
 int wait_child(pid_t pid) {
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid) return -1;
-  if (WIFSIGNALED(status)) return 1000 + WTERMSIG(status);
-  return WEXITSTATUS(status);
+  for (int waited_ms = 0; waited_ms < 120000; waited_ms += 10) {
+    int status = 0;
+    const pid_t got = waitpid(pid, &status, WNOHANG);
+    if (got == pid) return WIFSIGNALED(status) ? 1000 + WTERMSIG(status) : WEXITSTATUS(status);
+    if (got < 0) return -2;
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -1;
 }
 }  // namespace
 

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -11,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -191,6 +194,26 @@ inline void apply_test_environment() {
   const char* v = std::getenv("SELFPROF_TEST_NO_PERF");
   if (v && std::string(v) == "1") selfprof::detail::sys().perf_event_open = failing_perf_event_open;
 }
+// Runs `body` in a forked child and returns the status it exits with (100 + N when killed by signal N),
+// or -1 when it had not ended after `timeout_ms` and was killed: a hang fails the test instead of
+// hanging the suite.
+template <typename F>
+int run_in_child(F&& body, int timeout_ms = 60000) {
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child == 0) _exit(body());
+  if (child < 0) return -2;
+  for (int waited_ms = 0; waited_ms < timeout_ms; waited_ms += 10) {
+    int status = 0;
+    if (waitpid(child, &status, WNOHANG) == child)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+    usleep(10000);
+  }
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  return -1;
+}
+
 inline bool perf_disabled_by_environment() {
   const char* v = std::getenv("SELFPROF_TEST_NO_PERF");
   return v && std::string(v) == "1";

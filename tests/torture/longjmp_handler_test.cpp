@@ -77,20 +77,9 @@ int child_run(const char* source) {
   return 0;
 }
 
-// Runs child_run in a child; the status it exits with, or -1 when it had to be killed after 30 s.
+// Runs child_run in a child (wl::run_in_child: its exit status, or -1 when killed after 30 s).
 int run_in_child(const char* source) {
-  std::fflush(nullptr);
-  const pid_t child = fork();
-  if (child == 0) _exit(child_run(source));
-  for (int waited_ms = 0; waited_ms < 30000; waited_ms += 10) {
-    int status = 0;
-    if (waitpid(child, &status, WNOHANG) == child)
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
-    usleep(10000);
-  }
-  kill(child, SIGKILL);
-  waitpid(child, nullptr, 0);
-  return -1;
+  return wl::run_in_child([=] { return child_run(source); }, 30000);
 }
 
 }  // namespace longjmp_handler

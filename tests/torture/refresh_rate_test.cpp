@@ -80,20 +80,9 @@ int child_run() {
   return 0;
 }
 
-// Runs child_run in a child; the status it exits with, or -1 when it had to be killed after 60 s.
+// Runs child_run in a child (wl::run_in_child: its exit status, or -1 when killed after 60 s).
 int run_in_child() {
-  std::fflush(nullptr);
-  const pid_t child = fork();
-  if (child == 0) _exit(child_run());
-  for (int waited_ms = 0; waited_ms < 60000; waited_ms += 10) {
-    int status = 0;
-    if (waitpid(child, &status, WNOHANG) == child)
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
-    usleep(10000);
-  }
-  kill(child, SIGKILL);
-  waitpid(child, nullptr, 0);
-  return -1;
+  return wl::run_in_child([] { return child_run(); }, 60000);
 }
 
 }  // namespace refresh_rate
