@@ -16182,7 +16182,7 @@ class http_server {
     listener_kind kind;
     bool token;  // ask for the bearer token
   };
-  enum conn_state { reading, waiting, writing };
+  enum conn_state { reading, waiting, writing, draining };
   struct conn {
     int fd = -1;
     std::uint64_t id = 0;
@@ -16190,6 +16190,7 @@ class http_server {
     bool token = false;
     conn_state state = reading;
     bool head_only = false;
+    bool forbidden = false;  // a unix peer of another uid: answered 403 once its request is read
     std::string in, out;
     std::size_t sent = 0;
     serve_clock::time_point deadline{};
@@ -16293,7 +16294,9 @@ class http_server {
       auto now = serve_clock::now();
       serve_clock::time_point next = now + std::chrono::seconds(60);
       for (auto& c : conns_) {
-        short ev = c.state == reading ? POLLIN : c.state == writing ? POLLOUT : POLLRDHUP;
+        short ev = c.state == reading || c.state == draining ? POLLIN
+                   : c.state == writing                      ? POLLOUT
+                                                             : POLLRDHUP;
         fds.push_back({c.fd, ev, 0});
         if (c.state != waiting) next = std::min(next, c.deadline);
       }
@@ -16327,7 +16330,7 @@ class http_server {
             ssize_t w = ::send(c.fd, r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
             (void)w;
           }
-          ++n_.timeouts;
+          if (c.state != draining) ++n_.timeouts;
           close_conn(c);
         }
       }
@@ -16362,12 +16365,8 @@ class http_server {
       c.token = l.token;
       c.deadline = serve_clock::now() + secs(cfg_.head_timeout_s);
       c.cancelled = std::make_shared<std::atomic<bool>>(false);
+      c.forbidden = l.kind != kind_tcp && !peer_uid_allowed(fd);
       conns_.push_back(std::move(c));
-      conn& added = conns_.back();
-      if (l.kind != kind_tcp && !peer_uid_allowed(fd)) {
-        ++n_.unauthorized;
-        respond(added, http_error_response(403, "this socket serves only its owner's uid and root"));
-      }
     }
   }
 
@@ -16400,6 +16399,12 @@ class http_server {
     if (r.state == http_parse::incomplete) return;
     c.in.clear();
     c.in.shrink_to_fit();
+    if (c.forbidden) {
+      ++n_.unauthorized;
+      c.head_only = false;
+      respond(c, http_error_response(403, "this socket serves only its owner's uid and root"));
+      return;
+    }
     if (r.state == http_parse::bad) {
       ++n_.bad_requests;
       c.head_only = false;
@@ -16454,8 +16459,26 @@ class http_server {
       c.sent += static_cast<std::size_t>(n);
       c.deadline = serve_clock::now() + secs(cfg_.io_timeout_s);
     }
+    // A lingering close: what the client still sends (the rest of a refused request) is read and dropped
+    // for a moment, so closing with unread bytes does not reset the connection before it read the answer.
     ::shutdown(c.fd, SHUT_WR);
-    close_conn(c);
+    c.out.clear();
+    c.out.shrink_to_fit();
+    c.state = draining;
+    c.sent = 0;
+    c.deadline = serve_clock::now() + std::chrono::seconds(1);
+    drain(c);
+  }
+
+  void drain(conn& c) {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n > 0 && (c.sent += static_cast<std::size_t>(n)) < 65536) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+      close_conn(c);  // the client closed, an error, or too much
+      return;
+    }
   }
 
   void take_finished() {

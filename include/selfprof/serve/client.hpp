@@ -84,9 +84,11 @@ inline sockaddr_un control_socket_address(long pid, socklen_t& len) {
 }
 
 // Sends `request` (the raw bytes of a request) to `addr` and reads the whole response, all within
-// `timeout_s`. The raw response goes to `raw`.
+// `timeout_s`. The raw response goes to `raw`. `expect_pid` (a unix socket): the listening process must
+// be that one and run as our uid or root (SO_PEERCRED), so no other user's socket squatting on the name
+// is believed.
 inline status http_exchange(const sockaddr* addr, socklen_t len, const std::string& request, double timeout_s,
-                            std::string& raw) {
+                            std::string& raw, long expect_pid = 0) {
   raw.clear();
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -113,11 +115,23 @@ inline status http_exchange(const sockaddr* addr, socklen_t len, const std::stri
     ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
     if (err != 0) return fail("connect", err);
   }
+  if (expect_pid > 0) {
+    struct ucred cred {};
+    socklen_t cl = sizeof cred;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) return fail("SO_PEERCRED", errno);
+    if (cred.pid != expect_pid || (cred.uid != ::geteuid() && cred.uid != 0)) {
+      ::close(fd);
+      return status::error("the socket is held by process " + std::to_string(cred.pid) + " of uid " +
+                           std::to_string(cred.uid) + ", not by process " + std::to_string(expect_pid) +
+                           " of this user: not trusting it");
+    }
+  }
   std::size_t sent = 0;
   while (sent < request.size()) {
     const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
+      if (errno == EPIPE || errno == ECONNRESET) break;  // answered early (refused): read the answer
       if (errno != EAGAIN && errno != EWOULDBLOCK) return fail("send", errno);
       if (!wait_for(POLLOUT)) return fail("send", ETIMEDOUT);
       continue;
@@ -145,10 +159,11 @@ inline status http_exchange(const sockaddr* addr, socklen_t len, const std::stri
 
 // GET `target` over `addr`, the response parsed into `reply`.
 inline status http_get(const sockaddr* addr, socklen_t len, const std::string& target, double timeout_s,
-                       http_reply& reply, const std::string& extra_fields = {}) {
+                       http_reply& reply, const std::string& extra_fields = {}, long expect_pid = 0) {
   std::string raw;
-  status st = http_exchange(
-      addr, len, "GET " + target + " HTTP/1.1\r\nHost: selfprof\r\n" + extra_fields + "\r\n", timeout_s, raw);
+  status st =
+      http_exchange(addr, len, "GET " + target + " HTTP/1.1\r\nHost: selfprof\r\n" + extra_fields + "\r\n",
+                    timeout_s, raw, expect_pid);
   if (!st) return st;
   if (!parse_http_reply(raw, reply)) return status::error("malformed or incomplete response");
   return status::ok();

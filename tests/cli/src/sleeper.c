@@ -1,0 +1,41 @@
+/* dump_test.sh target (C): one thread burns CPU in spin_hot_function while the main thread sleeps
+ * argv[1] seconds with sleep(3); prints "ready" when both run, then how sleep returned. Exits 0 when
+ * sleep slept its full time, 1 when it was cut short (a signal landed on the main thread). */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile unsigned long sink;
+static volatile int stop;
+static volatile unsigned long rounds = 1000000; /* volatile: the call is not hoisted out of the loop */
+
+__attribute__((noinline)) unsigned long spin_hot_function(unsigned long n) {
+  unsigned long acc = 7;
+  for (unsigned long i = 0; i < n; ++i) acc = acc * 6364136223846793005ul + i;
+  return acc;
+}
+
+static void* spinner(void* arg) {
+  (void)arg;
+  while (!stop) sink += spin_hot_function(rounds);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  unsigned seconds = argc > 1 ? (unsigned)atoi(argv[1]) : 5;
+  pthread_t t;
+  if (pthread_create(&t, 0, spinner, 0) != 0) return 2;
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  printf("ready\n");
+  fflush(stdout);
+  unsigned left = sleep(seconds);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  double slept = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+  stop = 1;
+  pthread_join(t, 0);
+  printf("sleep returned %u after %.3f s\n", left, slept);
+  return left == 0 && slept >= seconds - 0.01 ? 0 : 1;
+}
