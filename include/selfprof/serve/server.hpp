@@ -13,7 +13,9 @@
 //    peer uid checked the same way; `selfprof dump PID` is an HTTP client of it. No signal is sent, so no
 //    thread of the application sees EINTR because of a dump.
 // Bounds: connections open at once (over it, a 503 and close), the head's size and the time to receive it
-// (slowloris), the time a response may go without progress, the jobs queued. Every descriptor is
+// (slowloris), the time a response may go without progress, the profiles in the making (503 past it).
+// A bad endpoint address, or a non-loopback one without a token, fails start(); an address in use is a
+// note (sampling goes on without the endpoint). Every descriptor is
 // non-blocking, close-on-exec and above the application's range (detail/high_fd.hpp). Failures are
 // counted, never raised: nothing here can stop or stall the application.
 #pragma once
@@ -32,6 +34,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -70,6 +73,9 @@ struct server_config {
   double head_timeout_s = 10;  // from accept to the end of the request head
   double io_timeout_s = 30;    // the longest a response may go without a byte written
   std::size_t max_connections = 32;
+  // Responses waiting for their time or their render at once; more get a 503. Each profile of the next
+  // N seconds holds a copy of the stack table while it waits, so this bounds that memory.
+  std::size_t max_jobs = 8;
   http_limits limits;
 };
 
@@ -186,9 +192,9 @@ class http_server {
   http_server& operator=(const http_server&) = delete;
   ~http_server() { stop(); }
 
-  // Opens the listeners and starts both threads. An endpoint that cannot be opened (a bad address, a
-  // non-loopback one without a token, a port in use) is an error; a control socket that cannot be bound
-  // is only a note (`notes`), the rest runs.
+  // Opens the listeners and starts both threads. A bad endpoint address, or a non-loopback one without
+  // a token, is an error; an endpoint address in use or a control socket that cannot be bound is only a
+  // note (`notes`), the rest runs.
   status start(const server_config& cfg, http_route route, std::vector<std::string>& notes) {
     stop();
     cfg_ = cfg;
@@ -349,9 +355,13 @@ class http_server {
     }
     const int fd = listen_on(la.family, reinterpret_cast<const sockaddr*>(&la.addr), la.len);
     if (fd < 0) {
-      const int e = errno;
-      return status::error(
-          "selfprof: SELFPROF_HTTP=\"" + cfg_.http + "\": cannot listen: " + std::strerror(e), e);
+      // The address is fine but taken (another instance, a child that exec'd with the same environment):
+      // sampling goes on without the endpoint, and says so.
+      const std::string why = "SELFPROF_HTTP=\"" + cfg_.http + "\": cannot listen (" + std::strerror(errno) +
+                              "): no profile endpoint in this process";
+      notes.push_back(why);
+      std::fprintf(stderr, "selfprof: %s\n", why.c_str());
+      return status::ok();
     }
     if (la.family == AF_UNIX) {
       // Bound with the umask's mode; 0600 before the first accept (and peers are checked by uid anyway).
@@ -532,10 +542,17 @@ class http_server {
       respond(c, std::move(a.bytes));
       return;
     }
-    c.state = waiting;
-    std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back({c.id, a.due, std::move(a.job), c.cancelled});
-    render_.wake();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (jobs_.size() < cfg_.max_jobs) {
+        c.state = waiting;
+        jobs_.push_back({c.id, a.due, std::move(a.job), c.cancelled});
+        render_.wake();
+        return;
+      }
+    }
+    ++n_.refused;
+    respond(c, http_error_response(503, "too many profiles in the making at once; try again later"));
   }
 
   bool token_ok(const http_request& req) const {

@@ -3,7 +3,10 @@
 
 #include <sys/un.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <selfprof/serve/client.hpp>
@@ -83,4 +86,59 @@ TEST_CASE("server: responses are parsed strictly by the client") {
   CHECK(!parse_http_reply("HTTP/1.1 200 OK\r\n", r));
   CHECK(!parse_http_reply("HTTP/1.1 2x0 OK\r\n\r\n", r));
   CHECK(parse_http_reply("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n", r, true));
+}
+
+TEST_CASE("server: responses in the making are bounded; past the bound a 503") {
+  http_server s;
+  server_config cfg;
+  cfg.http = "127.0.0.1:0";
+  cfg.control = false;
+  cfg.max_jobs = 3;
+  std::vector<std::string> notes;
+  REQUIRE(s.start(
+      cfg,
+      [](const http_request&) {
+        http_answer a;
+        a.job = [] { return http_response_head(200, "text/plain", 2) + "ok"; };
+        a.due = serve_clock::now() + std::chrono::milliseconds(400);
+        return a;
+      },
+      notes));
+  listen_address la;
+  REQUIRE(parse_listen_address(s.address(), la));
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0}, refused{0};
+  for (int i = 0; i < 5; ++i)
+    clients.emplace_back([&] {
+      http_reply r;
+      if (!http_get(reinterpret_cast<const sockaddr*>(&la.addr), la.len, "/x", 5, r)) return;
+      ok += r.status == 200;
+      refused += r.status == 503;
+    });
+  for (auto& t : clients) t.join();
+  CHECK(ok == 3);
+  CHECK(refused == 2);
+  CHECK(s.counters().refused == 2);
+}
+
+TEST_CASE("server: an endpoint address in use is a note, not an error; a bad one is an error") {
+  http_server first, second;
+  server_config cfg;
+  cfg.http = "127.0.0.1:0";
+  cfg.control = false;
+  std::vector<std::string> notes;
+  auto route = [](const http_request&) { return http_answer{}; };
+  REQUIRE(first.start(cfg, route, notes));
+  cfg.http = first.address();
+  REQUIRE(second.start(cfg, route, notes));
+  CHECK(second.address().empty());
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].find("cannot listen") != std::string::npos);
+  cfg.http = "0.0.0.0:0";
+  const selfprof::status st = second.start(cfg, route, notes);
+  CHECK(!st);
+  CHECK(st.message().find("bearer token") != std::string::npos);
+  cfg.token = "0123456789abcdef";
+  CHECK(second.start(cfg, route, notes));
+  CHECK(!second.address().empty());
 }
