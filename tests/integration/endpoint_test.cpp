@@ -329,3 +329,28 @@ TEST_CASE("endpoint: an address in use leaves sampling on, without the endpoint,
   REQUIRE(selfprof::stop());
   ::close(holder);
 }
+
+TEST_CASE("endpoint: in wall mode the wall profile and its off-CPU view") {
+  wl::apply_test_environment();
+  selfprof::options o = endpoint_options();
+  o.mode = selfprof::profile_mode::wall;
+  o.hz = 100;
+  REQUIRE(selfprof::start(o));
+  endpoint ep(selfprof::get_stats().http.address);
+  std::thread sleeper([] { std::this_thread::sleep_for(std::chrono::milliseconds(600)); });
+  spin_cpu(before_window, 200000000LL);
+  sleeper.join();
+  const http_reply wall = ep.get("/debug/selfprof/folded?since=start&view=wall");
+  CHECK(wall.status == 200);
+  // Without perf_event, wall mode has no on-CPU stacks: CPU time is counted as [running].
+  CHECK(wall.body.find(wl::perf_disabled_by_environment() ? "[running]" : "before_window") !=
+        std::string::npos);
+  const http_reply off = ep.get("/debug/selfprof/folded?since=start&view=offcpu");
+  CHECK(off.status == 200);
+  CHECK(off.body.find("[blocked") != std::string::npos);
+  CHECK(off.body.find("before_window") == std::string::npos);  // on the CPU: not in the off-CPU view
+  const http_reply pprof = ep.get("/debug/pprof/profile?since=start");
+  CHECK(pprof.status == 200);
+  CHECK(ep.get("/debug/selfprof/top?since=start&view=cpu").status == 400);
+  REQUIRE(selfprof::stop());
+}
