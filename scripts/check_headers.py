@@ -39,9 +39,10 @@ MAY_INCLUDE = {
     "game": {"detail", "signal"} | VALUES,
     "collect": {"game", "wall", "sources", "unwind", "symbols", "jit", "detail", "signal"} | VALUES,
     "dump": {"collect", "game", "wall", "symbols", "output", "jit", "detail", "signal"} | VALUES,
-    "core": {"dump", "collect", "game", "wall", "sources", "unwind", "symbols", "output", "jit", "detail",
+    "serve": {"dump", "collect", "game", "wall", "symbols", "output", "jit", "detail", "signal"} | VALUES,
+    "core": {"serve", "dump", "collect", "game", "wall", "sources", "unwind", "symbols", "output", "jit", "detail",
              "signal"} | VALUES,
-    "api": {"api", "core", "dump", "collect", "game", "wall", "sources", "unwind", "symbols", "output", "jit",
+    "api": {"api", "core", "serve", "dump", "collect", "game", "wall", "sources", "unwind", "symbols", "output", "jit",
             "detail", "signal"} | VALUES,
 }
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')

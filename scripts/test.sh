@@ -16,7 +16,7 @@
 #   meson         meson setup -Dcompiled=true + meson test (unit + integration; the tool is left to the CMake stages)
 #   unprivileged  the gcc build's integration and torture tests as a throwaway system user (setpriv)
 #   no_perf       the gcc build's unit + integration tests with SELFPROF_TEST_NO_PERF=1
-#   fuzz          libFuzzer targets (ELF reader, perf-script and folded parsers), 10 s each (SELFPROF_FUZZ_SECONDS)
+#   fuzz          libFuzzer targets (ELF reader, perf-script and folded parsers, HTTP requests), 10 s each (SELFPROF_FUZZ_SECONDS)
 # Environment: SELFPROF_SKIP_APT=1 skips apt-get; SELFPROF_JOBS (default 2) parallel jobs;
 # SELFPROF_TEST_USER (default selfprof-test).
 set -uo pipefail
@@ -170,16 +170,21 @@ stage_unprivileged() {
   count "$ok" "$bad" "unprivileged"
 }
 # libFuzzer targets (clang), each for a bounded time on a seed corpus: the ELF reader, the perf-script
-# and folded parsers. A crash or a sanitizer report fails the stage.
+# and folded parsers, the endpoint's HTTP request parser. A crash or a sanitizer report fails the stage.
 stage_fuzz() {
   local dir=$build_root/fuzz seconds=${SELFPROF_FUZZ_SECONDS:-10} t ok=0 bad=0
   note "fuzz: each target for ${seconds} s"
   rm -rf "$dir" && mkdir -p "$dir/corpus-elf" "$dir/corpus-text"
   cp /usr/lib/x86_64-linux-gnu/libm.so.6 /bin/true "$dir/corpus-elf/" 2>/dev/null || true
   cp "$root_dir"/tests/cli/fixtures/perf-*.txt "$root_dir"/tests/golden/*.folded "$dir/corpus-text/" 2>/dev/null || true
-  for t in elf_fuzz cli_perf_script_fuzz cli_folded_fuzz; do
+  mkdir -p "$dir/corpus-http"
+  printf 'GET /debug/pprof/profile?seconds=30 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer abc\r\n\r\n' >"$dir/corpus-http/get"
+  printf 'HEAD /debug/selfprof/folded?since=start&view=offcpu HTTP/1.0\n\n' >"$dir/corpus-http/head"
+  printf 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nab' >"$dir/corpus-http/reply"
+  for t in elf_fuzz cli_perf_script_fuzz cli_folded_fuzz http_request_fuzz; do
     local corpus=$dir/corpus-text
     [ "$t" = elf_fuzz ] && corpus=$dir/corpus-elf
+    [ "$t" = http_request_fuzz ] && corpus=$dir/corpus-http
     if ! clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -I"$root_dir/include" \
       -I"$root_dir/tools/selfprof" "$root_dir/tests/fuzz/$t.cpp" -o "$dir/$t"; then
       bad=$((bad + 1)); echo "FAILED: building $t"; continue

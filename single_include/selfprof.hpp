@@ -2379,6 +2379,13 @@ struct options {
   // distinct stacks, more than long runs of large programs show, while a runaway (a thread per request,
   // an absurd rate or depth) stays small next to the program. Values under 1 MiB are raised to 1 MiB.
   std::size_t max_memory = std::size_t{64} << 20;
+  // The profile endpoint (core/endpoint.hpp, serve/server.hpp): off unless an address is given.
+  std::string http;                 // SELFPROF_HTTP: 127.0.0.1:PORT, [::1]:PORT, unix:/path ("" off)
+  std::string http_token_file;      // SELFPROF_HTTP_TOKEN_FILE: bearer token (0600 file); needed off loopback
+  double http_max_seconds = 300;    // SELFPROF_HTTP_MAX_SECONDS: the longest ?seconds= served
+  double http_head_timeout_s = 10;  // a client must send its request head within this (slowloris)
+  // SELFPROF_CONTROL: the control socket "@selfprof-<pid>" that `selfprof dump PID` asks (same uid or root).
+  bool control = true;
 };
 
 // The smallest ceiling: room for the smallest ring at the deepest stacks and a useful table.
@@ -2591,6 +2598,20 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
     else
       bad("SELFPROF_FRAME_HZ", v, "a rate in Hz from 0 (same as SELFPROF_HZ) to 100000");
   }
+  if (const char* v = std::getenv("SELFPROF_HTTP")) o.http = v;
+  if (const char* v = std::getenv("SELFPROF_HTTP_TOKEN_FILE")) o.http_token_file = v;
+  if (const char* v = std::getenv("SELFPROF_HTTP_MAX_SECONDS")) {
+    if (detail::parse_double(v, 1, 86400, d))
+      o.http_max_seconds = d;
+    else
+      bad("SELFPROF_HTTP_MAX_SECONDS", v, "seconds from 1 to 86400");
+  }
+  if (const char* v = std::getenv("SELFPROF_CONTROL")) {
+    if (detail::parse_bool(v, b))
+      o.control = b;
+    else
+      bad("SELFPROF_CONTROL", v, "0 or 1");
+  }
   if (const char* v = std::getenv("SELFPROF_MAX_MEMORY")) {
     std::uint64_t bytes = 0;
     if (detail::parse_bytes(v, kMinMaxMemory, std::uint64_t{1} << 40, bytes))
@@ -2665,6 +2686,18 @@ struct wall_stats {
   std::uint64_t cpu_ns = 0;      // CPU time of the sampler thread itself
 };
 
+// What the profile endpoint and the control socket did (serve/server.hpp).
+struct http_stats {
+  std::string address;  // the endpoint as bound ("" none), e.g. "127.0.0.1:6060"
+  std::string control;  // the control socket ("" none), e.g. "@selfprof-1234"
+  std::uint64_t connections = 0, requests = 0;
+  std::uint64_t bad_requests = 0;  // refused by the parser (400, 405, 414, 431, 505) or unknown pages
+  std::uint64_t unauthorized = 0;  // 401 (token) and 403 (peer uid)
+  std::uint64_t refused = 0;       // over the connection limit (503)
+  std::uint64_t timeouts = 0;      // clients dropped for being too slow
+  std::uint64_t failures = 0;      // accept, write or render failures, clients gone early
+};
+
 struct stats {
   bool running = false;
   profile_mode mode = profile_mode::cpu;
@@ -2699,6 +2732,7 @@ struct stats {
   unsigned long dumps_written = 0, dumps_failed = 0;  // signal and interval dumps
   std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread;
   wall_stats wall;  // wall mode: what the wall sampler did
+  http_stats http;  // the profile endpoint and the control socket
 };
 
 }  // namespace selfprof
@@ -5371,6 +5405,31 @@ class stack_table {
     entries_.resize(kept);
     pcs_.resize(pcs_end);
     return freed;
+  }
+
+  // The count of a stack (0 when the table does not hold it).
+  std::uint64_t count_of(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
+                         std::size_t depth) const {
+    if (index_.empty()) return 0;
+    const std::uint64_t h = hash(tid, flags, pcs, depth);
+    const std::size_t mask = index_.size() - 1;
+    for (std::size_t i = h & mask; index_[i] != 0; i = (i + 1) & mask) {
+      const entry& e = entries_[index_[i] - 1];
+      if (same(e, h, tid, flags, pcs, depth)) return e.count;
+    }
+    return 0;
+  }
+
+  // What `later` counted past `earlier` (a table of the same session taken before it), stack by stack:
+  // the samples of the time between the two. A stack whose count did not grow is left out. Unbounded:
+  // it is never larger than `later`.
+  static stack_table difference(const stack_table& later, const stack_table& earlier) {
+    stack_table d;
+    for (const entry& e : later.entries_) {
+      const std::uint64_t before = earlier.count_of(e.tid, e.flags, later.pcs(e), e.depth);
+      if (e.count > before) d.add(e.tid, e.flags, later.pcs(e), e.depth, e.count - before);
+    }
+    return d;
   }
 
   const std::vector<entry>& entries() const { return entries_; }
@@ -15509,6 +15568,1185 @@ class auto_dumps {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/core/auto_dumps.hpp ----
+// ---- begin selfprof/core/endpoint.hpp ----
+// The routes of the profile endpoint and the control socket (serve/server.hpp): Go's
+// /debug/pprof/profile and index, and selfprof's flame graph, folded and top forms, each either of the
+// next N seconds or (since=start) of everything collected so far. Also the bearer token file.
+// Context: the server thread (routes: quick copies only) and the render thread (the jobs); setup reads
+// the token file.
+//
+// A profile of the next N seconds is the difference of two snapshots of the one running session, taken
+// when the request arrives and N seconds later: concurrent requests share the same sampling (no second
+// profiler) and each costs a copy of the stack table while it waits. A thread that ends meanwhile under
+// the memory ceiling's thread merge may move a few of its earlier samples into the window under thread 0.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+
+// ---- begin selfprof/serve/http.hpp ----
+// The HTTP/1.1 request parser and response heads of selfprof's profile endpoint (serve/server.hpp): GET
+// and HEAD only, every size bounded, every malformed input answered with a status code and a reason.
+// Context: any thread except the signal handler (the server thread; a pure function of its input).
+//
+// Why a parser of our own rather than a library: the endpoint serves a handful of fixed GET paths to
+// pprof clients and scrapers, one request per connection. An HTTP library would be a dependency of every
+// program that embeds the profiler (selfprof needs only the C++ library and Linux) and brings far more
+// surface than this needs (bodies, chunking, keep-alive, TLS); this parser is small enough to read whole
+// and is fuzzed on its own (tests/fuzz/http_request_fuzz.cpp).
+//
+// What it accepts: "METHOD SP origin-form SP HTTP/1.x" (CRLF or bare LF line ends), header fields
+// "name: value". Rejected: a request line longer than `max_request_line` (414), a head longer than
+// `max_head_bytes` or with more than `max_fields` fields (431), a method other than GET and HEAD (405; an
+// unknown one too), an HTTP version other than 1.0 and 1.1 (505), a target that is not "/..." with
+// printable characters, a bad percent escape or an escaped NUL, obsolete line folding, control characters
+// in a value, two Authorization fields (400). A body is never read: every response closes the connection.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace selfprof {
+namespace detail {
+
+struct http_limits {
+  std::size_t max_request_line = 2048;
+  std::size_t max_head_bytes = 8192;  // request line and fields, up to the empty line
+  std::size_t max_fields = 64;
+};
+
+struct http_request {
+  std::string method;                                      // "GET" or "HEAD"
+  std::string path;                                        // percent-decoded, starts with '/'
+  std::vector<std::pair<std::string, std::string>> query;  // decoded, in order
+  std::string authorization;                               // the Authorization field's value, if any
+  bool has_authorization = false;
+
+  // The value of query parameter `name` (the first one), or nullptr.
+  const std::string* param(std::string_view name) const {
+    for (const auto& kv : query)
+      if (kv.first == name) return &kv.second;
+    return nullptr;
+  }
+};
+
+enum class http_parse { incomplete, done, bad };
+
+struct http_parse_result {
+  http_parse state = http_parse::incomplete;
+  int status = 0;      // bad: the status code to answer with
+  std::string reason;  // bad: what was wrong, for the response body
+};
+
+inline bool http_token_char(char c) {
+  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
+  switch (c) {
+    case '!':
+    case '#':
+    case '$':
+    case '%':
+    case '&':
+    case '\'':
+    case '*':
+    case '+':
+    case '-':
+    case '.':
+    case '^':
+    case '_':
+    case '`':
+    case '|':
+    case '~':
+      return true;
+    default:
+      return false;
+  }
+}
+
+inline int http_hex(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Percent-decodes `in` (and '+' as a space when `plus`). False on a bad escape or an escaped NUL.
+inline bool http_decode(std::string_view in, bool plus, std::string& out) {
+  out.clear();
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const char c = in[i];
+    if (c == '%') {
+      if (i + 2 >= in.size()) return false;
+      const int hi = http_hex(in[i + 1]), lo = http_hex(in[i + 2]);
+      if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) return false;
+      out += static_cast<char>(hi * 16 + lo);
+      i += 2;
+    } else if (c == '+' && plus) {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return true;
+}
+
+inline bool http_equal_ci(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    char x = a[i], y = b[i];
+    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
+    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
+    if (x != y) return false;
+  }
+  return true;
+}
+
+inline http_parse_result http_bad(int status, std::string reason) {
+  http_parse_result r;
+  r.state = http_parse::bad;
+  r.status = status;
+  r.reason = std::move(reason);
+  return r;
+}
+
+// Parses the request target (origin form) into path and query.
+inline http_parse_result http_parse_target(std::string_view target, http_request& out) {
+  if (target.empty() || target[0] != '/') return http_bad(400, "the request target must start with '/'");
+  for (char c : target)
+    if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7f)
+      return http_bad(400, "the request target has a character that is not printable ASCII");
+  const std::size_t q = target.find('?');
+  std::string_view path = target.substr(0, q);
+  const std::size_t hash = path.find('#');
+  if (hash != std::string_view::npos) path = path.substr(0, hash);
+  if (!http_decode(path, false, out.path)) return http_bad(400, "bad percent escape in the request path");
+  if (q == std::string_view::npos) return {http_parse::done, 0, {}};
+  std::string_view query = target.substr(q + 1);
+  const std::size_t qhash = query.find('#');
+  if (qhash != std::string_view::npos) query = query.substr(0, qhash);
+  while (!query.empty()) {
+    const std::size_t amp = query.find('&');
+    const std::string_view item = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (item.empty()) continue;
+    const std::size_t eq = item.find('=');
+    std::string k, v;
+    if (!http_decode(item.substr(0, eq), true, k) ||
+        (eq != std::string_view::npos && !http_decode(item.substr(eq + 1), true, v)))
+      return http_bad(400, "bad percent escape in the query string");
+    if (out.query.size() >= 32) return http_bad(400, "more than 32 query parameters");
+    out.query.emplace_back(std::move(k), std::move(v));
+  }
+  return {http_parse::done, 0, {}};
+}
+
+// Parses the head of a request from the bytes received so far. `incomplete` until the empty line that
+// ends the head arrives (or a limit is passed, which is `bad`).
+inline http_parse_result parse_http_request(std::string_view in, http_request& out,
+                                            const http_limits& lim = {}) {
+  out = http_request();
+  // The end of the head: the first empty line.
+  std::size_t head_end = std::string_view::npos, body = 0;
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '\n') continue;
+    if (i + 1 < in.size() && in[i + 1] == '\n') {
+      head_end = i + 1;
+      body = i + 2;
+      break;
+    }
+    if (i + 2 < in.size() && in[i + 1] == '\r' && in[i + 2] == '\n') {
+      head_end = i + 1;
+      body = i + 3;
+      break;
+    }
+  }
+  (void)body;
+  const std::size_t line_end = in.find('\n');
+  if (line_end == std::string_view::npos ? in.size() > lim.max_request_line : line_end > lim.max_request_line)
+    return http_bad(414,
+                    "the request line is longer than " + std::to_string(lim.max_request_line) + " bytes");
+  if (head_end == std::string_view::npos ? in.size() > lim.max_head_bytes : head_end > lim.max_head_bytes)
+    return http_bad(431, "the request head is longer than " + std::to_string(lim.max_head_bytes) + " bytes");
+  if (line_end == std::string_view::npos) return {};
+  // The request line, checked as soon as it is complete (a bad method is refused without the fields).
+  std::string_view line = in.substr(0, line_end);
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  const std::size_t sp1 = line.find(' ');
+  if (sp1 == std::string_view::npos || sp1 == 0) return http_bad(400, "malformed request line");
+  const std::string_view method = line.substr(0, sp1);
+  for (char c : method)
+    if (!http_token_char(c)) return http_bad(400, "malformed request method");
+  if (method != "GET" && method != "HEAD") return http_bad(405, "only GET and HEAD are served");
+  const std::size_t sp2 = line.find(' ', sp1 + 1);
+  if (sp2 == std::string_view::npos || line.find(' ', sp2 + 1) != std::string_view::npos)
+    return http_bad(400, "malformed request line (expected: METHOD TARGET HTTP/1.1)");
+  const std::string_view version = line.substr(sp2 + 1);
+  if (version.size() != 8 || version.substr(0, 5) != "HTTP/" || version[6] != '.' || version[5] < '0' ||
+      version[5] > '9' || version[7] < '0' || version[7] > '9')
+    return http_bad(400, "malformed HTTP version");
+  if (version != "HTTP/1.1" && version != "HTTP/1.0")
+    return http_bad(505, "only HTTP/1.0 and 1.1 are served");
+  if (head_end == std::string_view::npos) return {};
+  out.method = std::string(method);
+  http_parse_result t = http_parse_target(line.substr(sp1 + 1, sp2 - sp1 - 1), out);
+  if (t.state == http_parse::bad) return t;
+  // The fields.
+  std::size_t pos = line_end + 1, fields = 0;
+  while (pos < head_end) {
+    std::size_t eol = in.find('\n', pos);
+    std::string_view f = in.substr(pos, eol - pos);
+    pos = eol + 1;
+    if (!f.empty() && f.back() == '\r') f.remove_suffix(1);
+    if (f.empty()) break;
+    if (++fields > lim.max_fields)
+      return http_bad(431, "more than " + std::to_string(lim.max_fields) + " header fields");
+    if (f[0] == ' ' || f[0] == '\t') return http_bad(400, "obsolete line folding in a header field");
+    const std::size_t colon = f.find(':');
+    if (colon == std::string_view::npos || colon == 0) return http_bad(400, "malformed header field");
+    const std::string_view name = f.substr(0, colon);
+    for (char c : name)
+      if (!http_token_char(c)) return http_bad(400, "malformed header field name");
+    std::string_view value = f.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    for (char c : value)
+      if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f)
+        return http_bad(400, "control character in a header field value");
+    if (http_equal_ci(name, "authorization")) {
+      if (out.has_authorization) return http_bad(400, "more than one Authorization field");
+      out.has_authorization = true;
+      out.authorization = std::string(value);
+    }
+  }
+  return {http_parse::done, 0, {}};
+}
+
+inline const char* http_reason(int status) {
+  switch (status) {
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 414:
+      return "URI Too Long";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    case 505:
+      return "HTTP Version Not Supported";
+    default:
+      return "Error";
+  }
+}
+
+// A response head: status line, the content type and length, `extra` fields (each ending in CRLF), and
+// "Connection: close" (one request per connection).
+inline std::string http_response_head(int status, std::string_view content_type, std::size_t length,
+                                      std::string_view extra = {}) {
+  std::string h = "HTTP/1.1 " + std::to_string(status) + " " + http_reason(status) + "\r\n";
+  h += "Content-Type: ";
+  h += content_type;
+  h += "\r\nContent-Length: " + std::to_string(length) + "\r\n";
+  h += "X-Content-Type-Options: nosniff\r\nCache-Control: no-store\r\n";
+  if (status == 405) h += "Allow: GET, HEAD\r\n";
+  if (status == 401) h += "WWW-Authenticate: Bearer realm=\"selfprof\"\r\n";
+  h += extra;
+  h += "Connection: close\r\n\r\n";
+  return h;
+}
+
+// A complete plain-text error response ("selfprof: <reason>\n").
+inline std::string http_error_response(int status, std::string_view reason, bool head_only = false) {
+  std::string body = "selfprof: ";
+  body += reason;
+  body += '\n';
+  std::string r = http_response_head(status, "text/plain; charset=utf-8", body.size());
+  if (!head_only) r += body;
+  return r;
+}
+
+// Compares a presented secret with the expected one in time that depends only on the presented one's
+// length, so the time to refuse reveals nothing about how much of a guess was right.
+inline bool http_equal_constant_time(std::string_view given, std::string_view expected) {
+  unsigned char diff = given.size() == expected.size() ? 0 : 1;
+  for (std::size_t i = 0; i < given.size(); ++i) {
+    const unsigned char e = expected.empty() ? 0 : static_cast<unsigned char>(expected[i % expected.size()]);
+    diff = static_cast<unsigned char>(diff | (static_cast<unsigned char>(given[i]) ^ e));
+  }
+  return diff == 0 && !expected.empty();
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/serve/http.hpp ----
+// ---- begin selfprof/serve/server.hpp ----
+// The profile endpoint's server: one poll loop over every listening socket and connection (thread
+// "selfprof-http"), and the responses that take work — a profile of the next N seconds, symbolized and
+// rendered — made off that loop on a second thread ("selfprof-render"), so a slow render or a slow
+// client never holds up another client. Both are detail::worker threads (signals blocked, named).
+// Context: setup only (start, stop, abandon_after_fork); the two server threads; counters() from any.
+//
+// Listeners, all speaking the same protocol (serve/http.hpp), one request per connection:
+//  - the endpoint (options::http, SELFPROF_HTTP): "HOST:PORT" with a numeric IPv4 address or
+//    "localhost", "[IPV6]:PORT", or "unix:/path". Loopback unless told otherwise; a non-loopback address
+//    needs a bearer token (start() refuses it without one). A unix socket is made 0600 and the peer's uid
+//    is checked (SO_PEERCRED: ours or root).
+//  - the control socket (options::control, on by default): the abstract unix socket "@selfprof-<pid>",
+//    peer uid checked the same way; `selfprof dump PID` is an HTTP client of it. No signal is sent, so no
+//    thread of the application sees EINTR because of a dump.
+// Bounds: connections open at once (over it, a 503 and close), the head's size and the time to receive it
+// (slowloris), the time a response may go without progress, the profiles in the making (503 past it).
+// A bad endpoint address, or a non-loopback one without a token, fails start(); an address in use is a
+// note (sampling goes on without the endpoint). Every descriptor is
+// non-blocking, close-on-exec and above the application's range (detail/high_fd.hpp). Failures are
+// counted, never raised: nothing here can stop or stall the application.
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+using serve_clock = std::chrono::steady_clock;
+
+// What a route answers: complete response bytes, or a job that makes them on the render thread once
+// `due` has come (the bytes are then whatever the job returns).
+struct http_answer {
+  std::string bytes;
+  std::function<std::string()> job;
+  serve_clock::time_point due{};
+};
+
+// Answers a parsed, authorized request. Runs on the server thread: it must be quick (copies, no
+// symbolizing or rendering; those go in the job).
+using http_route = std::function<http_answer(const http_request&)>;
+
+struct server_config {
+  std::string http;   // the endpoint's address ("" none)
+  std::string token;  // bearer token the endpoint asks for ("" none)
+  bool control = true;
+  double head_timeout_s = 10;  // from accept to the end of the request head
+  double io_timeout_s = 30;    // the longest a response may go without a byte written
+  std::size_t max_connections = 32;
+  // Responses waiting for their time or their render at once; more get a 503. Each profile of the next
+  // N seconds holds a copy of the stack table while it waits, so this bounds that memory.
+  std::size_t max_jobs = 8;
+  http_limits limits;
+};
+
+struct server_counters {
+  std::uint64_t connections = 0;   // accepted
+  std::uint64_t requests = 0;      // complete, authorized requests answered by a route
+  std::uint64_t bad_requests = 0;  // answered 4xx/5xx by the parser (400, 405, 414, 431, 505)
+  std::uint64_t unauthorized = 0;  // 401 (token) and 403 (peer uid)
+  std::uint64_t refused = 0;       // over the connection limit: 503
+  std::uint64_t timeouts = 0;      // dropped: head too slow, or no write progress
+  std::uint64_t failures = 0;      // accept, write or render failures, and clients gone early
+};
+
+// A parsed listening address.
+struct listen_address {
+  int family = 0;  // AF_INET, AF_INET6, AF_UNIX
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  bool loopback = false;
+  std::string path;  // AF_UNIX
+};
+
+inline status parse_listen_address(const std::string& text, listen_address& out) {
+  out = listen_address();
+  auto bad = [&](const std::string& why) {
+    return status::error("selfprof: SELFPROF_HTTP=\"" + text + "\": " + why);
+  };
+  if (text.rfind("unix:", 0) == 0) {
+    const std::string path = text.substr(5);
+    sockaddr_un un{};
+    if (path.empty() || path[0] != '/') return bad("a unix socket needs an absolute path (unix:/path)");
+    if (path.size() >= sizeof un.sun_path) return bad("the socket path is too long");
+    un.sun_family = AF_UNIX;
+    std::memcpy(un.sun_path, path.c_str(), path.size() + 1);
+    std::memcpy(&out.addr, &un, sizeof un);
+    out.len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
+    out.family = AF_UNIX;
+    out.path = path;
+    out.loopback = true;
+    return status::ok();
+  }
+  const std::size_t colon = text.rfind(':');
+  if (colon == std::string::npos) return bad("expected HOST:PORT, [IPV6]:PORT or unix:/path");
+  std::string host = text.substr(0, colon);
+  const std::string port_text = text.substr(colon + 1);
+  if (port_text.empty() || port_text.size() > 5 ||
+      port_text.find_first_not_of("0123456789") != std::string::npos)
+    return bad("the port must be a number from 0 to 65535");
+  const unsigned long port = std::stoul(port_text);
+  if (port > 65535) return bad("the port must be a number from 0 to 65535");
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_port = htons(static_cast<std::uint16_t>(port));
+    if (inet_pton(AF_INET6, host.c_str(), &a.sin6_addr) != 1) return bad("not a numeric IPv6 address");
+    std::memcpy(&out.addr, &a, sizeof a);
+    out.len = sizeof a;
+    out.family = AF_INET6;
+    out.loopback = IN6_IS_ADDR_LOOPBACK(&a.sin6_addr) ||
+                   (IN6_IS_ADDR_V4MAPPED(&a.sin6_addr) && a.sin6_addr.s6_addr[12] == 127);
+    return status::ok();
+  }
+  if (host == "localhost") host = "127.0.0.1";
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1)
+    return bad("not a numeric IPv4 address (names are not resolved; IPv6 goes in brackets)");
+  std::memcpy(&out.addr, &a, sizeof a);
+  out.len = sizeof a;
+  out.family = AF_INET;
+  out.loopback = (ntohl(a.sin_addr.s_addr) >> 24) == 127;
+  return status::ok();
+}
+
+// "127.0.0.1:6060", "[::1]:6060", "unix:/path", "@name" of a bound socket.
+inline std::string describe_bound(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf);
+    return std::string(buf) + ":" + std::to_string(ntohs(a->sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof buf);
+    return "[" + std::string(buf) + "]:" + std::to_string(ntohs(a->sin6_port));
+  }
+  const auto* u = reinterpret_cast<const sockaddr_un*>(&ss);
+  const std::size_t n = len > offsetof(sockaddr_un, sun_path) ? len - offsetof(sockaddr_un, sun_path) : 0;
+  if (n > 0 && u->sun_path[0] == '\0') return "@" + std::string(u->sun_path + 1, n - 1);
+  return "unix:" + std::string(u->sun_path, strnlen(u->sun_path, n));
+}
+
+// The control socket's abstract name for `pid` (without the leading NUL).
+inline std::string control_socket_name(long pid) { return "selfprof-" + std::to_string(pid); }
+
+// True when the peer of unix socket `fd` runs as our uid or as root.
+inline bool peer_uid_allowed(int fd) {
+  struct ucred cred {};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
+  return cred.uid == ::geteuid() || cred.uid == 0;
+}
+
+class http_server {
+ public:
+  http_server() = default;
+  http_server(const http_server&) = delete;
+  http_server& operator=(const http_server&) = delete;
+  ~http_server() { stop(); }
+
+  // Opens the listeners and starts both threads. A bad endpoint address, or a non-loopback one without
+  // a token, is an error; an endpoint address in use or a control socket that cannot be bound is only a
+  // note (`notes`), the rest runs.
+  status start(const server_config& cfg, http_route route, std::vector<std::string>& notes) {
+    stop();
+    cfg_ = cfg;
+    route_ = std::move(route);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.clear();
+      done_.clear();
+    }
+    if (!cfg.http.empty()) {
+      status st = open_endpoint(notes);
+      if (!st) {
+        close_listeners();
+        return st;
+      }
+    }
+    if (cfg.control) {
+      const std::string name = control_socket_name(::getpid());
+      sockaddr_un un{};
+      un.sun_family = AF_UNIX;
+      std::memcpy(un.sun_path + 1, name.data(), name.size());
+      const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+      const int fd = listen_on(AF_UNIX, reinterpret_cast<const sockaddr*>(&un), len);
+      if (fd < 0)
+        notes.push_back("control socket @" + name + " not opened (" + std::strerror(errno) +
+                        "): `selfprof dump` cannot reach this process");
+      else {
+        listeners_.push_back({fd, kind_control, false});
+        control_ = "@" + name;
+      }
+    }
+    if (listeners_.empty()) return status::ok();
+    status st = render_.start("selfprof-render", &http_server::render_main, this);
+    if (st) st = io_.start("selfprof-http", &http_server::io_main, this);
+    if (!st) {
+      render_.stop();
+      close_listeners();
+    }
+    return st;
+  }
+
+  // Stops both threads and closes every socket; a client waiting for a profile sees its connection
+  // closed.
+  void stop() {
+    io_.stop();
+    render_.stop();
+    for (auto& c : conns_) close_conn(c);
+    conns_.clear();
+    close_listeners();
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.clear();
+    done_.clear();
+  }
+
+  // A forked child: the threads are not there; its copies of the sockets are closed (a unix socket's
+  // path belongs to the parent and stays).
+  void abandon_after_fork() {
+    io_.abandon_after_fork();
+    render_.abandon_after_fork();
+    for (auto& c : conns_)
+      if (c.fd >= 0) ::close(c.fd);
+    conns_.clear();
+    for (auto& l : listeners_) ::close(l.fd);
+    listeners_.clear();
+    unix_path_.clear();
+    new (&mu_) std::mutex();
+    jobs_.clear();
+    done_.clear();
+  }
+
+  bool running() const { return io_.running(); }
+  std::vector<pid_t> tids() const { return {io_.tid(), render_.tid()}; }
+  const std::string& address() const { return address_; }  // the endpoint as bound ("" none)
+  const std::string& control_name() const { return control_; }
+
+  server_counters counters() const {
+    server_counters c;
+    c.connections = n_.connections.load();
+    c.requests = n_.requests.load();
+    c.bad_requests = n_.bad_requests.load();
+    c.unauthorized = n_.unauthorized.load();
+    c.refused = n_.refused.load();
+    c.timeouts = n_.timeouts.load();
+    c.failures = n_.failures.load();
+    return c;
+  }
+
+ private:
+  enum listener_kind { kind_tcp, kind_unix, kind_control };
+  struct listener {
+    int fd;
+    listener_kind kind;
+    bool token;  // ask for the bearer token
+  };
+  enum conn_state { reading, waiting, writing, draining };
+  struct conn {
+    int fd = -1;
+    std::uint64_t id = 0;
+    listener_kind kind = kind_tcp;
+    bool token = false;
+    conn_state state = reading;
+    bool head_only = false;
+    bool forbidden = false;  // a unix peer of another uid: answered 403 once its request is read
+    std::string in, out;
+    std::size_t sent = 0;
+    serve_clock::time_point deadline{};
+    std::shared_ptr<std::atomic<bool>> cancelled;
+  };
+  struct job {
+    std::uint64_t conn = 0;
+    serve_clock::time_point due{};
+    std::function<std::string()> make;
+    std::shared_ptr<std::atomic<bool>> cancelled;
+  };
+  struct finished {
+    std::uint64_t conn = 0;
+    std::string bytes;
+  };
+  struct atomic_counters {
+    std::atomic<std::uint64_t> connections{0}, requests{0}, bad_requests{0}, unauthorized{0}, refused{0},
+        timeouts{0}, failures{0};
+  };
+
+  static int listen_on(int family, const sockaddr* a, socklen_t len) {
+    int fd = ::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    fd = keep_fd_high(fd);
+    if (family != AF_UNIX) {
+      const int one = 1;
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (family == AF_INET6) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    }
+    if (::bind(fd, a, len) != 0 || ::listen(fd, 64) != 0) {
+      const int e = errno;
+      ::close(fd);
+      errno = e;
+      return -1;
+    }
+    return fd;
+  }
+
+  status open_endpoint(std::vector<std::string>& notes) {
+    listen_address la;
+    status st = parse_listen_address(cfg_.http, la);
+    if (!st) return st;
+    if (!la.loopback && cfg_.token.empty())
+      return status::error("selfprof: SELFPROF_HTTP=\"" + cfg_.http +
+                           "\" is not a loopback address: refusing to serve profiles there without a "
+                           "bearer token (set SELFPROF_HTTP_TOKEN_FILE, or bind 127.0.0.1 / [::1] / unix:)");
+    if (la.family == AF_UNIX) {
+      struct stat sb {};
+      if (::lstat(la.path.c_str(), &sb) == 0) {
+        if (!S_ISSOCK(sb.st_mode) || sb.st_uid != ::geteuid())
+          return status::error("selfprof: SELFPROF_HTTP=\"" + cfg_.http +
+                               "\": the path exists and is not a socket of ours; not replacing it");
+        ::unlink(la.path.c_str());  // a socket left by an earlier run of ours
+      }
+    }
+    const int fd = listen_on(la.family, reinterpret_cast<const sockaddr*>(&la.addr), la.len);
+    if (fd < 0) {
+      // The address is fine but taken (another instance, a child that exec'd with the same environment):
+      // sampling goes on without the endpoint, and says so.
+      const std::string why = "SELFPROF_HTTP=\"" + cfg_.http + "\": cannot listen (" + std::strerror(errno) +
+                              "): no profile endpoint in this process";
+      notes.push_back(why);
+      std::fprintf(stderr, "selfprof: %s\n", why.c_str());
+      return status::ok();
+    }
+    if (la.family == AF_UNIX) {
+      // Bound with the umask's mode; 0600 before the first accept (and peers are checked by uid anyway).
+      if (::chmod(la.path.c_str(), 0600) != 0) notes.push_back("cannot chmod 0600 " + la.path);
+      unix_path_ = la.path;
+    }
+    listeners_.push_back({fd, la.family == AF_UNIX ? kind_unix : kind_tcp, !cfg_.token.empty()});
+    address_ = describe_bound(fd);
+    return status::ok();
+  }
+
+  void close_listeners() {
+    for (auto& l : listeners_) ::close(l.fd);
+    listeners_.clear();
+    if (!unix_path_.empty()) ::unlink(unix_path_.c_str());
+    unix_path_.clear();
+    address_.clear();
+    control_.clear();
+  }
+
+  void close_conn(conn& c) {
+    if (c.cancelled) c.cancelled->store(true, std::memory_order_relaxed);
+    if (c.fd >= 0) ::close(c.fd);
+    c.fd = -1;
+  }
+
+  static serve_clock::duration secs(double s) {
+    return std::chrono::duration_cast<serve_clock::duration>(std::chrono::duration<double>(s));
+  }
+
+  static void io_main(void* self) { static_cast<http_server*>(self)->io_loop(); }
+  static void render_main(void* self) { static_cast<http_server*>(self)->render_loop(); }
+
+  void io_loop() {
+    std::vector<pollfd> fds;
+    for (;;) {
+      fds.clear();
+      fds.push_back({io_.wake_fd(), POLLIN, 0});
+      for (auto& l : listeners_) fds.push_back({l.fd, POLLIN, 0});
+      const std::size_t first_conn = fds.size();
+      auto now = serve_clock::now();
+      serve_clock::time_point next = now + std::chrono::seconds(60);
+      for (auto& c : conns_) {
+        short ev = c.state == reading || c.state == draining ? POLLIN
+                   : c.state == writing                      ? POLLOUT
+                                                             : POLLRDHUP;
+        fds.push_back({c.fd, ev, 0});
+        if (c.state != waiting) next = std::min(next, c.deadline);
+      }
+      const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
+      const int n = ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(0, wait)));
+      if (io_.stopping()) return;
+      if (n > 0 && (fds[0].revents & POLLIN)) {
+        std::uint64_t v;
+        ssize_t r = ::read(io_.wake_fd(), &v, sizeof v);
+        (void)r;
+      }
+      take_finished();
+      now = serve_clock::now();
+      // Connections first (the vector changes when new ones are accepted).
+      for (std::size_t i = 0; i < conns_.size() && first_conn + i < fds.size(); ++i) {
+        conn& c = conns_[i];
+        const short re = fds[first_conn + i].revents;
+        if (c.fd < 0) continue;
+        if (c.state == reading && (re & (POLLIN | POLLHUP | POLLERR)))
+          read_some(c);
+        else if (c.state == writing && (re & (POLLOUT | POLLHUP | POLLERR)))
+          write_some(c);
+        else if (c.state == waiting && (re & (POLLRDHUP | POLLHUP | POLLERR))) {
+          ++n_.failures;  // the client left before its profile was ready
+          close_conn(c);
+        }
+        if (c.fd >= 0 && c.state != waiting && now >= c.deadline) {
+          if (c.state == reading && !c.in.empty() && c.in.size() < 16384) {
+            // Tell a slow client why, best effort, then drop it.
+            const std::string r = http_error_response(408, "the request head took too long");
+            ssize_t w = ::send(c.fd, r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)w;
+          }
+          if (c.state != draining) ++n_.timeouts;
+          close_conn(c);
+        }
+      }
+      conns_.erase(std::remove_if(conns_.begin(), conns_.end(), [](const conn& c) { return c.fd < 0; }),
+                   conns_.end());
+      for (std::size_t i = 0; i < listeners_.size(); ++i)
+        if (fds[1 + i].revents & POLLIN) accept_all(listeners_[i]);
+    }
+  }
+
+  void accept_all(const listener& l) {
+    for (int k = 0; k < 64; ++k) {
+      int fd = ::accept4(l.fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ++n_.failures;
+        return;
+      }
+      fd = move_fd_high(fd).fd;
+      ++n_.connections;
+      if (conns_.size() >= cfg_.max_connections) {
+        ++n_.refused;
+        const std::string r = http_error_response(503, "too many connections at once; try again");
+        ssize_t w = ::send(fd, r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)w;
+        ::close(fd);
+        continue;
+      }
+      conn c;
+      c.fd = fd;
+      c.id = ++next_id_;
+      c.kind = l.kind;
+      c.token = l.token;
+      c.deadline = serve_clock::now() + secs(cfg_.head_timeout_s);
+      c.cancelled = std::make_shared<std::atomic<bool>>(false);
+      c.forbidden = l.kind != kind_tcp && !peer_uid_allowed(fd);
+      conns_.push_back(std::move(c));
+    }
+  }
+
+  void respond(conn& c, std::string bytes) {
+    if (c.head_only) {
+      const std::size_t end = bytes.find("\r\n\r\n");
+      if (end != std::string::npos) bytes.resize(end + 4);
+    }
+    c.out = std::move(bytes);
+    c.sent = 0;
+    c.state = writing;
+    c.deadline = serve_clock::now() + secs(cfg_.io_timeout_s);
+    write_some(c);
+  }
+
+  void read_some(conn& c) {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        close_conn(c);  // the client left before its request was complete
+        return;
+      }
+      if (n < 0) break;
+      c.in.append(buf, static_cast<std::size_t>(n));
+      if (c.in.size() > cfg_.limits.max_head_bytes + 4) break;  // enough to judge
+    }
+    http_request req;
+    const http_parse_result r = parse_http_request(c.in, req, cfg_.limits);
+    if (r.state == http_parse::incomplete) return;
+    c.in.clear();
+    c.in.shrink_to_fit();
+    if (c.forbidden) {
+      ++n_.unauthorized;
+      c.head_only = false;
+      respond(c, http_error_response(403, "this socket serves only its owner's uid and root"));
+      return;
+    }
+    if (r.state == http_parse::bad) {
+      ++n_.bad_requests;
+      c.head_only = false;
+      respond(c, http_error_response(r.status, r.reason));
+      return;
+    }
+    c.head_only = req.method == "HEAD";
+    if (c.token && !token_ok(req)) {
+      ++n_.unauthorized;
+      respond(c, http_error_response(401, "a bearer token is required (Authorization: Bearer ...)"));
+      return;
+    }
+    ++n_.requests;
+    http_answer a;
+    try {
+      a = route_(req);
+    } catch (...) {
+      ++n_.failures;
+      respond(c, http_error_response(500, "the request could not be answered (out of memory?)"));
+      return;
+    }
+    if (!a.job) {
+      if (a.bytes.size() > 9 && (a.bytes[9] == '4' || a.bytes[9] == '5')) ++n_.bad_requests;
+      respond(c, std::move(a.bytes));
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (jobs_.size() < cfg_.max_jobs) {
+        c.state = waiting;
+        jobs_.push_back({c.id, a.due, std::move(a.job), c.cancelled});
+        render_.wake();
+        return;
+      }
+    }
+    ++n_.refused;
+    respond(c, http_error_response(503, "too many profiles in the making at once; try again later"));
+  }
+
+  bool token_ok(const http_request& req) const {
+    if (!req.has_authorization) return false;
+    const std::string& v = req.authorization;
+    if (v.size() < 7 || !http_equal_ci(std::string_view(v).substr(0, 7), "bearer ")) return false;
+    std::string_view given = std::string_view(v).substr(7);
+    while (!given.empty() && given.front() == ' ') given.remove_prefix(1);
+    return http_equal_constant_time(given, cfg_.token);
+  }
+
+  void write_some(conn& c) {
+    while (c.sent < c.out.size()) {
+      const ssize_t n =
+          ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+        ++n_.failures;
+        close_conn(c);
+        return;
+      }
+      c.sent += static_cast<std::size_t>(n);
+      c.deadline = serve_clock::now() + secs(cfg_.io_timeout_s);
+    }
+    // A lingering close: what the client still sends (the rest of a refused request) is read and dropped
+    // for a moment, so closing with unread bytes does not reset the connection before it read the answer.
+    ::shutdown(c.fd, SHUT_WR);
+    c.out.clear();
+    c.out.shrink_to_fit();
+    c.state = draining;
+    c.sent = 0;
+    c.deadline = serve_clock::now() + std::chrono::seconds(1);
+    drain(c);
+  }
+
+  void drain(conn& c) {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n > 0 && (c.sent += static_cast<std::size_t>(n)) < 65536) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+      close_conn(c);  // the client closed, an error, or too much
+      return;
+    }
+  }
+
+  void take_finished() {
+    std::vector<finished> got;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      got.swap(done_);
+    }
+    for (auto& f : got)
+      for (auto& c : conns_)
+        if (c.id == f.conn && c.fd >= 0 && c.state == waiting) respond(c, std::move(f.bytes));
+  }
+
+  void render_loop() {
+    for (;;) {
+      job next;
+      std::int64_t wait_ns = -1;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        jobs_.erase(std::remove_if(jobs_.begin(), jobs_.end(),
+                                   [](const job& j) { return j.cancelled->load(std::memory_order_relaxed); }),
+                    jobs_.end());
+        auto it = std::min_element(jobs_.begin(), jobs_.end(),
+                                   [](const job& a, const job& b) { return a.due < b.due; });
+        const auto now = serve_clock::now();
+        if (it != jobs_.end()) {
+          if (it->due <= now) {
+            next = std::move(*it);
+            jobs_.erase(it);
+          } else {
+            wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(it->due - now).count();
+          }
+        }
+      }
+      if (!next.make) {
+        if (!render_.wait_ns(wait_ns)) return;
+        continue;
+      }
+      std::string bytes;
+      try {
+        bytes = next.make();
+      } catch (...) {
+        ++n_.failures;
+        bytes = http_error_response(500, "the profile could not be made (out of memory?)");
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_.push_back({next.conn, std::move(bytes)});
+      }
+      io_.wake();
+      if (render_.stopping()) return;
+    }
+  }
+
+  server_config cfg_;
+  http_route route_;
+  std::vector<listener> listeners_;
+  std::string unix_path_, address_, control_;
+  std::vector<conn> conns_;  // the io thread's
+  std::uint64_t next_id_ = 0;
+  std::mutex mu_;  // jobs_ and done_
+  std::vector<job> jobs_;
+  std::vector<finished> done_;
+  atomic_counters n_;
+  worker io_, render_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/serve/server.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+constexpr double kDefaultProfileSeconds = 30;  // Go's default for /debug/pprof/profile
+
+// Reads the bearer token from `path`: a regular file of ours that no one else may read (mode 0600 or
+// 0400), its first line without surrounding blanks, at least 16 characters.
+inline status read_token_file(const std::string& path, std::string& token) {
+  auto bad = [&](const std::string& why) {
+    return status::error("selfprof: SELFPROF_HTTP_TOKEN_FILE=\"" + path + "\": " + why);
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return bad(std::strerror(errno));
+  struct stat sb {};
+  std::string text;
+  if (::fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    ::close(fd);
+    return bad("not a regular file");
+  }
+  if (sb.st_uid != ::geteuid()) {
+    ::close(fd);
+    return bad("belongs to uid " + std::to_string(sb.st_uid) + ", not to this process's user");
+  }
+  if (sb.st_mode & 077) {
+    ::close(fd);
+    return bad("other users may read or write it (chmod 600 it)");
+  }
+  char buf[4097];
+  const ssize_t n = ::read(fd, buf, sizeof buf);
+  ::close(fd);
+  if (n < 0) return bad(std::strerror(errno));
+  if (n > 4096) return bad("longer than 4096 bytes");
+  text.assign(buf, static_cast<std::size_t>(n));
+  const std::size_t eol = text.find('\n');
+  if (eol != std::string::npos) text.resize(eol);
+  while (!text.empty() && (text.back() == '\r' || text.back() == ' ' || text.back() == '\t')) text.pop_back();
+  std::size_t start = 0;
+  while (start < text.size() && (text[start] == ' ' || text[start] == '\t')) ++start;
+  text.erase(0, start);
+  if (text.size() < 16) return bad("the token must be at least 16 characters");
+  for (char c : text)
+    if (static_cast<unsigned char>(c) < 0x21 || static_cast<unsigned char>(c) > 0x7e)
+      return bad("the token must be printable ASCII without spaces");
+  token = std::move(text);
+  return status::ok();
+}
+
+// What a profile route serves.
+struct profile_route {
+  output_format format = output_format::pprof;
+  const char* content_type = "application/octet-stream";
+  const char* extra = "";  // more response fields
+};
+
+inline bool find_profile_route(const std::string& path, profile_route& r) {
+  if (path == "/debug/pprof/profile" || path == "/debug/selfprof/profile.pb.gz") {
+    r = {output_format::pprof, "application/octet-stream",
+         "Content-Disposition: attachment; filename=\"profile\"\r\n"};
+    return true;
+  }
+  if (path == "/debug/selfprof/flamegraph.svg") {
+    r = {output_format::svg, "image/svg+xml", ""};
+    return true;
+  }
+  if (path == "/debug/selfprof/folded") {
+    r = {output_format::folded, "text/plain; charset=utf-8", ""};
+    return true;
+  }
+  if (path == "/debug/selfprof/top") {
+    r = {output_format::top, "text/plain; charset=utf-8", ""};
+    return true;
+  }
+  return false;
+}
+
+inline std::string endpoint_index(const options& o) {
+  const bool wall = o.mode == profile_mode::wall;
+  std::string b =
+      "<html><head><title>/debug/pprof/</title></head><body>\n/debug/pprof/ "
+      "(selfprof " SELFPROF_VERSION_STRING
+      ")<br>\n<br>\nProfile descriptions:\n<ul>\n"
+      "<li><div><a href=\"profile?seconds=30\">profile</a>: ";
+  b += wall ? "Wall-clock profile (on and off the CPU, in nanoseconds)" : "CPU profile";
+  b += ". You can specify the duration in the seconds GET parameter (at most " +
+       format_compact(o.http_max_seconds) +
+       "); since=start gives everything since profiling started. After you get the profile file, use the "
+       "go tool pprof command to investigate the profile.</div></li>\n"
+       "<li><div><a href=\"/debug/selfprof/flamegraph.svg?seconds=30\">flamegraph.svg</a>: the same as an "
+       "interactive flame graph</div></li>\n"
+       "<li><div><a href=\"/debug/selfprof/folded?seconds=30\">folded</a>: folded stacks "
+       "(flamegraph.pl's input)</div></li>\n"
+       "<li><div><a href=\"/debug/selfprof/top?seconds=30\">top</a>: functions ranked by self and total "
+       "samples</div></li>\n";
+  if (wall) b += "<li><div>view=offcpu on any of them: only the time threads spent off the CPU</div></li>\n";
+  b += "</ul>\n</body></html>\n";
+  return b;
+}
+
+// The response bytes for a profile: symbolized, marker frames added, the off-CPU view when asked.
+inline std::string profile_response(snapshot_maker& snapshots, const raw_snapshot& raw,
+                                    const profile_route& r, bool offcpu, bool thread_roots) {
+  profile p = snapshots.symbolize(raw);
+  add_marker_frames(p, thread_roots);
+  if (offcpu) p = offcpu_view(p);
+  const std::string body = render(p, r.format, dump_output_options(p));
+  return http_response_head(200, r.content_type, body.size(), r.extra) + body;
+}
+
+// The route of both listeners: see the top of this file.
+inline http_answer answer_request(snapshot_maker& snapshots, const options& o, const http_request& req) {
+  http_answer a;
+  auto bad = [&](int code, const std::string& why) {
+    a.bytes = http_error_response(code, why);
+    return a;
+  };
+  if (req.path == "/debug/pprof/" || req.path == "/debug/pprof" || req.path == "/") {
+    const std::string body = endpoint_index(o);
+    a.bytes = http_response_head(200, "text/html; charset=utf-8", body.size()) + body;
+    return a;
+  }
+  profile_route route;
+  if (!find_profile_route(req.path, route))
+    return bad(404, "no such page: " + req.path + " (see /debug/pprof/)");
+  for (const auto& kv : req.query)
+    if (kv.first != "seconds" && kv.first != "since" && kv.first != "view")
+      return bad(400, "unknown query parameter \"" + kv.first + "\" (seconds, since, view)");
+  bool since_start = false;
+  if (const std::string* s = req.param("since")) {
+    if (*s != "start") return bad(400, "since=\"" + *s + "\": the one value is since=start");
+    since_start = true;
+  }
+  bool offcpu = false;
+  if (const std::string* v = req.param("view")) {
+    if (*v == "offcpu" && o.mode == profile_mode::wall)
+      offcpu = true;
+    else if (!(*v == "wall" && o.mode == profile_mode::wall) && !(*v == "cpu" && o.mode == profile_mode::cpu))
+      return bad(400, "view=\"" + *v + "\": " +
+                          (o.mode == profile_mode::wall ? "wall or offcpu"
+                                                        : "cpu (offcpu needs SELFPROF_MODE=wall)"));
+  }
+  double seconds = kDefaultProfileSeconds;
+  if (const std::string* s = req.param("seconds")) {
+    if (since_start) return bad(400, "seconds and since=start cannot be combined");
+    double v = 0;
+    if (!parse_double(s->c_str(), 0, 1e9, v) || !(v > 0))
+      return bad(400, "seconds=\"" + *s + "\": expected a number of seconds greater than 0");
+    if (v > o.http_max_seconds)
+      return bad(400, "seconds=" + *s + " is over this server's maximum, " +
+                          format_compact(o.http_max_seconds) + " (SELFPROF_HTTP_MAX_SECONDS)");
+    seconds = v;
+  }
+  if (seconds > o.http_max_seconds) seconds = o.http_max_seconds;
+  const bool roots = o.thread_roots || o.mode == profile_mode::wall;
+  snapshot_maker* maker = &snapshots;
+  if (since_start) {
+    a.due = serve_clock::now();
+    a.job = [maker, route, offcpu, roots] {
+      return profile_response(*maker, maker->raw(), route, offcpu, roots);
+    };
+    return a;
+  }
+  auto before = std::make_shared<raw_snapshot>(snapshots.raw());
+  a.due = serve_clock::now() +
+          std::chrono::duration_cast<serve_clock::duration>(std::chrono::duration<double>(seconds));
+  a.job = [maker, route, offcpu, roots, before] {
+    raw_snapshot after = maker->raw();
+    after.table = stack_table::difference(after.table, before->table);
+    after.info.duration_s -= before->info.duration_s;
+    after.info.dropped =
+        after.info.dropped > before->info.dropped ? after.info.dropped - before->info.dropped : 0;
+    after.info.start_unix_ns =
+        before->info.start_unix_ns + static_cast<std::uint64_t>(before->info.duration_s * 1e9);
+    return profile_response(*maker, after, route, offcpu, roots);
+  };
+  return a;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/core/endpoint.hpp ----
 // ---- begin selfprof/sources/select.hpp ----
 // Picks the tick source: `auto` takes the cheapest mechanism that honours the request (rate, kernel
 // time, even coverage of threads) and records why each earlier one was refused.
@@ -15916,6 +17154,18 @@ class profiler_core {
     s.dump_signal = dump_signal_;
     s.dumps_written = dumps_.written();
     s.dumps_failed = dumps_.failed();
+    if (running_) {
+      s.http.address = server_.address();
+      s.http.control = server_.control_name();
+    }
+    const server_counters sc = server_.counters();
+    s.http.connections = sc.connections;
+    s.http.requests = sc.requests;
+    s.http.bad_requests = sc.bad_requests;
+    s.http.unauthorized = sc.unauthorized;
+    s.http.refused = sc.refused;
+    s.http.timeouts = sc.timeouts;
+    s.http.failures = sc.failures;
     return s;
   }
 
@@ -16086,6 +17336,8 @@ class profiler_core {
     status st = dumps_.start(opts_, session_);
     if (!st) return st;
     dump_signal_ = dumps_.signal_number();
+    st = start_server();
+    if (!st) return st;
     if (wall_) {
       wall_config wc;
       wc.hz = opts_.hz;
@@ -16110,6 +17362,8 @@ class profiler_core {
     cc.wall = wall_;
     cc.unwind_rows = unwind_ == unwind_mode::dwarf;
     cc.own = {dumps_.tid()};
+    if (server_.running())
+      for (pid_t t : server_.tids()) cc.own.push_back(t);
     cc.sample_signal = signal_.number;
     if (wall_) cc.own.push_back(wall_sampler_.tid());
     cc.sampler = wall_ ? &wall_sampler_ : nullptr;
@@ -16118,8 +17372,28 @@ class profiler_core {
     return status::ok();
   }
 
+  // The profile endpoint and the control socket (core/endpoint.hpp), when asked for.
+  status start_server() {
+    server_config sc;
+    sc.http = opts_.http;
+    sc.control = opts_.control;
+    sc.head_timeout_s = opts_.http_head_timeout_s;
+    if (!opts_.http_token_file.empty()) {
+      if (opts_.http.empty())
+        return status::error(
+            "selfprof: SELFPROF_HTTP_TOKEN_FILE is set but SELFPROF_HTTP is not: no endpoint");
+      status st = read_token_file(opts_.http_token_file, sc.token);
+      if (!st) return st;
+    }
+    if (sc.http.empty() && !sc.control) return status::ok();
+    const options o = opts_;
+    return server_.start(
+        sc, [this, o](const http_request& r) { return answer_request(snapshots_, o, r); }, notes_);
+  }
+
   status stop_locked(bool keep_dump_signal = false, bool on_dumper = false) {
     if (!running_) return status::ok();
+    server_.stop();        // first: a waiting request reads snapshots
     wall_sampler_.stop();  // first: it reads the ring and the unwind tables
     collector_.stop();
     if (!on_dumper) dumps_.stop(keep_dump_signal);  // answers what was requested, gives the signal back
@@ -16167,6 +17441,10 @@ class profiler_core {
     if (opts_.window_s > 0)
       s += "selfprof: each dump holds the last " + std::to_string(opts_.window_s) + " s\n";
     if (!opts_.out.empty()) s += "selfprof: at exit writes " + opts_.out + "\n";
+    if (!server_.address().empty())
+      s += "selfprof: serving profiles at http://" + server_.address() + "/debug/pprof/\n";
+    if (!server_.control_name().empty())
+      s += "selfprof: selfprof dump " + std::to_string(::getpid()) + " asks " + server_.control_name() + "\n";
     return s;
   }
 
@@ -16206,6 +17484,7 @@ class profiler_core {
   bool symbols_locked_for_fork_ = false;  // between fork_prepare and fork_parent/fork_child
   snapshot_maker snapshots_{session_parts{&ring_, &store_, &registry_, &session_, &symbols_}};
   auto_dumps dumps_{snapshots_, [] { instance().exit_dump(true); }};
+  http_server server_;
   wall_sampler wall_sampler_;
   collector collector_;
 };
@@ -16247,6 +17526,7 @@ inline void profiler_core::fork_child() {
     g_handler.active.store(false, std::memory_order_seq_cst);  // pairs with the handler's in_flight
     collector_.abandon_after_fork();
     dumps_.abandon_after_fork();
+    server_.abandon_after_fork();
     if (signal_.number != 0) sys().sigaction(signal_.number, &signal_.previous, nullptr);
     signal_.number = 0;
     g_handler.ring.store(nullptr, std::memory_order_release);

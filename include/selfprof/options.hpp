@@ -44,6 +44,13 @@ struct options {
   // distinct stacks, more than long runs of large programs show, while a runaway (a thread per request,
   // an absurd rate or depth) stays small next to the program. Values under 1 MiB are raised to 1 MiB.
   std::size_t max_memory = std::size_t{64} << 20;
+  // The profile endpoint (core/endpoint.hpp, serve/server.hpp): off unless an address is given.
+  std::string http;                 // SELFPROF_HTTP: 127.0.0.1:PORT, [::1]:PORT, unix:/path ("" off)
+  std::string http_token_file;      // SELFPROF_HTTP_TOKEN_FILE: bearer token (0600 file); needed off loopback
+  double http_max_seconds = 300;    // SELFPROF_HTTP_MAX_SECONDS: the longest ?seconds= served
+  double http_head_timeout_s = 10;  // a client must send its request head within this (slowloris)
+  // SELFPROF_CONTROL: the control socket "@selfprof-<pid>" that `selfprof dump PID` asks (same uid or root).
+  bool control = true;
 };
 
 // The smallest ceiling: room for the smallest ring at the deepest stacks and a useful table.
@@ -255,6 +262,20 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
       o.frame_hz = d;
     else
       bad("SELFPROF_FRAME_HZ", v, "a rate in Hz from 0 (same as SELFPROF_HZ) to 100000");
+  }
+  if (const char* v = std::getenv("SELFPROF_HTTP")) o.http = v;
+  if (const char* v = std::getenv("SELFPROF_HTTP_TOKEN_FILE")) o.http_token_file = v;
+  if (const char* v = std::getenv("SELFPROF_HTTP_MAX_SECONDS")) {
+    if (detail::parse_double(v, 1, 86400, d))
+      o.http_max_seconds = d;
+    else
+      bad("SELFPROF_HTTP_MAX_SECONDS", v, "seconds from 1 to 86400");
+  }
+  if (const char* v = std::getenv("SELFPROF_CONTROL")) {
+    if (detail::parse_bool(v, b))
+      o.control = b;
+    else
+      bad("SELFPROF_CONTROL", v, "0 or 1");
   }
   if (const char* v = std::getenv("SELFPROF_MAX_MEMORY")) {
     std::uint64_t bytes = 0;

@@ -27,6 +27,18 @@ struct wall_stats {
   std::uint64_t cpu_ns = 0;      // CPU time of the sampler thread itself
 };
 
+// What the profile endpoint and the control socket did (serve/server.hpp).
+struct http_stats {
+  std::string address;  // the endpoint as bound ("" none), e.g. "127.0.0.1:6060"
+  std::string control;  // the control socket ("" none), e.g. "@selfprof-1234"
+  std::uint64_t connections = 0, requests = 0;
+  std::uint64_t bad_requests = 0;  // refused by the parser (400, 405, 414, 431, 505) or unknown pages
+  std::uint64_t unauthorized = 0;  // 401 (token) and 403 (peer uid)
+  std::uint64_t refused = 0;       // over the connection limit (503)
+  std::uint64_t timeouts = 0;      // clients dropped for being too slow
+  std::uint64_t failures = 0;      // accept, write or render failures, clients gone early
+};
+
 struct stats {
   bool running = false;
   profile_mode mode = profile_mode::cpu;
@@ -61,6 +73,7 @@ struct stats {
   unsigned long dumps_written = 0, dumps_failed = 0;  // signal and interval dumps
   std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread;
   wall_stats wall;  // wall mode: what the wall sampler did
+  http_stats http;  // the profile endpoint and the control socket
 };
 
 }  // namespace selfprof

@@ -13,6 +13,7 @@ int run_diff(int argc, char** argv);
 int run_top(int argc, char** argv);
 int run_pprof(int argc, char** argv);
 int run_record(int argc, char** argv);
+int run_dump(int argc, char** argv);
 
 // "selfprof <cmd>: <message>" on stderr; returns `code`.
 int fail(const char* cmd, const std::string& message, int code = 1);

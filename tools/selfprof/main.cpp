@@ -31,6 +31,8 @@ const char* const usage_text =
     "  pprof FILE -o OUT.pb.gz   folded stacks -> gzipped pprof protobuf (go tool pprof, Pyroscope)\n"
     "  record [-F HZ] [-o OUT] -- CMD [ARGS...]\n"
     "                            run CMD under the selfprof preload library; no root, no perf\n"
+    "  dump PID [-o OUT] [--seconds N]\n"
+    "                            ask a profiled process for its profile (no signal sent)\n"
     "\n"
     "Typical pipelines:\n"
     "  perf record -F 99 -g -- ./app && perf script | selfprof collapse | selfprof flamegraph > app.svg\n"
@@ -64,6 +66,7 @@ int dispatch(int argc, char** argv) {
   if (cmd == "top") return run_top(argc, argv);
   if (cmd == "pprof") return run_pprof(argc, argv);
   if (cmd == "record") return run_record(argc, argv);
+  if (cmd == "dump") return run_dump(argc, argv);
   std::fprintf(stderr, "selfprof: unknown command '%s'\n\n%s", cmd.c_str(), usage_text);
   return 2;
 }

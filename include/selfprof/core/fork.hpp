@@ -33,6 +33,7 @@ inline void profiler_core::fork_child() {
     g_handler.active.store(false, std::memory_order_seq_cst);  // pairs with the handler's in_flight
     collector_.abandon_after_fork();
     dumps_.abandon_after_fork();
+    server_.abandon_after_fork();
     if (signal_.number != 0) sys().sigaction(signal_.number, &signal_.previous, nullptr);
     signal_.number = 0;
     g_handler.ring.store(nullptr, std::memory_order_release);

@@ -22,6 +22,7 @@
 #include "selfprof/collect/session_info.hpp"
 #include "selfprof/collect/thread_registry.hpp"
 #include "selfprof/core/auto_dumps.hpp"
+#include "selfprof/core/endpoint.hpp"
 #include "selfprof/core/snapshots.hpp"
 #include "selfprof/detail/process.hpp"
 #include "selfprof/dump/dump.hpp"
@@ -253,6 +254,18 @@ class profiler_core {
     s.dump_signal = dump_signal_;
     s.dumps_written = dumps_.written();
     s.dumps_failed = dumps_.failed();
+    if (running_) {
+      s.http.address = server_.address();
+      s.http.control = server_.control_name();
+    }
+    const server_counters sc = server_.counters();
+    s.http.connections = sc.connections;
+    s.http.requests = sc.requests;
+    s.http.bad_requests = sc.bad_requests;
+    s.http.unauthorized = sc.unauthorized;
+    s.http.refused = sc.refused;
+    s.http.timeouts = sc.timeouts;
+    s.http.failures = sc.failures;
     return s;
   }
 
@@ -423,6 +436,8 @@ class profiler_core {
     status st = dumps_.start(opts_, session_);
     if (!st) return st;
     dump_signal_ = dumps_.signal_number();
+    st = start_server();
+    if (!st) return st;
     if (wall_) {
       wall_config wc;
       wc.hz = opts_.hz;
@@ -447,6 +462,8 @@ class profiler_core {
     cc.wall = wall_;
     cc.unwind_rows = unwind_ == unwind_mode::dwarf;
     cc.own = {dumps_.tid()};
+    if (server_.running())
+      for (pid_t t : server_.tids()) cc.own.push_back(t);
     cc.sample_signal = signal_.number;
     if (wall_) cc.own.push_back(wall_sampler_.tid());
     cc.sampler = wall_ ? &wall_sampler_ : nullptr;
@@ -455,8 +472,28 @@ class profiler_core {
     return status::ok();
   }
 
+  // The profile endpoint and the control socket (core/endpoint.hpp), when asked for.
+  status start_server() {
+    server_config sc;
+    sc.http = opts_.http;
+    sc.control = opts_.control;
+    sc.head_timeout_s = opts_.http_head_timeout_s;
+    if (!opts_.http_token_file.empty()) {
+      if (opts_.http.empty())
+        return status::error(
+            "selfprof: SELFPROF_HTTP_TOKEN_FILE is set but SELFPROF_HTTP is not: no endpoint");
+      status st = read_token_file(opts_.http_token_file, sc.token);
+      if (!st) return st;
+    }
+    if (sc.http.empty() && !sc.control) return status::ok();
+    const options o = opts_;
+    return server_.start(
+        sc, [this, o](const http_request& r) { return answer_request(snapshots_, o, r); }, notes_);
+  }
+
   status stop_locked(bool keep_dump_signal = false, bool on_dumper = false) {
     if (!running_) return status::ok();
+    server_.stop();        // first: a waiting request reads snapshots
     wall_sampler_.stop();  // first: it reads the ring and the unwind tables
     collector_.stop();
     if (!on_dumper) dumps_.stop(keep_dump_signal);  // answers what was requested, gives the signal back
@@ -504,6 +541,10 @@ class profiler_core {
     if (opts_.window_s > 0)
       s += "selfprof: each dump holds the last " + std::to_string(opts_.window_s) + " s\n";
     if (!opts_.out.empty()) s += "selfprof: at exit writes " + opts_.out + "\n";
+    if (!server_.address().empty())
+      s += "selfprof: serving profiles at http://" + server_.address() + "/debug/pprof/\n";
+    if (!server_.control_name().empty())
+      s += "selfprof: selfprof dump " + std::to_string(::getpid()) + " asks " + server_.control_name() + "\n";
     return s;
   }
 
@@ -543,6 +584,7 @@ class profiler_core {
   bool symbols_locked_for_fork_ = false;  // between fork_prepare and fork_parent/fork_child
   snapshot_maker snapshots_{session_parts{&ring_, &store_, &registry_, &session_, &symbols_}};
   auto_dumps dumps_{snapshots_, [] { instance().exit_dump(true); }};
+  http_server server_;
   wall_sampler wall_sampler_;
   collector collector_;
 };

@@ -96,6 +96,31 @@ class stack_table {
     return freed;
   }
 
+  // The count of a stack (0 when the table does not hold it).
+  std::uint64_t count_of(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
+                         std::size_t depth) const {
+    if (index_.empty()) return 0;
+    const std::uint64_t h = hash(tid, flags, pcs, depth);
+    const std::size_t mask = index_.size() - 1;
+    for (std::size_t i = h & mask; index_[i] != 0; i = (i + 1) & mask) {
+      const entry& e = entries_[index_[i] - 1];
+      if (same(e, h, tid, flags, pcs, depth)) return e.count;
+    }
+    return 0;
+  }
+
+  // What `later` counted past `earlier` (a table of the same session taken before it), stack by stack:
+  // the samples of the time between the two. A stack whose count did not grow is left out. Unbounded:
+  // it is never larger than `later`.
+  static stack_table difference(const stack_table& later, const stack_table& earlier) {
+    stack_table d;
+    for (const entry& e : later.entries_) {
+      const std::uint64_t before = earlier.count_of(e.tid, e.flags, later.pcs(e), e.depth);
+      if (e.count > before) d.add(e.tid, e.flags, later.pcs(e), e.depth, e.count - before);
+    }
+    return d;
+  }
+
   const std::vector<entry>& entries() const { return entries_; }
   const std::uint64_t* pcs(const entry& e) const { return pcs_.data() + e.offset; }
   std::size_t unique() const { return entries_.size(); }

@@ -106,3 +106,23 @@ TEST_CASE("merge_threads folds the stacks of ended threads into one thread, in p
   for (auto& e : t.entries())
     if (e.tid == 0 && e.depth == 3) CHECK(t.pcs(e)[2] == 3);
 }
+
+TEST_CASE("stack table difference: what the later table counted past the earlier one") {
+  stack_table before, after;
+  std::uint64_t a[] = {1, 2, 3}, b[] = {1, 2, 4}, c[] = {9};
+  before.add(10, 0, a, 3, 5);
+  before.add(10, 0, b, 3, 2);
+  after.add(10, 0, a, 3, 8);  // grew by 3
+  after.add(10, 0, b, 3, 2);  // did not grow: left out
+  after.add(11, 0, c, 1, 4);  // new
+  CHECK(after.count_of(10, 0, a, 3) == 8);
+  CHECK(after.count_of(12, 0, a, 3) == 0);
+  CHECK(stack_table().count_of(10, 0, a, 3) == 0);
+  const stack_table d = stack_table::difference(after, before);
+  CHECK(d.unique() == 2);
+  CHECK(d.total() == 7);
+  CHECK(d.count_of(10, 0, a, 3) == 3);
+  CHECK(d.count_of(11, 0, c, 1) == 4);
+  CHECK(d.count_of(10, 0, b, 3) == 0);
+  CHECK(stack_table::difference(after, after).unique() == 0);
+}
