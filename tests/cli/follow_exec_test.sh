@@ -41,6 +41,7 @@ run() {
     (cd "$dir" && env TMPDIR="$PWD" "${envs[@]}" "$@" > out 2> err; echo $? > rc)
   fi
 }
+sum_of() { awk '{ n += $NF } END { print n + 0 }' "$1"; }
 same() { cmp -s "$1/out" "$2/out" && cmp -s "$1/err" "$2/err" && cmp -s "$1/rc" "$2/rc"; }
 differences() { { diff "$1/out" "$2/out"; diff "$1/err" "$2/err"; diff "$1/rc" "$2/rc"; } | head -5; }
 
@@ -58,14 +59,16 @@ check() {
     [ "$(cat "$tag/$way/rc")" = 3 ] && [ "$(wc -l < "$tag/$way/out")" -eq $((iterations + 4 * masks)) ] ||
       { bad "$tag: the plain run did not work ($(cat "$tag/$way/rc"), $(head -2 "$tag/$way/err"))"; return; }
   done
-  for way in default follow; do
-    local flags=() base=plain-masks masks=1
-    [ $way = follow ] && flags=(--follow-exec) base=plain masks=0
-    for r in $(seq "$runs"); do
+  for way in default merged per-process; do
+    local flags=() base=plain-masks masks=1 out='p/p-%p.folded' n=$runs
+    [ $way != default ] && flags=(--follow-exec) base=plain masks=0
+    [ $way = merged ] && out=p/all.folded
+    [ $way = per-process ] && n=1  # a profile per process: the costly way, once
+    for r in $(seq "$n"); do
       d="$tag/$way-$r"
       mkdir -p "$d/p"
       [ "$who" = nobody ] && chown -R 65534:65534 "$d"
-      run "$who" "$d" MASKS=$masks "$@" -- "$bin" record -q "${flags[@]}" -F 499 -o 'p/p-%p.folded' -- ./../../pipelines.sh $iterations $lines
+      run "$who" "$d" MASKS=$masks "$@" -- "$bin" record -q "${flags[@]}" -F 499 -o "$out" -- ./../../pipelines.sh $iterations $lines
       if same "$tag/$base" "$d"; then
         ok "$tag, $way, run $r: stdout, stderr and status unchanged ($(ls "$d/p" | wc -l) profiles)"
       else
@@ -73,11 +76,19 @@ check() {
       fi
     done
   done
-  # Without --follow-exec only the script is profiled, with it every program it executes too.
-  local nd nf
-  nd=$(ls "$tag/default-1/p" | wc -l); nf=$(ls "$tag/follow-1/p" | wc -l)
-  [ "$nd" -eq 1 ] && [ "$nf" -gt $((iterations * 15)) ] && ok "$tag: $nd profiles without --follow-exec, $nf with" ||
-    bad "$tag: $nd profiles without --follow-exec (want the script's only), $nf with (want one per program)"
+  # Without --follow-exec only the script is profiled, with it every program it executes too: one
+  # profile per process with %p, else one for the recording whose roots are the programs' names.
+  local nd nf roots
+  nd=$(ls "$tag/default-1/p" | wc -l); nf=$(ls "$tag/per-process-1/p" | wc -l)
+  [ "$nd" -eq 1 ] && [ "$nf" -gt $((iterations * 15)) ] && ok "$tag: $nd profiles without --follow-exec, $nf with %p" ||
+    bad "$tag: $nd profiles without --follow-exec (want the script's only), $nf with %p (want one per program)"
+  for r in $(seq "$runs"); do
+    d="$tag/merged-$r/p"
+    roots=$(cut -d';' -f1 "$d/all.folded" 2> /dev/null | sort -u | tr '\n' ' ')
+    [ "$(ls "$d")" = all.folded ] && [ "$(sum_of "$d/all.folded")" -gt 0 ] && [[ " $roots" == *" pipelines.sh "* ]] &&
+      [ "$(echo $roots | wc -w)" -ge 3 ] && ok "$tag, merged, run $r: one profile, roots: $roots" ||
+      bad "$tag, merged, run $r: $(ls "$d" | head -3 | tr '\n' ' '), roots: $roots"
+  done
 }
 
 check root 3

@@ -25,6 +25,7 @@
 #include "selfprof/core/snapshots.hpp"
 #include "selfprof/detail/process.hpp"
 #include "selfprof/dump/dump.hpp"
+#include "selfprof/dump/raw_dump.hpp"
 #include "selfprof/options.hpp"
 #include "selfprof/signal/handler.hpp"
 #include "selfprof/sources/select.hpp"
@@ -271,8 +272,15 @@ class profiler_core {
       std::lock_guard<std::mutex> control(control_mu_);
       stop_locked(true, on_dumper);  // the dump signal stays taken: the process ends after this
     }
-    dump_contents c = snapshots_.contents();
-    status st = write_dump(c, dump_settings_for(opts_.out));
+    status st;
+    if (is_raw_dump_path(opts_.out)) {  // `selfprof record --follow-exec`: named by the recorder
+      st = write_raw_dump(snapshots_.raw(), symbols_,
+                          expand_path_template(opts_.out, fields_now(next_dump_number())),
+                          dump_settings_for(opts_.out).sink);
+    } else {
+      dump_contents c = snapshots_.contents();
+      st = write_dump(c, dump_settings_for(opts_.out));
+    }
     if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
   }
 
