@@ -155,15 +155,17 @@ struct alignas(64) game_frame_slot {
   std::atomic<std::uint32_t> tid{0};
   std::atomic<std::uint32_t> generation{0};  // bumped on each claim: the collector notices reuse
   std::atomic<const char*> name{nullptr};    // loop name (a string literal or otherwise static text)
-  std::atomic<std::uint64_t> seq{1};         // number of the frame running now
+  std::atomic<std::uint64_t> seq{0};         // number of the frame running now (1 from the claim on)
   std::atomic<std::uint64_t> start_ns{0};    // when it started (0: before the first mark)
   std::atomic<std::uint64_t> head{0};        // closed frames written (producer)
   std::atomic<std::uint64_t> tail{0};        // closed frames read (collector)
   std::atomic<std::uint64_t> lost{0};        // closed frames the ring had no room for
-  closed_game_frame ring[kClosedGameFrameRing];
+  closed_game_frame ring[kClosedGameFrameRing]{};
 };
 
-// Constant-initialized, like the handler's globals: valid in any thread at any time.
+// Constant-initialized, like the handler's globals: valid in any thread at any time. All zero, so it
+// lives in .bss and costs a process nothing until a thread marks frames (it is 400 KB: a dynamic
+// initializer touched every slot's page at load).
 struct game_frame_table {
   std::atomic<std::uint32_t> high_water{0};  // slots [0, high_water) have been used at least once
   std::atomic<std::uint64_t> no_slot{0};     // marks ignored because every slot was taken
@@ -2795,6 +2797,7 @@ SELFPROF_API status dump_diff(const profile& before, const profile& after, const
 // in order and stops them in reverse, and answers the public API (profiler.hpp).
 // Context: setup only (start/stop, under the control lock), any thread for snapshots, dumps and stats.
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -5782,14 +5785,17 @@ class sample_ring {
   }
 
   // `memory` must hold capacity * stride_for(max_depth) bytes, 8-byte aligned; capacity a power of two.
-  void init(void* memory, std::size_t capacity, std::size_t max_depth) {
+  // `zeroed`: the memory is all zero bytes (fresh anonymous pages), the initial state as it is, so no
+  // slot is touched here and the kernel provides only the pages that samples reach.
+  void init(void* memory, std::size_t capacity, std::size_t max_depth, bool zeroed = false) {
     base_ = static_cast<unsigned char*>(memory);
     capacity_ = capacity;
     mask_ = capacity - 1;
     max_depth_ = max_depth;
     stride_ = stride_for(max_depth);
     // std::atomic<uint64_t> is trivially default-constructible: zeroed memory from the owner holds one.
-    for (std::size_t i = 0; i < capacity; ++i) slot(i)->seq.store(i, std::memory_order_relaxed);
+    if (!zeroed)
+      for (std::size_t i = 0; i < capacity; ++i) slot(i)->seq.store(0, std::memory_order_relaxed);
     head_.store(0, std::memory_order_relaxed);
     tail_ = 0;
   }
@@ -5802,7 +5808,7 @@ class sample_ring {
     std::uint64_t p = head_.load(std::memory_order_relaxed);
     for (;;) {
       ring_slot* s = slot(p & mask_);
-      std::uint64_t seq = s->seq.load(std::memory_order_acquire);
+      const std::uint64_t seq = sequence(s->seq.load(std::memory_order_acquire), p & mask_);
       auto dif = static_cast<std::int64_t>(seq - p);
       if (dif == 0) {
         if (head_.compare_exchange_weak(p, p + 1, std::memory_order_relaxed)) {
@@ -5816,20 +5822,26 @@ class sample_ring {
       }
     }
   }
-  static void publish(ring_slot* s, std::uint64_t pos) { s->seq.store(pos + 1, std::memory_order_release); }
+  static void publish(ring_slot* s, std::uint64_t pos) { s->seq.store(pos + 2, std::memory_order_release); }
 
   // Consumer: the next published slot, or nullptr. Call release() when done with it.
   ring_slot* peek() {
     ring_slot* s = slot(tail_ & mask_);
-    std::uint64_t seq = s->seq.load(std::memory_order_acquire);
+    const std::uint64_t seq = sequence(s->seq.load(std::memory_order_acquire), tail_ & mask_);
     return seq == tail_ + 1 ? s : nullptr;
   }
   void release(ring_slot* s) {
-    s->seq.store(tail_ + capacity_, std::memory_order_release);
+    s->seq.store(tail_ + capacity_ + 1, std::memory_order_release);
     ++tail_;
   }
 
  private:
+  // A slot's stored word is its sequence number plus one; 0 is the initial state, sequence = the slot's
+  // index (Vyukov's initial value), so zeroed memory is a ready ring.
+  static std::uint64_t sequence(std::uint64_t stored, std::size_t index) {
+    return stored == 0 ? index : stored - 1;
+  }
+
   ring_slot* slot(std::size_t i) { return reinterpret_cast<ring_slot*>(base_ + i * stride_); }
 
   unsigned char* base_ = nullptr;
@@ -16147,15 +16159,16 @@ class profiler_core {
       std::lock_guard<std::mutex> control(control_mu_);
       stop_locked(true, on_dumper);  // the dump signal stays taken: the process ends after this
     }
-    status st;
-    if (is_raw_dump_path(opts_.out)) {  // `selfprof record --follow-exec`: named by the recorder
-      st = write_raw_dump(snapshots_.raw(), symbols_,
-                          expand_path_template(opts_.out, fields_now(next_dump_number())),
-                          dump_settings_for(opts_.out).sink);
-    } else {
-      dump_contents c = snapshots_.contents();
-      st = write_dump(c, dump_settings_for(opts_.out));
+    if (is_raw_dump_path(opts_.out)) {
+      // `selfprof record --follow-exec`: named by the recorder. Silent when it fails: a process that
+      // outlives the recording (a daemon) finds the directory gone, and its stderr is the program's.
+      (void)write_raw_dump(snapshots_.raw(), symbols_,
+                           expand_path_template(opts_.out, fields_now(next_dump_number())),
+                           dump_settings_for(opts_.out).sink);
+      return;
     }
+    dump_contents c = snapshots_.contents();
+    status st = write_dump(c, dump_settings_for(opts_.out));
     if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
   }
 
@@ -16200,15 +16213,15 @@ class profiler_core {
                        std::to_string(cap * stride >> 10) + " KiB, a quarter of SELFPROF_MAX_MEMORY " +
                        std::to_string(opts_.max_memory >> 20) +
                        " MiB): samples the collector cannot take in time are dropped and counted");
-    // Kept across restarts when the size is the same: init() rewrites every slot's sequence number, and
+    // Kept across restarts when the size is the same: init() resets every slot's sequence word, and
     // a slot's other bytes are written before it is published (a new zeroed block would page-fault again).
     const std::size_t ring_words = cap * stride / 8;
+    bool zeroed = false;
     if (ring_memory_.size() != ring_words) {
       g_handler.ring.store(nullptr, std::memory_order_release);
-      std::vector<std::uint64_t>().swap(ring_memory_);  // the old block goes first: never both at once
-      try {
-        std::vector<std::uint64_t>(ring_words, 0).swap(ring_memory_);
-      } catch (const std::bad_alloc&) {
+      ring_memory_.release();  // the old block goes first: never both at once
+      zeroed = ring_memory_.allocate(ring_words);
+      if (!zeroed) {
         return status::error("selfprof: cannot allocate the sample ring (" + std::to_string(ring_words * 8) +
                              " bytes for " + std::to_string(cap) + " slots of " +
                              std::to_string(opts_.max_depth) +
@@ -16216,7 +16229,7 @@ class profiler_core {
                              "SELFPROF_HZ or SELFPROF_MAX_DEPTH");
       }
     }
-    ring_.init(ring_memory_.data(), cap, opts_.max_depth);
+    ring_.init(ring_memory_.data(), cap, opts_.max_depth, zeroed);
     g_handler.main_tid.store(static_cast<std::uint32_t>(::getpid()), std::memory_order_relaxed);
     g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
     g_handler.ring.store(&ring_, std::memory_order_release);
@@ -16415,7 +16428,27 @@ class profiler_core {
   installed_signal signal_;
   int sample_signal_ = 0, dump_signal_ = 0;  // the session's signals, still reported after stop()
   source_config source_config_;
-  std::vector<std::uint64_t> ring_memory_;
+  // The sample ring's memory: anonymous pages, zero until touched, so a process pays only for the slots
+  // its samples reach (the ring holds 0.2 s of samples of 16 threads: megabytes at high rates).
+  struct ring_block {
+    std::uint64_t* block = nullptr;
+    std::size_t words = 0;
+    std::size_t size() const { return words; }
+    std::uint64_t* data() const { return block; }
+    bool allocate(std::size_t n) {
+      void* p = ::mmap(nullptr, n * 8, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) return false;
+      block = static_cast<std::uint64_t*>(p);
+      words = n;
+      return true;
+    }
+    void release() {
+      if (block != nullptr) ::munmap(block, words * 8);
+      block = nullptr;
+      words = 0;
+    }
+  };
+  ring_block ring_memory_;
   sample_ring ring_;
   bool ring_clipped_ = false;
   bool starting_threads_ = false;  // start() got as far as starting threads: stop_locked() undoes it
