@@ -155,15 +155,17 @@ struct alignas(64) game_frame_slot {
   std::atomic<std::uint32_t> tid{0};
   std::atomic<std::uint32_t> generation{0};  // bumped on each claim: the collector notices reuse
   std::atomic<const char*> name{nullptr};    // loop name (a string literal or otherwise static text)
-  std::atomic<std::uint64_t> seq{1};         // number of the frame running now
+  std::atomic<std::uint64_t> seq{0};         // number of the frame running now (1 from the claim on)
   std::atomic<std::uint64_t> start_ns{0};    // when it started (0: before the first mark)
   std::atomic<std::uint64_t> head{0};        // closed frames written (producer)
   std::atomic<std::uint64_t> tail{0};        // closed frames read (collector)
   std::atomic<std::uint64_t> lost{0};        // closed frames the ring had no room for
-  closed_game_frame ring[kClosedGameFrameRing];
+  closed_game_frame ring[kClosedGameFrameRing]{};
 };
 
-// Constant-initialized, like the handler's globals: valid in any thread at any time.
+// Constant-initialized, like the handler's globals: valid in any thread at any time. All zero, so it
+// lives in .bss and costs a process nothing until a thread marks frames (it is 400 KB: a dynamic
+// initializer touched every slot's page at load).
 struct game_frame_table {
   std::atomic<std::uint32_t> high_water{0};  // slots [0, high_water) have been used at least once
   std::atomic<std::uint64_t> no_slot{0};     // marks ignored because every slot was taken
@@ -2829,6 +2831,7 @@ SELFPROF_API status dump_diff(const profile& before, const profile& after, const
 // in order and stops them in reverse, and answers the public API (profiler.hpp).
 // Context: setup only (start/stop, under the control lock), any thread for snapshots, dumps and stats.
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -4330,9 +4333,14 @@ struct module {
   std::shared_ptr<module_symbols> symbols;  // null for anonymous and special mappings
 };
 
+// Files' symbols by device, inode and path, shared by the registries of several processes (the recorder
+// of `selfprof record --follow-exec` names every process's frames, reading each library once).
+using shared_file_symbols = std::unordered_map<std::string, std::shared_ptr<module_symbols>>;
+
 struct module_registry_options {
   std::vector<std::string> debug_roots{"/usr/lib/debug"};  // where build-id and debuglink files live
   std::string maps_path = "/proc/self/maps";
+  std::shared_ptr<shared_file_symbols> shared_files;  // null: this registry's own
 };
 
 class module_registry {
@@ -4365,6 +4373,13 @@ class module_registry {
     ++scans_;
     apply(last_text_);
     return true;
+  }
+
+  // Takes the executable lines of maps text as the module set (another process's, written down by it:
+  // see dump/raw_dump.hpp), parsing the symbols of new files.
+  void apply_maps_text(const std::string& text) {
+    ++scans_;
+    apply(text);
   }
 
   // The module holding `address`: a mapped one first, else the most recently unmapped one.
@@ -4553,8 +4568,18 @@ class module_registry {
   std::shared_ptr<module_symbols> file_symbols(const maps_entry& e) {
     auto [cached, fresh] = parsed_index_.try_emplace(file_key(e), parsed_.size());
     if (!fresh) return parsed_[cached->second];
-    auto result = std::make_shared<module_symbols>();
-    parsed_.push_back(result);
+    if (options_.shared_files) {
+      auto [shared, first] = options_.shared_files->try_emplace(cached->first);
+      if (!first) {
+        parsed_.push_back(shared->second);
+        return shared->second;
+      }
+      shared->second = std::make_shared<module_symbols>();
+      parsed_.push_back(shared->second);
+    } else {
+      parsed_.push_back(std::make_shared<module_symbols>());
+    }
+    std::shared_ptr<module_symbols> result = parsed_.back();
 
     // Deleted files and memfds are reachable through /proc/self/map_files (opening its entries needs
     // CAP_SYS_ADMIN, or CAP_CHECKPOINT_RESTORE since Linux 5.9; see proc(5)), else through a descriptor
@@ -5071,7 +5096,7 @@ class symbolizer {
  public:
   symbolizer() : symbolizer(symbolizer_options()) {}
   explicit symbolizer(symbolizer_options options)
-      : modules_(detail::module_registry_options{options.debug_roots, options.maps_path}),
+      : modules_(detail::module_registry_options{options.debug_roots, options.maps_path, nullptr}),
         perf_map_(options.perf_map_path),
         use_perf_map_(options.use_perf_map),
         dwarf_(options.debug_roots) {}
@@ -5819,14 +5844,17 @@ class sample_ring {
   }
 
   // `memory` must hold capacity * stride_for(max_depth) bytes, 8-byte aligned; capacity a power of two.
-  void init(void* memory, std::size_t capacity, std::size_t max_depth) {
+  // `zeroed`: the memory is all zero bytes (fresh anonymous pages), the initial state as it is, so no
+  // slot is touched here and the kernel provides only the pages that samples reach.
+  void init(void* memory, std::size_t capacity, std::size_t max_depth, bool zeroed = false) {
     base_ = static_cast<unsigned char*>(memory);
     capacity_ = capacity;
     mask_ = capacity - 1;
     max_depth_ = max_depth;
     stride_ = stride_for(max_depth);
     // std::atomic<uint64_t> is trivially default-constructible: zeroed memory from the owner holds one.
-    for (std::size_t i = 0; i < capacity; ++i) slot(i)->seq.store(i, std::memory_order_relaxed);
+    if (!zeroed)
+      for (std::size_t i = 0; i < capacity; ++i) slot(i)->seq.store(0, std::memory_order_relaxed);
     head_.store(0, std::memory_order_relaxed);
     tail_ = 0;
   }
@@ -5839,7 +5867,7 @@ class sample_ring {
     std::uint64_t p = head_.load(std::memory_order_relaxed);
     for (;;) {
       ring_slot* s = slot(p & mask_);
-      std::uint64_t seq = s->seq.load(std::memory_order_acquire);
+      const std::uint64_t seq = sequence(s->seq.load(std::memory_order_acquire), p & mask_);
       auto dif = static_cast<std::int64_t>(seq - p);
       if (dif == 0) {
         if (head_.compare_exchange_weak(p, p + 1, std::memory_order_relaxed)) {
@@ -5853,20 +5881,26 @@ class sample_ring {
       }
     }
   }
-  static void publish(ring_slot* s, std::uint64_t pos) { s->seq.store(pos + 1, std::memory_order_release); }
+  static void publish(ring_slot* s, std::uint64_t pos) { s->seq.store(pos + 2, std::memory_order_release); }
 
   // Consumer: the next published slot, or nullptr. Call release() when done with it.
   ring_slot* peek() {
     ring_slot* s = slot(tail_ & mask_);
-    std::uint64_t seq = s->seq.load(std::memory_order_acquire);
+    const std::uint64_t seq = sequence(s->seq.load(std::memory_order_acquire), tail_ & mask_);
     return seq == tail_ + 1 ? s : nullptr;
   }
   void release(ring_slot* s) {
-    s->seq.store(tail_ + capacity_, std::memory_order_release);
+    s->seq.store(tail_ + capacity_ + 1, std::memory_order_release);
     ++tail_;
   }
 
  private:
+  // A slot's stored word is its sequence number plus one; 0 is the initial state, sequence = the slot's
+  // index (Vyukov's initial value), so zeroed memory is a ready ring.
+  static std::uint64_t sequence(std::uint64_t stored, std::size_t index) {
+    return stored == 0 ? index : stored - 1;
+  }
+
   ring_slot* slot(std::size_t i) { return reinterpret_cast<ring_slot*>(base_ + i * stride_); }
 
   unsigned char* base_ = nullptr;
@@ -8909,6 +8943,12 @@ class shared_symbolizer {
   auto with_fresh(Use&& use) -> decltype(use(std::declval<symbolizer&>())) {
     std::lock_guard<std::mutex> lock(mu_);
     sym_.refresh();
+    return use(sym_);
+  }
+  // Runs `use(symbolizer&)` under the lock with the modules recorded so far (no refresh: nothing parsed).
+  template <class Use>
+  auto with_current(Use&& use) -> decltype(use(std::declval<symbolizer&>())) {
+    std::lock_guard<std::mutex> lock(mu_);
     return use(sym_);
   }
   // Runs `work` under the lock (work that fork() must not cut in half: the unwind-row rebuild).
@@ -16747,6 +16787,191 @@ inline http_answer answer_request(snapshot_maker& snapshots, const options& o, c
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/core/endpoint.hpp ----
+// ---- begin selfprof/dump/raw_dump.hpp ----
+// The raw exit dump of `selfprof record --follow-exec`: instead of naming its frames, a process writes
+// its stacks of addresses, the executable mappings they point into (with what identifies each file)
+// and its threads to a private directory; `selfprof record` names them all at the end, reading each
+// library's symbols once for every process (tools/selfprof/raw_merge.hpp reads this format).
+// Context: any thread except the signal handler (the exit dump).
+//
+// Format "selfprof-raw 1", one record a line, numbers in decimal unless said:
+//   selfprof-raw 1
+//   pid PID
+//   comm NAME                      the process name (/proc/self/comm)
+//   info MODE UNIT HZ PERIOD_NS DROPPED START_UNIX_NS DURATION_S KERNEL_TIME SOURCE
+//   note TEXT                      any number
+//   map START END OFFSET MAJOR:MINOR INODE MTIME_NS SIZE PATH   hex START END OFFSET MAJOR MINOR; MTIME_NS
+//                                  and SIZE of the file at PATH at exit, "-" when there is none
+//   name PC TEXT                   hex PC: a JIT or perf-map address named by this process
+//   thread TID NAME
+//   stack TID FLAGS COUNT PC...    hex PCs, the interrupted pc first (as the stack table holds them)
+//   end STACKS SAMPLES             last line: the file is complete
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+constexpr const char* kRawDumpExtension = ".selfprof-raw";
+
+inline bool is_raw_dump_path(const std::string& path) { return ends_with_ci(path, kRawDumpExtension); }
+
+// Text with no newline (names and notes are one line each).
+inline std::string raw_one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+inline void raw_hex(std::string& out, std::uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%llx", static_cast<unsigned long long>(v));
+  out += buf;
+}
+
+// One "map" line for an executable mapping; the file's modification time and size tell the reader
+// whether the file it opens later is still this one. (Not the inode: on overlay file systems stat and
+// the maps disagree about it.)
+inline void raw_map_line(std::string& out, const maps_entry& e) {
+  out += "map ";
+  raw_hex(out, e.start);
+  out += ' ';
+  raw_hex(out, e.end);
+  out += ' ';
+  raw_hex(out, e.offset);
+  out += ' ';
+  raw_hex(out, e.dev_major);
+  out += ':';
+  raw_hex(out, e.dev_minor);
+  out += ' ' + std::to_string(e.inode) + ' ';
+  struct stat sb {};
+  const bool file = !e.path.empty() && e.path[0] == '/' && !e.deleted;
+  if (file && ::stat(e.path.c_str(), &sb) == 0 && S_ISREG(sb.st_mode)) {
+    const std::uint64_t mtime_ns = static_cast<std::uint64_t>(sb.st_mtim.tv_sec) * 1000000000u +
+                                   static_cast<std::uint64_t>(sb.st_mtim.tv_nsec);
+    out += std::to_string(mtime_ns) + ' ' + std::to_string(static_cast<std::uint64_t>(sb.st_size));
+  } else {
+    out += "- -";
+  }
+  out += ' ';
+  out += e.path.empty() ? std::string("//anon") : e.path;
+  out += '\n';
+}
+
+inline const char* raw_mode_name(profile_mode m) {
+  return m == profile_mode::wall ? "wall" : m == profile_mode::offcpu ? "offcpu" : "cpu";
+}
+
+// The bytes of a raw dump of `raw`, taken in this process. `sym` names the JIT and perf-map tagged
+// addresses (only when a stack holds one: those names exist only in this process).
+inline std::string raw_dump_bytes(const raw_snapshot& raw, shared_symbolizer& sym, const std::string& comm) {
+  std::string out =
+      "selfprof-raw 1\npid " + std::to_string(::getpid()) + "\ncomm " + raw_one_line(comm) + "\n";
+  const profile_info& i = raw.info;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "info %s %s %.17g %llu %llu %llu %.17g %d ", raw_mode_name(i.mode),
+                i.unit.empty() ? "samples" : i.unit.c_str(), i.hz,
+                static_cast<unsigned long long>(i.period_ns), static_cast<unsigned long long>(i.dropped),
+                static_cast<unsigned long long>(i.start_unix_ns), i.duration_s, i.kernel_time ? 1 : 0);
+  out += buf;
+  out += i.source.empty() ? std::string("-") : raw_one_line(i.source);
+  out += '\n';
+  for (const std::string& n : i.notes) out += "note " + raw_one_line(n) + "\n";
+
+  // The executable mappings now, then those the collector saw that are gone (a dlclose) where nothing
+  // mapped now overlaps them.
+  std::string maps;
+  std::vector<maps_entry> mapped;
+  if (read_text_file("/proc/self/maps", maps)) {
+    std::size_t pos = 0;
+    while (pos < maps.size()) {
+      std::size_t eol = maps.find('\n', pos);
+      if (eol == std::string::npos) eol = maps.size();
+      maps_entry e;
+      if (parse_maps_line(std::string_view(maps).substr(pos, eol - pos), e) && e.executable) {
+        raw_map_line(out, e);
+        mapped.push_back(e);
+      }
+      pos = eol + 1;
+    }
+  }
+  sym.with_current([&](symbolizer& s) {
+    for (const module& m : s.modules().modules()) {
+      if (m.mapped || m.kind != module_kind::file) continue;
+      bool overlaps = false;
+      for (const maps_entry& e : mapped) overlaps = overlaps || (m.start < e.end && e.start < m.end);
+      if (overlaps) continue;
+      maps_entry e;
+      e.start = m.start;
+      e.end = m.end;
+      e.offset = m.offset;
+      e.inode = m.inode;
+      e.dev_major = m.dev_major;
+      e.dev_minor = m.dev_minor;
+      e.deleted = m.deleted;
+      e.path = m.path;
+      raw_map_line(out, e);
+      mapped.push_back(e);
+    }
+    return 0;
+  });
+
+  // Tagged addresses (JIT code named while sampling) are named here, where their names live.
+  std::unordered_set<std::uint64_t> tagged;
+  for (const auto& e : raw.table.entries()) {
+    const std::uint64_t* pcs = raw.table.pcs(e);
+    for (std::size_t k = 0; k < e.depth; ++k)
+      if (is_jit_tagged(pcs[k]) || is_perf_map_tagged(pcs[k])) tagged.insert(k == 0 ? pcs[k] : pcs[k] - 1);
+  }
+  if (!tagged.empty()) {
+    sym.with_fresh([&](symbolizer& s) {
+      std::vector<frame> frames;
+      for (std::uint64_t pc : tagged) {
+        frames.clear();
+        s.resolve(pc, frames);
+        out += "name ";
+        raw_hex(out, pc);
+        out += ' ' + raw_one_line(frames.empty() ? std::string("[unknown]") : frames.front().name) + "\n";
+      }
+      return 0;
+    });
+  }
+  for (const auto& t : raw.thread_names)
+    out += "thread " + std::to_string(t.first) + " " + raw_one_line(t.second) + "\n";
+  std::uint64_t samples = 0;
+  for (const auto& e : raw.table.entries()) {
+    out += "stack " + std::to_string(e.tid) + " " + std::to_string(e.flags) + " " + std::to_string(e.count);
+    const std::uint64_t* pcs = raw.table.pcs(e);
+    for (std::size_t k = 0; k < e.depth; ++k) {
+      out += ' ';
+      raw_hex(out, pcs[k]);
+    }
+    out += '\n';
+    samples += e.count;
+  }
+  out += "end " + std::to_string(raw.table.entries().size()) + " " + std::to_string(samples) + "\n";
+  return out;
+}
+
+// Writes the raw dump to `path` (atomic, 0600; see sink.hpp). No fsync: the recorder reads it as soon as
+// the process has ended, and a crash of the machine loses the recording anyway.
+inline status write_raw_dump(const raw_snapshot& raw, shared_symbolizer& sym, const std::string& path,
+                             sink_options sink) {
+  sink.sync = false;
+  return write_file_atomic(path, raw_dump_bytes(raw, sym, program_name()), sink);
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/dump/raw_dump.hpp ----
 // ---- begin selfprof/sources/select.hpp ----
 // Picks the tick source: `auto` takes the cheapest mechanism that honours the request (rate, kernel
 // time, even coverage of threads) and records why each earlier one was refused.
@@ -17184,6 +17409,14 @@ class profiler_core {
       std::lock_guard<std::mutex> control(control_mu_);
       stop_locked(true, on_dumper);  // the dump signal stays taken: the process ends after this
     }
+    if (is_raw_dump_path(opts_.out)) {
+      // `selfprof record --follow-exec`: named by the recorder. Silent when it fails: a process that
+      // outlives the recording (a daemon) finds the directory gone, and its stderr is the program's.
+      (void)write_raw_dump(snapshots_.raw(), symbols_,
+                           expand_path_template(opts_.out, fields_now(next_dump_number())),
+                           dump_settings_for(opts_.out).sink);
+      return;
+    }
     dump_contents c = snapshots_.contents();
     status st = write_dump(c, dump_settings_for(opts_.out));
     if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
@@ -17230,15 +17463,15 @@ class profiler_core {
                        std::to_string(cap * stride >> 10) + " KiB, a quarter of SELFPROF_MAX_MEMORY " +
                        std::to_string(opts_.max_memory >> 20) +
                        " MiB): samples the collector cannot take in time are dropped and counted");
-    // Kept across restarts when the size is the same: init() rewrites every slot's sequence number, and
+    // Kept across restarts when the size is the same: init() resets every slot's sequence word, and
     // a slot's other bytes are written before it is published (a new zeroed block would page-fault again).
     const std::size_t ring_words = cap * stride / 8;
+    bool zeroed = false;
     if (ring_memory_.size() != ring_words) {
       g_handler.ring.store(nullptr, std::memory_order_release);
-      std::vector<std::uint64_t>().swap(ring_memory_);  // the old block goes first: never both at once
-      try {
-        std::vector<std::uint64_t>(ring_words, 0).swap(ring_memory_);
-      } catch (const std::bad_alloc&) {
+      ring_memory_.release();  // the old block goes first: never both at once
+      zeroed = ring_memory_.allocate(ring_words);
+      if (!zeroed) {
         return status::error("selfprof: cannot allocate the sample ring (" + std::to_string(ring_words * 8) +
                              " bytes for " + std::to_string(cap) + " slots of " +
                              std::to_string(opts_.max_depth) +
@@ -17246,7 +17479,7 @@ class profiler_core {
                              "SELFPROF_HZ or SELFPROF_MAX_DEPTH");
       }
     }
-    ring_.init(ring_memory_.data(), cap, opts_.max_depth);
+    ring_.init(ring_memory_.data(), cap, opts_.max_depth, zeroed);
     g_handler.main_tid.store(static_cast<std::uint32_t>(::getpid()), std::memory_order_relaxed);
     g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
     g_handler.ring.store(&ring_, std::memory_order_release);
@@ -17473,7 +17706,27 @@ class profiler_core {
   installed_signal signal_;
   int sample_signal_ = 0, dump_signal_ = 0;  // the session's signals, still reported after stop()
   source_config source_config_;
-  std::vector<std::uint64_t> ring_memory_;
+  // The sample ring's memory: anonymous pages, zero until touched, so a process pays only for the slots
+  // its samples reach (the ring holds 0.2 s of samples of 16 threads: megabytes at high rates).
+  struct ring_block {
+    std::uint64_t* block = nullptr;
+    std::size_t words = 0;
+    std::size_t size() const { return words; }
+    std::uint64_t* data() const { return block; }
+    bool allocate(std::size_t n) {
+      void* p = ::mmap(nullptr, n * 8, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) return false;
+      block = static_cast<std::uint64_t*>(p);
+      words = n;
+      return true;
+    }
+    void release() {
+      if (block != nullptr) ::munmap(block, words * 8);
+      block = nullptr;
+      words = 0;
+    }
+  };
+  ring_block ring_memory_;
   sample_ring ring_;
   bool ring_clipped_ = false;
   bool starting_threads_ = false;  // start() got as far as starting threads: stop_locked() undoes it

@@ -68,7 +68,15 @@ bool is_this_library(const std::string& entry, const char* self) {
                        "libselfprof-preload.so") == 0;
 }
 
-// Drops this library from LD_PRELOAD (entries are separated by ':' or spaces, see ld.so(8)).
+// Without --follow-exec, programs this one executes must not load the library. Removing it from this
+// process's LD_PRELOAD covers the exec calls that pass `environ`; a shell keeps its own copy of the
+// exported variables and passes that to execve, so the exec hooks also replace an "LD_PRELOAD=" entry
+// equal to the one this process started with by g_kept_env (empty: the entry is dropped). Both strings
+// are made here, at load: the hooks may run in a vfork child, where allocating is not safe. Plain
+// pointers (constant-initialized): this file's constructor may run before its dynamic initializers.
+const char* g_started_env = nullptr;
+const char* g_kept_env = nullptr;
+
 void remove_from_ld_preload() {
   const char* old = std::getenv("LD_PRELOAD");
   if (!old) return;
@@ -85,11 +93,45 @@ void remove_from_ld_preload() {
       entry += list[i];
     }
   }
+  g_started_env = ::strdup(("LD_PRELOAD=" + list).c_str());
+  if (!kept.empty()) g_kept_env = ::strdup(("LD_PRELOAD=" + kept).c_str());
   if (kept.empty())
     ::unsetenv("LD_PRELOAD");
   else
     ::setenv("LD_PRELOAD", kept.c_str(), 1);
 }
+
+// How many entries `envp` has (the null pointer not counted).
+std::size_t env_count(char* const envp[]) {
+  std::size_t n = 0;
+  while (envp && envp[n]) ++n;
+  return n;
+}
+
+// Copies `envp` into `out` (env_count + 1 entries) with the library taken out of LD_PRELOAD (see
+// g_started_env); `envp` itself when there is nothing to take out.
+char* const* without_library(char* const envp[], char** out) {
+  if (envp == nullptr || g_started_env == nullptr) return envp;
+  std::size_t k = 0;
+  bool changed = false;
+  for (std::size_t i = 0; envp[i]; ++i) {
+    if (std::strcmp(envp[i], g_started_env) == 0) {
+      changed = true;
+      if (g_kept_env == nullptr) continue;
+      out[k++] = const_cast<char*>(g_kept_env);
+    } else {
+      out[k++] = envp[i];
+    }
+  }
+  out[k] = nullptr;
+  return changed ? out : envp;
+}
+
+// Declares `env`, the environment an exec hook passes on, on the hook's stack (alloca, no malloc; in a
+// declaration, never in a call's arguments).
+#define SELFPROF_EXEC_ENV(envp) \
+  char* const* const env =      \
+      without_library((envp), static_cast<char**>(alloca((env_count(envp) + 1) * sizeof(char*))))
 
 pid_t g_started_pid = 0;
 
@@ -119,6 +161,19 @@ bool note_exec(const char* what) {
 // The dump signal is blocked in the program's threads while selfprof routes it to its dumper
 // (core/auto_dumps.hpp); the block would outlive the exec, so it is taken off here, in any process (a
 // vfork child's mask is its own), and put back when the exec fails.
+// The block is in the mask the program starts with, so a program may have saved it before it claimed
+// the signal (bash saves its initial mask, `trap` claims SIGUSR2 among others, and each child restores
+// the saved mask before exec): the signal selfprof ever routed in this process or the one it was forked
+// from is taken off too, even after it was given back. (start() never takes a signal the program
+// blocked itself at start, so this block is always selfprof's.)
+int g_ever_routed = 0;
+
+int routed_signal_now() {
+  const int routed = selfprof::detail::g_dump_requests.routed_signal.load(std::memory_order_acquire);
+  if (routed > 0) g_ever_routed = routed;
+  return routed;
+}
+
 struct exec_guard {
   bool restart = false;
   int unblocked = 0;
@@ -126,7 +181,8 @@ struct exec_guard {
   bool noted = false;
   explicit exec_guard(const char* what) {
     if (g_started_pid == ::getpid()) noted = note_exec(what);
-    const int routed = selfprof::detail::g_dump_requests.routed_signal.load(std::memory_order_acquire);
+    int routed = routed_signal_now();
+    if (routed <= 0) routed = g_ever_routed;
     if (g_started_pid == ::getpid() && selfprof::running()) {
       opts = selfprof::detail::profiler_core::instance().current_options();
       restart = static_cast<bool>(selfprof::stop());
@@ -178,6 +234,7 @@ int claim_signal(int sig, const struct sigaction* act, struct sigaction* old) {
       (core.sample_signal() != sig && core.dump_signal() != sig))
     return real_sigaction()(sig, act, old);
   selfprof::options o = core.current_options();
+  (void)routed_signal_now();  // remembered for exec_guard: the program's saved masks may still hold it
   (void)selfprof::stop();
   const int rc = real_sigaction()(sig, act, old);
   const int saved = errno;
@@ -244,6 +301,7 @@ __attribute__((constructor)) void selfprof_preload_start() {
   }
   (void)real_pthread_create();  // resolve now, before any thread exists
   (void)selfprof::start_from_env();
+  (void)routed_signal_now();
 }
 
 }  // namespace
@@ -285,8 +343,9 @@ extern "C" __attribute__((visibility("default"))) sighandler_t bsd_signal(int si
 
 extern "C" __attribute__((visibility("default"))) int execve(const char* path, char* const argv[],
                                                              char* const envp[]) {
+  SELFPROF_EXEC_ENV(envp);
   exec_guard g(path);
-  return g.failed(real<execve_fn>("execve")(path, argv, envp));
+  return g.failed(real<execve_fn>("execve")(path, argv, env));
 }
 extern "C" __attribute__((visibility("default"))) int execv(const char* path, char* const argv[]) {
   exec_guard g(path);
@@ -298,19 +357,22 @@ extern "C" __attribute__((visibility("default"))) int execvp(const char* file, c
 }
 extern "C" __attribute__((visibility("default"))) int execvpe(const char* file, char* const argv[],
                                                               char* const envp[]) {
+  SELFPROF_EXEC_ENV(envp);
   exec_guard g(file);
-  return g.failed(real<execve_fn>("execvpe")(file, argv, envp));
+  return g.failed(real<execve_fn>("execvpe")(file, argv, env));
 }
 extern "C" __attribute__((visibility("default"))) int fexecve(int fd, char* const argv[],
                                                               char* const envp[]) {
+  SELFPROF_EXEC_ENV(envp);
   exec_guard g(argv[0] ? argv[0] : "a program (fexecve)");
-  return g.failed(real<fexecve_fn>("fexecve")(fd, argv, envp));
+  return g.failed(real<fexecve_fn>("fexecve")(fd, argv, env));
 }
 extern "C" __attribute__((visibility("default"))) int execveat(int dirfd, const char* path,
                                                                char* const argv[], char* const envp[],
                                                                int flags) {
+  SELFPROF_EXEC_ENV(envp);
   exec_guard g(path[0] ? path : argv[0] ? argv[0] : "a program (execveat)");
-  return g.failed(real<execveat_fn>("execveat")(dirfd, path, argv, envp, flags));
+  return g.failed(real<execveat_fn>("execveat")(dirfd, path, argv, env, flags));
 }
 // execl*: the argv array on this frame's stack (alloca, no malloc: the caller may be a vfork child).
 extern "C" __attribute__((visibility("default"))) int execl(const char* path, const char* arg, ...) {
@@ -338,8 +400,9 @@ extern "C" __attribute__((visibility("default"))) int execle(const char* path, c
   char** envp = nullptr;
   char** argv = fill_args(arg, ap, n, static_cast<char**>(alloca((n + 2) * sizeof(char*))), &envp);
   va_end(ap);
+  SELFPROF_EXEC_ENV(envp);
   exec_guard g(path);
-  return g.failed(real<execve_fn>("execve")(path, argv, envp));
+  return g.failed(real<execve_fn>("execve")(path, argv, env));
 }
 extern "C" __attribute__((visibility("default"))) void _Exit(int status) { finish_exit(g_real_Exit, status); }
 
@@ -354,13 +417,15 @@ using spawn_fn = int (*)(pid_t*, const char*, const posix_spawn_file_actions_t*,
 int spawn_unblocked(spawn_fn real, pid_t* pid, const char* path, const posix_spawn_file_actions_t* actions,
                     const posix_spawnattr_t* attr, char* const argv[], char* const envp[]) {
   if (!real) return ENOSYS;
-  const int routed = selfprof::detail::g_dump_requests.routed_signal.load(std::memory_order_acquire);
+  SELFPROF_EXEC_ENV(envp);
+  int routed = routed_signal_now();
+  if (routed <= 0) routed = g_ever_routed;
   short flags = 0;
   if (attr) posix_spawnattr_getflags(attr, &flags);
   sigset_t mask;
   pthread_sigmask(SIG_BLOCK, nullptr, &mask);
   if (routed <= 0 || (flags & POSIX_SPAWN_SETSIGMASK) || sigismember(&mask, routed) != 1)
-    return real(pid, path, actions, attr, argv, envp);
+    return real(pid, path, actions, attr, argv, env);
   posix_spawnattr_t copy;
   if (attr)
     copy = *attr;  // glibc's attributes are a plain struct that owns nothing
@@ -369,7 +434,7 @@ int spawn_unblocked(spawn_fn real, pid_t* pid, const char* path, const posix_spa
   sigdelset(&mask, routed);
   posix_spawnattr_setsigmask(&copy, &mask);
   posix_spawnattr_setflags(&copy, static_cast<short>(flags | POSIX_SPAWN_SETSIGMASK));
-  const int rc = real(pid, path, actions, &copy, argv, envp);
+  const int rc = real(pid, path, actions, &copy, argv, env);
   if (!attr) posix_spawnattr_destroy(&copy);
   return rc;
 }

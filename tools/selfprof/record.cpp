@@ -1,7 +1,10 @@
 // selfprof record: runs a command under the selfprof preload library (no root, no perf needed).
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,8 +14,12 @@
 #include <string>
 #include <vector>
 
+#include <selfprof/dump/dump.hpp>
+#include <selfprof/dump/raw_dump.hpp>
+
 #include "args.hpp"
 #include "commands.hpp"
+#include "raw_merge.hpp"
 
 namespace selfprof_cli {
 namespace {
@@ -34,9 +41,11 @@ const char* const record_help =
     "                        process id, %t the unix time, %n the dump number; the extension picks the\n"
     "                        format (.svg .folded .txt .pb.gz); several paths may be comma-separated\n"
     "  --follow-exec         also profile the programs CMD executes (children that exec keep\n"
-    "                        LD_PRELOAD, each writes its own profile: use %p in the path). Default: the\n"
-    "                        library removes itself from LD_PRELOAD once loaded, so only CMD (and its\n"
-    "                        forks that do not exec) are profiled, not the programs it starts\n"
+    "                        LD_PRELOAD). One profile for the whole recording, written at the end, each\n"
+    "                        process's name as the root of its stacks; with %p in the path, one profile\n"
+    "                        per process instead. Default: the library removes itself from LD_PRELOAD\n"
+    "                        once loaded, so only CMD (and its forks that do not exec) are profiled\n"
+    "  --pid-roots           with --follow-exec: \"name [pid]\" roots, one per process, not per name\n"
     "  --interval=SECONDS    also write the profile every SECONDS (a SIGKILL loses at most one interval)\n"
     "  --mode=cpu|wall       CPU time (default) or wall-clock time, blocked threads included\n"
     "  -v, --verbose         the library prints its configuration when it starts\n"
@@ -94,12 +103,84 @@ std::string expand_pid(const std::string& tmpl, pid_t pid) {
   return out;
 }
 
+// Reads a file of our private directory: a regular file, not through a link.
+bool read_private_file(int dir, const char* name, std::string& out) {
+  const int fd = ::openat(dir, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;
+  struct stat sb {};
+  bool ok = ::fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
+  out.clear();
+  char buf[65536];
+  for (ssize_t n; ok && (n = ::read(fd, buf, sizeof buf)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      ok = false;
+      break;
+    }
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return ok;
+}
+
+// The raw dumps of a recording (see raw_merge.hpp) named into one profile written to `out`; the
+// directory is emptied and removed. Returns 0, or 1 when the profile could not be written.
+int merge_recording(const std::string& dir_path, const std::string& out, bool pid_roots, bool quiet) {
+  raw_merger merger(pid_roots);
+  std::size_t lost = 0;
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir_path.c_str())) {
+    while (struct dirent* e = ::readdir(d))
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.push_back(e->d_name);
+    const int fd = ::dirfd(d);
+    std::string text;
+    raw_process p;
+    for (const std::string& n : names) {
+      const bool raw = selfprof::detail::is_raw_dump_path(n) && n[0] != '.';  // not a temp file
+      if (raw && read_private_file(fd, n.c_str(), text)) {
+        selfprof::status st = parse_raw_dump(text, n, p);
+        if (st)
+          merger.add(p);
+        else
+          std::fprintf(stderr, "%s\n", st.message().c_str());
+        if (!st) ++lost;
+      } else if (raw) {
+        ++lost;
+      }
+      ::unlinkat(fd, n.c_str(), 0);
+    }
+    ::closedir(d);
+  }
+  ::rmdir(dir_path.c_str());
+  if (merger.processes() == 0) {
+    std::fprintf(stderr,
+                 "selfprof record: no process of the recording wrote its samples (were they killed?)\n");
+    return 1;
+  }
+  const std::size_t processes = merger.processes();
+  selfprof::profile p = merger.take(lost);
+  selfprof::output_options oo;
+  oo.svg.title = std::string(p.info.mode == selfprof::profile_mode::wall ? "Wall-clock" : "CPU") +
+                 " profile of " + std::to_string(processes) + " processes (selfprof record --follow-exec)";
+  if (!p.info.kernel_time) oo.svg.subtitle = "time spent in the kernel is not sampled (user-only ticks)";
+  if (p.info.unit != "samples") oo.svg.count_name = p.info.unit;
+  selfprof::detail::add_marker_frames(p, false);
+  selfprof::status st = selfprof::detail::write_profile_paths(p, out, selfprof::detail::fields_now(1), oo,
+                                                              selfprof::sink_options{});
+  if (!st) return fail("record", st.message());
+  if (!quiet)
+    std::fprintf(stderr, "selfprof record: profile of %zu processes (%llu samples) written to %s\n",
+                 processes, static_cast<unsigned long long>(p.info.samples), out.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int run_record(int argc, char** argv) {
   static const std::vector<option_spec> specs = {
-      {"freq", 'F', true}, {"output", 'o', true},   {"follow-exec", 0, false}, {"interval", 0, true},
-      {"mode", 0, true},   {"verbose", 'v', false}, {"quiet", 'q', false},     {"help", 'h', false},
+      {"freq", 'F', true},   {"output", 'o', true}, {"follow-exec", 0, false},
+      {"interval", 0, true}, {"mode", 0, true},     {"verbose", 'v', false},
+      {"quiet", 'q', false}, {"help", 'h', false},  {"pid-roots", 0, false},
   };
   parsed_args a;
   selfprof::status st = parse_args(argc, argv, 2, specs, a, true);
@@ -123,6 +204,14 @@ int run_record(int argc, char** argv) {
   const std::string out = a.get("output", "selfprof-%p.svg");
   if (out.empty()) return fail("record", "-o/--output: empty path", 2);
 
+  // --follow-exec without %p: one profile for the recording. The processes write raw dumps to a
+  // private directory (0700, ours) and this process names them at the end.
+  const bool merged = a.has("follow-exec") && out.find("%p") == std::string::npos;
+  if (merged && a.has("interval"))
+    return fail("record", "--interval with --follow-exec writes a profile per process: put %p in -o", 2);
+  if (a.has("pid-roots") && !merged)
+    return fail("record", "--pid-roots needs --follow-exec and a path without %p", 2);
+
   std::string preload, tried;
   if (!find_preload(preload, tried))
     return fail("record", "cannot find libselfprof-preload.so (tried: " + tried +
@@ -137,6 +226,16 @@ int run_record(int argc, char** argv) {
                 2);
   std::string ld = preload;
   if (const char* old = std::getenv("LD_PRELOAD"); old && *old) ld += std::string(":") + old;
+
+  std::string raw_dir;
+  if (merged) {
+    const char* t = std::getenv("TMPDIR");
+    std::string templ = std::string(t && *t ? t : "/tmp") + "/selfprof-merge-XXXXXX";
+    if (::mkdtemp(&templ[0]) == nullptr)
+      return fail("record",
+                  "cannot create a directory for the recording (" + templ + "): " + std::strerror(errno));
+    raw_dir = templ;
+  }
 
   // Where the preload library writes what the program exec'd (see preload.cpp), in a directory of our own.
   std::string note_dir, note;
@@ -175,13 +274,15 @@ int run_record(int argc, char** argv) {
     const int err = errno;
     ::sigaction(SIGINT, &old_int, nullptr);
     ::sigaction(SIGQUIT, &old_quit, nullptr);
+    if (merged) ::rmdir(raw_dir.c_str());
     return fail("record", std::string("fork: ") + std::strerror(err));
   }
   if (child == 0) {
     ::sigaction(SIGINT, &old_int, nullptr);
     ::sigaction(SIGQUIT, &old_quit, nullptr);
     ::setenv("LD_PRELOAD", ld.c_str(), 1);
-    ::setenv("SELFPROF_OUT", out.c_str(), 1);
+    ::setenv("SELFPROF_OUT",
+             merged ? (raw_dir + "/%p" + selfprof::detail::kRawDumpExtension).c_str() : out.c_str(), 1);
     if (a.has("freq")) ::setenv("SELFPROF_HZ", a.get("freq").c_str(), 1);
     if (a.has("interval")) ::setenv("SELFPROF_INTERVAL", a.get("interval").c_str(), 1);
     if (a.has("mode")) ::setenv("SELFPROF_MODE", mode.c_str(), 1);
@@ -205,6 +306,10 @@ int run_record(int argc, char** argv) {
   const std::string exec_note = read_note();
   if (w < 0) return fail("record", std::string("waitpid: ") + std::strerror(errno));
   int rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : WIFSIGNALED(wstatus) ? 128 + WTERMSIG(wstatus) : 1;
+  if (merged) {
+    (void)merge_recording(raw_dir, out, a.has("pid-roots"), a.has("quiet"));
+    return rc;
+  }
   if (!a.has("quiet")) {
     const std::string path = expand_pid(out, child);
     if (path.find('%') == std::string::npos && path.find(',') == std::string::npos) {

@@ -4,6 +4,7 @@
 // Context: setup only (start/stop, under the control lock), any thread for snapshots, dumps and stats.
 #pragma once
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -26,6 +27,7 @@
 #include "selfprof/core/snapshots.hpp"
 #include "selfprof/detail/process.hpp"
 #include "selfprof/dump/dump.hpp"
+#include "selfprof/dump/raw_dump.hpp"
 #include "selfprof/options.hpp"
 #include "selfprof/signal/handler.hpp"
 #include "selfprof/sources/select.hpp"
@@ -284,6 +286,14 @@ class profiler_core {
       std::lock_guard<std::mutex> control(control_mu_);
       stop_locked(true, on_dumper);  // the dump signal stays taken: the process ends after this
     }
+    if (is_raw_dump_path(opts_.out)) {
+      // `selfprof record --follow-exec`: named by the recorder. Silent when it fails: a process that
+      // outlives the recording (a daemon) finds the directory gone, and its stderr is the program's.
+      (void)write_raw_dump(snapshots_.raw(), symbols_,
+                           expand_path_template(opts_.out, fields_now(next_dump_number())),
+                           dump_settings_for(opts_.out).sink);
+      return;
+    }
     dump_contents c = snapshots_.contents();
     status st = write_dump(c, dump_settings_for(opts_.out));
     if (!st) std::fprintf(stderr, "%s\n", st.message().c_str());
@@ -330,15 +340,15 @@ class profiler_core {
                        std::to_string(cap * stride >> 10) + " KiB, a quarter of SELFPROF_MAX_MEMORY " +
                        std::to_string(opts_.max_memory >> 20) +
                        " MiB): samples the collector cannot take in time are dropped and counted");
-    // Kept across restarts when the size is the same: init() rewrites every slot's sequence number, and
+    // Kept across restarts when the size is the same: init() resets every slot's sequence word, and
     // a slot's other bytes are written before it is published (a new zeroed block would page-fault again).
     const std::size_t ring_words = cap * stride / 8;
+    bool zeroed = false;
     if (ring_memory_.size() != ring_words) {
       g_handler.ring.store(nullptr, std::memory_order_release);
-      std::vector<std::uint64_t>().swap(ring_memory_);  // the old block goes first: never both at once
-      try {
-        std::vector<std::uint64_t>(ring_words, 0).swap(ring_memory_);
-      } catch (const std::bad_alloc&) {
+      ring_memory_.release();  // the old block goes first: never both at once
+      zeroed = ring_memory_.allocate(ring_words);
+      if (!zeroed) {
         return status::error("selfprof: cannot allocate the sample ring (" + std::to_string(ring_words * 8) +
                              " bytes for " + std::to_string(cap) + " slots of " +
                              std::to_string(opts_.max_depth) +
@@ -346,7 +356,7 @@ class profiler_core {
                              "SELFPROF_HZ or SELFPROF_MAX_DEPTH");
       }
     }
-    ring_.init(ring_memory_.data(), cap, opts_.max_depth);
+    ring_.init(ring_memory_.data(), cap, opts_.max_depth, zeroed);
     g_handler.main_tid.store(static_cast<std::uint32_t>(::getpid()), std::memory_order_relaxed);
     g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
     g_handler.ring.store(&ring_, std::memory_order_release);
@@ -573,7 +583,27 @@ class profiler_core {
   installed_signal signal_;
   int sample_signal_ = 0, dump_signal_ = 0;  // the session's signals, still reported after stop()
   source_config source_config_;
-  std::vector<std::uint64_t> ring_memory_;
+  // The sample ring's memory: anonymous pages, zero until touched, so a process pays only for the slots
+  // its samples reach (the ring holds 0.2 s of samples of 16 threads: megabytes at high rates).
+  struct ring_block {
+    std::uint64_t* block = nullptr;
+    std::size_t words = 0;
+    std::size_t size() const { return words; }
+    std::uint64_t* data() const { return block; }
+    bool allocate(std::size_t n) {
+      void* p = ::mmap(nullptr, n * 8, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) return false;
+      block = static_cast<std::uint64_t*>(p);
+      words = n;
+      return true;
+    }
+    void release() {
+      if (block != nullptr) ::munmap(block, words * 8);
+      block = nullptr;
+      words = 0;
+    }
+  };
+  ring_block ring_memory_;
   sample_ring ring_;
   bool ring_clipped_ = false;
   bool starting_threads_ = false;  // start() got as far as starting threads: stop_locked() undoes it

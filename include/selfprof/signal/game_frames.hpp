@@ -40,15 +40,17 @@ struct alignas(64) game_frame_slot {
   std::atomic<std::uint32_t> tid{0};
   std::atomic<std::uint32_t> generation{0};  // bumped on each claim: the collector notices reuse
   std::atomic<const char*> name{nullptr};    // loop name (a string literal or otherwise static text)
-  std::atomic<std::uint64_t> seq{1};         // number of the frame running now
+  std::atomic<std::uint64_t> seq{0};         // number of the frame running now (1 from the claim on)
   std::atomic<std::uint64_t> start_ns{0};    // when it started (0: before the first mark)
   std::atomic<std::uint64_t> head{0};        // closed frames written (producer)
   std::atomic<std::uint64_t> tail{0};        // closed frames read (collector)
   std::atomic<std::uint64_t> lost{0};        // closed frames the ring had no room for
-  closed_game_frame ring[kClosedGameFrameRing];
+  closed_game_frame ring[kClosedGameFrameRing]{};
 };
 
-// Constant-initialized, like the handler's globals: valid in any thread at any time.
+// Constant-initialized, like the handler's globals: valid in any thread at any time. All zero, so it
+// lives in .bss and costs a process nothing until a thread marks frames (it is 400 KB: a dynamic
+// initializer touched every slot's page at load).
 struct game_frame_table {
   std::atomic<std::uint32_t> high_water{0};  // slots [0, high_water) have been used at least once
   std::atomic<std::uint64_t> no_slot{0};     // marks ignored because every slot was taken

@@ -55,14 +55,17 @@ class sample_ring {
   }
 
   // `memory` must hold capacity * stride_for(max_depth) bytes, 8-byte aligned; capacity a power of two.
-  void init(void* memory, std::size_t capacity, std::size_t max_depth) {
+  // `zeroed`: the memory is all zero bytes (fresh anonymous pages), the initial state as it is, so no
+  // slot is touched here and the kernel provides only the pages that samples reach.
+  void init(void* memory, std::size_t capacity, std::size_t max_depth, bool zeroed = false) {
     base_ = static_cast<unsigned char*>(memory);
     capacity_ = capacity;
     mask_ = capacity - 1;
     max_depth_ = max_depth;
     stride_ = stride_for(max_depth);
     // std::atomic<uint64_t> is trivially default-constructible: zeroed memory from the owner holds one.
-    for (std::size_t i = 0; i < capacity; ++i) slot(i)->seq.store(i, std::memory_order_relaxed);
+    if (!zeroed)
+      for (std::size_t i = 0; i < capacity; ++i) slot(i)->seq.store(0, std::memory_order_relaxed);
     head_.store(0, std::memory_order_relaxed);
     tail_ = 0;
   }
@@ -75,7 +78,7 @@ class sample_ring {
     std::uint64_t p = head_.load(std::memory_order_relaxed);
     for (;;) {
       ring_slot* s = slot(p & mask_);
-      std::uint64_t seq = s->seq.load(std::memory_order_acquire);
+      const std::uint64_t seq = sequence(s->seq.load(std::memory_order_acquire), p & mask_);
       auto dif = static_cast<std::int64_t>(seq - p);
       if (dif == 0) {
         if (head_.compare_exchange_weak(p, p + 1, std::memory_order_relaxed)) {
@@ -89,20 +92,26 @@ class sample_ring {
       }
     }
   }
-  static void publish(ring_slot* s, std::uint64_t pos) { s->seq.store(pos + 1, std::memory_order_release); }
+  static void publish(ring_slot* s, std::uint64_t pos) { s->seq.store(pos + 2, std::memory_order_release); }
 
   // Consumer: the next published slot, or nullptr. Call release() when done with it.
   ring_slot* peek() {
     ring_slot* s = slot(tail_ & mask_);
-    std::uint64_t seq = s->seq.load(std::memory_order_acquire);
+    const std::uint64_t seq = sequence(s->seq.load(std::memory_order_acquire), tail_ & mask_);
     return seq == tail_ + 1 ? s : nullptr;
   }
   void release(ring_slot* s) {
-    s->seq.store(tail_ + capacity_, std::memory_order_release);
+    s->seq.store(tail_ + capacity_ + 1, std::memory_order_release);
     ++tail_;
   }
 
  private:
+  // A slot's stored word is its sequence number plus one; 0 is the initial state, sequence = the slot's
+  // index (Vyukov's initial value), so zeroed memory is a ready ring.
+  static std::uint64_t sequence(std::uint64_t stored, std::size_t index) {
+    return stored == 0 ? index : stored - 1;
+  }
+
   ring_slot* slot(std::size_t i) { return reinterpret_cast<ring_slot*>(base_ + i * stride_); }
 
   unsigned char* base_ = nullptr;

@@ -63,9 +63,14 @@ struct module {
   std::shared_ptr<module_symbols> symbols;  // null for anonymous and special mappings
 };
 
+// Files' symbols by device, inode and path, shared by the registries of several processes (the recorder
+// of `selfprof record --follow-exec` names every process's frames, reading each library once).
+using shared_file_symbols = std::unordered_map<std::string, std::shared_ptr<module_symbols>>;
+
 struct module_registry_options {
   std::vector<std::string> debug_roots{"/usr/lib/debug"};  // where build-id and debuglink files live
   std::string maps_path = "/proc/self/maps";
+  std::shared_ptr<shared_file_symbols> shared_files;  // null: this registry's own
 };
 
 class module_registry {
@@ -98,6 +103,13 @@ class module_registry {
     ++scans_;
     apply(last_text_);
     return true;
+  }
+
+  // Takes the executable lines of maps text as the module set (another process's, written down by it:
+  // see dump/raw_dump.hpp), parsing the symbols of new files.
+  void apply_maps_text(const std::string& text) {
+    ++scans_;
+    apply(text);
   }
 
   // The module holding `address`: a mapped one first, else the most recently unmapped one.
@@ -286,8 +298,18 @@ class module_registry {
   std::shared_ptr<module_symbols> file_symbols(const maps_entry& e) {
     auto [cached, fresh] = parsed_index_.try_emplace(file_key(e), parsed_.size());
     if (!fresh) return parsed_[cached->second];
-    auto result = std::make_shared<module_symbols>();
-    parsed_.push_back(result);
+    if (options_.shared_files) {
+      auto [shared, first] = options_.shared_files->try_emplace(cached->first);
+      if (!first) {
+        parsed_.push_back(shared->second);
+        return shared->second;
+      }
+      shared->second = std::make_shared<module_symbols>();
+      parsed_.push_back(shared->second);
+    } else {
+      parsed_.push_back(std::make_shared<module_symbols>());
+    }
+    std::shared_ptr<module_symbols> result = parsed_.back();
 
     // Deleted files and memfds are reachable through /proc/self/map_files (opening its entries needs
     // CAP_SYS_ADMIN, or CAP_CHECKPOINT_RESTORE since Linux 5.9; see proc(5)), else through a descriptor

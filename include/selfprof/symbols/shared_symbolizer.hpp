@@ -49,6 +49,12 @@ class shared_symbolizer {
     sym_.refresh();
     return use(sym_);
   }
+  // Runs `use(symbolizer&)` under the lock with the modules recorded so far (no refresh: nothing parsed).
+  template <class Use>
+  auto with_current(Use&& use) -> decltype(use(std::declval<symbolizer&>())) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return use(sym_);
+  }
   // Runs `work` under the lock (work that fork() must not cut in half: the unwind-row rebuild).
   template <class Work>
   void locked(Work&& work) {

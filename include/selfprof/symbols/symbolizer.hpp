@@ -40,7 +40,7 @@ class symbolizer {
  public:
   symbolizer() : symbolizer(symbolizer_options()) {}
   explicit symbolizer(symbolizer_options options)
-      : modules_(detail::module_registry_options{options.debug_roots, options.maps_path}),
+      : modules_(detail::module_registry_options{options.debug_roots, options.maps_path, nullptr}),
         perf_map_(options.perf_map_path),
         use_perf_map_(options.use_perf_map),
         dwarf_(options.debug_roots) {}

@@ -365,7 +365,7 @@ struct dwarf_reader {
   module_registry registry;
   selfprof::detail::dwarf_lines lines;
   dwarf_reader(const std::string& maps, std::vector<std::string> roots)
-      : registry(selfprof::detail::module_registry_options{roots, maps}), lines(roots) {
+      : registry(selfprof::detail::module_registry_options{roots, maps, nullptr}), lines(roots) {
     registry.rescan();
   }
   std::string chain(std::uint64_t vaddr) {
