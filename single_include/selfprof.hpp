@@ -584,15 +584,15 @@ SELFPROF_API std::string perf_map_path();
 // ---- begin selfprof/detail/sys.hpp ----
 // The seam for the system calls tests inject failures into (EACCES, ENOSYS, EMFILE, ...): opening and
 // closing tick sources (perf_event_open, timer_*, setitimer, fcntl), taking signals (sigaction), creating
-// output files (open, openat, close), resource limits and reads of a thread's /proc/self/task/<tid> files
-// (read_task_file: names, signal masks, start times; tests make them slow or fake a thread's identity).
-// Other calls (ioctl on a perf fd, other reads of /proc, eventfd, poll) go to libc directly; their
-// failures are handled where they happen.
-// Functions follow libc: -1 and errno on failure.
-// Context: any thread except the signal handler (the handler makes its few raw syscalls directly).
+// output files (open, openat, close), perf ring mappings (mmap, munmap), resource limits and reads of a
+// thread's /proc/self/task/<tid> files (read_task_file: names, signal masks, start times; tests make them
+// slow or fake a thread's identity). Other calls (ioctl on a perf fd, other reads of /proc, eventfd, poll) go
+// to libc directly; their failures are handled where they happen. Functions follow libc: -1 and errno on
+// failure. Context: any thread except the signal handler (the handler makes its few raw syscalls directly).
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -623,6 +623,9 @@ struct syscall_table {
   int (*setrlimit)(int resource, const struct rlimit* value);
   // Reads up to `size` bytes of /proc/self/task/<tid>/<file>: the byte count, or -1 and errno.
   long (*read_task_file)(int tid, const char* file, char* buf, std::size_t size);
+  // Mappings of perf ring buffers (sources/perf_ring.hpp): tests refuse them (EPERM: locked memory).
+  void* (*mmap)(void* addr, std::size_t len, int prot, int flags, int fd, off_t off);
+  int (*munmap)(void* addr, std::size_t len);
 };
 
 inline long default_perf_event_open(void* attr, int pid, int cpu, int group_fd, unsigned long flags) {
@@ -674,12 +677,17 @@ inline long default_read_task_file(int tid, const char* file, char* buf, std::si
   return static_cast<long>(got);
 }
 
+inline void* default_mmap(void* addr, std::size_t len, int prot, int flags, int fd, off_t off) {
+  return ::mmap(addr, len, prot, flags, fd, off);
+}
+inline int default_munmap(void* addr, std::size_t len) { return ::munmap(addr, len); }
+
 inline syscall_table default_syscalls() {
   return syscall_table{
       default_perf_event_open, default_timer_create, default_timer_settime, default_timer_delete,
       default_setitimer,       default_sigaction,    default_open,          default_openat,
       default_close,           default_fcntl_int,    default_getrlimit,     default_setrlimit,
-      default_read_task_file};
+      default_read_task_file,  default_mmap,         default_munmap};
 }
 
 // The table in use. Tests replace entries (and restore them with default_syscalls()).
@@ -15673,7 +15681,9 @@ constexpr std::uint32_t kStackCopyBytes = 8192;
 // 512 pages (2 MiB, about 220 samples with their stack copies) where mlock is not limited; 128 pages
 // (512 KiB) plus the header page is the default perf_event_mlock_kb (516) of an unprivileged user per CPU.
 constexpr unsigned kRingPagesMax = 512, kRingPagesMin = 8;
-// Above this many events (threads alive at open() x CPUs) the source refuses: it would crowd the fds.
+// Events (threads alive at open() x CPUs) allowed: at most this many, and at most a quarter of the hard
+// RLIMIT_NOFILE (selfprof's descriptors live above the soft limit, detail/high_fd.hpp): past that the
+// source refuses, and a signal source samples instead.
 constexpr std::size_t kMaxRingEvents = 4096;
 
 // x86-64 perf register numbers (asm/perf_regs.h): bp, sp, ip, reported in this order.
@@ -15767,11 +15777,18 @@ class perf_ring_source final : public tick_source {
     std::vector<pid_t> tids = list_threads();
     const pid_t self = static_cast<pid_t>(raw_gettid());
     if (std::find(tids.begin(), tids.end(), self) == tids.end()) tids.push_back(self);
-    if (tids.size() * static_cast<std::size_t>(cpus) > kMaxRingEvents)
-      return status::error("perf ring: " + std::to_string(tids.size()) + " threads x " +
-                               std::to_string(cpus) + " CPUs events would exceed " +
-                               std::to_string(kMaxRingEvents) + " descriptors",
-                           EMFILE);
+    std::size_t budget = kMaxRingEvents;
+    struct rlimit files {};
+    if (sys().getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_max != RLIM_INFINITY &&
+        files.rlim_max / 4 < budget)
+      budget = static_cast<std::size_t>(files.rlim_max / 4);
+    const std::size_t need = tids.size() * static_cast<std::size_t>(cpus);
+    if (need > budget)
+      return status::error(
+          "descriptor budget: " + std::to_string(tids.size()) + " threads x " + std::to_string(cpus) +
+              " CPUs = " + std::to_string(need) + " events, more than " + std::to_string(budget) +
+              " (a quarter of the hard RLIMIT_NOFILE, at most " + std::to_string(kMaxRingEvents) + ")",
+          EMFILE);
     // Kernel time when allowed, else user-only (decided on the calling thread's first CPU event).
     status st = status::ok();
     for (int user = config.user_clock_only ? 1 : 0; user <= 1; ++user) {
@@ -15806,7 +15823,7 @@ class perf_ring_source final : public tick_source {
         ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
         sys().close(fd);
       }
-      if (c.base) ::munmap(c.base, c.map_bytes);
+      if (c.base) sys().munmap(c.base, c.map_bytes);
     }
     rings_.clear();
     events_ = 0;
@@ -15940,7 +15957,7 @@ class perf_ring_source final : public tick_source {
     int e = 0;
     for (unsigned pages = kRingPagesMax; pages >= kRingPagesMin; pages /= 2) {
       const std::size_t bytes = (pages + 1) * page_;
-      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fds[0], 0);
+      void* p = sys().mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fds[0], 0);
       if (p != MAP_FAILED) {
         r.base = p;
         r.map_bytes = bytes;

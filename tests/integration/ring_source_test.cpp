@@ -11,6 +11,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/select.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -346,4 +348,101 @@ TEST_CASE("ring source: a process that started sampling and then execs runs the 
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 7);
+}
+
+// --- each fallback path, through the syscall seam (detail/sys.hpp) ---
+
+namespace ring_test {
+
+struct ring_seam_guard {
+  ~ring_seam_guard() {
+    selfprof::detail::sys() = selfprof::detail::default_syscalls();
+    wl::apply_test_environment();
+  }
+};
+
+int g_mmap_errno = EPERM;
+void* refusing_mmap(void*, std::size_t, int, int, int, off_t) {
+  errno = g_mmap_errno;
+  return MAP_FAILED;
+}
+void* small_budget_mmap(void* addr, std::size_t len, int prot, int flags, int fd, off_t off) {
+  if (len > 17 * std::size_t(::sysconf(_SC_PAGESIZE))) {  // 16 data pages and the header
+    errno = EPERM;
+    return MAP_FAILED;
+  }
+  return ::mmap(addr, len, prot, flags, fd, off);
+}
+int small_file_limit(int resource, struct rlimit* out) {
+  const int r = ::getrlimit(static_cast<__rlimit_resource>(resource), out);
+  if (r == 0 && resource == RLIMIT_NOFILE) out->rlim_max = 4;  // a budget of one event
+  return r;
+}
+
+// Starts with the ring forced, expects a signal source and a refusal naming `why` (or, where perf is
+// refused altogether, the open failure, unless `why` is checked before anything is opened).
+void expect_fallback(const char* why, bool checked_before_open = false) {
+  REQUIRE(selfprof::start(ring_options(997)));
+  const selfprof::stats st = selfprof::get_stats();
+  wl::run_rounds(50000000LL);
+  selfprof::stop();
+  const selfprof::stats after = selfprof::get_stats();
+  CHECK(st.source != selfprof::source_kind::ring);
+  CHECK(st.source != selfprof::source_kind::none);
+  CHECK(after.samples > 0);
+  REQUIRE_FALSE(st.refused.empty());
+  const std::string& refusal = st.refused.front();
+  MESSAGE(st.source_reason);
+  CHECK(refusal.rfind("ring: ", 0) == 0);
+  if (wl::perf_disabled_by_environment() && !checked_before_open)
+    CHECK(refusal.find("perf_event_open") != std::string::npos);
+  else
+    CHECK(refusal.find(why) != std::string::npos);
+  CHECK(st.source_reason.find("fell back from the ring source") != std::string::npos);
+}
+
+}  // namespace ring_test
+
+TEST_CASE("ring source fallback: perf_event_open refused") {
+  ring_seam_guard g;
+  selfprof::detail::sys().perf_event_open = wl::failing_perf_event_open;
+  REQUIRE(selfprof::start(ring_options(997)));
+  const selfprof::stats st = selfprof::get_stats();
+  selfprof::stop();
+  CHECK(st.source != selfprof::source_kind::ring);
+  REQUIRE_FALSE(st.refused.empty());
+  CHECK(st.refused.front().find("perf_event_open(task-clock, ring, user only): Permission denied") !=
+        std::string::npos);
+}
+
+TEST_CASE("ring source fallback: mmap refused, and locked memory used up") {
+  ring_seam_guard g;
+  wl::apply_test_environment();
+  selfprof::detail::sys().mmap = refusing_mmap;
+  g_mmap_errno = EINVAL;
+  expect_fallback("mmap of CPU 0's ring failed: Invalid argument");
+  g_mmap_errno = EPERM;  // what the kernel says when perf_event_mlock_kb and RLIMIT_MEMLOCK are used up
+  expect_fallback("locked memory");
+  CHECK(perf_mappings() == 0);
+}
+
+TEST_CASE("ring source fallback: more events than the descriptor budget") {
+  ring_seam_guard g;
+  wl::apply_test_environment();
+  selfprof::detail::sys().getrlimit = small_file_limit;
+  expect_fallback("descriptor budget", true);
+}
+
+TEST_CASE("ring source: a small locked-memory budget gives smaller rings, read more often") {
+  ring_seam_guard g;
+  wl::apply_test_environment();
+  selfprof::detail::sys().mmap = small_budget_mmap;
+  REQUIRE(selfprof::start(ring_options(997)));
+  const bool ring = ring_running();
+  wl::run_rounds(300000000LL);
+  selfprof::stop();
+  const selfprof::stats st = selfprof::get_stats();
+  MESSAGE(st.samples << " samples, " << st.kernel_lost << " lost, " << st.collector_wakes << " wakes");
+  CHECK(st.samples > 0);
+  if (ring) CHECK(st.collector_wakes > 30);  // 16 pages hold ~7 samples: the 5 ms period
 }

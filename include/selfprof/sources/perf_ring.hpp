@@ -49,7 +49,9 @@ constexpr std::uint32_t kStackCopyBytes = 8192;
 // 512 pages (2 MiB, about 220 samples with their stack copies) where mlock is not limited; 128 pages
 // (512 KiB) plus the header page is the default perf_event_mlock_kb (516) of an unprivileged user per CPU.
 constexpr unsigned kRingPagesMax = 512, kRingPagesMin = 8;
-// Above this many events (threads alive at open() x CPUs) the source refuses: it would crowd the fds.
+// Events (threads alive at open() x CPUs) allowed: at most this many, and at most a quarter of the hard
+// RLIMIT_NOFILE (selfprof's descriptors live above the soft limit, detail/high_fd.hpp): past that the
+// source refuses, and a signal source samples instead.
 constexpr std::size_t kMaxRingEvents = 4096;
 
 // x86-64 perf register numbers (asm/perf_regs.h): bp, sp, ip, reported in this order.
@@ -143,11 +145,18 @@ class perf_ring_source final : public tick_source {
     std::vector<pid_t> tids = list_threads();
     const pid_t self = static_cast<pid_t>(raw_gettid());
     if (std::find(tids.begin(), tids.end(), self) == tids.end()) tids.push_back(self);
-    if (tids.size() * static_cast<std::size_t>(cpus) > kMaxRingEvents)
-      return status::error("perf ring: " + std::to_string(tids.size()) + " threads x " +
-                               std::to_string(cpus) + " CPUs events would exceed " +
-                               std::to_string(kMaxRingEvents) + " descriptors",
-                           EMFILE);
+    std::size_t budget = kMaxRingEvents;
+    struct rlimit files {};
+    if (sys().getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_max != RLIM_INFINITY &&
+        files.rlim_max / 4 < budget)
+      budget = static_cast<std::size_t>(files.rlim_max / 4);
+    const std::size_t need = tids.size() * static_cast<std::size_t>(cpus);
+    if (need > budget)
+      return status::error(
+          "descriptor budget: " + std::to_string(tids.size()) + " threads x " + std::to_string(cpus) +
+              " CPUs = " + std::to_string(need) + " events, more than " + std::to_string(budget) +
+              " (a quarter of the hard RLIMIT_NOFILE, at most " + std::to_string(kMaxRingEvents) + ")",
+          EMFILE);
     // Kernel time when allowed, else user-only (decided on the calling thread's first CPU event).
     status st = status::ok();
     for (int user = config.user_clock_only ? 1 : 0; user <= 1; ++user) {
@@ -182,7 +191,7 @@ class perf_ring_source final : public tick_source {
         ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
         sys().close(fd);
       }
-      if (c.base) ::munmap(c.base, c.map_bytes);
+      if (c.base) sys().munmap(c.base, c.map_bytes);
     }
     rings_.clear();
     events_ = 0;
@@ -316,7 +325,7 @@ class perf_ring_source final : public tick_source {
     int e = 0;
     for (unsigned pages = kRingPagesMax; pages >= kRingPagesMin; pages /= 2) {
       const std::size_t bytes = (pages + 1) * page_;
-      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fds[0], 0);
+      void* p = sys().mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fds[0], 0);
       if (p != MAP_FAILED) {
         r.base = p;
         r.map_bytes = bytes;
