@@ -1,10 +1,10 @@
-// The seam for the system calls tests inject failures into (EACCES, ENOSYS, EMFILE, ...): opening and
-// closing tick sources (perf_event_open, timer_*, setitimer, fcntl), taking signals (sigaction), creating
-// output files (open, openat, close), perf ring mappings (mmap, munmap), resource limits and reads of a
-// thread's /proc/self/task/<tid> files (read_task_file: names, signal masks, start times; tests make them
-// slow or fake a thread's identity). Other calls (ioctl on a perf fd, other reads of /proc, eventfd, poll) go
-// to libc directly; their failures are handled where they happen. Functions follow libc: -1 and errno on
-// failure. Context: any thread except the signal handler (the handler makes its few raw syscalls directly).
+// The seam for the system calls tests inject failures into (EACCES, ENOSYS, EMFILE, ...): tick sources
+// (perf_event_open, timer_*, setitimer, fcntl, perf ring mmap/munmap), signals (sigaction), output files
+// (open, openat, close), resource limits and reads of /proc/self/task/<tid> files (read_task_file: names,
+// masks, start times; tests make them slow or fake a thread's identity). Other calls (ioctl on a perf fd,
+// other reads of /proc, eventfd, poll) go to libc directly; their failures are handled where they happen.
+// Functions follow libc: -1 and errno on failure.
+// Context: any thread except the signal handler (the handler makes its few raw syscalls directly).
 #pragma once
 
 #include <fcntl.h>
