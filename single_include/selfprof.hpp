@@ -16747,9 +16747,10 @@ class profiler_core {
     char buf[256];
     std::string s;
     const source_info src = session_.source();
-    std::snprintf(buf, sizeof buf, "selfprof: sampling at %g Hz (effective %g Hz) with %s on signal %d\n",
-                  opts_.hz, src.effective_hz, src.detail.c_str(), signal_.number);
+    std::snprintf(buf, sizeof buf, "selfprof: sampling at %g Hz (effective %g Hz) with %s", opts_.hz,
+                  src.effective_hz, src.detail.c_str());
     s += buf;
+    s += signal_.number > 0 ? " on signal " + std::to_string(signal_.number) + "\n" : std::string("\n");
     s += std::string("selfprof: source ") + source_name(src.kind) + ": " + src.reason + "\n";
     for (auto& r : session_.refused()) s += "selfprof: refused " + r + "\n";
     std::vector<std::string> notes;
