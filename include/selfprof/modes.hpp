@@ -14,7 +14,7 @@ enum class profile_mode { cpu, wall, offcpu };
 enum class unwind_mode { automatic, fp, dwarf };
 
 // The mechanism that delivers ticks (sources/). `none`: wall mode without on-CPU ticks.
-enum class source_kind { automatic, perf, timer, itimer, none };
+enum class source_kind { automatic, perf, timer, itimer, none, ring };
 
 inline const char* mode_name(profile_mode m) {
   switch (m) {
@@ -52,6 +52,8 @@ inline const char* source_name(source_kind k) {
       return "itimer";
     case source_kind::none:
       return "none";
+    case source_kind::ring:
+      return "ring";
   }
   return "?";
 }

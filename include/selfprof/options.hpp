@@ -18,7 +18,7 @@ namespace selfprof {
 
 struct options {
   double hz = 99;                               // SELFPROF_HZ: samples per CPU-second per thread
-  source_kind source = source_kind::automatic;  // SELFPROF_SOURCE: auto|perf|timer|itimer
+  source_kind source = source_kind::automatic;  // SELFPROF_SOURCE: auto|ring|perf|timer|itimer
   std::string out;                              // SELFPROF_OUT: dump path template(s), comma-separated
   int dump_signal = SIGUSR2;              // SELFPROF_SIGNAL: USR2 (default), USR1, a number, or none (0)
   profile_mode mode = profile_mode::cpu;  // SELFPROF_MODE: cpu|wall
@@ -177,8 +177,10 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
       o.source = source_kind::timer;
     else if (s == "itimer")
       o.source = source_kind::itimer;
+    else if (s == "ring")
+      o.source = source_kind::ring;
     else
-      bad("SELFPROF_SOURCE", v, "auto, perf, timer or itimer");
+      bad("SELFPROF_SOURCE", v, "auto, ring, perf, timer or itimer");
   }
   if (const char* v = std::getenv("SELFPROF_OUT")) o.out = v;
   if (const char* v = std::getenv("SELFPROF_SIGNAL")) {

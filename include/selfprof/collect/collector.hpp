@@ -52,6 +52,21 @@ constexpr unsigned kFullThreadScanMs = 500;  // full /proc/self/task scan even w
 constexpr unsigned kSymbolRefreshMs = 200;   // module snapshot while samples arrive and libraries change
 constexpr unsigned kCodeRescanMaxMs = 5000;  // the longest back-off between scans for samples in unknown code
 
+// What a source without signals reported lost (published by the collector for get_stats()).
+struct pulled_counts {
+  std::atomic<std::uint64_t> lost{0}, throttles{0};
+  pulled_counts() = default;
+  pulled_counts& operator=(const pulled_counts&) {
+    lost.store(0, std::memory_order_relaxed);
+    throttles.store(0, std::memory_order_relaxed);
+    return *this;
+  }
+  void update(const tick_source& src) {
+    lost.store(src.lost_samples(), std::memory_order_relaxed);
+    throttles.store(src.throttles(), std::memory_order_relaxed);
+  }
+};
+
 struct collector_config {
   sample_ring* ring = nullptr;
   sample_store* store = nullptr;
@@ -65,6 +80,8 @@ struct collector_config {
   std::vector<pid_t> own;           // selfprof's other threads, never armed
   int sample_signal = 0;            // watched: the program may install its own handler for it
   wall_sampler* sampler = nullptr;  // wall mode: the wall sampler, told the threads to look at
+  tick_source* pull = nullptr;      // a source without signals (ring): read into the ring at each wake
+  pulled_counts* pulled = nullptr;  // its lost-sample counts, published
 };
 
 class collector {
@@ -131,6 +148,7 @@ class collector {
     unsigned ms = kCollectorWakeMs;
     if (ticks_arrive && !config_.wall && !boosting && task_dir_fd_ >= 0) ms = kCollectorBusyWakeMs;
     if (contention_.active() && contention_.period_ms() < ms) ms = contention_.period_ms();
+    if (config_.pull) ms = config_.pull->collect_period_ms();  // before a ring fills
     return static_cast<int>(ms);
   }
 
@@ -156,6 +174,10 @@ class collector {
     while (worker_.wait(wait_ms(ticks_arrive, boosting))) {
       wakes_.fetch_add(1, std::memory_order_relaxed);
       config_.symbols->poll_jit_map();  // lines written before these samples were taken name them
+      if (config_.pull) {
+        config_.pull->collect(*config_.ring, own_threads());
+        if (config_.pulled) config_.pulled->update(*config_.pull);
+      }
       config_.store->drain(*config_.ring);
       watch_sample_signal();
       const std::uint64_t total = config_.store->total();
@@ -184,6 +206,7 @@ class collector {
       }
       if (config_.unwind_rows)  // nearly free when no module came or went; under the lock fork() takes
         build_rows();
+      if (config_.pull) config_.pull->collect(*config_.ring, own_threads());  // the first build is long
       // A library loaded while profiling, or code mapped without the loader that samples landed in, is
       // parsed while it is still mapped, so its samples keep their names after it is unmapped. Nothing to
       // do while no library comes or goes and every sample lands in known code.

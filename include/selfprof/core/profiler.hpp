@@ -239,6 +239,8 @@ class profiler_core {
     s.rate_capped = h.rate_capped;
     s.periods_skipped = h.periods_skipped;
     s.collector_wakes = collector_.wakes();
+    s.kernel_lost = pulled_.lost.load(std::memory_order_relaxed);
+    s.kernel_throttles = pulled_.throttles.load(std::memory_order_relaxed);
     const sample_store::sizes z = store_.size();
     s.samples = z.samples;
     s.unique_stacks = z.unique;
@@ -367,6 +369,7 @@ class profiler_core {
     source_config cfg;
     cfg.hz = opts_.hz;
     cfg.signal_number = signal_.number;
+    cfg.max_depth = opts_.max_depth;
     source_choice choice = wall_ ? choose_wall_source(opts_.source, cfg) : choose_source(opts_.source, cfg);
     if (!choice.source && !wall_ && opts_.source == source_kind::automatic && opts_.sample_signal == 0 &&
         signal_.number != SIGPROF) {
@@ -412,6 +415,12 @@ class profiler_core {
       notes_.push_back(
           "wall mode: on-CPU stacks from user-only ticks; CPU time spent in the kernel is not in them");
     upgrade_ = !wall_ && !forced && choice.source && choice.source->kind() == source_kind::timer;
+    pull_ = choice.source && choice.source->pulls_samples() ? choice.source.get() : nullptr;
+    pulled_ = pulled_counts{};
+    if (pull_) {  // no signal is ever sent: the sampling handler goes
+      restore_sample_handler(signal_);
+      sample_signal_ = 0;
+    }
     oncpu_ticks_ = choice.source != nullptr;
     registry_.begin(std::move(choice.source), cfg);
     return status::ok();
@@ -475,6 +484,8 @@ class profiler_core {
     if (server_.running())
       for (pid_t t : server_.tids()) cc.own.push_back(t);
     cc.sample_signal = signal_.number;
+    cc.pull = pull_;
+    cc.pulled = &pulled_;
     if (wall_) cc.own.push_back(wall_sampler_.tid());
     cc.sampler = wall_ ? &wall_sampler_ : nullptr;
     st = collector_.start(cc);
@@ -506,6 +517,11 @@ class profiler_core {
     server_.stop();        // first: a waiting request reads snapshots
     wall_sampler_.stop();  // first: it reads the ring and the unwind tables
     collector_.stop();
+    if (pull_) {  // what the kernel wrote since the collector's last read
+      pull_->collect_again(ring_);
+      pulled_.update(*pull_);
+      pull_ = nullptr;
+    }
     if (!on_dumper) dumps_.stop(keep_dump_signal);  // answers what was requested, gives the signal back
     registry_.end();
     g_handler.active.store(false, std::memory_order_seq_cst);  // pairs with the handler's in_flight
@@ -522,6 +538,7 @@ class profiler_core {
   }
 
   status fail_start(status st) {
+    pull_ = nullptr;
     g_handler.active.store(false, std::memory_order_seq_cst);  // pairs with the handler's in_flight
     registry_.end();
     if (restore_sample_handler(signal_)) release_unwind_tables();
@@ -534,9 +551,10 @@ class profiler_core {
     char buf[256];
     std::string s;
     const source_info src = session_.source();
-    std::snprintf(buf, sizeof buf, "selfprof: sampling at %g Hz (effective %g Hz) with %s on signal %d\n",
-                  opts_.hz, src.effective_hz, src.detail.c_str(), signal_.number);
+    std::snprintf(buf, sizeof buf, "selfprof: sampling at %g Hz (effective %g Hz) with %s", opts_.hz,
+                  src.effective_hz, src.detail.c_str());
     s += buf;
+    s += signal_.number > 0 ? " on signal " + std::to_string(signal_.number) + "\n" : std::string("\n");
     s += std::string("selfprof: source ") + source_name(src.kind) + ": " + src.reason + "\n";
     for (auto& r : session_.refused()) s += "selfprof: refused " + r + "\n";
     std::vector<std::string> notes;
@@ -574,6 +592,8 @@ class profiler_core {
   pid_t session_pid_ = 0;
   bool wall_ = false;
   bool upgrade_ = false;
+  tick_source* pull_ = nullptr;  // the registry's primary source when it sends no signal (ring)
+  pulled_counts pulled_;
   bool oncpu_ticks_ = false;
   bool unwind_ok_ = true;
   status unwind_error_;

@@ -1,15 +1,15 @@
-// The seam for the system calls tests inject failures into (EACCES, ENOSYS, EMFILE, ...): opening and
-// closing tick sources (perf_event_open, timer_*, setitimer, fcntl), taking signals (sigaction), creating
-// output files (open, openat, close), resource limits and reads of a thread's /proc/self/task/<tid> files
-// (read_task_file: names, signal masks, start times; tests make them slow or fake a thread's identity).
-// Other calls (ioctl on a perf fd, other reads of /proc, eventfd, poll) go to libc directly; their
-// failures are handled where they happen.
+// The seam for the system calls tests inject failures into (EACCES, ENOSYS, EMFILE, ...): tick sources
+// (perf_event_open, timer_*, setitimer, fcntl, perf ring mmap/munmap), signals (sigaction), output files
+// (open, openat, close), resource limits and reads of /proc/self/task/<tid> files (read_task_file: names,
+// masks, start times; tests make them slow or fake a thread's identity). Other calls (ioctl on a perf fd,
+// other reads of /proc, eventfd, poll) go to libc directly; their failures are handled where they happen.
 // Functions follow libc: -1 and errno on failure.
 // Context: any thread except the signal handler (the handler makes its few raw syscalls directly).
 #pragma once
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -40,6 +40,9 @@ struct syscall_table {
   int (*setrlimit)(int resource, const struct rlimit* value);
   // Reads up to `size` bytes of /proc/self/task/<tid>/<file>: the byte count, or -1 and errno.
   long (*read_task_file)(int tid, const char* file, char* buf, std::size_t size);
+  // Mappings of perf ring buffers (sources/perf_ring.hpp): tests refuse them (EPERM: locked memory).
+  void* (*mmap)(void* addr, std::size_t len, int prot, int flags, int fd, off_t off);
+  int (*munmap)(void* addr, std::size_t len);
 };
 
 inline long default_perf_event_open(void* attr, int pid, int cpu, int group_fd, unsigned long flags) {
@@ -91,12 +94,17 @@ inline long default_read_task_file(int tid, const char* file, char* buf, std::si
   return static_cast<long>(got);
 }
 
+inline void* default_mmap(void* addr, std::size_t len, int prot, int flags, int fd, off_t off) {
+  return ::mmap(addr, len, prot, flags, fd, off);
+}
+inline int default_munmap(void* addr, std::size_t len) { return ::munmap(addr, len); }
+
 inline syscall_table default_syscalls() {
   return syscall_table{
       default_perf_event_open, default_timer_create, default_timer_settime, default_timer_delete,
       default_setitimer,       default_sigaction,    default_open,          default_openat,
       default_close,           default_fcntl_int,    default_getrlimit,     default_setrlimit,
-      default_read_task_file};
+      default_read_task_file,  default_mmap,         default_munmap};
 }
 
 // The table in use. Tests replace entries (and restore them with default_syscalls()).

@@ -13,6 +13,7 @@
 #include "selfprof/sources/cpu_timer.hpp"
 #include "selfprof/sources/itimer.hpp"
 #include "selfprof/sources/perf_event.hpp"
+#include "selfprof/sources/perf_ring.hpp"
 #include "selfprof/sources/source.hpp"
 
 namespace selfprof {
@@ -32,6 +33,8 @@ inline std::unique_ptr<tick_source> make_source(source_kind k) {
       return std::unique_ptr<tick_source>(new cpu_timer_source());
     case source_kind::itimer:
       return std::unique_ptr<tick_source>(new itimer_source());
+    case source_kind::ring:
+      return std::unique_ptr<tick_source>(new perf_ring_source());
     default:
       return nullptr;
   }
@@ -49,6 +52,10 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
   char buf[160];
   const double tick = kernel_tick_hz();
   std::vector<std::pair<source_kind, bool>> order;  // kind, allow user-only perf
+  // SELFPROF_SOURCE=ring asks for no signals; where the ring cannot open, the signal sources `auto`
+  // would take follow, and the refusal says why.
+  const bool ring_first = requested == source_kind::ring;
+  if (ring_first) requested = source_kind::automatic;
   if (requested == source_kind::automatic) {
     if (cfg.hz <= tick)
       order = {{source_kind::timer, false}, {source_kind::perf, false}, {source_kind::itimer, false}};
@@ -60,6 +67,7 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
     // The itimer delivers SIGPROF only: tried here when that is the sampling signal; otherwise the caller
     // takes SIGPROF and asks for the itimer itself when nothing else opened.
     if (cfg.signal_number != SIGPROF) order.pop_back();
+    if (ring_first) order.insert(order.begin(), {source_kind::ring, false});
   } else {
     order = {{requested, requested == source_kind::perf}};
   }
@@ -73,7 +81,10 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
       out.refused.push_back(name + ": " + st.message());
       continue;
     }
-    if (requested != source_kind::automatic) {
+    if (o.first == source_kind::ring) {
+      out.reason = ring_first ? "forced by SELFPROF_SOURCE/options"
+                              : "the kernel writes samples into ring buffers: no signal reaches the program";
+    } else if (requested != source_kind::automatic) {
       out.reason = std::string("forced by SELFPROF_SOURCE/options");
     } else if (o.first == source_kind::timer && cfg.hz <= tick) {
       std::snprintf(buf, sizeof buf,
@@ -94,6 +105,8 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
     } else {
       out.reason = "last resort: per-thread sources unavailable (samples are uneven across threads)";
     }
+    if (ring_first && o.first != source_kind::ring && !out.refused.empty())
+      out.reason = "fell back from the ring source (" + out.refused.front() + "); " + out.reason;
     out.source = std::move(src);
     return out;
   }

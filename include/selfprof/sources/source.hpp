@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "selfprof/detail/process.hpp"
 #include "selfprof/options.hpp"
+#include "selfprof/signal/ring.hpp"
 #include "selfprof/status.hpp"
 
 namespace selfprof {
@@ -23,6 +25,7 @@ struct source_config {
   // perf, wall mode: only a software task clock that excludes the kernel, whose ticks land in user code
   // only (wall/sampler.hpp explains why that keeps EINTR away from blocking calls).
   bool user_clock_only = false;
+  std::size_t max_depth = 0;  // ring: the kernel's call-chain depth (0: its default)
 };
 
 class tick_source {
@@ -48,6 +51,21 @@ class tick_source {
   virtual double effective_hz() const = 0;
   virtual bool counts_kernel_time() const = 0;
   // Samples one armed thread at `hz` instead (SELFPROF_FRAME_HZ on threads that mark game frames).
+  // Sources that send no signal (sources/perf_ring.hpp): the collector reads their samples into the
+  // sample ring (`skip`: selfprof's own threads, dropped), every collect_period_ms().
+  virtual bool pulls_samples() const { return false; }
+  virtual std::size_t collect(sample_ring& out, const std::vector<pid_t>& skip) {
+    (void)out;
+    (void)skip;
+    return 0;
+  }
+  virtual std::size_t collect_again(sample_ring& out) {  // with the last `skip` (at stop)
+    (void)out;
+    return 0;
+  }
+  virtual unsigned collect_period_ms() const { return 50; }
+  virtual std::uint64_t lost_samples() const { return 0; }  // the kernel's PERF_RECORD_LOST counts
+  virtual std::uint64_t throttles() const { return 0; }     // PERF_RECORD_THROTTLE records
   virtual status set_thread_rate(pid_t tid, double hz) {
     (void)tid;
     (void)hz;

@@ -1,0 +1,519 @@
+// Tick source without signals: perf_event sampling events whose samples the kernel writes into mmap'ed
+// ring buffers, read by the collector thread. No signal is ever sent to an application thread.
+// Context: setup only and the collector thread (collect() also from stop(), under the source's lock).
+//
+// Coverage. The kernel refuses mmap of an inherited per-task event opened on every CPU (cpu = -1), so
+// each thread alive at open() gets one event per CPU (pid = tid, cpu = c), `inherit` + `inherit_thread`
+// (threads it creates later carry a copy; fork children do not) + `remove_on_exec`. The first event of
+// each CPU owns that CPU's ring; the others write into it (PERF_EVENT_IOC_SET_OUTPUT); inherited copies
+// write into their parent's. Started from a single-threaded main: one event per CPU, and every later thread
+// is the kernel's job, without /proc scans. selfprof's own threads inherit too: their samples are dropped by
+// tid when read.
+//
+// A sample: TID, TIME (CLOCK_MONOTONIC), IP, CALLCHAIN (the kernel's frame-pointer chain), REGS_USER (bp,
+// sp, ip) and STACK_USER (a copy of kStackCopyBytes above the user sp). The copy is unwound with the CFI
+// rows the signal handler uses (signal/unwind.hpp); where the walk runs off the copy, the kernel's chain
+// continues it from the frame where both agree, so deep frame-pointer stacks keep their full depth.
+#pragma once
+
+#include <linux/perf_event.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "selfprof/detail/high_fd.hpp"
+#include "selfprof/detail/process.hpp"
+#include "selfprof/detail/sys.hpp"
+#include "selfprof/signal/ring.hpp"
+#include "selfprof/signal/unwind.hpp"
+#include "selfprof/sources/source.hpp"
+
+namespace selfprof {
+namespace detail {
+
+// Bytes of user stack copied per sample (perf record --call-graph dwarf copies 8 KiB by default). Deeper
+// frames come from the kernel's frame-pointer chain.
+constexpr std::uint32_t kStackCopyBytes = 8192;
+// Data pages per CPU ring tried in turn (powers of two, halved while the locked-memory budget refuses):
+// 512 pages (2 MiB, about 220 samples with their stack copies) where mlock is not limited; 128 pages
+// (512 KiB) plus the header page is the default perf_event_mlock_kb (516) of an unprivileged user per CPU.
+constexpr unsigned kRingPagesMax = 512, kRingPagesMin = 8;
+// Events (threads alive at open() x CPUs) allowed: at most this many, and at most a quarter of the hard
+// RLIMIT_NOFILE (selfprof's descriptors live above the soft limit, detail/high_fd.hpp): past that the
+// source refuses, and a signal source samples instead.
+constexpr std::size_t kMaxRingEvents = 4096;
+
+// x86-64 perf register numbers (asm/perf_regs.h): bp, sp, ip, reported in this order.
+constexpr std::uint64_t kRegBp = 6, kRegSp = 7, kRegIp = 8;
+
+// The copied stack of a sample: the walker's copy policy, but the pc is an interrupted one (it may sit in
+// a prologue) and rbp came with the registers.
+struct sampled_stack : stack_copy {
+  static constexpr bool kInterruptedPc = true;
+  static constexpr bool kMayLackFp = false;
+};
+
+// What reading the rings found, for stats.
+struct ring_counts {
+  std::uint64_t samples = 0, foreign = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, full = 0;
+};
+
+// Unwinds one sample into out[0..): the copy walked with `set`'s rows (frame pointers where none, or
+// with no set), continued with the kernel's user chain `chain[0..n)` where the walk left the copy.
+// Returns the depth; `truncated` when frames were left out for lack of room.
+inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, std::uint64_t sp,
+                                 std::uint64_t bp, const unsigned char* stack, std::size_t stack_size,
+                                 const std::uint64_t* chain, std::size_t n, std::uint64_t* out,
+                                 std::size_t max_depth, bool& truncated, bool& spliced) {
+  truncated = spliced = false;
+  if (max_depth == 0) return 0;
+  unwind_result r;
+  out[r.depth++] = ip;
+  sampled_stack mem;
+  mem.base = static_cast<std::uintptr_t>(sp);
+  mem.data = stack;
+  mem.size = stack_size;
+  walk_regs s{static_cast<std::uintptr_t>(ip), static_cast<std::uintptr_t>(sp),
+              static_cast<std::uintptr_t>(bp), true, true};
+  if (stack_size > 0)
+    r = set ? walk_frames(mem, cfi_rows{set}, s, r, out, max_depth)
+            : walk_frames(mem, frame_pointer_rows{}, s, r, out, max_depth);
+  truncated = r.truncated;
+  if (r.end == walk_end::outermost || r.end == walk_end::zero_return || r.end == walk_end::depth_limit)
+    return r.depth;
+  // The copy ended (or a frame failed) before the stack did: find the deepest walked frame in the
+  // kernel's chain, at the same position when both agree there, else where the last two frames match.
+  const std::size_t d = r.depth;
+  std::size_t at = n;
+  if (d <= n && chain[d - 1] == out[d - 1]) {
+    at = d - 1;
+  } else {
+    for (std::size_t j = 1; j < n && d >= 2; ++j)
+      if (chain[j] == out[d - 1] && chain[j - 1] == out[d - 2]) {
+        at = j;
+        break;
+      }
+    if (at == n && d == 1 && n > 0 && chain[0] == out[0]) at = 0;
+  }
+  if (at == n) return d;
+  std::size_t depth = d;
+  for (std::size_t j = at + 1; j < n; ++j) {
+    if (chain[j] < kMinCodeAddress) break;
+    if (depth == max_depth) {
+      truncated = true;
+      break;
+    }
+    out[depth++] = chain[j];
+  }
+  spliced = depth > d;
+  return depth;
+}
+
+class perf_ring_source final : public tick_source {
+ public:
+  ~perf_ring_source() override { close(); }
+  source_kind kind() const override { return source_kind::ring; }
+  bool per_thread() const override { return false; }  // the kernel follows new threads
+  bool counts_kernel_time() const override { return !user_only_; }
+  double effective_hz() const override { return config_.hz; }
+  std::size_t armed_count() const override { return events_; }
+  bool pulls_samples() const override { return true; }
+  std::string describe() const override {
+    std::string s = "perf_event ring buffers, task-clock";
+    s += user_only_ ? " (user only: time in the kernel is not sampled)" : " (user+kernel)";
+    s += ", no signals";
+    return s;
+  }
+
+  status open(const source_config& config) override {
+    close();
+    config_ = config;
+    page_ = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    long conf = ::sysconf(_SC_NPROCESSORS_CONF);
+    const int cpus = conf > 0 ? static_cast<int>(conf) : 1;
+    std::vector<pid_t> tids = list_threads();
+    const pid_t self = static_cast<pid_t>(raw_gettid());
+    if (std::find(tids.begin(), tids.end(), self) == tids.end()) tids.push_back(self);
+    std::size_t budget = kMaxRingEvents;
+    struct rlimit files {};
+    if (sys().getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_max != RLIM_INFINITY &&
+        files.rlim_max / 4 < budget)
+      budget = static_cast<std::size_t>(files.rlim_max / 4);
+    const std::size_t need = tids.size() * static_cast<std::size_t>(cpus);
+    if (need > budget)
+      return status::error(
+          "descriptor budget: " + std::to_string(tids.size()) + " threads x " + std::to_string(cpus) +
+              " CPUs = " + std::to_string(need) + " events, more than " + std::to_string(budget) +
+              " (a quarter of the hard RLIMIT_NOFILE, at most " + std::to_string(kMaxRingEvents) + ")",
+          EMFILE);
+    // Kernel time when allowed, else user-only (decided on the calling thread's first CPU event).
+    status st = status::ok();
+    for (int user = config.user_clock_only ? 1 : 0; user <= 1; ++user) {
+      user_only_ = user == 1;
+      st = open_cpus(self, cpus);
+      if (st || (st.code() != EACCES && st.code() != EPERM)) break;
+      close();
+    }
+    if (!st) {
+      close();
+      return st;
+    }
+    for (pid_t tid : tids) {
+      if (tid == self) continue;
+      st = attach_thread(tid);
+      if (!st && st.code() != ESRCH) {
+        close();
+        return st;
+      }
+    }
+    return status::ok();
+  }
+
+  // Threads are covered by the kernel: nothing to arm one by one.
+  status arm(pid_t) override { return status::ok(); }
+  void disarm(pid_t) override {}
+
+  void close() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& c : rings_) {
+      for (int fd : c.fds) {
+        ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+        sys().close(fd);
+      }
+      if (c.base) sys().munmap(c.base, c.map_bytes);
+    }
+    rings_.clear();
+    events_ = 0;
+  }
+
+  // The child's fds point at the parent's events; its copy of the mappings does not exist (perf rings
+  // are not copied at fork). Close the fds only.
+  void abandon_after_fork() override {
+    for (auto& c : rings_)
+      for (int fd : c.fds) sys().close(fd);
+    rings_.clear();
+    events_ = 0;
+  }
+
+  // Reads every ring into `out` (selfprof's threads `skip` dropped). Returns the records read.
+  std::size_t collect(sample_ring& out, const std::vector<pid_t>& skip) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    skip_ = skip;
+    std::size_t n = 0;
+    for (auto& c : rings_)
+      if (c.base) n += read_ring(c, out);
+    return n;
+  }
+  std::size_t collect_again(sample_ring& out) override {
+    std::vector<pid_t> skip;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      skip = skip_;
+    }
+    return collect(out, skip);
+  }
+
+  // How often the collector must read so that no ring fills: a quarter of the time a ring holds at the
+  // rate, between 5 and 200 ms.
+  unsigned collect_period_ms() const override {
+    std::size_t smallest = ~std::size_t(0);
+    for (auto& c : rings_) smallest = std::min(smallest, c.data_bytes);
+    if (rings_.empty() || config_.hz <= 0) return 200;
+    const double records = double(smallest) / double(kStackCopyBytes + 1024);
+    const double ms = records / config_.hz * 1000 / 4;
+    return static_cast<unsigned>(std::max(5.0, std::min(200.0, ms)));
+  }
+
+  ring_counts counts() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counts_;
+  }
+  std::uint64_t lost_samples() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counts_.lost;
+  }
+  std::uint64_t throttles() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counts_.throttled;
+  }
+
+ private:
+  struct cpu_ring {
+    int cpu = -1;
+    void* base = nullptr;  // the header page, then the data pages
+    std::size_t map_bytes = 0, data_bytes = 0;
+    std::vector<int> fds;  // fds[0] owns the ring
+  };
+
+  int open_event(pid_t tid, int cpu) {
+    struct perf_event_attr attr;
+    std::memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;
+    attr.type = PERF_TYPE_SOFTWARE;
+    attr.config = PERF_COUNT_SW_TASK_CLOCK;
+    attr.sample_period = static_cast<std::uint64_t>(period_ns_for(config_.hz));
+    attr.sample_type = PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CALLCHAIN |
+                       PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER;
+    attr.sample_regs_user = (1ull << kRegBp) | (1ull << kRegSp) | (1ull << kRegIp);
+    attr.sample_stack_user = kStackCopyBytes;
+    attr.sample_max_stack = static_cast<std::uint16_t>(max_stack());
+    attr.exclude_kernel = user_only_ ? 1 : 0;
+    attr.exclude_callchain_kernel = user_only_ ? 1 : 0;
+    attr.exclude_hv = 1;
+    attr.inherit = 1;
+    attr.inherit_thread = 1;
+    attr.remove_on_exec = 1;
+    attr.use_clockid = 1;
+    attr.clockid = CLOCK_MONOTONIC;
+    attr.wakeup_events = 0;
+    attr.watermark = 1;
+    attr.wakeup_watermark = 1u << 30;  // no poller: never wake anyone
+    long fd = sys().perf_event_open(&attr, tid, cpu, -1, PERF_FLAG_FD_CLOEXEC);
+    if (fd < 0) return -1;
+    return keep_fd_high(static_cast<int>(fd));
+  }
+
+  // The kernel's chain depth: the depth asked for, within kernel.perf_event_max_stack.
+  std::size_t max_stack() const {
+    std::size_t want = config_.max_depth ? config_.max_depth : 128;
+    std::string s = read_small_file("/proc/sys/kernel/perf_event_max_stack");
+    long sys_max = s.empty() ? 127 : std::strtol(s.c_str(), nullptr, 10);
+    if (sys_max > 0 && want > static_cast<std::size_t>(sys_max)) want = static_cast<std::size_t>(sys_max);
+    return std::min<std::size_t>(want, 0xffff);
+  }
+
+  status open_cpus(pid_t self, int cpus) {
+    for (int c = 0; c < cpus; ++c) {
+      int fd = open_event(self, c);
+      if (fd < 0) {
+        const int e = errno;
+        if (e == ENODEV || (e == EINVAL && c > 0)) continue;  // an offline CPU
+        return status::error(std::string("perf_event_open(task-clock, ring") +
+                                 (user_only_ ? ", user only" : ", with kernel time") +
+                                 "): " + std::strerror(e) +
+                                 (e == EACCES || e == EPERM
+                                      ? (user_only_ ? " (kernel.perf_event_paranoid or seccomp forbids it)"
+                                                    : " (kernel time needs root or perf_event_paranoid <= 1)")
+                                      : ""),
+                             e);
+      }
+      cpu_ring r;
+      r.cpu = c;
+      r.fds.push_back(fd);
+      ++events_;
+      rings_.push_back(r);
+      status st = map_ring(rings_.back());
+      if (!st) return st;
+    }
+    if (rings_.empty()) return status::error("perf ring: no online CPU accepted an event", ENODEV);
+    return status::ok();
+  }
+
+  // Maps the CPU's ring: the largest size the locked-memory budget allows.
+  status map_ring(cpu_ring& r) {
+    int e = 0;
+    for (unsigned pages = kRingPagesMax; pages >= kRingPagesMin; pages /= 2) {
+      const std::size_t bytes = (pages + 1) * page_;
+      void* p = sys().mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fds[0], 0);
+      if (p != MAP_FAILED) {
+        r.base = p;
+        r.map_bytes = bytes;
+        r.data_bytes = pages * page_;
+        return status::ok();
+      }
+      e = errno;
+      if (e != EPERM && e != ENOMEM) break;
+    }
+    return status::error(
+        std::string("perf ring: mmap of CPU ") + std::to_string(r.cpu) +
+            "'s ring failed: " + std::strerror(e) +
+            (e == EPERM ? " (locked memory: perf_event_mlock_kb and RLIMIT_MEMLOCK used up)" : ""),
+        e);
+  }
+
+  // A thread alive at open(): its own events, one per CPU, writing into that CPU's ring.
+  status attach_thread(pid_t tid) {
+    for (auto& r : rings_) {
+      int fd = open_event(tid, r.cpu);
+      if (fd < 0) {
+        const int e = errno;
+        return status::error("perf ring: thread " + std::to_string(tid) + ": " + std::strerror(e), e);
+      }
+      r.fds.push_back(fd);
+      ++events_;
+      if (::ioctl(fd, PERF_EVENT_IOC_SET_OUTPUT, r.fds[0]) != 0) {
+        const int e = errno;
+        return status::error(std::string("perf ring: PERF_EVENT_IOC_SET_OUTPUT: ") + std::strerror(e), e);
+      }
+    }
+    return status::ok();
+  }
+
+  // Reads the records between data_tail and data_head. Every record is bounded by the published head
+  // and by its own size; a record that does not fit ends the read (the ring is skipped to the head).
+  std::size_t read_ring(cpu_ring& r, sample_ring& out) {
+    auto* meta = static_cast<perf_event_mmap_page*>(r.base);
+    const unsigned char* data = static_cast<const unsigned char*>(r.base) + page_;
+    const std::uint64_t size = r.data_bytes;
+    const std::uint64_t head = __atomic_load_n(&meta->data_head, __ATOMIC_ACQUIRE);
+    std::uint64_t tail = meta->data_tail;
+    std::size_t n = 0;
+    if (head - tail > size) {  // cannot be: the kernel never overwrites unread data
+      ++counts_.corrupt;
+      tail = head;
+    }
+    while (tail < head) {
+      perf_event_header h;
+      if (head - tail < sizeof h) {
+        ++counts_.corrupt;
+        break;
+      }
+      copy_out(data, size, tail, &h, sizeof h);
+      if (h.size < sizeof h || h.size > head - tail || h.size % 8 != 0) {
+        ++counts_.corrupt;
+        break;
+      }
+      record_.resize(h.size);
+      copy_out(data, size, tail, record_.data(), h.size);
+      handle_record(h, record_.data(), h.size, out);
+      tail += h.size;
+      ++n;
+    }
+    __atomic_store_n(&meta->data_tail, head, __ATOMIC_RELEASE);
+    return n;
+  }
+
+  static void copy_out(const unsigned char* data, std::uint64_t size, std::uint64_t at, void* to,
+                       std::size_t len) {
+    const std::uint64_t off = at & (size - 1);
+    const std::size_t first = static_cast<std::size_t>(std::min<std::uint64_t>(len, size - off));
+    std::memcpy(to, data + off, first);
+    if (first < len) std::memcpy(static_cast<unsigned char*>(to) + first, data, len - first);
+  }
+
+  // A bounded reader over one record.
+  struct cursor {
+    const unsigned char* p;
+    std::size_t left;
+    bool u64(std::uint64_t& v) {
+      if (left < 8) return false;
+      std::memcpy(&v, p, 8);
+      p += 8;
+      left -= 8;
+      return true;
+    }
+    bool skip(std::uint64_t bytes) {
+      if (bytes > left) return false;
+      p += bytes;
+      left -= static_cast<std::size_t>(bytes);
+      return true;
+    }
+  };
+
+  void handle_record(const perf_event_header& h, const unsigned char* rec, std::size_t len,
+                     sample_ring& out) {
+    cursor c{rec + sizeof h, len - sizeof h};
+    if (h.type == PERF_RECORD_LOST) {
+      std::uint64_t id = 0, lost = 0;
+      if (c.u64(id) && c.u64(lost)) counts_.lost += lost;
+      return;
+    }
+    if (h.type == PERF_RECORD_THROTTLE) {
+      ++counts_.throttled;
+      return;
+    }
+    if (h.type != PERF_RECORD_SAMPLE) return;
+    std::uint64_t ip = 0, pidtid = 0, time = 0, nr = 0;
+    if (!c.u64(ip) || !c.u64(pidtid) || !c.u64(time) || !c.u64(nr) || nr > c.left / 8) {
+      ++counts_.corrupt;
+      return;
+    }
+    const auto tid = static_cast<pid_t>(pidtid >> 32);
+    if (std::find(skip_.begin(), skip_.end(), tid) != skip_.end()) {
+      ++counts_.foreign;
+      return;
+    }
+    // The user part of the chain: after PERF_CONTEXT_USER (the kernel part comes first).
+    const unsigned char* chain_at = c.p;
+    c.skip(nr * 8);
+    user_chain_.clear();
+    bool in_user = false;
+    for (std::uint64_t i = 0; i < nr; ++i) {
+      std::uint64_t v;
+      std::memcpy(&v, chain_at + i * 8, 8);
+      if (v >= PERF_CONTEXT_MAX) {
+        in_user = v == PERF_CONTEXT_USER;
+        continue;
+      }
+      if (in_user) user_chain_.push_back(v);
+    }
+    std::uint64_t abi = 0, bp = 0, sp = 0, uip = 0, stack_size = 0, dyn = 0;
+    if (!c.u64(abi)) {
+      ++counts_.corrupt;
+      return;
+    }
+    if (abi != PERF_SAMPLE_REGS_ABI_NONE && !(c.u64(bp) && c.u64(sp) && c.u64(uip))) {
+      ++counts_.corrupt;
+      return;
+    }
+    if (!c.u64(stack_size) || stack_size > c.left) {
+      ++counts_.corrupt;
+      return;
+    }
+    const unsigned char* stack = c.p;
+    c.skip(stack_size);
+    if (stack_size > 0 && (!c.u64(dyn) || dyn > stack_size)) {
+      ++counts_.corrupt;
+      return;
+    }
+    if (abi == PERF_SAMPLE_REGS_ABI_NONE) {  // no user context (a kernel thread): nothing of ours
+      ++counts_.foreign;
+      return;
+    }
+    ++counts_.samples;
+    std::uint64_t pos = 0;
+    ring_slot* slot = out.claim(pos);
+    if (!slot) {
+      ++counts_.full;
+      return;
+    }
+    bool truncated = false, spliced = false;
+    const std::size_t depth = unwind_sample(
+        g_unwind_tables.load(std::memory_order_acquire), uip, sp, bp, stack, static_cast<std::size_t>(dyn),
+        user_chain_.data(), user_chain_.size(), slot->pcs(), out.max_depth(), truncated, spliced);
+    if (spliced) ++counts_.spliced;
+    (void)ip;
+    slot->header.tid = static_cast<std::uint32_t>(tid);
+    slot->header.depth = static_cast<std::uint16_t>(depth);
+    slot->header.flags = truncated ? sample_truncated : 0;
+    slot->header.weight = 1;
+    slot->header.time_ns = time;
+    slot->header.tag = 0;
+    sample_ring::publish(slot, pos);
+  }
+
+  source_config config_;
+  bool user_only_ = false;
+  std::size_t page_ = 4096;
+  std::size_t events_ = 0;
+  std::vector<cpu_ring> rings_;
+  mutable std::mutex mu_;  // collect() and the counters: the collector, and stop()
+  std::vector<pid_t> skip_;
+  std::vector<unsigned char> record_;
+  std::vector<std::uint64_t> user_chain_;
+  ring_counts counts_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
