@@ -16423,6 +16423,8 @@ class http_server {
           read_some(c);
         else if (c.state == writing && (re & (POLLOUT | POLLHUP | POLLERR)))
           write_some(c);
+        else if (c.state == draining && (re & (POLLIN | POLLHUP | POLLERR)))
+          drain(c);  // the client's close ends the lingering at once, not at its deadline
         else if (c.state == waiting && (re & (POLLRDHUP | POLLHUP | POLLERR))) {
           ++n_.failures;  // the client left before its profile was ready
           close_conn(c);
