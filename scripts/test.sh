@@ -12,7 +12,7 @@
 #   single        g++ against single_include/ (header-only); unit + integration
 #   asan          g++ -O1 -g -fsanitize=address,undefined; tests labelled no_asan are left out
 #   tsan          g++ -O1 -g -fsanitize=thread; tests labelled no_tsan are left out
-#                 (tests labelled slow run in the gcc and asan stages only)
+#                 (tests labelled slow run in the gcc stage only; the single stage leaves torture out)
 #   meson         meson setup -Dcompiled=true + meson test (unit + integration; the tool is left to the CMake stages)
 #   unprivileged  the gcc build's integration and torture tests as a throwaway system user (setpriv)
 #   no_perf       the gcc build's unit + integration tests with SELFPROF_TEST_NO_PERF=1
@@ -152,7 +152,7 @@ stage_unprivileged() {
   for f in "$root_dir"/tests/integration/*_test.cpp "$root_dir"/tests/torture/*_test.cpp; do
     name=$(basename "$f" _test.cpp)
     kind=$(basename "$(dirname "$f")")
-    grep -q '^//[ ]*ctest-labels:.*\bslow\b' "$f" && continue  # left to the gcc and ASan stages
+    grep -q '^//[ ]*ctest-labels:.*\bslow\b' "$f" && continue  # left to the gcc stage
     if grep -q '^//[ ]*integration-binary:[ ]*own' "$f"; then
       cmd=("$tmp/${kind}_$name")
     else

@@ -5,7 +5,7 @@
 // allocated is an error status (never an exception); 50 dump signals at once are answered together.
 // ctest-labels: no_tsan slow
 // Not under TSan: it defers asynchronous signals (the ticks, SIGUSR2), and kills children that start threads.
-// slow (a minute of 20,000 threads): run by the gcc and ASan stages only; the logic is the same elsewhere.
+// slow (a minute of 20,000 threads): run by the gcc stage only; the logic is the same elsewhere.
 #include <doctest/doctest.h>
 
 #include <signal.h>

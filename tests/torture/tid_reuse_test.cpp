@@ -8,7 +8,7 @@
 // tick source that records what it is asked; one case makes the kernel really hand a dead thread's tid to a
 // new thread of this process, when pid_max is small enough to go round in seconds.
 // ctest-labels: slow
-// slow (the real reuse goes round pid_max): run by the gcc and ASan stages only.
+// slow (the real reuse goes round pid_max): run by the gcc stage only.
 #include <doctest/doctest.h>
 
 #include <pthread.h>
