@@ -2867,13 +2867,15 @@ SELFPROF_API status dump_diff(const profile& before, const profile& after, const
 // Context: its own thread ("selfprof"); start/stop from setup only.
 //
 // When it wakes. A wake-up costs tens of microseconds of CPU even when there is nothing to do, so:
-//  - while ticks arrive, the signal handler checks the thread count every kThreadCheckNs (one fstat of
-//    /proc/self/task, whose link count is 2 + the number of threads) and wakes the collector when it
-//    changed, and every half ring of samples; the collector itself then wakes only every
+//  - while ticks arrive (at least half a busy thread's rate over the last wait), the signal handler
+//    checks the thread count every kThreadCheckNs (one fstat of /proc/self/task, whose link count is
+//    2 + the number of threads) and wakes the collector when it changed, and every half ring of
+//    samples; the collector itself then wakes only every
 //    kCollectorBusyWakeMs for the full scan (a thread that exited while another started leaves the count
 //    unchanged) and the module checks;
-//  - while no tick arrives (an idle process, or only unarmed threads are busy) nobody else looks: it
-//    wakes every kCollectorWakeMs, so new threads are found within a few tens of milliseconds;
+//  - while fewer ticks arrive (an idle process, a burst that ended, or only unarmed threads are busy) the
+//    handler may not run again soon, so nobody else looks: it wakes every kCollectorWakeMs, and new
+//    threads are found within a few tens of milliseconds;
 //  - wall mode and boosted game-frame threads keep the short period; the contention monitor shortens it
 //    while it watches oversubscribed threads.
 
@@ -10799,6 +10801,7 @@ class collector {
     code_scan code;
     config_.store->set_code({}, config_.symbols->jit_map());  // JIT samples are named from the first drain
     auto last_code_scan = start;  // the first scan waits one interval: a short-lived process never pays it
+    auto last_wake = start;
     while (worker_.wait(wait_ms(ticks_arrive, boosting))) {
       wakes_.fetch_add(1, std::memory_order_relaxed);
       config_.symbols->poll_jit_map();  // lines written before these samples were taken name them
@@ -10811,8 +10814,14 @@ class collector {
       const std::uint64_t total = config_.store->total();
       const auto now = std::chrono::steady_clock::now();
       const std::uint64_t taken = g_handler.taken.load(std::memory_order_relaxed);
-      ticks_arrive = taken != last_taken;
+      // Steady ticks: half of one busy thread's rate over the last wait (timer periods round up to the
+      // kernel's tick, so a busy thread may get less than hz). A few ticks of a burst that has ended
+      // (start() itself, say) would otherwise buy a long wait in which no handler looks.
+      const double waited_s = std::chrono::duration<double>(now - last_wake).count();
+      ticks_arrive = taken != last_taken &&
+                     static_cast<double>(taken - last_taken) >= 0.5 * config_.sources.hz * waited_s;
       last_taken = taken;
+      last_wake = now;
       const long count = task_links();  // read before the scan: a thread born after it changes the count
       const bool full = now - last_full_scan >= std::chrono::milliseconds(kFullThreadScanMs);
       boosting = boost_game_frame_threads();

@@ -1,7 +1,7 @@
 // Dumps in production: 100 SIGUSR2 dumps while threads work (complete files, monotone totals),
 // windowed dumps that never count a sample twice, failed dumps that lose nothing, periodic dumps,
 // the exit dump, and a SIGKILL that leaves the last periodic dump intact.
-// ctest-labels: no_tsan
+// ctest-labels: no_tsan smoke
 // Not under TSan: it defers asynchronous signals to its next safe point, so a deferred handler walks
 // a stack that is no longer the interrupted one; and it kills children that start threads after fork.
 #include <doctest/doctest.h>

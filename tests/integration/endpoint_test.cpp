@@ -1,7 +1,7 @@
 // The profile endpoint and the control socket against a profiled, busy process: profiles of the next N
 // seconds hold only those seconds, every form and content type, the errors (404, 405, 400, 414, 431,
 // 401, 403), slow and many clients, non-loopback binds refused without a token, an address in use.
-// ctest-labels: no_tsan
+// ctest-labels: no_tsan smoke
 // Not under TSan: like the other sampling tests, it defers the sampling signal to a safe point, where the
 // handler walks a stack that is no longer the interrupted one.
 #include <doctest/doctest.h>

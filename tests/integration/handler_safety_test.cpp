@@ -1,7 +1,7 @@
 // The signal handler's promises: no malloc (a counting malloc in this binary), errno preserved, no crash
 // on corrupted frame-pointer chains (garbage %rbp, a chain into an unreadable page), truncation marked,
 // foreign kill/tgkill/sigqueue deliveries ignored.
-// ctest-labels: no_tsan
+// ctest-labels: no_tsan smoke
 // integration-binary: own (its counting malloc would count every other test's calls)
 // Not under TSan: it defers asynchronous signals to its next safe point (a spinning loop has none),
 // so ticks and kill()ed signals are not delivered when and as often as sent.

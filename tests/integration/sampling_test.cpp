@@ -1,6 +1,6 @@
 // The known CPU split, measured by sampling: shares per leaf within a few points of the CPU time really
 // spent there, full-depth stacks through 45 recursive frames, and the delivered rate.
-// ctest-labels: no_tsan
+// ctest-labels: no_tsan smoke
 // Not under TSan: it defers asynchronous signals to its next safe point, so a deferred handler walks
 // a stack that is no longer the interrupted one; and it kills children that start threads after fork.
 #include <doctest/doctest.h>
