@@ -546,6 +546,7 @@ SELFPROF_API std::string perf_map_path();
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 // ---- begin selfprof/detail/high_fd.hpp ----
 // Keeps selfprof's long-lived descriptors (one perf_event per thread, the workers' eventfds, the kept
@@ -841,6 +842,31 @@ inline sigset_t worker_signal_mask() {
   return set;
 }
 
+// The tids of the running workers, whenever they started (the server's render thread starts at its first
+// request), so the collector never arms or samples a selfprof thread. A fixed table: no allocation, read
+// without a lock.
+constexpr std::size_t kMaxWorkers = 16;
+inline std::atomic<pid_t> g_worker_tids[kMaxWorkers];
+
+inline void note_worker_tid(pid_t tid) {
+  for (auto& slot : g_worker_tids) {
+    pid_t none = 0;
+    if (slot.compare_exchange_strong(none, tid, std::memory_order_release)) return;
+  }
+}
+inline void forget_worker_tid(pid_t tid) {
+  if (tid == 0) return;
+  for (auto& slot : g_worker_tids) {
+    pid_t was = tid;
+    if (slot.compare_exchange_strong(was, 0, std::memory_order_release)) return;
+  }
+}
+// Appends every running worker's tid to `out`.
+inline void running_worker_tids(std::vector<pid_t>& out) {
+  for (auto& slot : g_worker_tids)
+    if (const pid_t t = slot.load(std::memory_order_acquire)) out.push_back(t);
+}
+
 class worker {
  public:
   worker() = default;
@@ -896,7 +922,7 @@ class worker {
     running_ = false;
     ::close(wake_fd_);
     wake_fd_ = -1;
-    tid_.store(0, std::memory_order_relaxed);
+    forget_worker_tid(tid_.exchange(0, std::memory_order_relaxed));
   }
 
   bool running() const { return running_; }
@@ -946,7 +972,7 @@ class worker {
     }
     if (wake_fd_ >= 0) ::close(wake_fd_);
     wake_fd_ = -1;
-    tid_.store(0, std::memory_order_relaxed);
+    forget_worker_tid(tid_.exchange(0, std::memory_order_relaxed));
     new (&mu_) std::mutex();
     new (&started_) std::condition_variable();
   }
@@ -959,9 +985,11 @@ class worker {
   static void* entry(void* self) {
     worker& w = *static_cast<worker*>(self);
     pthread_setname_np(pthread_self(), w.name_);
+    const pid_t tid = static_cast<pid_t>(raw_gettid());
+    note_worker_tid(tid);
     {
       std::lock_guard<std::mutex> lock(w.mu_);
-      w.tid_.store(static_cast<pid_t>(raw_gettid()), std::memory_order_relaxed);
+      w.tid_.store(tid, std::memory_order_relaxed);
     }
     w.started_.notify_all();
     w.body_(w.context_);
@@ -10786,6 +10814,7 @@ class collector {
     std::vector<pid_t> own = config_.own;
     own.push_back(worker_.tid());
     if (const pid_t jit = jit_flusher_tid()) own.push_back(jit);
+    running_worker_tids(own);  // workers started later (the server's render thread)
     return own;
   }
 
@@ -16008,7 +16037,8 @@ inline bool http_equal_constant_time(std::string_view given, std::string_view ex
 // The profile endpoint's server: one poll loop over every listening socket and connection (thread
 // "selfprof-http"), and the responses that take work — a profile of the next N seconds, symbolized and
 // rendered — made off that loop on a second thread ("selfprof-render"), so a slow render or a slow
-// client never holds up another client. Both are detail::worker threads (signals blocked, named).
+// client never holds up another client. That thread starts at the first such request: a process nobody
+// asks for a profile runs one server thread. Both are detail::worker threads (signals blocked, named).
 // Context: setup only (start, stop, abandon_after_fork); the two server threads; counters() from any.
 //
 // Listeners, all speaking the same protocol (serve/http.hpp), one request per connection:
@@ -16194,7 +16224,7 @@ class http_server {
   http_server& operator=(const http_server&) = delete;
   ~http_server() { stop(); }
 
-  // Opens the listeners and starts both threads. A bad endpoint address, or a non-loopback one without
+  // Opens the listeners and starts the loop's thread. A bad endpoint address, or a non-loopback one without
   // a token, is an error; an endpoint address in use or a control socket that cannot be bound is only a
   // note (`notes`), the rest runs.
   status start(const server_config& cfg, http_route route, std::vector<std::string>& notes) {
@@ -16229,16 +16259,12 @@ class http_server {
       }
     }
     if (listeners_.empty()) return status::ok();
-    status st = render_.start("selfprof-render", &http_server::render_main, this);
-    if (st) st = io_.start("selfprof-http", &http_server::io_main, this);
-    if (!st) {
-      render_.stop();
-      close_listeners();
-    }
+    status st = io_.start("selfprof-http", &http_server::io_main, this);
+    if (!st) close_listeners();
     return st;
   }
 
-  // Stops both threads and closes every socket; a client waiting for a profile sees its connection
+  // Stops the threads and closes every socket; a client waiting for a profile sees its connection
   // closed.
   void stop() {
     io_.stop();
@@ -16268,7 +16294,13 @@ class http_server {
   }
 
   bool running() const { return io_.running(); }
-  std::vector<pid_t> tids() const { return {io_.tid(), render_.tid()}; }
+  // The server's threads now (the render thread once started).
+  std::vector<pid_t> tids() const {
+    std::vector<pid_t> t;
+    for (pid_t id : {io_.tid(), render_.tid()})
+      if (id != 0) t.push_back(id);
+    return t;
+  }
   const std::string& address() const { return address_; }  // the endpoint as bound ("" none)
   const std::string& control_name() const { return control_; }
 
@@ -16544,6 +16576,12 @@ class http_server {
     if (!a.job) {
       if (a.bytes.size() > 9 && (a.bytes[9] == '4' || a.bytes[9] == '5')) ++n_.bad_requests;
       respond(c, std::move(a.bytes));
+      return;
+    }
+    // The io thread is the only one that starts the render thread; stop() joins the io thread first.
+    if (!render_.running() && !render_.start("selfprof-render", &http_server::render_main, this)) {
+      ++n_.failures;
+      respond(c, http_error_response(503, "the profile cannot be made now (no thread); try again later"));
       return;
     }
     {

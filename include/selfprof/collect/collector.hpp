@@ -158,6 +158,7 @@ class collector {
     std::vector<pid_t> own = config_.own;
     own.push_back(worker_.tid());
     if (const pid_t jit = jit_flusher_tid()) own.push_back(jit);
+    running_worker_tids(own);  // workers started later (the server's render thread)
     return own;
   }
 

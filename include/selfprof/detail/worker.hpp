@@ -20,6 +20,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "selfprof/detail/high_fd.hpp"
 #include "selfprof/signal/raw_syscall.hpp"
@@ -37,6 +38,31 @@ inline sigset_t worker_signal_mask() {
   sigfillset(&set);
   for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS}) sigdelset(&set, s);
   return set;
+}
+
+// The tids of the running workers, whenever they started (the server's render thread starts at its first
+// request), so the collector never arms or samples a selfprof thread. A fixed table: no allocation, read
+// without a lock.
+constexpr std::size_t kMaxWorkers = 16;
+inline std::atomic<pid_t> g_worker_tids[kMaxWorkers];
+
+inline void note_worker_tid(pid_t tid) {
+  for (auto& slot : g_worker_tids) {
+    pid_t none = 0;
+    if (slot.compare_exchange_strong(none, tid, std::memory_order_release)) return;
+  }
+}
+inline void forget_worker_tid(pid_t tid) {
+  if (tid == 0) return;
+  for (auto& slot : g_worker_tids) {
+    pid_t was = tid;
+    if (slot.compare_exchange_strong(was, 0, std::memory_order_release)) return;
+  }
+}
+// Appends every running worker's tid to `out`.
+inline void running_worker_tids(std::vector<pid_t>& out) {
+  for (auto& slot : g_worker_tids)
+    if (const pid_t t = slot.load(std::memory_order_acquire)) out.push_back(t);
 }
 
 class worker {
@@ -94,7 +120,7 @@ class worker {
     running_ = false;
     ::close(wake_fd_);
     wake_fd_ = -1;
-    tid_.store(0, std::memory_order_relaxed);
+    forget_worker_tid(tid_.exchange(0, std::memory_order_relaxed));
   }
 
   bool running() const { return running_; }
@@ -144,7 +170,7 @@ class worker {
     }
     if (wake_fd_ >= 0) ::close(wake_fd_);
     wake_fd_ = -1;
-    tid_.store(0, std::memory_order_relaxed);
+    forget_worker_tid(tid_.exchange(0, std::memory_order_relaxed));
     new (&mu_) std::mutex();
     new (&started_) std::condition_variable();
   }
@@ -157,9 +183,11 @@ class worker {
   static void* entry(void* self) {
     worker& w = *static_cast<worker*>(self);
     pthread_setname_np(pthread_self(), w.name_);
+    const pid_t tid = static_cast<pid_t>(raw_gettid());
+    note_worker_tid(tid);
     {
       std::lock_guard<std::mutex> lock(w.mu_);
-      w.tid_.store(static_cast<pid_t>(raw_gettid()), std::memory_order_relaxed);
+      w.tid_.store(tid, std::memory_order_relaxed);
     }
     w.started_.notify_all();
     w.body_(w.context_);

@@ -1,7 +1,8 @@
 // The profile endpoint's server: one poll loop over every listening socket and connection (thread
 // "selfprof-http"), and the responses that take work — a profile of the next N seconds, symbolized and
 // rendered — made off that loop on a second thread ("selfprof-render"), so a slow render or a slow
-// client never holds up another client. Both are detail::worker threads (signals blocked, named).
+// client never holds up another client. That thread starts at the first such request: a process nobody
+// asks for a profile runs one server thread. Both are detail::worker threads (signals blocked, named).
 // Context: setup only (start, stop, abandon_after_fork); the two server threads; counters() from any.
 //
 // Listeners, all speaking the same protocol (serve/http.hpp), one request per connection:
@@ -192,7 +193,7 @@ class http_server {
   http_server& operator=(const http_server&) = delete;
   ~http_server() { stop(); }
 
-  // Opens the listeners and starts both threads. A bad endpoint address, or a non-loopback one without
+  // Opens the listeners and starts the loop's thread. A bad endpoint address, or a non-loopback one without
   // a token, is an error; an endpoint address in use or a control socket that cannot be bound is only a
   // note (`notes`), the rest runs.
   status start(const server_config& cfg, http_route route, std::vector<std::string>& notes) {
@@ -227,16 +228,12 @@ class http_server {
       }
     }
     if (listeners_.empty()) return status::ok();
-    status st = render_.start("selfprof-render", &http_server::render_main, this);
-    if (st) st = io_.start("selfprof-http", &http_server::io_main, this);
-    if (!st) {
-      render_.stop();
-      close_listeners();
-    }
+    status st = io_.start("selfprof-http", &http_server::io_main, this);
+    if (!st) close_listeners();
     return st;
   }
 
-  // Stops both threads and closes every socket; a client waiting for a profile sees its connection
+  // Stops the threads and closes every socket; a client waiting for a profile sees its connection
   // closed.
   void stop() {
     io_.stop();
@@ -266,7 +263,13 @@ class http_server {
   }
 
   bool running() const { return io_.running(); }
-  std::vector<pid_t> tids() const { return {io_.tid(), render_.tid()}; }
+  // The server's threads now (the render thread once started).
+  std::vector<pid_t> tids() const {
+    std::vector<pid_t> t;
+    for (pid_t id : {io_.tid(), render_.tid()})
+      if (id != 0) t.push_back(id);
+    return t;
+  }
   const std::string& address() const { return address_; }  // the endpoint as bound ("" none)
   const std::string& control_name() const { return control_; }
 
@@ -542,6 +545,12 @@ class http_server {
     if (!a.job) {
       if (a.bytes.size() > 9 && (a.bytes[9] == '4' || a.bytes[9] == '5')) ++n_.bad_requests;
       respond(c, std::move(a.bytes));
+      return;
+    }
+    // The io thread is the only one that starts the render thread; stop() joins the io thread first.
+    if (!render_.running() && !render_.start("selfprof-render", &http_server::render_main, this)) {
+      ++n_.failures;
+      respond(c, http_error_response(503, "the profile cannot be made now (no thread); try again later"));
       return;
     }
     {

@@ -1,7 +1,9 @@
 // The server's address parsing and a route served over a loopback port and the control socket.
 #include <doctest/doctest.h>
 
+#include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -61,14 +63,17 @@ TEST_CASE("server: a route over TCP and the control socket, jobs made off the lo
       },
       notes));
   REQUIRE(s.running());
+  CHECK(s.tids().size() == 1);  // the render thread waits for the first job
   listen_address la;
   REQUIRE(parse_listen_address(s.address(), la));
   http_reply r;
   REQUIRE(http_get(reinterpret_cast<const sockaddr*>(&la.addr), la.len, "/echo", 5, r));
   CHECK(r.status == 200);
   CHECK(r.body == "/echo");
+  CHECK(s.tids().size() == 1);
   REQUIRE(http_get(reinterpret_cast<const sockaddr*>(&la.addr), la.len, "/later", 5, r));
   CHECK(r.body == "done");
+  CHECK(s.tids().size() == 2);
   socklen_t len = 0;
   const sockaddr_un un = control_socket_address(::getpid(), len);
   REQUIRE(http_get(reinterpret_cast<const sockaddr*>(&un), len, "/ctl", 5, r));
@@ -119,6 +124,56 @@ TEST_CASE("server: responses in the making are bounded; past the bound a 503") {
   CHECK(ok == 3);
   CHECK(refused == 2);
   CHECK(s.counters().refused == 2);
+}
+
+TEST_CASE("server: a client that stops reading is dropped after the write timeout; others are served") {
+  http_server s;
+  server_config cfg;
+  cfg.http = "127.0.0.1:0";
+  cfg.control = false;
+  cfg.io_timeout_s = 0.3;  // 30 s in production
+  std::vector<std::string> notes;
+  const std::string big(32u << 20, 'x');  // far more than both socket buffers hold
+  REQUIRE(s.start(
+      cfg,
+      [&](const http_request& r) {
+        http_answer a;
+        if (r.path == "/big")
+          a.bytes = http_response_head(200, "text/plain", big.size()) + big;
+        else
+          a.bytes = http_response_head(200, "text/plain", 2) + "ok";
+        return a;
+      },
+      notes));
+  listen_address la;
+  REQUIRE(parse_listen_address(s.address(), la));
+  const int stuck = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(stuck >= 0);
+  const int small = 4096;
+  ::setsockopt(stuck, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  REQUIRE(::connect(stuck, reinterpret_cast<const sockaddr*>(&la.addr), la.len) == 0);
+  const std::string req = "GET /big HTTP/1.1\r\nHost: x\r\n\r\n";
+  REQUIRE(::send(stuck, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size()));
+  // While the stuck client reads nothing, another one is served.
+  http_reply r;
+  REQUIRE(http_get(reinterpret_cast<const sockaddr*>(&la.addr), la.len, "/small", 5, r));
+  CHECK(r.body == "ok");
+  for (int i = 0; i < 300 && s.counters().timeouts == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(s.counters().timeouts == 1);
+  // The server closed its side: reading on, the client gets a part of the body and then the end.
+  std::size_t got = 0;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::recv(stuck, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  CHECK(got > 0);
+  CHECK(got < big.size());
+  ::close(stuck);
+  REQUIRE(http_get(reinterpret_cast<const sockaddr*>(&la.addr), la.len, "/small", 5, r));
+  CHECK(r.body == "ok");
 }
 
 TEST_CASE("server: an endpoint address in use is a note, not an error; a bad one is an error") {
