@@ -15134,6 +15134,37 @@ inline std::string offcpu_marker_name(std::uint16_t flags, std::size_t depth) {
   return "[blocked: " + syscall_name(static_cast<long>(call) - 1) + "]";
 }
 
+// Appends to `out` one stack per entry of `table`, root first, with the wall-mode leaf markers; `root`
+// (when not null) first in each. `frames(lookup, s)` appends the frames of one address to s.frames (the
+// interrupted pc as it is, a return address less one: it points after its call); `marker(name)` gives
+// the index of a marker frame. Returns {samples, truncated samples}.
+template <class Frames, class Marker>
+std::pair<std::uint64_t, std::uint64_t> stacks_from_table(const stack_table& table, const std::uint32_t* root,
+                                                          Frames&& frames, Marker&& marker,
+                                                          std::vector<selfprof::stack>& out) {
+  std::uint64_t samples = 0, truncated = 0;
+  for (const auto& e : table.entries()) {
+    const std::uint64_t* pcs = table.pcs(e);
+    selfprof::stack s;
+    s.count = e.count;
+    s.tid = e.tid;
+    s.truncated = (e.flags & sample_truncated) != 0;
+    if (root) s.frames.push_back(*root);
+    // Walk the captured addresses from the outermost return address to the interrupted pc.
+    for (std::size_t i = e.depth; i-- > 0;) frames(i == 0 ? pcs[0] : pcs[i] - 1, s);
+    if (e.flags & sample_offcpu) {
+      s.offcpu = true;
+      s.frames.push_back(marker(offcpu_marker_name(e.flags, e.depth)));
+    } else if (e.flags & sample_running) {
+      s.frames.push_back(marker("[running]"));
+    }
+    samples += e.count;
+    if (s.truncated) truncated += e.count;
+    out.push_back(std::move(s));
+  }
+  return {samples, truncated};
+}
+
 inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
   profile p;
   p.info = raw.info;
@@ -15158,29 +15189,14 @@ inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
     return range;
   };
   marker_frames marker(p);  // wall mode's leaves: where a thread waited, or time without a stack
-  std::uint64_t samples = 0, truncated = 0;
-  for (const auto& e : raw.table.entries()) {
-    const std::uint64_t* pcs = raw.table.pcs(e);
-    selfprof::stack s;
-    s.count = e.count;
-    s.tid = e.tid;
-    s.truncated = (e.flags & sample_truncated) != 0;
-    // Root first: walk the captured addresses from the outermost return address to the interrupted pc.
-    for (std::size_t i = e.depth; i-- > 0;) {
-      std::uint64_t lookup = i == 0 ? pcs[0] : pcs[i] - 1;  // a return address points after its call
-      auto r = frames_for(lookup);
-      for (std::uint32_t k = 0; k < r.second; ++k) s.frames.push_back(r.first + k);
-    }
-    if (e.flags & sample_offcpu) {
-      s.offcpu = true;
-      s.frames.push_back(marker(offcpu_marker_name(e.flags, e.depth)));
-    } else if (e.flags & sample_running) {
-      s.frames.push_back(marker("[running]"));
-    }
-    samples += e.count;
-    if (s.truncated) truncated += e.count;
-    p.stacks.push_back(std::move(s));
-  }
+  const auto counts = stacks_from_table(
+      raw.table, nullptr,
+      [&](std::uint64_t lookup, selfprof::stack& s) {
+        auto r = frames_for(lookup);
+        for (std::uint32_t k = 0; k < r.second; ++k) s.frames.push_back(r.first + k);
+      },
+      marker, p.stacks);
+  const std::uint64_t samples = counts.first, truncated = counts.second;
   for (const auto& t : raw.thread_names) p.threads.push_back(thread_info{t.first, t.second});
   std::sort(p.threads.begin(), p.threads.end(),
             [](const thread_info& a, const thread_info& b) { return a.tid < b.tid; });

@@ -302,25 +302,10 @@ class raw_merger {
       return index;
     };
 
-    std::uint64_t samples = 0, truncated = 0;
-    for (const auto& e : p.raw.table.entries()) {
-      const std::uint64_t* pcs = p.raw.table.pcs(e);
-      stack s;
-      s.count = e.count;
-      s.tid = e.tid;
-      s.truncated = (e.flags & sample_truncated) != 0;
-      s.frames.push_back(root);
-      for (std::size_t i = e.depth; i-- > 0;) s.frames.push_back(frame_for(i == 0 ? pcs[0] : pcs[i] - 1));
-      if (e.flags & sample_offcpu) {
-        s.offcpu = true;
-        s.frames.push_back(marker(offcpu_marker_name(e.flags, e.depth)));
-      } else if (e.flags & sample_running) {
-        s.frames.push_back(marker("[running]"));
-      }
-      samples += e.count;
-      if (s.truncated) truncated += e.count;
-      out_.stacks.push_back(std::move(s));
-    }
+    const auto counts = stacks_from_table(
+        p.raw.table, &root, [&](std::uint64_t lookup, stack& s) { s.frames.push_back(frame_for(lookup)); },
+        marker, out_.stacks);
+    const std::uint64_t samples = counts.first, truncated = counts.second;
     for (const auto& t : p.raw.thread_names) out_.threads.push_back(thread_info{t.first, t.second});
 
     profile_info& i = out_.info;
