@@ -8,7 +8,7 @@
 #   gcc           g++ -O2 -g, compiled mode (the library compiled once for tests, examples, the tool and
 #                 the benchmarks), libdw and zlib; unit, integration, packaging and lint tests
 #   clang         clang++, header-only, with the other side of every optional library (libdw and zlib
-#                 off); unit + integration
+#                 off), the tool built; unit, integration and torture tests
 #   single        g++ against single_include/ (header-only): everything built; unit + smoke tests
 #   asan          g++ -O1 -g -fsanitize=address,undefined, compiled mode (unit tests -O0); no_asan left out
 #   tsan          g++ -O1 -g -fsanitize=thread, compiled mode (unit tests -O0); no_tsan left out
@@ -16,7 +16,7 @@
 #   meson         meson setup -Dcompiled=true, everything built; unit + smoke tests (the tool is left to
 #                 the CMake stages)
 #   unprivileged  the gcc build's integration and torture tests as a throwaway system user (setpriv)
-#   no_perf       the gcc build's unit + integration tests with SELFPROF_TEST_NO_PERF=1
+#   no_perf       the gcc build's integration, torture and tool tests with SELFPROF_TEST_NO_PERF=1
 #   fuzz          libFuzzer targets (ELF reader, perf-script and folded parsers, HTTP requests), 10 s each (SELFPROF_FUZZ_SECONDS)
 # Environment: SELFPROF_SKIP_APT=1 skips apt-get; SELFPROF_JOBS (default 2) parallel jobs;
 # SELFPROF_TEST_USER (default selfprof-test).

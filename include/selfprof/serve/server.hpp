@@ -1,8 +1,9 @@
 // The profile endpoint's server: one poll loop over every listening socket and connection (thread
 // "selfprof-http"), and the responses that take work — a profile of the next N seconds, symbolized and
 // rendered — made off that loop on a second thread ("selfprof-render"), so a slow render or a slow
-// client never holds up another client. That thread starts at the first such request: a process nobody
-// asks for a profile runs one server thread. Both are detail::worker threads (signals blocked, named).
+// client never holds up another client. That thread starts at the first such request (a process nobody
+// asks for a profile runs one server thread). Both run at nice 19, so serving takes only CPU the
+// application leaves, and both are detail::worker threads (signals blocked, named).
 // Context: setup only (start, stop, abandon_after_fork); the two server threads; counters() from any.
 //
 // Listeners, all speaking the same protocol (serve/http.hpp), one request per connection:
@@ -25,6 +26,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -48,12 +50,15 @@
 #include "selfprof/detail/high_fd.hpp"
 #include "selfprof/detail/worker.hpp"
 #include "selfprof/serve/http.hpp"
+#include "selfprof/signal/raw_syscall.hpp"
 #include "selfprof/status.hpp"
 
 namespace selfprof {
 namespace detail {
 
 using serve_clock = std::chrono::steady_clock;
+
+constexpr int kServerNice = 19;  // the server threads' nice value: the lowest priority
 
 // What a route answers: complete response bytes, or a job that makes them on the render thread once
 // `due` has come (the bytes are then whatever the job returns).
@@ -395,8 +400,16 @@ class http_server {
     return std::chrono::duration_cast<serve_clock::duration>(std::chrono::duration<double>(s));
   }
 
-  static void io_main(void* self) { static_cast<http_server*>(self)->io_loop(); }
-  static void render_main(void* self) { static_cast<http_server*>(self)->render_loop(); }
+  // Both threads yield to the application: a scrape must not take CPU the program wants (under full load
+  // a render waits for the CPU share a nice-19 thread gets; the client's own timeout bounds that).
+  static void io_main(void* self) {
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(raw_gettid()), kServerNice);
+    static_cast<http_server*>(self)->io_loop();
+  }
+  static void render_main(void* self) {
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(raw_gettid()), kServerNice);
+    static_cast<http_server*>(self)->render_loop();
+  }
 
   void io_loop() {
     std::vector<pollfd> fds;
