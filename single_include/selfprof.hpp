@@ -2179,7 +2179,6 @@ class jit_runtime {
   }
 
   jit_registry& registry() { return registry_; }
-  pid_t flusher_tid() const { return flusher_.tid(); }
   std::string perf_map_path() {
     std::lock_guard<std::mutex> w(write_mu_);
     return map_.path();
@@ -2322,12 +2321,6 @@ inline jit_runtime& jit_global() {
 inline bool jit_translate_pc(std::uint64_t& pc, std::uint64_t time_ns) {
   jit_runtime* rt = jit_runtime_slot().load(std::memory_order_acquire);
   return rt != nullptr && rt->registry().translate(pc, time_ns);
-}
-
-// The JIT flusher thread ("selfprof-jit"), 0 when none runs: one of selfprof's own threads.
-inline pid_t jit_flusher_tid() {
-  jit_runtime* rt = jit_runtime_slot().load(std::memory_order_acquire);
-  return rt != nullptr ? rt->flusher_tid() : 0;
 }
 
 // The symbolizer's hook: names a value made by jit_translate_pc (or that value minus one, as looked up for
@@ -4050,6 +4043,19 @@ inline bool parse_maps_line(std::string_view line, maps_entry& out) {
   return true;
 }
 
+// Calls fn(entry) for each executable mapping in maps text; lines that do not parse are skipped.
+template <class F>
+void for_each_executable_mapping(std::string_view text, F&& fn) {
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos) eol = text.size();
+    maps_entry e;
+    if (parse_maps_line(text.substr(pos, eol - pos), e) && e.executable) fn(e);
+    pos = eol + 1;
+  }
+}
+
 // Reads a whole (proc) file into `out`; false on failure.
 inline bool read_text_file(const char* path, std::string& out) {
   out.clear();
@@ -4538,23 +4544,16 @@ class module_registry {
     std::unordered_map<std::string, std::size_t> index;
     for (std::size_t i = 0; i < modules_.size(); ++i) index.emplace(key_of(modules_[i]), i);
 
-    std::size_t pos = 0;
-    while (pos < text.size()) {
-      std::size_t eol = text.find('\n', pos);
-      if (eol == std::string::npos) eol = text.size();
-      maps_entry e;
-      if (parse_maps_line(std::string_view(text).substr(pos, eol - pos), e) && e.executable) {
-        auto found = index.find(mapping_key(e.start, e.end, e.offset, e.inode, e.path));
-        if (found != index.end()) {
-          seen[found->second] = true;
-          next.push_back(modules_[found->second]);
-          next.back().mapped = true;
-        } else {
-          next.push_back(make_module(e));
-        }
+    for_each_executable_mapping(text, [&](const maps_entry& e) {
+      auto found = index.find(mapping_key(e.start, e.end, e.offset, e.inode, e.path));
+      if (found != index.end()) {
+        seen[found->second] = true;
+        next.push_back(modules_[found->second]);
+        next.back().mapped = true;
+      } else {
+        next.push_back(make_module(e));
       }
-      pos = eol + 1;
-    }
+    });
     // Unmapped modules stay (anonymous memory excepted: it has no symbols to keep).
     for (std::size_t i = 0; i < modules_.size(); ++i) {
       if (seen[i] || modules_[i].kind == module_kind::anonymous) continue;
@@ -10735,7 +10734,6 @@ struct collector_config {
   bool upgrade = false;             // auto chose the CPU timer: may switch to perf_event under contention
   bool wall = false;                // wall mode: the short period
   bool unwind_rows = false;         // rebuild the handler's CFI rows when libraries come and go
-  std::vector<pid_t> own;           // selfprof's other threads, never armed
   int sample_signal = 0;            // watched: the program may install its own handler for it
   wall_sampler* sampler = nullptr;  // wall mode: the wall sampler, told the threads to look at
   tick_source* pull = nullptr;      // a source without signals (ring): read into the ring at each wake
@@ -10810,11 +10808,11 @@ class collector {
     return static_cast<int>(ms);
   }
 
-  std::vector<pid_t> own_threads() const {
-    std::vector<pid_t> own = config_.own;
-    own.push_back(worker_.tid());
-    if (const pid_t jit = jit_flusher_tid()) own.push_back(jit);
-    running_worker_tids(own);  // workers started later (the server's render thread)
+  // selfprof's threads, never armed: every running worker (this one, the dumper, the JIT flusher, the
+  // wall sampler, the server's), whenever it started.
+  static std::vector<pid_t> own_threads() {
+    std::vector<pid_t> own;
+    running_worker_tids(own);
     return own;
   }
 
@@ -17021,19 +17019,11 @@ inline std::string raw_dump_bytes(const raw_snapshot& raw, shared_symbolizer& sy
   // mapped now overlaps them.
   std::string maps;
   std::vector<maps_entry> mapped;
-  if (read_text_file("/proc/self/maps", maps)) {
-    std::size_t pos = 0;
-    while (pos < maps.size()) {
-      std::size_t eol = maps.find('\n', pos);
-      if (eol == std::string::npos) eol = maps.size();
-      maps_entry e;
-      if (parse_maps_line(std::string_view(maps).substr(pos, eol - pos), e) && e.executable) {
-        raw_map_line(out, e);
-        mapped.push_back(e);
-      }
-      pos = eol + 1;
-    }
-  }
+  if (read_text_file("/proc/self/maps", maps))
+    for_each_executable_mapping(maps, [&](const maps_entry& e) {
+      raw_map_line(out, e);
+      mapped.push_back(e);
+    });
   sym.with_current([&](symbolizer& s) {
     for (const module& m : s.modules().modules()) {
       if (m.mapped || m.kind != module_kind::file) continue;
@@ -17914,7 +17904,9 @@ class profiler_core {
     store_.begin(sc);
     snapshots_.begin(opts_, handler_counts::now());
     g_handler.active.store(true, std::memory_order_release);
-    registry_.scan({jit_flusher_tid()});
+    std::vector<pid_t> own;  // selfprof's threads running before start (the JIT flusher)
+    running_worker_tids(own);
+    registry_.scan(own);
     starting_threads_ = true;
     st = start_threads();
     if (!st) {
@@ -18260,13 +18252,9 @@ class profiler_core {
     cc.upgrade = upgrade_;
     cc.wall = wall_;
     cc.unwind_rows = unwind_ == unwind_mode::dwarf;
-    cc.own = {dumps_.tid()};
-    if (server_.running())
-      for (pid_t t : server_.tids()) cc.own.push_back(t);
     cc.sample_signal = signal_.number;
     cc.pull = pull_;
     cc.pulled = &pulled_;
-    if (wall_) cc.own.push_back(wall_sampler_.tid());
     cc.sampler = wall_ ? &wall_sampler_ : nullptr;
     st = collector_.start(cc);
     if (!st) return st;

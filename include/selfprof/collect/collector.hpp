@@ -79,7 +79,6 @@ struct collector_config {
   bool upgrade = false;             // auto chose the CPU timer: may switch to perf_event under contention
   bool wall = false;                // wall mode: the short period
   bool unwind_rows = false;         // rebuild the handler's CFI rows when libraries come and go
-  std::vector<pid_t> own;           // selfprof's other threads, never armed
   int sample_signal = 0;            // watched: the program may install its own handler for it
   wall_sampler* sampler = nullptr;  // wall mode: the wall sampler, told the threads to look at
   tick_source* pull = nullptr;      // a source without signals (ring): read into the ring at each wake
@@ -154,11 +153,11 @@ class collector {
     return static_cast<int>(ms);
   }
 
-  std::vector<pid_t> own_threads() const {
-    std::vector<pid_t> own = config_.own;
-    own.push_back(worker_.tid());
-    if (const pid_t jit = jit_flusher_tid()) own.push_back(jit);
-    running_worker_tids(own);  // workers started later (the server's render thread)
+  // selfprof's threads, never armed: every running worker (this one, the dumper, the JIT flusher, the
+  // wall sampler, the server's), whenever it started.
+  static std::vector<pid_t> own_threads() {
+    std::vector<pid_t> own;
+    running_worker_tids(own);
     return own;
   }
 

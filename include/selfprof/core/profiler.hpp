@@ -134,7 +134,9 @@ class profiler_core {
     store_.begin(sc);
     snapshots_.begin(opts_, handler_counts::now());
     g_handler.active.store(true, std::memory_order_release);
-    registry_.scan({jit_flusher_tid()});
+    std::vector<pid_t> own;  // selfprof's threads running before start (the JIT flusher)
+    running_worker_tids(own);
+    registry_.scan(own);
     starting_threads_ = true;
     st = start_threads();
     if (!st) {
@@ -480,13 +482,9 @@ class profiler_core {
     cc.upgrade = upgrade_;
     cc.wall = wall_;
     cc.unwind_rows = unwind_ == unwind_mode::dwarf;
-    cc.own = {dumps_.tid()};
-    if (server_.running())
-      for (pid_t t : server_.tids()) cc.own.push_back(t);
     cc.sample_signal = signal_.number;
     cc.pull = pull_;
     cc.pulled = &pulled_;
-    if (wall_) cc.own.push_back(wall_sampler_.tid());
     cc.sampler = wall_ ? &wall_sampler_ : nullptr;
     st = collector_.start(cc);
     if (!st) return st;

@@ -110,19 +110,11 @@ inline std::string raw_dump_bytes(const raw_snapshot& raw, shared_symbolizer& sy
   // mapped now overlaps them.
   std::string maps;
   std::vector<maps_entry> mapped;
-  if (read_text_file("/proc/self/maps", maps)) {
-    std::size_t pos = 0;
-    while (pos < maps.size()) {
-      std::size_t eol = maps.find('\n', pos);
-      if (eol == std::string::npos) eol = maps.size();
-      maps_entry e;
-      if (parse_maps_line(std::string_view(maps).substr(pos, eol - pos), e) && e.executable) {
-        raw_map_line(out, e);
-        mapped.push_back(e);
-      }
-      pos = eol + 1;
-    }
-  }
+  if (read_text_file("/proc/self/maps", maps))
+    for_each_executable_mapping(maps, [&](const maps_entry& e) {
+      raw_map_line(out, e);
+      mapped.push_back(e);
+    });
   sym.with_current([&](symbolizer& s) {
     for (const module& m : s.modules().modules()) {
       if (m.mapped || m.kind != module_kind::file) continue;

@@ -118,7 +118,6 @@ class jit_runtime {
   }
 
   jit_registry& registry() { return registry_; }
-  pid_t flusher_tid() const { return flusher_.tid(); }
   std::string perf_map_path() {
     std::lock_guard<std::mutex> w(write_mu_);
     return map_.path();
@@ -261,12 +260,6 @@ inline jit_runtime& jit_global() {
 inline bool jit_translate_pc(std::uint64_t& pc, std::uint64_t time_ns) {
   jit_runtime* rt = jit_runtime_slot().load(std::memory_order_acquire);
   return rt != nullptr && rt->registry().translate(pc, time_ns);
-}
-
-// The JIT flusher thread ("selfprof-jit"), 0 when none runs: one of selfprof's own threads.
-inline pid_t jit_flusher_tid() {
-  jit_runtime* rt = jit_runtime_slot().load(std::memory_order_acquire);
-  return rt != nullptr ? rt->flusher_tid() : 0;
 }
 
 // The symbolizer's hook: names a value made by jit_translate_pc (or that value minus one, as looked up for

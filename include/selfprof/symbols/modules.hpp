@@ -224,23 +224,16 @@ class module_registry {
     std::unordered_map<std::string, std::size_t> index;
     for (std::size_t i = 0; i < modules_.size(); ++i) index.emplace(key_of(modules_[i]), i);
 
-    std::size_t pos = 0;
-    while (pos < text.size()) {
-      std::size_t eol = text.find('\n', pos);
-      if (eol == std::string::npos) eol = text.size();
-      maps_entry e;
-      if (parse_maps_line(std::string_view(text).substr(pos, eol - pos), e) && e.executable) {
-        auto found = index.find(mapping_key(e.start, e.end, e.offset, e.inode, e.path));
-        if (found != index.end()) {
-          seen[found->second] = true;
-          next.push_back(modules_[found->second]);
-          next.back().mapped = true;
-        } else {
-          next.push_back(make_module(e));
-        }
+    for_each_executable_mapping(text, [&](const maps_entry& e) {
+      auto found = index.find(mapping_key(e.start, e.end, e.offset, e.inode, e.path));
+      if (found != index.end()) {
+        seen[found->second] = true;
+        next.push_back(modules_[found->second]);
+        next.back().mapped = true;
+      } else {
+        next.push_back(make_module(e));
       }
-      pos = eol + 1;
-    }
+    });
     // Unmapped modules stay (anonymous memory excepted: it has no symbols to keep).
     for (std::size_t i = 0; i < modules_.size(); ++i) {
       if (seen[i] || modules_[i].kind == module_kind::anonymous) continue;
