@@ -28,6 +28,8 @@
 // | ---------------------- | ------- | -------------------------------------------------------------- |
 // | SELFPROF_HAS_LIBDW     | 0       | 1: the symbolizer uses elfutils libdw for file:line and inline |
 // |                        |         | frames (link -ldw). 0: ELF symbol tables only.                 |
+// | SELFPROF_LIBDW_DLOPEN  | 0       | with SELFPROF_HAS_LIBDW=1: 1 loads libdw.so.1 with dlopen at   |
+// |                        |         | the first DWARF lookup (no -ldw; the preload library uses it). |
 // | SELFPROF_HAS_ZLIB      | 0       | 1: .pb.gz (pprof) output is deflate-compressed with zlib (link |
 // |                        |         | -lz). 0: a valid gzip stream made of stored (uncompressed)     |
 // |                        |         | blocks.                                                        |
@@ -62,12 +64,18 @@
 #define SELFPROF_HAS_LIBDW 0
 #endif
 
+#ifndef SELFPROF_LIBDW_DLOPEN
+#define SELFPROF_LIBDW_DLOPEN 0
+#endif
 #ifndef SELFPROF_HAS_ZLIB
 #define SELFPROF_HAS_ZLIB 0
 #endif
 
 #if SELFPROF_HAS_LIBDW != 0 && SELFPROF_HAS_LIBDW != 1
 #error "SELFPROF_HAS_LIBDW must be 0 or 1"
+#endif
+#if SELFPROF_LIBDW_DLOPEN != 0 && SELFPROF_LIBDW_DLOPEN != 1
+#error "SELFPROF_LIBDW_DLOPEN must be 0 or 1"
 #endif
 #if SELFPROF_HAS_ZLIB != 0 && SELFPROF_HAS_ZLIB != 1
 #error "SELFPROF_HAS_ZLIB must be 0 or 1"
@@ -3297,7 +3305,8 @@ class perf_map {
 // the symbolizer; each address's answer is cached. DWARF comes from the module file itself, else from
 // the separate debug file the module registry found (build-id or .gnu_debuglink), else from a search of
 // the same debug roots. No debuginfod and no other network access: only local files are read.
-// With SELFPROF_HAS_LIBDW=0 this header holds a stub whose lookups find nothing.
+// With SELFPROF_HAS_LIBDW=0 this header holds a stub whose lookups find nothing; with SELFPROF_LIBDW_DLOPEN=1
+// libdw is loaded at the first lookup, and lookups find nothing where it cannot be (libdw_api.hpp).
 
 #include <cstddef>
 #include <cstdint>
@@ -4749,6 +4758,85 @@ class module_registry {
 #include <unordered_map>
 #include <utility>
 
+// ---- begin selfprof/symbols/libdw_api.hpp ----
+// The libdw and libelf functions dwarf_lines.hpp calls, as one table of function pointers: linked directly
+// (the default), or, with SELFPROF_LIBDW_DLOPEN=1, loaded with dlopen("libdw.so.1") at the first DWARF
+// lookup. The preload library uses the second: every process it is loaded into would otherwise map and
+// relocate libdw, libelf and their compression libraries (about 0.9 ms of CPU per process here) to serve
+// only in-process symbolization, which most short processes never do.
+// Context: collector or dump thread (dlopen takes the loader lock; never the signal handler).
+
+
+#if SELFPROF_HAS_LIBDW
+#include <elfutils/libdw.h>
+#include <elfutils/libdwfl.h>
+#include <gelf.h>
+
+#if SELFPROF_LIBDW_DLOPEN
+#include <dlfcn.h>
+#endif
+
+namespace selfprof {
+namespace detail {
+
+// X(name) for each function used; the table's members carry the functions' own names and types.
+// clang-format off
+#define SELFPROF_LIBDW_FUNCTIONS(X) \
+  X(dwarf_attr) X(dwarf_attr_integrate) X(dwarf_child) X(dwarf_dieoffset) X(dwarf_diename) \
+  X(dwarf_filesrc) X(dwarf_formstring) X(dwarf_formudata) X(dwarf_getsrc_die) X(dwarf_getsrcfiles) \
+  X(dwarf_haschildren) X(dwarf_lineno) X(dwarf_linesrc) X(dwarf_ranges) X(dwarf_siblingof) \
+  X(dwarf_tag) X(dwfl_begin) X(dwfl_end) X(dwfl_module_addrdie) X(dwfl_module_getdwarf) \
+  X(dwfl_module_info) X(dwfl_report_begin) X(dwfl_report_end) X(dwfl_report_module) X(elf_begin) \
+  X(elf_end) X(elf_getphdrnum) X(elf_version) X(gelf_getphdr)
+// clang-format on
+
+struct libdw_api {
+#define SELFPROF_LIBDW_MEMBER(name) decltype(&::name) name = nullptr;
+  SELFPROF_LIBDW_FUNCTIONS(SELFPROF_LIBDW_MEMBER)
+#undef SELFPROF_LIBDW_MEMBER
+  bool ok = false;  // every member is set
+};
+
+#if SELFPROF_LIBDW_DLOPEN
+// Loaded once, on first use; `ok` is false (and DWARF lookups find nothing) when libdw.so.1 is missing or
+// lacks a function. The handle is never closed: the symbolizer may run again at any time.
+inline const libdw_api& libdw() {
+  static const libdw_api api = [] {
+    libdw_api a;
+    void* handle = ::dlopen("libdw.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) return a;
+    bool all = true;
+    // dlsym with a handle searches the library and its dependencies: libelf's functions are found too.
+#define SELFPROF_LIBDW_LOAD(name)                                       \
+  a.name = reinterpret_cast<decltype(&::name)>(::dlsym(handle, #name)); \
+  all = all && a.name != nullptr;
+    SELFPROF_LIBDW_FUNCTIONS(SELFPROF_LIBDW_LOAD)
+#undef SELFPROF_LIBDW_LOAD
+    a.ok = all;
+    return a;
+  }();
+  return api;
+}
+#else
+inline const libdw_api& libdw() {
+  static const libdw_api api = [] {
+    libdw_api a;
+#define SELFPROF_LIBDW_LINK(name) a.name = &::name;
+    SELFPROF_LIBDW_FUNCTIONS(SELFPROF_LIBDW_LINK)
+#undef SELFPROF_LIBDW_LINK
+    a.ok = true;
+    return a;
+  }();
+  return api;
+}
+#endif
+#undef SELFPROF_LIBDW_FUNCTIONS
+
+}  // namespace detail
+}  // namespace selfprof
+
+#endif  // SELFPROF_HAS_LIBDW
+// ---- end selfprof/symbols/libdw_api.hpp ----
 #endif
 
 namespace selfprof {
@@ -4817,19 +4905,19 @@ struct dwarf_cu_index {
     std::vector<interval> intervals;
     std::vector<pending> stack;
     Dwarf_Die first;
-    if (::dwarf_child(cu, &first) == 0) stack.push_back(pending{first, 1, -1});
+    if (libdw().dwarf_child(cu, &first) == 0) stack.push_back(pending{first, 1, -1});
     while (!stack.empty() && functions.size() < dwarf_max_cu_functions) {
       pending at = stack.back();
       stack.pop_back();
       Dwarf_Die next;
-      if (::dwarf_siblingof(&at.die, &next) == 0) stack.push_back(pending{next, at.depth, at.parent});
-      int tag = ::dwarf_tag(&at.die);
+      if (libdw().dwarf_siblingof(&at.die, &next) == 0) stack.push_back(pending{next, at.depth, at.parent});
+      int tag = libdw().dwarf_tag(&at.die);
       std::int32_t parent = at.parent;
       if (dwarf_is_function(tag)) {
         parent = static_cast<std::int32_t>(functions.size());
         functions.push_back(function{at.die, at.parent});
         Dwarf_Addr base = 0, low = 0, high = 0;
-        for (std::ptrdiff_t off = 0; (off = ::dwarf_ranges(&at.die, off, &base, &low, &high)) > 0;)
+        for (std::ptrdiff_t off = 0; (off = libdw().dwarf_ranges(&at.die, off, &base, &low, &high)) > 0;)
           if (high > low) intervals.push_back(interval{low, high, at.depth, parent});
       }
       // Code lives in functions, blocks, and functions nested in namespaces and classes; types,
@@ -4838,7 +4926,8 @@ struct dwarf_cu_index {
                            tag == DW_TAG_class_type || tag == DW_TAG_structure_type ||
                            tag == DW_TAG_union_type || tag == DW_TAG_module;
       Dwarf_Die child;
-      if (may_hold_code && ::dwarf_haschildren(&at.die) > 0 && ::dwarf_child(&at.die, &child) == 0)
+      if (may_hold_code && libdw().dwarf_haschildren(&at.die) > 0 &&
+          libdw().dwarf_child(&at.die, &child) == 0)
         stack.push_back(pending{child, at.depth + 1, parent});
     }
     // Sweep the range boundaries; the deepest interval active over each elementary piece owns it.
@@ -4884,7 +4973,7 @@ class dwarf_lines {
   // address minus the module's bias), or nullptr when no DWARF covers it. The pointer stays valid for
   // the lifetime of this object.
   const source_chain* lookup(const module& m, std::uint64_t vaddr) {
-    if (m.kind != module_kind::file || !m.symbols || !m.symbols->elf_ok) return nullptr;
+    if (m.kind != module_kind::file || !m.symbols || !m.symbols->elf_ok || !libdw().ok) return nullptr;
     dwarf_file* file = file_for(m);  // heap-allocated: Dwfl keeps pointers to its callbacks and userdata
     if (file == nullptr) return nullptr;
     auto cached = file->chains.find(vaddr);
@@ -4915,8 +5004,8 @@ class dwarf_lines {
     dwarf_file(const dwarf_file&) = delete;
     dwarf_file& operator=(const dwarf_file&) = delete;
     ~dwarf_file() {
-      if (dwfl != nullptr) ::dwfl_end(dwfl);
-      if (elf != nullptr) ::elf_end(elf);
+      if (dwfl != nullptr) libdw().dwfl_end(dwfl);
+      if (elf != nullptr) libdw().elf_end(elf);
       if (fd >= 0) sys().close(fd);
     }
   };
@@ -4950,25 +5039,25 @@ class dwarf_lines {
     // raises SIGBUS: the file with the DWARF is opened here with ELF_C_READ (pread) and given to Dwfl as
     // the module's ELF by find_elf, so nothing needs find_debuginfo.
     if (!from.empty()) file->fd = open_regular_file(from, from == path ? m.inode : 0);
-    if (file->fd >= 0 && ::elf_version(EV_CURRENT) != EV_NONE)  // elf_begin fails before elf_version
-      file->elf = ::elf_begin(file->fd, ELF_C_READ, nullptr);
+    if (file->fd >= 0 && libdw().elf_version(EV_CURRENT) != EV_NONE)  // elf_begin fails before elf_version
+      file->elf = libdw().elf_begin(file->fd, ELF_C_READ, nullptr);
     Dwarf_Addr low = 0, high = 0;
     if (!load_span(file->elf, low, high)) return file;
     file->callbacks.find_elf = &dwarf_lines::find_elf;
     file->callbacks.find_debuginfo = &dwarf_lines::no_debuginfo;
-    file->dwfl = ::dwfl_begin(&file->callbacks);
+    file->dwfl = libdw().dwfl_begin(&file->callbacks);
     if (file->dwfl == nullptr) return file;
-    ::dwfl_report_begin(file->dwfl);
+    libdw().dwfl_report_begin(file->dwfl);
     // Spanning the PT_LOAD segments from the first one's aligned address gives a zero bias: Dwfl
     // addresses are the file's own virtual addresses (ET_DYN and ET_EXEC).
-    file->mod = ::dwfl_report_module(file->dwfl, m.basename.c_str(), low, high);
-    ::dwfl_report_end(file->dwfl, nullptr, nullptr);
+    file->mod = libdw().dwfl_report_module(file->dwfl, m.basename.c_str(), low, high);
+    libdw().dwfl_report_end(file->dwfl, nullptr, nullptr);
     if (file->mod == nullptr) return file;
     void** userdata = nullptr;
-    ::dwfl_module_info(file->mod, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    libdw().dwfl_module_info(file->mod, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
     if (userdata != nullptr) *userdata = file.get();
     Dwarf_Addr bias = 0;
-    file->has_dwarf = ::dwfl_module_getdwarf(file->mod, &bias) != nullptr;
+    file->has_dwarf = libdw().dwfl_module_getdwarf(file->mod, &bias) != nullptr;
     if (file->has_dwarf) ++files_with_dwarf_;
     return file;
   }
@@ -4977,10 +5066,10 @@ class dwarf_lines {
   // it; false when there are none.
   static bool load_span(Elf* elf, Dwarf_Addr& low, Dwarf_Addr& high) {
     std::size_t count = 0;
-    if (elf == nullptr || ::elf_getphdrnum(elf, &count) != 0) return false;
+    if (elf == nullptr || libdw().elf_getphdrnum(elf, &count) != 0) return false;
     for (std::size_t i = 0; i < count; ++i) {
       GElf_Phdr ph;
-      if (::gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr || ph.p_type != PT_LOAD) continue;
+      if (libdw().gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr || ph.p_type != PT_LOAD) continue;
       if (high == 0) low = ph.p_vaddr & ~(ph.p_align - 1);
       high = std::max<Dwarf_Addr>(high, ph.p_vaddr + ph.p_memsz);
     }
@@ -5003,26 +5092,27 @@ class dwarf_lines {
   // Fills `chain` (outermost first) for `vaddr`; leaves it empty when no DWARF covers the address.
   static void query(dwarf_file& file, std::uint64_t vaddr, source_chain& chain) {
     Dwarf_Addr bias = 0;
-    Dwarf_Die* cu = ::dwfl_module_addrdie(file.mod, vaddr, &bias);
+    Dwarf_Die* cu = libdw().dwfl_module_addrdie(file.mod, vaddr, &bias);
     if (cu == nullptr) return;
     const Dwarf_Addr pc = vaddr - bias;
     Dwarf_Attribute comp_attr;
-    const char* comp_dir = ::dwarf_formstring(::dwarf_attr(cu, DW_AT_comp_dir, &comp_attr));
+    const char* comp_dir = libdw().dwarf_formstring(libdw().dwarf_attr(cu, DW_AT_comp_dir, &comp_attr));
 
     // The innermost location: the line table row of the address.
     source_frame innermost;
-    if (Dwarf_Line* row = ::dwarf_getsrc_die(cu, pc)) {
-      if (const char* name = ::dwarf_linesrc(row, nullptr, nullptr))
+    if (Dwarf_Line* row = libdw().dwarf_getsrc_die(cu, pc)) {
+      if (const char* name = libdw().dwarf_linesrc(row, nullptr, nullptr))
         innermost.file = source_path(name, comp_dir);
       int line = 0;
-      if (::dwarf_lineno(row, &line) == 0 && line > 0) innermost.line = static_cast<std::uint32_t>(line);
+      if (libdw().dwarf_lineno(row, &line) == 0 && line > 0)
+        innermost.line = static_cast<std::uint32_t>(line);
     }
 
     // The deepest function holding pc, then its parents in the DIE tree, as addr2line -i walks them
     // (a nested inlined call can hold pc where its parent's ranges do not, seen with GCC -O2).
-    auto unit = file.units.find(::dwarf_dieoffset(cu));
+    auto unit = file.units.find(libdw().dwarf_dieoffset(cu));
     if (unit == file.units.end()) {
-      unit = file.units.emplace(::dwarf_dieoffset(cu), dwarf_cu_index()).first;
+      unit = file.units.emplace(libdw().dwarf_dieoffset(cu), dwarf_cu_index()).first;
       unit->second.build(cu);
     }
     const dwarf_cu_index& index = unit->second;
@@ -5036,7 +5126,7 @@ class dwarf_lines {
       Dwarf_Die die = index.functions[static_cast<std::size_t>(at)].die;
       at = index.functions[static_cast<std::size_t>(at)].parent;
       Dwarf_Die* scope = &die;
-      int tag = ::dwarf_tag(scope);
+      int tag = libdw().dwarf_tag(scope);
       current.function = function_name(scope);
       current.inlined = tag == DW_TAG_inlined_subroutine;
       if (!current.inlined) {
@@ -5047,16 +5137,18 @@ class dwarf_lines {
       source_frame caller;
       Dwarf_Attribute attr;
       Dwarf_Word value = 0;
-      if (::dwarf_formudata(::dwarf_attr(scope, DW_AT_call_file, &attr), &value) == 0) {
+      if (libdw().dwarf_formudata(libdw().dwarf_attr(scope, DW_AT_call_file, &attr), &value) == 0) {
         if (!files_tried) {
           files_tried = true;
-          have_files = ::dwarf_getsrcfiles(cu, &files, &nfiles) == 0;
+          have_files = libdw().dwarf_getsrcfiles(cu, &files, &nfiles) == 0;
         }
         if (have_files && value < nfiles)
-          if (const char* name = ::dwarf_filesrc(files, static_cast<std::size_t>(value), nullptr, nullptr))
+          if (const char* name =
+                  libdw().dwarf_filesrc(files, static_cast<std::size_t>(value), nullptr, nullptr))
             caller.file = source_path(name, comp_dir);
       }
-      if (::dwarf_formudata(::dwarf_attr(scope, DW_AT_call_line, &attr), &value) == 0 && value <= UINT32_MAX)
+      if (libdw().dwarf_formudata(libdw().dwarf_attr(scope, DW_AT_call_line, &attr), &value) == 0 &&
+          value <= UINT32_MAX)
         caller.line = static_cast<std::uint32_t>(value);
       inner_first.push_back(std::move(current));
       current = std::move(caller);
@@ -5083,11 +5175,12 @@ class dwarf_lines {
   // Demangled linkage name (following abstract origin and specification), else the plain DWARF name.
   static std::string function_name(Dwarf_Die* die) {
     Dwarf_Attribute attr;
-    const char* linkage = ::dwarf_formstring(::dwarf_attr_integrate(die, DW_AT_linkage_name, &attr));
+    const char* linkage =
+        libdw().dwarf_formstring(libdw().dwarf_attr_integrate(die, DW_AT_linkage_name, &attr));
     if (linkage == nullptr)
-      linkage = ::dwarf_formstring(::dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr));
+      linkage = libdw().dwarf_formstring(libdw().dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr));
     if (linkage != nullptr) return demangle(linkage);
-    const char* name = ::dwarf_diename(die);
+    const char* name = libdw().dwarf_diename(die);
     return name != nullptr ? std::string(name) : std::string();
   }
 

@@ -16,6 +16,8 @@
 // | ---------------------- | ------- | -------------------------------------------------------------- |
 // | SELFPROF_HAS_LIBDW     | 0       | 1: the symbolizer uses elfutils libdw for file:line and inline |
 // |                        |         | frames (link -ldw). 0: ELF symbol tables only.                 |
+// | SELFPROF_LIBDW_DLOPEN  | 0       | with SELFPROF_HAS_LIBDW=1: 1 loads libdw.so.1 with dlopen at   |
+// |                        |         | the first DWARF lookup (no -ldw; the preload library uses it). |
 // | SELFPROF_HAS_ZLIB      | 0       | 1: .pb.gz (pprof) output is deflate-compressed with zlib (link |
 // |                        |         | -lz). 0: a valid gzip stream made of stored (uncompressed)     |
 // |                        |         | blocks.                                                        |
@@ -51,12 +53,18 @@
 #define SELFPROF_HAS_LIBDW 0
 #endif
 
+#ifndef SELFPROF_LIBDW_DLOPEN
+#define SELFPROF_LIBDW_DLOPEN 0
+#endif
 #ifndef SELFPROF_HAS_ZLIB
 #define SELFPROF_HAS_ZLIB 0
 #endif
 
 #if SELFPROF_HAS_LIBDW != 0 && SELFPROF_HAS_LIBDW != 1
 #error "SELFPROF_HAS_LIBDW must be 0 or 1"
+#endif
+#if SELFPROF_LIBDW_DLOPEN != 0 && SELFPROF_LIBDW_DLOPEN != 1
+#error "SELFPROF_LIBDW_DLOPEN must be 0 or 1"
 #endif
 #if SELFPROF_HAS_ZLIB != 0 && SELFPROF_HAS_ZLIB != 1
 #error "SELFPROF_HAS_ZLIB must be 0 or 1"

@@ -185,6 +185,47 @@ else
   bad "cannot compile term_daemon.c"
 fi
 
+# What the library costs every process it is loaded into (issue 20): it needs neither libstdc++.so (linked
+# in, kept local) nor libdw (loaded by dlopen at the first DWARF lookup), and exports only the functions
+# it interposes. Inline frames still come from libdw where the library was built to load it (its image
+# names libdw.so.1), in a program built to inline its hot loop.
+lib=${SELFPROF_PRELOAD:-$(dirname "$bin")/libselfprof-preload.so}
+[ -f "$lib" ] || lib=$(dirname "$bin")/../lib/selfprof/libselfprof-preload.so
+if command -v readelf > /dev/null && command -v nm > /dev/null && [ -f "$lib" ]; then
+  needed=$(readelf -d "$lib" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p' | tr '\n' ' ')
+  case " $needed" in
+    *" libstdc++"* | *" libdw"* | *" libelf"*) bad "preload needs: $needed" ;;
+    *) ok "preload needs only: $needed" ;;
+  esac
+  extra=$(nm -D --defined-only "$lib" | awk '{print $NF}' |
+    grep -vxE 'pthread_create|_exit|_Exit|exec(ve|v|vp|vpe|l|lp|le|veat)|fexecve|posix_spawnp?|sigaction|signal|bsd_signal|GLIBC_.*|SELFPROF.*')
+  [ -z "$extra" ] && ok "preload exports only what it interposes" || bad "preload also exports: $(echo $extra | head -c 300)"
+else
+  echo "skip preload link checks (no readelf/nm)"
+fi
+if [ -f "$lib" ] && grep -q "libdw\.so\.1" "$lib"; then
+  cat > inl.c << 'SRC'
+#include <stdio.h>
+static inline __attribute__((always_inline)) double inlined_hot(double x) {
+  for (int i = 0; i < 2000; i++) x = x * 1.0000001 + 0.5;
+  return x;
+}
+__attribute__((noinline)) double outer_fn(double x) { return inlined_hot(x); }
+int main(void) {
+  double s = 0;
+  for (long i = 0; i < 200000; i++) s += outer_fn((double)i);
+  printf("%d\n", s > 0);
+  return 0;
+}
+SRC
+  "$cc" -O2 -g -fno-omit-frame-pointer -o inl inl.c
+  "$bin" record -q -o inl.folded -- ./inl > /dev/null
+  grep -q "outer_fn;inlined_hot_\[i\]" inl.folded 2> /dev/null && ok "inline frames from libdw loaded by dlopen" ||
+    bad "no inline frame: $(head -3 inl.folded 2> /dev/null)"
+else
+  echo "skip inline frames (the library was built without libdw)"
+fi
+
 # Errors: missing command (127, like a shell), missing library, bad option.
 "$bin" record -q -- ./does-not-exist 2> err; rc=$?
 [ $rc -eq 127 ] && grep -q "does-not-exist" err && ok "missing command: 127 and named" || bad "missing command: rc $rc"

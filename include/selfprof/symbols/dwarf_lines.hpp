@@ -6,7 +6,8 @@
 // the symbolizer; each address's answer is cached. DWARF comes from the module file itself, else from
 // the separate debug file the module registry found (build-id or .gnu_debuglink), else from a search of
 // the same debug roots. No debuginfod and no other network access: only local files are read.
-// With SELFPROF_HAS_LIBDW=0 this header holds a stub whose lookups find nothing.
+// With SELFPROF_HAS_LIBDW=0 this header holds a stub whose lookups find nothing; with SELFPROF_LIBDW_DLOPEN=1
+// libdw is loaded at the first lookup, and lookups find nothing where it cannot be (libdw_api.hpp).
 #pragma once
 
 #include <cstddef>
@@ -35,6 +36,7 @@
 #include "selfprof/symbols/debug_file.hpp"
 #include "selfprof/symbols/demangle.hpp"
 #include "selfprof/symbols/elf.hpp"
+#include "selfprof/symbols/libdw_api.hpp"
 #include "selfprof/symbols/mapped_file.hpp"
 #endif
 
@@ -104,19 +106,19 @@ struct dwarf_cu_index {
     std::vector<interval> intervals;
     std::vector<pending> stack;
     Dwarf_Die first;
-    if (::dwarf_child(cu, &first) == 0) stack.push_back(pending{first, 1, -1});
+    if (libdw().dwarf_child(cu, &first) == 0) stack.push_back(pending{first, 1, -1});
     while (!stack.empty() && functions.size() < dwarf_max_cu_functions) {
       pending at = stack.back();
       stack.pop_back();
       Dwarf_Die next;
-      if (::dwarf_siblingof(&at.die, &next) == 0) stack.push_back(pending{next, at.depth, at.parent});
-      int tag = ::dwarf_tag(&at.die);
+      if (libdw().dwarf_siblingof(&at.die, &next) == 0) stack.push_back(pending{next, at.depth, at.parent});
+      int tag = libdw().dwarf_tag(&at.die);
       std::int32_t parent = at.parent;
       if (dwarf_is_function(tag)) {
         parent = static_cast<std::int32_t>(functions.size());
         functions.push_back(function{at.die, at.parent});
         Dwarf_Addr base = 0, low = 0, high = 0;
-        for (std::ptrdiff_t off = 0; (off = ::dwarf_ranges(&at.die, off, &base, &low, &high)) > 0;)
+        for (std::ptrdiff_t off = 0; (off = libdw().dwarf_ranges(&at.die, off, &base, &low, &high)) > 0;)
           if (high > low) intervals.push_back(interval{low, high, at.depth, parent});
       }
       // Code lives in functions, blocks, and functions nested in namespaces and classes; types,
@@ -125,7 +127,8 @@ struct dwarf_cu_index {
                            tag == DW_TAG_class_type || tag == DW_TAG_structure_type ||
                            tag == DW_TAG_union_type || tag == DW_TAG_module;
       Dwarf_Die child;
-      if (may_hold_code && ::dwarf_haschildren(&at.die) > 0 && ::dwarf_child(&at.die, &child) == 0)
+      if (may_hold_code && libdw().dwarf_haschildren(&at.die) > 0 &&
+          libdw().dwarf_child(&at.die, &child) == 0)
         stack.push_back(pending{child, at.depth + 1, parent});
     }
     // Sweep the range boundaries; the deepest interval active over each elementary piece owns it.
@@ -171,7 +174,7 @@ class dwarf_lines {
   // address minus the module's bias), or nullptr when no DWARF covers it. The pointer stays valid for
   // the lifetime of this object.
   const source_chain* lookup(const module& m, std::uint64_t vaddr) {
-    if (m.kind != module_kind::file || !m.symbols || !m.symbols->elf_ok) return nullptr;
+    if (m.kind != module_kind::file || !m.symbols || !m.symbols->elf_ok || !libdw().ok) return nullptr;
     dwarf_file* file = file_for(m);  // heap-allocated: Dwfl keeps pointers to its callbacks and userdata
     if (file == nullptr) return nullptr;
     auto cached = file->chains.find(vaddr);
@@ -202,8 +205,8 @@ class dwarf_lines {
     dwarf_file(const dwarf_file&) = delete;
     dwarf_file& operator=(const dwarf_file&) = delete;
     ~dwarf_file() {
-      if (dwfl != nullptr) ::dwfl_end(dwfl);
-      if (elf != nullptr) ::elf_end(elf);
+      if (dwfl != nullptr) libdw().dwfl_end(dwfl);
+      if (elf != nullptr) libdw().elf_end(elf);
       if (fd >= 0) sys().close(fd);
     }
   };
@@ -237,25 +240,25 @@ class dwarf_lines {
     // raises SIGBUS: the file with the DWARF is opened here with ELF_C_READ (pread) and given to Dwfl as
     // the module's ELF by find_elf, so nothing needs find_debuginfo.
     if (!from.empty()) file->fd = open_regular_file(from, from == path ? m.inode : 0);
-    if (file->fd >= 0 && ::elf_version(EV_CURRENT) != EV_NONE)  // elf_begin fails before elf_version
-      file->elf = ::elf_begin(file->fd, ELF_C_READ, nullptr);
+    if (file->fd >= 0 && libdw().elf_version(EV_CURRENT) != EV_NONE)  // elf_begin fails before elf_version
+      file->elf = libdw().elf_begin(file->fd, ELF_C_READ, nullptr);
     Dwarf_Addr low = 0, high = 0;
     if (!load_span(file->elf, low, high)) return file;
     file->callbacks.find_elf = &dwarf_lines::find_elf;
     file->callbacks.find_debuginfo = &dwarf_lines::no_debuginfo;
-    file->dwfl = ::dwfl_begin(&file->callbacks);
+    file->dwfl = libdw().dwfl_begin(&file->callbacks);
     if (file->dwfl == nullptr) return file;
-    ::dwfl_report_begin(file->dwfl);
+    libdw().dwfl_report_begin(file->dwfl);
     // Spanning the PT_LOAD segments from the first one's aligned address gives a zero bias: Dwfl
     // addresses are the file's own virtual addresses (ET_DYN and ET_EXEC).
-    file->mod = ::dwfl_report_module(file->dwfl, m.basename.c_str(), low, high);
-    ::dwfl_report_end(file->dwfl, nullptr, nullptr);
+    file->mod = libdw().dwfl_report_module(file->dwfl, m.basename.c_str(), low, high);
+    libdw().dwfl_report_end(file->dwfl, nullptr, nullptr);
     if (file->mod == nullptr) return file;
     void** userdata = nullptr;
-    ::dwfl_module_info(file->mod, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    libdw().dwfl_module_info(file->mod, &userdata, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
     if (userdata != nullptr) *userdata = file.get();
     Dwarf_Addr bias = 0;
-    file->has_dwarf = ::dwfl_module_getdwarf(file->mod, &bias) != nullptr;
+    file->has_dwarf = libdw().dwfl_module_getdwarf(file->mod, &bias) != nullptr;
     if (file->has_dwarf) ++files_with_dwarf_;
     return file;
   }
@@ -264,10 +267,10 @@ class dwarf_lines {
   // it; false when there are none.
   static bool load_span(Elf* elf, Dwarf_Addr& low, Dwarf_Addr& high) {
     std::size_t count = 0;
-    if (elf == nullptr || ::elf_getphdrnum(elf, &count) != 0) return false;
+    if (elf == nullptr || libdw().elf_getphdrnum(elf, &count) != 0) return false;
     for (std::size_t i = 0; i < count; ++i) {
       GElf_Phdr ph;
-      if (::gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr || ph.p_type != PT_LOAD) continue;
+      if (libdw().gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr || ph.p_type != PT_LOAD) continue;
       if (high == 0) low = ph.p_vaddr & ~(ph.p_align - 1);
       high = std::max<Dwarf_Addr>(high, ph.p_vaddr + ph.p_memsz);
     }
@@ -290,26 +293,27 @@ class dwarf_lines {
   // Fills `chain` (outermost first) for `vaddr`; leaves it empty when no DWARF covers the address.
   static void query(dwarf_file& file, std::uint64_t vaddr, source_chain& chain) {
     Dwarf_Addr bias = 0;
-    Dwarf_Die* cu = ::dwfl_module_addrdie(file.mod, vaddr, &bias);
+    Dwarf_Die* cu = libdw().dwfl_module_addrdie(file.mod, vaddr, &bias);
     if (cu == nullptr) return;
     const Dwarf_Addr pc = vaddr - bias;
     Dwarf_Attribute comp_attr;
-    const char* comp_dir = ::dwarf_formstring(::dwarf_attr(cu, DW_AT_comp_dir, &comp_attr));
+    const char* comp_dir = libdw().dwarf_formstring(libdw().dwarf_attr(cu, DW_AT_comp_dir, &comp_attr));
 
     // The innermost location: the line table row of the address.
     source_frame innermost;
-    if (Dwarf_Line* row = ::dwarf_getsrc_die(cu, pc)) {
-      if (const char* name = ::dwarf_linesrc(row, nullptr, nullptr))
+    if (Dwarf_Line* row = libdw().dwarf_getsrc_die(cu, pc)) {
+      if (const char* name = libdw().dwarf_linesrc(row, nullptr, nullptr))
         innermost.file = source_path(name, comp_dir);
       int line = 0;
-      if (::dwarf_lineno(row, &line) == 0 && line > 0) innermost.line = static_cast<std::uint32_t>(line);
+      if (libdw().dwarf_lineno(row, &line) == 0 && line > 0)
+        innermost.line = static_cast<std::uint32_t>(line);
     }
 
     // The deepest function holding pc, then its parents in the DIE tree, as addr2line -i walks them
     // (a nested inlined call can hold pc where its parent's ranges do not, seen with GCC -O2).
-    auto unit = file.units.find(::dwarf_dieoffset(cu));
+    auto unit = file.units.find(libdw().dwarf_dieoffset(cu));
     if (unit == file.units.end()) {
-      unit = file.units.emplace(::dwarf_dieoffset(cu), dwarf_cu_index()).first;
+      unit = file.units.emplace(libdw().dwarf_dieoffset(cu), dwarf_cu_index()).first;
       unit->second.build(cu);
     }
     const dwarf_cu_index& index = unit->second;
@@ -323,7 +327,7 @@ class dwarf_lines {
       Dwarf_Die die = index.functions[static_cast<std::size_t>(at)].die;
       at = index.functions[static_cast<std::size_t>(at)].parent;
       Dwarf_Die* scope = &die;
-      int tag = ::dwarf_tag(scope);
+      int tag = libdw().dwarf_tag(scope);
       current.function = function_name(scope);
       current.inlined = tag == DW_TAG_inlined_subroutine;
       if (!current.inlined) {
@@ -334,16 +338,18 @@ class dwarf_lines {
       source_frame caller;
       Dwarf_Attribute attr;
       Dwarf_Word value = 0;
-      if (::dwarf_formudata(::dwarf_attr(scope, DW_AT_call_file, &attr), &value) == 0) {
+      if (libdw().dwarf_formudata(libdw().dwarf_attr(scope, DW_AT_call_file, &attr), &value) == 0) {
         if (!files_tried) {
           files_tried = true;
-          have_files = ::dwarf_getsrcfiles(cu, &files, &nfiles) == 0;
+          have_files = libdw().dwarf_getsrcfiles(cu, &files, &nfiles) == 0;
         }
         if (have_files && value < nfiles)
-          if (const char* name = ::dwarf_filesrc(files, static_cast<std::size_t>(value), nullptr, nullptr))
+          if (const char* name =
+                  libdw().dwarf_filesrc(files, static_cast<std::size_t>(value), nullptr, nullptr))
             caller.file = source_path(name, comp_dir);
       }
-      if (::dwarf_formudata(::dwarf_attr(scope, DW_AT_call_line, &attr), &value) == 0 && value <= UINT32_MAX)
+      if (libdw().dwarf_formudata(libdw().dwarf_attr(scope, DW_AT_call_line, &attr), &value) == 0 &&
+          value <= UINT32_MAX)
         caller.line = static_cast<std::uint32_t>(value);
       inner_first.push_back(std::move(current));
       current = std::move(caller);
@@ -370,11 +376,12 @@ class dwarf_lines {
   // Demangled linkage name (following abstract origin and specification), else the plain DWARF name.
   static std::string function_name(Dwarf_Die* die) {
     Dwarf_Attribute attr;
-    const char* linkage = ::dwarf_formstring(::dwarf_attr_integrate(die, DW_AT_linkage_name, &attr));
+    const char* linkage =
+        libdw().dwarf_formstring(libdw().dwarf_attr_integrate(die, DW_AT_linkage_name, &attr));
     if (linkage == nullptr)
-      linkage = ::dwarf_formstring(::dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr));
+      linkage = libdw().dwarf_formstring(libdw().dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr));
     if (linkage != nullptr) return demangle(linkage);
-    const char* name = ::dwarf_diename(die);
+    const char* name = libdw().dwarf_diename(die);
     return name != nullptr ? std::string(name) : std::string();
   }
 
