@@ -2952,6 +2952,268 @@ SELFPROF_API status dump_diff(const profile& before, const profile& after, const
 #include <utility>
 #include <vector>
 
+// ---- begin selfprof/detail/stack_table.hpp ----
+// The stack table: raw stacks (addresses, thread, flags) folded into counts. Memory grows with unique
+// stacks, not with samples, and never past a limit when one is set (set_limit): a new distinct stack that
+// would pass it is counted under one "[selfprof: memory ceiling]" stack instead (add_bounded), so the
+// table's total stays right. Threads that ended can be folded into one entry per stack (merge_threads).
+// Context: any thread except the signal handler (the collector folds into it under the sample store's lock).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace selfprof {
+namespace detail {
+
+// The one frame of the stacks merged at the memory ceiling: 0xfc in the top byte is never a canonical
+// user or kernel address, nor a JIT (0xfe) or perf map (0xfd) tag. Named when a profile is symbolized.
+constexpr std::uint64_t kMemoryCeilingPc = std::uint64_t{0xfc} << 56;
+// Kernel code addresses (the ring source's kernel call chains) have 0xff in the top byte on x86-64 (from
+// 0xffff800000000000) and AArch64: above every tag, and above user code. x86-64's [vsyscall] page sits
+// there too but is a user mapping, named like one.
+inline bool is_kernel_address(std::uint64_t a) {
+  return (a >> 56) == 0xff && (a & ~std::uint64_t{0xfff}) != 0xffffffffff600000ull;
+}
+// The thread the stacks of ended threads are merged into (see merge_threads), and the ceiling stacks'.
+constexpr std::uint32_t kMergedThreadsTid = 0;
+
+class stack_table {
+ public:
+  struct entry {
+    std::uint64_t hash;
+    std::uint64_t count;
+    std::uint32_t offset;  // into pcs_
+    std::uint32_t tid;
+    std::uint16_t depth;
+    std::uint16_t flags;
+  };
+
+  // The most bytes the table may hold (entries, addresses, index); 0: no limit. Applies to new stacks.
+  void set_limit(std::size_t bytes) { limit_ = bytes; }
+  std::size_t limit() const { return limit_; }
+
+  // Counts `weight` for the stack. False (and nothing counted) when it is new and there is no room.
+  bool add(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth,
+           std::uint64_t weight) {
+    return add_hashed(hash(tid, flags, pcs, depth), tid, flags, pcs, depth, weight, false);
+  }
+
+  // add(), and a stack with no room is counted under the memory-ceiling stack of its kind (on-CPU,
+  // off-CPU, running) in thread kMergedThreadsTid, so the total stays right.
+  void add_bounded(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth,
+                   std::uint64_t weight) {
+    if (add(tid, flags, pcs, depth, weight)) return;
+    ++merged_records_;
+    merged_weight_ += weight;
+    const std::uint64_t ceiling = kMemoryCeilingPc;
+    const auto kind = static_cast<std::uint16_t>(flags & kCeilingKeptFlags);
+    add_hashed(hash(kMergedThreadsTid, kind, &ceiling, 1), kMergedThreadsTid, kind, &ceiling, 1, weight,
+               true);
+  }
+
+  void merge(const stack_table& other) {
+    for (const entry& e : other.entries_) add(e.tid, e.flags, other.pcs(e), e.depth, e.count);
+  }
+
+  // Moves every stack of a thread for which `ended(tid)` is true to thread kMergedThreadsTid, merging
+  // those that become equal, in place (no second table). Returns how many entries that freed.
+  template <typename Pred>
+  std::size_t merge_threads(Pred ended) {
+    if (entries_.empty()) return 0;
+    std::fill(index_.begin(), index_.end(), 0u);
+    const std::size_t mask = index_.size() - 1;
+    std::size_t kept = 0, pcs_end = 0;
+    for (std::size_t r = 0; r < entries_.size(); ++r) {
+      entry e = entries_[r];
+      if (e.tid != kMergedThreadsTid && ended(e.tid)) {
+        e.tid = kMergedThreadsTid;
+        e.hash = hash(e.tid, e.flags, &pcs_[e.offset], e.depth);
+      }
+      std::size_t i = e.hash & mask;
+      bool merged = false;
+      for (; index_[i] != 0; i = (i + 1) & mask) {
+        entry& k = entries_[index_[i] - 1];
+        if (same(k, e.hash, e.tid, e.flags, &pcs_[e.offset], e.depth)) {
+          k.count += e.count;
+          merged = true;
+          break;
+        }
+      }
+      if (merged) continue;
+      // Kept entries only move towards the front, so this never overwrites addresses not read yet.
+      std::memmove(&pcs_[pcs_end], &pcs_[e.offset], e.depth * sizeof(std::uint64_t));
+      e.offset = static_cast<std::uint32_t>(pcs_end);
+      pcs_end += e.depth;
+      entries_[kept++] = e;
+      index_[i] = static_cast<std::uint32_t>(kept);
+    }
+    const std::size_t freed = entries_.size() - kept;
+    entries_.resize(kept);
+    pcs_.resize(pcs_end);
+    return freed;
+  }
+
+  // The count of a stack (0 when the table does not hold it).
+  std::uint64_t count_of(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
+                         std::size_t depth) const {
+    if (index_.empty()) return 0;
+    const std::uint64_t h = hash(tid, flags, pcs, depth);
+    const std::size_t mask = index_.size() - 1;
+    for (std::size_t i = h & mask; index_[i] != 0; i = (i + 1) & mask) {
+      const entry& e = entries_[index_[i] - 1];
+      if (same(e, h, tid, flags, pcs, depth)) return e.count;
+    }
+    return 0;
+  }
+
+  // What `later` counted past `earlier` (a table of the same session taken before it), stack by stack:
+  // the samples of the time between the two. A stack whose count did not grow is left out. Unbounded:
+  // it is never larger than `later`.
+  static stack_table difference(const stack_table& later, const stack_table& earlier) {
+    stack_table d;
+    for (const entry& e : later.entries_) {
+      const std::uint64_t before = earlier.count_of(e.tid, e.flags, later.pcs(e), e.depth);
+      if (e.count > before) d.add(e.tid, e.flags, later.pcs(e), e.depth, e.count - before);
+    }
+    return d;
+  }
+
+  const std::vector<entry>& entries() const { return entries_; }
+  const std::uint64_t* pcs(const entry& e) const { return pcs_.data() + e.offset; }
+  std::size_t unique() const { return entries_.size(); }
+  std::uint64_t total() const { return total_; }
+  std::size_t memory_bytes() const {
+    return entries_.capacity() * sizeof(entry) + pcs_.capacity() * 8 + index_.capacity() * 4;
+  }
+  // New stacks counted under the memory-ceiling stack: add() calls that found no room, and their weight.
+  std::uint64_t merged_records() const { return merged_records_; }
+  std::uint64_t merged_weight() const { return merged_weight_; }
+  void clear() {
+    entries_.clear();
+    pcs_.clear();
+    index_.assign(index_.size(), 0);
+    total_ = 0;
+    merged_records_ = 0;
+    merged_weight_ = 0;
+  }
+
+ private:
+  static constexpr std::uint16_t kCeilingKeptFlags = 0x2 | 0x8;  // sample_offcpu | sample_running
+  static constexpr std::size_t kFirstIndexSlots = 1024;
+
+  static std::uint64_t hash(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
+                            std::size_t depth) {
+    std::uint64_t h =
+        0x9E3779B97F4A7C15ull ^ (std::uint64_t(tid) << 16) ^ flags ^ (std::uint64_t(depth) << 48);
+    for (std::size_t i = 0; i < depth; ++i) {
+      h ^= pcs[i] + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+      h *= 0xff51afd7ed558ccdull;
+    }
+    return h ^ (h >> 33);
+  }
+
+  bool same(const entry& e, std::uint64_t h, std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
+            std::size_t depth) const {
+    return e.hash == h && e.tid == tid && e.flags == flags && e.depth == depth &&
+           std::memcmp(&pcs_[e.offset], pcs, depth * sizeof(std::uint64_t)) == 0;
+  }
+
+  // `always`: the few memory-ceiling stacks, added past the limit in the smallest steps.
+  bool add_hashed(std::uint64_t h, std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
+                  std::size_t depth, std::uint64_t weight, bool always) {
+    if (!index_.empty()) {
+      const std::size_t mask = index_.size() - 1;
+      for (std::size_t i = h & mask; index_[i] != 0; i = (i + 1) & mask) {
+        entry& e = entries_[index_[i] - 1];
+        if (same(e, h, tid, flags, pcs, depth)) {
+          e.count += weight;
+          total_ += weight;
+          return true;
+        }
+      }
+    }
+    if (!make_room(depth, always)) return false;
+    const std::size_t mask = index_.size() - 1;
+    std::size_t i = h & mask;
+    while (index_[i] != 0) i = (i + 1) & mask;
+    entries_.push_back(entry{h, weight, static_cast<std::uint32_t>(pcs_.size()), tid,
+                             static_cast<std::uint16_t>(depth), flags});
+    pcs_.insert(pcs_.end(), pcs, pcs + depth);
+    index_[i] = static_cast<std::uint32_t>(entries_.size());
+    total_ += weight;
+    return true;
+  }
+
+  // Capacity for one more entry of `depth` addresses, within the limit unless `always`. Near the limit
+  // the vectors grow into what is left in one step, so adding never turns into copying on every stack.
+  bool make_room(std::size_t depth, bool always) {
+    const std::size_t n = entries_.size() + 1, p_need = pcs_.size() + depth;
+    std::size_t slots = !index_.empty() ? index_.size() : always && limit_ ? 8 : kFirstIndexSlots;
+    while (n * 10 > slots * 7) slots *= 2;
+    // The ceiling stacks take a free slot past the load limit rather than double the index.
+    if (always && !index_.empty() && n < index_.size()) slots = index_.size();
+    if (limit_ == 0) {
+      if (slots != index_.size()) rehash(slots);
+      return true;
+    }
+    if (always) {
+      reserve(std::max(entries_.capacity(), n + 2), std::max(pcs_.capacity(), p_need + 2), slots);
+      return true;
+    }
+    if (slots * 4 > limit_) return false;
+    const std::size_t budget = limit_ - slots * 4;
+    const std::size_t e_min = std::max(entries_.capacity(), n), p_min = std::max(pcs_.capacity(), p_need);
+    if (e_min * sizeof(entry) + p_min * 8 > budget) return false;
+    std::size_t e_cap = e_min, p_cap = p_min;
+    if (n > entries_.capacity()) {
+      const std::size_t spare = (budget - e_min * sizeof(entry) - p_min * 8) / 2 / sizeof(entry);
+      e_cap = std::min(grown(entries_.capacity(), n, sizeof(entry)), e_min + spare);
+    }
+    if (p_need > pcs_.capacity()) {
+      const std::size_t spare = (budget - e_cap * sizeof(entry) - p_min * 8) / 8;
+      p_cap = std::min(grown(pcs_.capacity(), p_need, 8), p_min + spare);
+    }
+    reserve(e_cap, p_cap, slots);
+    return true;
+  }
+
+  // Capacity after growing from `cap` to hold `need`: by half again, at least a page's worth.
+  static std::size_t grown(std::size_t cap, std::size_t need, std::size_t elem) {
+    return std::max(need, std::max(cap + cap / 2, 4096 / elem));
+  }
+
+  void reserve(std::size_t entries_cap, std::size_t pcs_cap, std::size_t slots) {
+    entries_.reserve(entries_cap);
+    pcs_.reserve(pcs_cap);
+    if (slots != index_.size()) rehash(slots);
+  }
+
+  void rehash(std::size_t n) {
+    std::vector<std::uint32_t>(n, 0).swap(index_);
+    for (std::size_t k = 0; k < entries_.size(); ++k) {
+      for (std::size_t i = entries_[k].hash & (n - 1);; i = (i + 1) & (n - 1)) {
+        if (index_[i] == 0) {
+          index_[i] = static_cast<std::uint32_t>(k + 1);
+          break;
+        }
+      }
+    }
+  }
+
+  std::vector<entry> entries_;
+  std::vector<std::uint64_t> pcs_;
+  std::vector<std::uint32_t> index_;
+  std::uint64_t total_ = 0;
+  std::size_t limit_ = 0;
+  std::uint64_t merged_records_ = 0, merged_weight_ = 0;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/detail/stack_table.hpp ----
 // ---- begin selfprof/symbols/perf_map.hpp ----
 // Reader of perf's JIT symbol map, /tmp/perf-<pid>.map ("START SIZE name" lines, hex without 0x),
 // read as it grows, never created here. A JIT writes a line after placing code and may later place other
@@ -5210,6 +5472,283 @@ class dwarf_lines {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/symbols/dwarf_lines.hpp ----
+// ---- begin selfprof/symbols/kernel_symbols.hpp ----
+// Names of kernel code addresses from /proc/kallsyms, for the kernel call chains the ring source records
+// where kernel sampling is permitted (root, CAP_PERFMON, perf_event_paranoid <= 1). Read once, on the
+// first kernel address looked up: a profile without kernel frames never reads the file (about 120,000
+// lines, a few MB). Where the kernel hides its addresses (kptr_restrict: every address reads as 0) a
+// kernel frame is named "[kernel]".
+// Context: any thread (never the signal handler); not thread-safe (one per symbolizer).
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// ---- begin selfprof/detail/process.hpp ----
+// Facts about this process that several parts read: the dynamic loader's generation, the threads in
+// /proc/self/task (names, blocked signals, start times, scheduler statistics), the main thread's stack end
+// and the CPUs the process may use. Names, masks and start times are read through sys().read_task_file.
+// Context: any thread except the signal handler (dl_iterate_phdr takes the loader's lock).
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <link.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+
+namespace selfprof {
+namespace detail {
+
+// Libraries loaded plus unloaded so far (dl_iterate_phdr's counters): changes on dlopen/dlclose.
+inline std::uint64_t loader_generation() {
+  std::uint64_t gen = 0;
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, std::size_t size, void* out) {
+        if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
+          *static_cast<std::uint64_t*>(out) = info->dlpi_adds + info->dlpi_subs;
+        return 1;
+      },
+      &gen);
+  return gen;
+}
+
+// The whole of a small file (at most `limit` bytes), or "" when it cannot be read.
+inline std::string read_small_file(const std::string& path, std::size_t limit = std::size_t(1) << 20) {
+  std::string out;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+    if (out.size() >= limit) break;
+  }
+  ::close(fd);
+  return out;
+}
+
+// The threads of this process now (/proc/self/task).
+inline std::vector<pid_t> list_threads() {
+  std::vector<pid_t> tids;
+  DIR* dir = ::opendir("/proc/self/task");
+  if (dir == nullptr) return tids;
+  while (struct dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    tids.push_back(static_cast<pid_t>(std::strtol(e->d_name, nullptr, 10)));
+  }
+  ::closedir(dir);
+  return tids;
+}
+
+// /proc/self/task/<tid>/<file> (at most 16 KiB: comm, stat, status), or "" when it cannot be read.
+inline std::string task_file(pid_t tid, const char* file) {
+  std::string out(16384, '\0');
+  const long n = sys().read_task_file(static_cast<int>(tid), file, &out[0], out.size());
+  out.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  return out;
+}
+
+// The start time in /proc/.../stat text (field 22, clock ticks since boot), or 0. The name in field 2 may
+// hold spaces and parentheses: the fields are counted from its last ')'.
+inline std::uint64_t parse_start_time(const std::string& stat) {
+  const std::size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  const char* p = stat.c_str() + close + 1;
+  for (int field = 3; field < 22; ++field) {  // skip fields 3 (state) to 21
+    while (*p == ' ') ++p;
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  while (*p == ' ') ++p;
+  if (*p < '0' || *p > '9') return 0;
+  return std::strtoull(p, nullptr, 10);
+}
+
+// When thread `tid` of this process started (clock ticks since boot), or 0 when it is not one of this
+// process's threads (any more). With the tid, it identifies a thread: a tid is reused, a start time with it
+// is not (two threads given the same tid within one clock tick would need the tid space to wrap meanwhile).
+inline std::uint64_t task_start_time(pid_t tid) { return parse_start_time(task_file(tid, "stat")); }
+
+inline std::string thread_name(pid_t tid) {
+  std::string s = task_file(tid, "comm");
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\0')) s.pop_back();
+  return s;
+}
+
+// True when the thread currently blocks `sig` (SigBlk in /proc/self/task/<tid>/status).
+inline bool thread_blocks_signal(pid_t tid, int sig) {
+  std::string s = task_file(tid, "status");
+  std::size_t at = s.find("SigBlk:");
+  if (at == std::string::npos || sig <= 0 || sig > 64) return false;
+  unsigned long long mask = std::strtoull(s.c_str() + at + 7, nullptr, 16);
+  return (mask >> (sig - 1)) & 1ull;
+}
+
+// A thread's time on the CPU and time spent waiting for one (/proc/self/task/<tid>/schedstat), in ns.
+inline bool read_schedstat(pid_t tid, std::uint64_t& run_ns, std::uint64_t& delay_ns) {
+  std::string text = read_small_file("/proc/self/task/" + std::to_string(tid) + "/schedstat");
+  unsigned long long r = 0, d = 0;
+  if (std::sscanf(text.c_str(), "%llu %llu", &r, &d) != 2) return false;
+  run_ns = r;
+  delay_ns = d;
+  return true;
+}
+
+// The CPU clock of one thread by tid: the kernel's CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD encoding
+// (what pthread_getcpuclockid returns, without needing the pthread_t; see clock_getcpuclockid(3)).
+inline clockid_t thread_cpu_clock(pid_t tid) {
+  return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
+}
+
+// CPUs the process may run on (its affinity mask), at least 1.
+inline int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+// Upper end of the main thread's stack ([stack] in /proc/self/maps, read whole: the line can come after
+// many thousands of mappings), or 0.
+inline std::uintptr_t main_stack_end() {
+  std::string maps = read_small_file("/proc/self/maps", ~std::size_t(0));
+  std::size_t at = maps.find("[stack]");
+  if (at == std::string::npos) return 0;
+  std::size_t line = maps.rfind('\n', at);
+  line = line == std::string::npos ? 0 : line + 1;
+  const char* p = maps.c_str() + line;
+  char* end = nullptr;
+  std::strtoull(p, &end, 16);
+  if (end == nullptr || *end != '-') return 0;
+  return static_cast<std::uintptr_t>(std::strtoull(end + 1, nullptr, 16));
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/detail/process.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// Most bytes of /proc/kallsyms read (it is ~5 MB with many modules loaded); symbols past it are unnamed.
+constexpr std::size_t kKallsymsMaxBytes = std::size_t{64} << 20;
+// A kernel address further than this past the nearest symbol below it is not named by that symbol.
+constexpr std::uint64_t kKernelSymbolReach = std::uint64_t{1} << 20;
+
+class kernel_symbols {
+ public:
+  // The frame of kernel address `address`: its symbol (kind kernel, module "[kernel.kallsyms]" or the
+  // module's "[name]"), else "[kernel]".
+  frame resolve(std::uint64_t address) {
+    if (!loaded_) load("/proc/kallsyms");
+    frame f;
+    f.kind = frame_kind::kernel;
+    f.address = address;
+    f.module = "[kernel.kallsyms]";
+    auto it = std::upper_bound(symbols_.begin(), symbols_.end(), address,
+                               [](std::uint64_t a, const symbol& s) { return a < s.address; });
+    if (it == symbols_.begin() || address - (it - 1)->address > kKernelSymbolReach) {
+      f.name = "[kernel]";
+      return f;
+    }
+    const symbol& s = *(it - 1);
+    f.name.assign(names_, s.name, s.name_size);
+    f.module_offset = address - s.address;
+    if (s.module_size) f.module = "[" + names_.substr(s.module, s.module_size) + "]";
+    return f;
+  }
+
+  // Reads the text symbols of `path` (kallsyms format: "address type name [module]"); an unreadable file or
+  // hidden addresses leave the table empty. Public for tests.
+  void load(const char* path) {
+    loaded_ = true;
+    symbols_.clear();
+    names_.clear();
+    last_module_ = last_module_size_ = 0;
+    const std::string text = read_small_file(path, kKallsymsMaxBytes);
+    std::size_t at = 0;
+    while (at < text.size()) {
+      std::size_t eol = text.find('\n', at);
+      if (eol == std::string::npos) eol = text.size();
+      parse_line(std::string_view(text).substr(at, eol - at));
+      at = eol + 1;
+    }
+    std::stable_sort(symbols_.begin(), symbols_.end(),
+                     [](const symbol& a, const symbol& b) { return a.address < b.address; });
+  }
+
+  std::size_t size() const { return symbols_.size(); }
+
+ private:
+  struct symbol {
+    std::uint64_t address;
+    std::uint32_t name, module;  // offsets into names_
+    std::uint16_t name_size, module_size;
+  };
+
+  void parse_line(std::string_view line) {
+    // "ffffffff81000000 T _text" or "ffffffffc0a01000 t fn\t[module]"
+    const std::size_t sp1 = line.find(' ');
+    if (sp1 == std::string_view::npos || sp1 == 0 || sp1 > 16 || line.size() < sp1 + 4) return;
+    std::uint64_t address = 0;
+    for (std::size_t i = 0; i < sp1; ++i) {
+      const char c = line[i];
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (d < 0) return;
+      address = address << 4 | static_cast<std::uint64_t>(d);
+    }
+    const char type = line[sp1 + 1];
+    if (address == 0 || line[sp1 + 2] != ' ' || !(type == 't' || type == 'T' || type == 'w' || type == 'W'))
+      return;
+    std::string_view rest = line.substr(sp1 + 3), module;
+    const std::size_t tab = rest.find('\t');
+    if (tab != std::string_view::npos) {
+      module = rest.substr(tab + 1);
+      rest = rest.substr(0, tab);
+      if (module.size() >= 2 && module.front() == '[' && module.back() == ']')
+        module = module.substr(1, module.size() - 2);
+      else
+        module = {};
+    }
+    if (rest.empty() || rest.size() > 0xffff || module.size() > 0xffff || names_.size() > 0xfffe0000u) return;
+    symbol s{address, static_cast<std::uint32_t>(names_.size()), 0, static_cast<std::uint16_t>(rest.size()),
+             0};
+    names_.append(rest);
+    if (!module.empty()) {  // a module's symbols are listed together: its name is stored once
+      if (std::string_view(names_).substr(last_module_, last_module_size_) != module) {
+        last_module_ = static_cast<std::uint32_t>(names_.size());
+        last_module_size_ = static_cast<std::uint16_t>(module.size());
+        names_.append(module);
+      }
+      s.module = last_module_;
+      s.module_size = last_module_size_;
+    }
+    symbols_.push_back(s);
+  }
+
+  bool loaded_ = false;
+  std::uint32_t last_module_ = 0;
+  std::uint16_t last_module_size_ = 0;
+  std::vector<symbol> symbols_;  // by address
+  std::string names_;
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/kernel_symbols.hpp ----
 
 namespace selfprof {
 
@@ -5272,6 +5811,10 @@ class symbolizer {
   // inlined) down to the innermost, as `addr2line -f -C -i` lists them bottom up.
   // `address` is what to look up: callers pass pc-1 for return addresses.
   void resolve(std::uint64_t address, std::vector<frame>& out) {
+    if (detail::is_kernel_address(address)) {  // a kernel call chain's frame (the ring source, as root)
+      out.push_back(kernel_.resolve(address));
+      return;
+    }
     {
       frame jit;  // code registered with selfprof::jit, named by what was there when the sample was taken
       if (detail::jit_name_tagged(address, jit)) {
@@ -5405,7 +5948,8 @@ class symbolizer {
   bool refreshed_ = false;
   bool rescanned_on_miss_ = false;
   bool perf_map_checked_ = false;
-  detail::dwarf_lines dwarf_;  // file:line and inline frames (a stub finding nothing without libdw)
+  detail::kernel_symbols kernel_;  // /proc/kallsyms, read at the first kernel address
+  detail::dwarf_lines dwarf_;      // file:line and inline frames (a stub finding nothing without libdw)
 };
 
 }  // namespace selfprof
@@ -5425,7 +5969,8 @@ class code_watch {
   // Notes whether `pc` lies in known code; a pc in anonymous (or unknown) memory becomes a perf-map
   // tagged value when a line covers it. Values already tagged by the JIT registry pass through.
   void translate(std::uint64_t& pc, std::uint64_t time_ns) {
-    if (is_jit_tagged(pc) || is_perf_map_tagged(pc)) return;
+    // Kernel pcs (the ring source's kernel call chains) are named from kallsyms, not from mappings.
+    if (is_jit_tagged(pc) || is_perf_map_tagged(pc) || is_kernel_address(pc)) return;
     const code_range* r = find(pc);
     if (r == nullptr) unknown_ = true;
     if ((r == nullptr || r->anonymous) && map_ != nullptr) map_->tag(pc, time_ns);
@@ -5470,262 +6015,6 @@ class code_watch {
 #include <string>
 #include <unordered_map>
 
-// ---- begin selfprof/detail/stack_table.hpp ----
-// The stack table: raw stacks (addresses, thread, flags) folded into counts. Memory grows with unique
-// stacks, not with samples, and never past a limit when one is set (set_limit): a new distinct stack that
-// would pass it is counted under one "[selfprof: memory ceiling]" stack instead (add_bounded), so the
-// table's total stays right. Threads that ended can be folded into one entry per stack (merge_threads).
-// Context: any thread except the signal handler (the collector folds into it under the sample store's lock).
-
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-
-namespace selfprof {
-namespace detail {
-
-// The one frame of the stacks merged at the memory ceiling: 0xfc in the top byte is never a canonical
-// user or kernel address, nor a JIT (0xfe) or perf map (0xfd) tag. Named when a profile is symbolized.
-constexpr std::uint64_t kMemoryCeilingPc = std::uint64_t{0xfc} << 56;
-// The thread the stacks of ended threads are merged into (see merge_threads), and the ceiling stacks'.
-constexpr std::uint32_t kMergedThreadsTid = 0;
-
-class stack_table {
- public:
-  struct entry {
-    std::uint64_t hash;
-    std::uint64_t count;
-    std::uint32_t offset;  // into pcs_
-    std::uint32_t tid;
-    std::uint16_t depth;
-    std::uint16_t flags;
-  };
-
-  // The most bytes the table may hold (entries, addresses, index); 0: no limit. Applies to new stacks.
-  void set_limit(std::size_t bytes) { limit_ = bytes; }
-  std::size_t limit() const { return limit_; }
-
-  // Counts `weight` for the stack. False (and nothing counted) when it is new and there is no room.
-  bool add(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth,
-           std::uint64_t weight) {
-    return add_hashed(hash(tid, flags, pcs, depth), tid, flags, pcs, depth, weight, false);
-  }
-
-  // add(), and a stack with no room is counted under the memory-ceiling stack of its kind (on-CPU,
-  // off-CPU, running) in thread kMergedThreadsTid, so the total stays right.
-  void add_bounded(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs, std::size_t depth,
-                   std::uint64_t weight) {
-    if (add(tid, flags, pcs, depth, weight)) return;
-    ++merged_records_;
-    merged_weight_ += weight;
-    const std::uint64_t ceiling = kMemoryCeilingPc;
-    const auto kind = static_cast<std::uint16_t>(flags & kCeilingKeptFlags);
-    add_hashed(hash(kMergedThreadsTid, kind, &ceiling, 1), kMergedThreadsTid, kind, &ceiling, 1, weight,
-               true);
-  }
-
-  void merge(const stack_table& other) {
-    for (const entry& e : other.entries_) add(e.tid, e.flags, other.pcs(e), e.depth, e.count);
-  }
-
-  // Moves every stack of a thread for which `ended(tid)` is true to thread kMergedThreadsTid, merging
-  // those that become equal, in place (no second table). Returns how many entries that freed.
-  template <typename Pred>
-  std::size_t merge_threads(Pred ended) {
-    if (entries_.empty()) return 0;
-    std::fill(index_.begin(), index_.end(), 0u);
-    const std::size_t mask = index_.size() - 1;
-    std::size_t kept = 0, pcs_end = 0;
-    for (std::size_t r = 0; r < entries_.size(); ++r) {
-      entry e = entries_[r];
-      if (e.tid != kMergedThreadsTid && ended(e.tid)) {
-        e.tid = kMergedThreadsTid;
-        e.hash = hash(e.tid, e.flags, &pcs_[e.offset], e.depth);
-      }
-      std::size_t i = e.hash & mask;
-      bool merged = false;
-      for (; index_[i] != 0; i = (i + 1) & mask) {
-        entry& k = entries_[index_[i] - 1];
-        if (same(k, e.hash, e.tid, e.flags, &pcs_[e.offset], e.depth)) {
-          k.count += e.count;
-          merged = true;
-          break;
-        }
-      }
-      if (merged) continue;
-      // Kept entries only move towards the front, so this never overwrites addresses not read yet.
-      std::memmove(&pcs_[pcs_end], &pcs_[e.offset], e.depth * sizeof(std::uint64_t));
-      e.offset = static_cast<std::uint32_t>(pcs_end);
-      pcs_end += e.depth;
-      entries_[kept++] = e;
-      index_[i] = static_cast<std::uint32_t>(kept);
-    }
-    const std::size_t freed = entries_.size() - kept;
-    entries_.resize(kept);
-    pcs_.resize(pcs_end);
-    return freed;
-  }
-
-  // The count of a stack (0 when the table does not hold it).
-  std::uint64_t count_of(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
-                         std::size_t depth) const {
-    if (index_.empty()) return 0;
-    const std::uint64_t h = hash(tid, flags, pcs, depth);
-    const std::size_t mask = index_.size() - 1;
-    for (std::size_t i = h & mask; index_[i] != 0; i = (i + 1) & mask) {
-      const entry& e = entries_[index_[i] - 1];
-      if (same(e, h, tid, flags, pcs, depth)) return e.count;
-    }
-    return 0;
-  }
-
-  // What `later` counted past `earlier` (a table of the same session taken before it), stack by stack:
-  // the samples of the time between the two. A stack whose count did not grow is left out. Unbounded:
-  // it is never larger than `later`.
-  static stack_table difference(const stack_table& later, const stack_table& earlier) {
-    stack_table d;
-    for (const entry& e : later.entries_) {
-      const std::uint64_t before = earlier.count_of(e.tid, e.flags, later.pcs(e), e.depth);
-      if (e.count > before) d.add(e.tid, e.flags, later.pcs(e), e.depth, e.count - before);
-    }
-    return d;
-  }
-
-  const std::vector<entry>& entries() const { return entries_; }
-  const std::uint64_t* pcs(const entry& e) const { return pcs_.data() + e.offset; }
-  std::size_t unique() const { return entries_.size(); }
-  std::uint64_t total() const { return total_; }
-  std::size_t memory_bytes() const {
-    return entries_.capacity() * sizeof(entry) + pcs_.capacity() * 8 + index_.capacity() * 4;
-  }
-  // New stacks counted under the memory-ceiling stack: add() calls that found no room, and their weight.
-  std::uint64_t merged_records() const { return merged_records_; }
-  std::uint64_t merged_weight() const { return merged_weight_; }
-  void clear() {
-    entries_.clear();
-    pcs_.clear();
-    index_.assign(index_.size(), 0);
-    total_ = 0;
-    merged_records_ = 0;
-    merged_weight_ = 0;
-  }
-
- private:
-  static constexpr std::uint16_t kCeilingKeptFlags = 0x2 | 0x8;  // sample_offcpu | sample_running
-  static constexpr std::size_t kFirstIndexSlots = 1024;
-
-  static std::uint64_t hash(std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
-                            std::size_t depth) {
-    std::uint64_t h =
-        0x9E3779B97F4A7C15ull ^ (std::uint64_t(tid) << 16) ^ flags ^ (std::uint64_t(depth) << 48);
-    for (std::size_t i = 0; i < depth; ++i) {
-      h ^= pcs[i] + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-      h *= 0xff51afd7ed558ccdull;
-    }
-    return h ^ (h >> 33);
-  }
-
-  bool same(const entry& e, std::uint64_t h, std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
-            std::size_t depth) const {
-    return e.hash == h && e.tid == tid && e.flags == flags && e.depth == depth &&
-           std::memcmp(&pcs_[e.offset], pcs, depth * sizeof(std::uint64_t)) == 0;
-  }
-
-  // `always`: the few memory-ceiling stacks, added past the limit in the smallest steps.
-  bool add_hashed(std::uint64_t h, std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
-                  std::size_t depth, std::uint64_t weight, bool always) {
-    if (!index_.empty()) {
-      const std::size_t mask = index_.size() - 1;
-      for (std::size_t i = h & mask; index_[i] != 0; i = (i + 1) & mask) {
-        entry& e = entries_[index_[i] - 1];
-        if (same(e, h, tid, flags, pcs, depth)) {
-          e.count += weight;
-          total_ += weight;
-          return true;
-        }
-      }
-    }
-    if (!make_room(depth, always)) return false;
-    const std::size_t mask = index_.size() - 1;
-    std::size_t i = h & mask;
-    while (index_[i] != 0) i = (i + 1) & mask;
-    entries_.push_back(entry{h, weight, static_cast<std::uint32_t>(pcs_.size()), tid,
-                             static_cast<std::uint16_t>(depth), flags});
-    pcs_.insert(pcs_.end(), pcs, pcs + depth);
-    index_[i] = static_cast<std::uint32_t>(entries_.size());
-    total_ += weight;
-    return true;
-  }
-
-  // Capacity for one more entry of `depth` addresses, within the limit unless `always`. Near the limit
-  // the vectors grow into what is left in one step, so adding never turns into copying on every stack.
-  bool make_room(std::size_t depth, bool always) {
-    const std::size_t n = entries_.size() + 1, p_need = pcs_.size() + depth;
-    std::size_t slots = !index_.empty() ? index_.size() : always && limit_ ? 8 : kFirstIndexSlots;
-    while (n * 10 > slots * 7) slots *= 2;
-    // The ceiling stacks take a free slot past the load limit rather than double the index.
-    if (always && !index_.empty() && n < index_.size()) slots = index_.size();
-    if (limit_ == 0) {
-      if (slots != index_.size()) rehash(slots);
-      return true;
-    }
-    if (always) {
-      reserve(std::max(entries_.capacity(), n + 2), std::max(pcs_.capacity(), p_need + 2), slots);
-      return true;
-    }
-    if (slots * 4 > limit_) return false;
-    const std::size_t budget = limit_ - slots * 4;
-    const std::size_t e_min = std::max(entries_.capacity(), n), p_min = std::max(pcs_.capacity(), p_need);
-    if (e_min * sizeof(entry) + p_min * 8 > budget) return false;
-    std::size_t e_cap = e_min, p_cap = p_min;
-    if (n > entries_.capacity()) {
-      const std::size_t spare = (budget - e_min * sizeof(entry) - p_min * 8) / 2 / sizeof(entry);
-      e_cap = std::min(grown(entries_.capacity(), n, sizeof(entry)), e_min + spare);
-    }
-    if (p_need > pcs_.capacity()) {
-      const std::size_t spare = (budget - e_cap * sizeof(entry) - p_min * 8) / 8;
-      p_cap = std::min(grown(pcs_.capacity(), p_need, 8), p_min + spare);
-    }
-    reserve(e_cap, p_cap, slots);
-    return true;
-  }
-
-  // Capacity after growing from `cap` to hold `need`: by half again, at least a page's worth.
-  static std::size_t grown(std::size_t cap, std::size_t need, std::size_t elem) {
-    return std::max(need, std::max(cap + cap / 2, 4096 / elem));
-  }
-
-  void reserve(std::size_t entries_cap, std::size_t pcs_cap, std::size_t slots) {
-    entries_.reserve(entries_cap);
-    pcs_.reserve(pcs_cap);
-    if (slots != index_.size()) rehash(slots);
-  }
-
-  void rehash(std::size_t n) {
-    std::vector<std::uint32_t>(n, 0).swap(index_);
-    for (std::size_t k = 0; k < entries_.size(); ++k) {
-      for (std::size_t i = entries_[k].hash & (n - 1);; i = (i + 1) & (n - 1)) {
-        if (index_[i] == 0) {
-          index_[i] = static_cast<std::uint32_t>(k + 1);
-          break;
-        }
-      }
-    }
-  }
-
-  std::vector<entry> entries_;
-  std::vector<std::uint64_t> pcs_;
-  std::vector<std::uint32_t> index_;
-  std::uint64_t total_ = 0;
-  std::size_t limit_ = 0;
-  std::uint64_t merged_records_ = 0, merged_weight_ = 0;
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/detail/stack_table.hpp ----
 
 namespace selfprof {
 namespace detail {
@@ -6392,158 +6681,6 @@ inline void reorder_game_frame_profile(profile& p, const game_frame_sequence& se
 #include <string>
 #include <vector>
 
-// ---- begin selfprof/detail/process.hpp ----
-// Facts about this process that several parts read: the dynamic loader's generation, the threads in
-// /proc/self/task (names, blocked signals, start times, scheduler statistics), the main thread's stack end
-// and the CPUs the process may use. Names, masks and start times are read through sys().read_task_file.
-// Context: any thread except the signal handler (dl_iterate_phdr takes the loader's lock).
-
-#include <dirent.h>
-#include <fcntl.h>
-#include <link.h>
-#include <sched.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <cstddef>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <string>
-#include <vector>
-
-
-namespace selfprof {
-namespace detail {
-
-// Libraries loaded plus unloaded so far (dl_iterate_phdr's counters): changes on dlopen/dlclose.
-inline std::uint64_t loader_generation() {
-  std::uint64_t gen = 0;
-  dl_iterate_phdr(
-      [](struct dl_phdr_info* info, std::size_t size, void* out) {
-        if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
-          *static_cast<std::uint64_t*>(out) = info->dlpi_adds + info->dlpi_subs;
-        return 1;
-      },
-      &gen);
-  return gen;
-}
-
-// The whole of a small file (at most `limit` bytes), or "" when it cannot be read.
-inline std::string read_small_file(const std::string& path, std::size_t limit = std::size_t(1) << 20) {
-  std::string out;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return out;
-  char buf[4096];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n <= 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-    if (out.size() >= limit) break;
-  }
-  ::close(fd);
-  return out;
-}
-
-// The threads of this process now (/proc/self/task).
-inline std::vector<pid_t> list_threads() {
-  std::vector<pid_t> tids;
-  DIR* dir = ::opendir("/proc/self/task");
-  if (dir == nullptr) return tids;
-  while (struct dirent* e = ::readdir(dir)) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    tids.push_back(static_cast<pid_t>(std::strtol(e->d_name, nullptr, 10)));
-  }
-  ::closedir(dir);
-  return tids;
-}
-
-// /proc/self/task/<tid>/<file> (at most 16 KiB: comm, stat, status), or "" when it cannot be read.
-inline std::string task_file(pid_t tid, const char* file) {
-  std::string out(16384, '\0');
-  const long n = sys().read_task_file(static_cast<int>(tid), file, &out[0], out.size());
-  out.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
-  return out;
-}
-
-// The start time in /proc/.../stat text (field 22, clock ticks since boot), or 0. The name in field 2 may
-// hold spaces and parentheses: the fields are counted from its last ')'.
-inline std::uint64_t parse_start_time(const std::string& stat) {
-  const std::size_t close = stat.rfind(')');
-  if (close == std::string::npos) return 0;
-  const char* p = stat.c_str() + close + 1;
-  for (int field = 3; field < 22; ++field) {  // skip fields 3 (state) to 21
-    while (*p == ' ') ++p;
-    while (*p != ' ' && *p != '\0') ++p;
-  }
-  while (*p == ' ') ++p;
-  if (*p < '0' || *p > '9') return 0;
-  return std::strtoull(p, nullptr, 10);
-}
-
-// When thread `tid` of this process started (clock ticks since boot), or 0 when it is not one of this
-// process's threads (any more). With the tid, it identifies a thread: a tid is reused, a start time with it
-// is not (two threads given the same tid within one clock tick would need the tid space to wrap meanwhile).
-inline std::uint64_t task_start_time(pid_t tid) { return parse_start_time(task_file(tid, "stat")); }
-
-inline std::string thread_name(pid_t tid) {
-  std::string s = task_file(tid, "comm");
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\0')) s.pop_back();
-  return s;
-}
-
-// True when the thread currently blocks `sig` (SigBlk in /proc/self/task/<tid>/status).
-inline bool thread_blocks_signal(pid_t tid, int sig) {
-  std::string s = task_file(tid, "status");
-  std::size_t at = s.find("SigBlk:");
-  if (at == std::string::npos || sig <= 0 || sig > 64) return false;
-  unsigned long long mask = std::strtoull(s.c_str() + at + 7, nullptr, 16);
-  return (mask >> (sig - 1)) & 1ull;
-}
-
-// A thread's time on the CPU and time spent waiting for one (/proc/self/task/<tid>/schedstat), in ns.
-inline bool read_schedstat(pid_t tid, std::uint64_t& run_ns, std::uint64_t& delay_ns) {
-  std::string text = read_small_file("/proc/self/task/" + std::to_string(tid) + "/schedstat");
-  unsigned long long r = 0, d = 0;
-  if (std::sscanf(text.c_str(), "%llu %llu", &r, &d) != 2) return false;
-  run_ns = r;
-  delay_ns = d;
-  return true;
-}
-
-// The CPU clock of one thread by tid: the kernel's CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD encoding
-// (what pthread_getcpuclockid returns, without needing the pthread_t; see clock_getcpuclockid(3)).
-inline clockid_t thread_cpu_clock(pid_t tid) {
-  return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
-}
-
-// CPUs the process may run on (its affinity mask), at least 1.
-inline int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
-}
-
-// Upper end of the main thread's stack ([stack] in /proc/self/maps, read whole: the line can come after
-// many thousands of mappings), or 0.
-inline std::uintptr_t main_stack_end() {
-  std::string maps = read_small_file("/proc/self/maps", ~std::size_t(0));
-  std::size_t at = maps.find("[stack]");
-  if (at == std::string::npos) return 0;
-  std::size_t line = maps.rfind('\n', at);
-  line = line == std::string::npos ? 0 : line + 1;
-  const char* p = maps.c_str() + line;
-  char* end = nullptr;
-  std::strtoull(p, &end, 16);
-  if (end == nullptr || *end != '-') return 0;
-  return static_cast<std::uintptr_t>(std::strtoull(end + 1, nullptr, 16));
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/detail/process.hpp ----
 
 namespace selfprof {
 
@@ -17276,6 +17413,8 @@ class itimer_source final : public tick_source {
 // sp, ip) and STACK_USER (a copy of kStackCopyBytes above the user sp). The copy is unwound with the CFI
 // rows the signal handler uses (signal/unwind.hpp); where the walk runs off the copy, the kernel's chain
 // continues it from the frame where both agree, so deep frame-pointer stacks keep their full depth.
+// Where kernel sampling is permitted, the chain's kernel part comes first in the stored stack (kernel
+// addresses, named from /proc/kallsyms when a profile is written: symbols/kernel_symbols.hpp).
 
 #include <linux/perf_event.h>
 #include <sys/ioctl.h>
@@ -17322,6 +17461,7 @@ struct sampled_stack : stack_copy {
 // What reading the rings found, for stats.
 struct ring_counts {
   std::uint64_t samples = 0, foreign = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, full = 0;
+  std::uint64_t in_kernel = 0;  // samples taken in the kernel, with its call chain
 };
 
 // Unwinds one sample into out[0..): the copy walked with `set`'s rows (frame pointers where none, or
@@ -17699,19 +17839,22 @@ class perf_ring_source final : public tick_source {
       ++counts_.foreign;
       return;
     }
-    // The user part of the chain: after PERF_CONTEXT_USER (the kernel part comes first).
+    // The chain: its kernel part (after PERF_CONTEXT_KERNEL, the interrupted kernel pc first; only where
+    // kernel sampling is permitted), then its user part (after PERF_CONTEXT_USER).
     const unsigned char* chain_at = c.p;
     c.skip(nr * 8);
     user_chain_.clear();
-    bool in_user = false;
+    kernel_chain_.clear();
+    std::uint64_t context = 0;
     for (std::uint64_t i = 0; i < nr; ++i) {
       std::uint64_t v;
       std::memcpy(&v, chain_at + i * 8, 8);
       if (v >= PERF_CONTEXT_MAX) {
-        in_user = v == PERF_CONTEXT_USER;
+        context = v;
         continue;
       }
-      if (in_user) user_chain_.push_back(v);
+      if (context == PERF_CONTEXT_USER) user_chain_.push_back(v);
+      if (context == PERF_CONTEXT_KERNEL && !user_only_ && is_kernel_address(v)) kernel_chain_.push_back(v);
     }
     std::uint64_t abi = 0, bp = 0, sp = 0, uip = 0, stack_size = 0, dyn = 0;
     if (!c.u64(abi)) {
@@ -17743,10 +17886,19 @@ class perf_ring_source final : public tick_source {
       ++counts_.full;
       return;
     }
-    bool truncated = false, spliced = false;
-    const std::size_t depth = unwind_sample(
-        g_unwind_tables.load(std::memory_order_acquire), uip, sp, bp, stack, static_cast<std::size_t>(dyn),
-        user_chain_.data(), user_chain_.size(), slot->pcs(), out.max_depth(), truncated, spliced);
+    bool truncated = false, spliced = false, kernel_truncated = false;
+    // Kernel frames first (the leaf end), as perf shows them: above the user frame that entered the
+    // kernel, whose pc is then a return address (after the syscall instruction), looked up less one.
+    const std::size_t kernel = std::min(kernel_chain_.size(), out.max_depth() / 2);
+    std::copy(kernel_chain_.begin(), kernel_chain_.begin() + static_cast<std::ptrdiff_t>(kernel),
+              slot->pcs());
+    if (kernel < kernel_chain_.size()) kernel_truncated = true;
+    const std::size_t depth =
+        kernel + unwind_sample(g_unwind_tables.load(std::memory_order_acquire), uip, sp, bp, stack,
+                               static_cast<std::size_t>(dyn), user_chain_.data(), user_chain_.size(),
+                               slot->pcs() + kernel, out.max_depth() - kernel, truncated, spliced);
+    truncated = truncated || kernel_truncated;
+    if (kernel > 0) ++counts_.in_kernel;
     if (spliced) ++counts_.spliced;
     (void)ip;
     slot->header.tid = static_cast<std::uint32_t>(tid);
@@ -17766,7 +17918,7 @@ class perf_ring_source final : public tick_source {
   mutable std::mutex mu_;  // collect() and the counters: the collector, and stop()
   std::vector<pid_t> skip_;
   std::vector<unsigned char> record_;
-  std::vector<std::uint64_t> user_chain_;
+  std::vector<std::uint64_t> user_chain_, kernel_chain_;
   ring_counts counts_;
 };
 

@@ -1,10 +1,10 @@
 // The ring source (SELFPROF_SOURCE=ring, sources/perf_ring.hpp): the known split on 1 and 4 threads with
 // full-depth stacks, no signal ever reaching the program (no EINTR, application handlers never called),
 // threads created after start() sampled by the kernel, 500 short threads without leaked fds or mappings,
-// fork children kept out of the parent's profile, exec. Where the ring cannot open (SELFPROF_TEST_NO_PERF=1,
-// seccomp, paranoid 3) each case checks the fallback to a signal source and its reason instead.
-// ctest-labels: no_tsan
-// Not under TSan: the fallback signal sources run its handler late (see sources_test.cpp).
+// fork children kept out of the parent's profile, exec, and as root kernel call chains named from kallsyms.
+// Where the ring cannot open (SELFPROF_TEST_NO_PERF=1, seccomp, paranoid 3) each case checks the fallback to
+// a signal source and its reason instead. ctest-labels: no_tsan Not under TSan: the fallback signal sources
+// run its handler late (see sources_test.cpp).
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
@@ -14,6 +14,8 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/select.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +24,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <thread>
@@ -364,6 +367,99 @@ TEST_CASE("ring source: a process that started sampling and then execs runs the 
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 7);
+}
+
+// --- kernel call chains, where kernel sampling is permitted (root here) ---
+
+namespace ring_test {
+
+// Writes to /dev/null for `ns` of this thread's CPU time: most of it is spent in the kernel.
+WL_NOINLINE long syscall_heavy(std::int64_t ns) {
+  const int fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  char buf[256] = {};
+  long n = 0;
+  for (const std::int64_t t0 = wl::thread_cpu_ns(); wl::thread_cpu_ns() - t0 < ns;)
+    for (int i = 0; i < 64; ++i) n += ::write(fd, buf, sizeof buf);
+  ::close(fd);
+  WL_NO_TAIL();
+  return n;
+}
+
+double thread_seconds(const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; }
+
+}  // namespace ring_test
+
+TEST_CASE(
+    "ring source as root: kernel frames under a syscall-heavy function, kernel share as getrusage says") {
+  wl::apply_test_environment();
+  REQUIRE(selfprof::start(ring_options(997)));
+  if (!ring_running()) {
+    selfprof::stop();
+    return;
+  }
+  if (!selfprof::get_stats().kernel_time) {
+    MESSAGE("kernel sampling not permitted here (not root, perf_event_paranoid >= 2): user-only samples");
+    selfprof::stop();
+    return;
+  }
+  struct rusage r0 {
+  }, r1{};
+  ::getrusage(RUSAGE_THREAD, &r0);
+  (void)syscall_heavy(1200000000LL);
+  wl::run_rounds(400000000LL);  // user time only
+  ::getrusage(RUSAGE_THREAD, &r1);
+  selfprof::stop();
+  const selfprof::profile p = selfprof::snapshot();
+  const pid_t self = static_cast<pid_t>(::syscall(SYS_gettid));
+  std::uint64_t all = 0, in_kernel = 0, kernel_above_caller = 0, named = 0, kernel_frames = 0;
+  for (const auto& s : p.stacks) {
+    if (s.tid != static_cast<std::uint32_t>(self)) continue;
+    all += s.count;
+    std::size_t first_kernel = s.frames.size(), caller = s.frames.size();
+    for (std::size_t i = 0; i < s.frames.size(); ++i) {
+      const selfprof::frame& f = p.frames[s.frames[i]];
+      if (f.kind == selfprof::frame_kind::kernel) {
+        if (first_kernel == s.frames.size()) first_kernel = i;
+        kernel_frames += s.count;
+        if (f.name != "[kernel]") named += s.count;
+      } else if (first_kernel != s.frames.size()) {
+        first_kernel = s.frames.size() + 1;  // a user frame above a kernel frame: never
+      }
+      if (f.name.find("syscall_heavy") != std::string::npos) caller = i;
+    }
+    if (first_kernel >= s.frames.size()) continue;
+    in_kernel += s.count;
+    if (caller < first_kernel) kernel_above_caller += s.count;
+  }
+  const double stime = thread_seconds(r1.ru_stime) - thread_seconds(r0.ru_stime);
+  const double utime = thread_seconds(r1.ru_utime) - thread_seconds(r0.ru_utime);
+  const double share = all ? double(in_kernel) / double(all) : 0, truth = stime / (stime + utime);
+  MESSAGE("kernel share of samples " << share << ", getrusage system share " << truth << " (" << all
+                                     << " samples, " << in_kernel << " with kernel frames)");
+  REQUIRE(all > 0);
+  REQUIRE(in_kernel > 0);
+  // Kernel chains sit on top of the user frames, under syscall_heavy (a few come from page faults and
+  // interrupts elsewhere).
+  CHECK(double(kernel_above_caller) >= 0.9 * double(in_kernel));
+  // Named from /proc/kallsyms where it shows addresses (root with kptr_restrict <= 1).
+  std::string first_line;
+  std::ifstream kallsyms("/proc/kallsyms");
+  std::getline(kallsyms, first_line);
+  if (first_line.compare(0, 16, "0000000000000000") != 0)
+    CHECK(double(named) >= 0.95 * double(kernel_frames));
+  // The kernel's share of the samples roughly as the kernel accounts system time (tick-based: noisy).
+  CHECK(std::abs(share - truth) < 0.15);
+  // The folded form marks kernel frames as perf and stackcollapse do.
+  char dir[] = "/tmp/selfprof-ring-kernel-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string path = std::string(dir) + "/k.folded";
+  REQUIRE(selfprof::dump(path));
+  std::ifstream in(path);
+  const std::string folded((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(folded.find("_[k]") != std::string::npos);
+  ::unlink(path.c_str());
+  ::rmdir(dir);
 }
 
 // --- each fallback path, through the syscall seam (detail/sys.hpp) ---

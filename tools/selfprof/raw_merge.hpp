@@ -21,6 +21,7 @@
 #include <selfprof/output/markers.hpp>
 #include <selfprof/profile.hpp>
 #include <selfprof/status.hpp>
+#include <selfprof/symbols/kernel_symbols.hpp>
 #include <selfprof/symbols/modules.hpp>
 
 namespace selfprof_cli {
@@ -272,6 +273,8 @@ class raw_merger {
       } else if (lookup == kMemoryCeilingPc) {
         f.name = "[selfprof: memory ceiling]";
         f.kind = frame_kind::marker;
+      } else if (is_kernel_address(lookup)) {  // named from this machine's /proc/kallsyms, read once
+        f = kernel_.resolve(lookup);
       } else {
         f.name = "[unknown]";
         for (std::size_t k = 0; k < p.maps.size(); ++k) {
@@ -349,6 +352,7 @@ class raw_merger {
  private:
   bool pid_roots_;
   std::shared_ptr<selfprof::detail::shared_file_symbols> cache_;
+  selfprof::detail::kernel_symbols kernel_;
   selfprof::profile out_;
   std::size_t processes_ = 0;
   double end_s_ = 0;

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "selfprof/detail/stack_table.hpp"
 #include "selfprof/jit/registry.hpp"
 #include "selfprof/symbols/perf_map.hpp"
 #include "selfprof/symbols/symbolizer.hpp"
@@ -29,7 +30,8 @@ class code_watch {
   // Notes whether `pc` lies in known code; a pc in anonymous (or unknown) memory becomes a perf-map
   // tagged value when a line covers it. Values already tagged by the JIT registry pass through.
   void translate(std::uint64_t& pc, std::uint64_t time_ns) {
-    if (is_jit_tagged(pc) || is_perf_map_tagged(pc)) return;
+    // Kernel pcs (the ring source's kernel call chains) are named from kallsyms, not from mappings.
+    if (is_jit_tagged(pc) || is_perf_map_tagged(pc) || is_kernel_address(pc)) return;
     const code_range* r = find(pc);
     if (r == nullptr) unknown_ = true;
     if ((r == nullptr || r->anonymous) && map_ != nullptr) map_->tag(pc, time_ns);

@@ -17,6 +17,12 @@ namespace detail {
 // The one frame of the stacks merged at the memory ceiling: 0xfc in the top byte is never a canonical
 // user or kernel address, nor a JIT (0xfe) or perf map (0xfd) tag. Named when a profile is symbolized.
 constexpr std::uint64_t kMemoryCeilingPc = std::uint64_t{0xfc} << 56;
+// Kernel code addresses (the ring source's kernel call chains) have 0xff in the top byte on x86-64 (from
+// 0xffff800000000000) and AArch64: above every tag, and above user code. x86-64's [vsyscall] page sits
+// there too but is a user mapping, named like one.
+inline bool is_kernel_address(std::uint64_t a) {
+  return (a >> 56) == 0xff && (a & ~std::uint64_t{0xfff}) != 0xffffffffff600000ull;
+}
 // The thread the stacks of ended threads are merged into (see merge_threads), and the ceiling stacks'.
 constexpr std::uint32_t kMergedThreadsTid = 0;
 

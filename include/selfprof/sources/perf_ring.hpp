@@ -14,6 +14,8 @@
 // sp, ip) and STACK_USER (a copy of kStackCopyBytes above the user sp). The copy is unwound with the CFI
 // rows the signal handler uses (signal/unwind.hpp); where the walk runs off the copy, the kernel's chain
 // continues it from the frame where both agree, so deep frame-pointer stacks keep their full depth.
+// Where kernel sampling is permitted, the chain's kernel part comes first in the stored stack (kernel
+// addresses, named from /proc/kallsyms when a profile is written: symbols/kernel_symbols.hpp).
 #pragma once
 
 #include <linux/perf_event.h>
@@ -34,6 +36,7 @@
 
 #include "selfprof/detail/high_fd.hpp"
 #include "selfprof/detail/process.hpp"
+#include "selfprof/detail/stack_table.hpp"
 #include "selfprof/detail/sys.hpp"
 #include "selfprof/signal/ring.hpp"
 #include "selfprof/signal/unwind.hpp"
@@ -67,6 +70,7 @@ struct sampled_stack : stack_copy {
 // What reading the rings found, for stats.
 struct ring_counts {
   std::uint64_t samples = 0, foreign = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, full = 0;
+  std::uint64_t in_kernel = 0;  // samples taken in the kernel, with its call chain
 };
 
 // Unwinds one sample into out[0..): the copy walked with `set`'s rows (frame pointers where none, or
@@ -444,19 +448,22 @@ class perf_ring_source final : public tick_source {
       ++counts_.foreign;
       return;
     }
-    // The user part of the chain: after PERF_CONTEXT_USER (the kernel part comes first).
+    // The chain: its kernel part (after PERF_CONTEXT_KERNEL, the interrupted kernel pc first; only where
+    // kernel sampling is permitted), then its user part (after PERF_CONTEXT_USER).
     const unsigned char* chain_at = c.p;
     c.skip(nr * 8);
     user_chain_.clear();
-    bool in_user = false;
+    kernel_chain_.clear();
+    std::uint64_t context = 0;
     for (std::uint64_t i = 0; i < nr; ++i) {
       std::uint64_t v;
       std::memcpy(&v, chain_at + i * 8, 8);
       if (v >= PERF_CONTEXT_MAX) {
-        in_user = v == PERF_CONTEXT_USER;
+        context = v;
         continue;
       }
-      if (in_user) user_chain_.push_back(v);
+      if (context == PERF_CONTEXT_USER) user_chain_.push_back(v);
+      if (context == PERF_CONTEXT_KERNEL && !user_only_ && is_kernel_address(v)) kernel_chain_.push_back(v);
     }
     std::uint64_t abi = 0, bp = 0, sp = 0, uip = 0, stack_size = 0, dyn = 0;
     if (!c.u64(abi)) {
@@ -488,10 +495,19 @@ class perf_ring_source final : public tick_source {
       ++counts_.full;
       return;
     }
-    bool truncated = false, spliced = false;
-    const std::size_t depth = unwind_sample(
-        g_unwind_tables.load(std::memory_order_acquire), uip, sp, bp, stack, static_cast<std::size_t>(dyn),
-        user_chain_.data(), user_chain_.size(), slot->pcs(), out.max_depth(), truncated, spliced);
+    bool truncated = false, spliced = false, kernel_truncated = false;
+    // Kernel frames first (the leaf end), as perf shows them: above the user frame that entered the
+    // kernel, whose pc is then a return address (after the syscall instruction), looked up less one.
+    const std::size_t kernel = std::min(kernel_chain_.size(), out.max_depth() / 2);
+    std::copy(kernel_chain_.begin(), kernel_chain_.begin() + static_cast<std::ptrdiff_t>(kernel),
+              slot->pcs());
+    if (kernel < kernel_chain_.size()) kernel_truncated = true;
+    const std::size_t depth =
+        kernel + unwind_sample(g_unwind_tables.load(std::memory_order_acquire), uip, sp, bp, stack,
+                               static_cast<std::size_t>(dyn), user_chain_.data(), user_chain_.size(),
+                               slot->pcs() + kernel, out.max_depth() - kernel, truncated, spliced);
+    truncated = truncated || kernel_truncated;
+    if (kernel > 0) ++counts_.in_kernel;
     if (spliced) ++counts_.spliced;
     (void)ip;
     slot->header.tid = static_cast<std::uint32_t>(tid);
@@ -511,7 +527,7 @@ class perf_ring_source final : public tick_source {
   mutable std::mutex mu_;  // collect() and the counters: the collector, and stop()
   std::vector<pid_t> skip_;
   std::vector<unsigned char> record_;
-  std::vector<std::uint64_t> user_chain_;
+  std::vector<std::uint64_t> user_chain_, kernel_chain_;
   ring_counts counts_;
 };
 

@@ -16,6 +16,7 @@
 #include "selfprof/jit/runtime.hpp"
 #include "selfprof/profile.hpp"
 #include "selfprof/symbols/dwarf_lines.hpp"
+#include "selfprof/symbols/kernel_symbols.hpp"
 #include "selfprof/symbols/modules.hpp"
 #include "selfprof/symbols/perf_map.hpp"
 
@@ -80,6 +81,10 @@ class symbolizer {
   // inlined) down to the innermost, as `addr2line -f -C -i` lists them bottom up.
   // `address` is what to look up: callers pass pc-1 for return addresses.
   void resolve(std::uint64_t address, std::vector<frame>& out) {
+    if (detail::is_kernel_address(address)) {  // a kernel call chain's frame (the ring source, as root)
+      out.push_back(kernel_.resolve(address));
+      return;
+    }
     {
       frame jit;  // code registered with selfprof::jit, named by what was there when the sample was taken
       if (detail::jit_name_tagged(address, jit)) {
@@ -213,7 +218,8 @@ class symbolizer {
   bool refreshed_ = false;
   bool rescanned_on_miss_ = false;
   bool perf_map_checked_ = false;
-  detail::dwarf_lines dwarf_;  // file:line and inline frames (a stub finding nothing without libdw)
+  detail::kernel_symbols kernel_;  // /proc/kallsyms, read at the first kernel address
+  detail::dwarf_lines dwarf_;      // file:line and inline frames (a stub finding nothing without libdw)
 };
 
 }  // namespace selfprof

@@ -1,0 +1,84 @@
+// Tests of the kallsyms reader that names the ring source's kernel frames: text symbols only, module
+// names, the nearest symbol below an address within reach, hidden addresses (kptr_restrict) and a
+// missing file giving "[kernel]", and is_kernel_address against selfprof's tagged pcs.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "selfprof/detail/stack_table.hpp"
+#include "selfprof/jit/registry.hpp"
+#include "selfprof/symbols/kernel_symbols.hpp"
+
+namespace kernel_symbols_test {
+
+std::string write_kallsyms(const std::string& text) {
+  char path[] = "/tmp/selfprof-kallsyms-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  REQUIRE(::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  ::close(fd);
+  return path;
+}
+
+}  // namespace kernel_symbols_test
+
+TEST_CASE("kernel symbols: text symbols by address, module names, reach") {
+  const std::string path = kernel_symbols_test::write_kallsyms(
+      "ffffffff81000000 T _stext\n"
+      "ffffffff81001000 t do_syscall_64\n"
+      "ffffffff81002000 D some_data\n"  // data: not a code symbol
+      "ffffffff81003000 W weak_fn\n"
+      "ffffffffc0a01000 t nf_hook_fn\t[nf_tables]\n"
+      "ffffffffc0a02000 t nf_other\t[nf_tables]\n"
+      "ffffffffc0b00000 T ext4_fn\t[ext4]\n"
+      "not a line at all\n"
+      "ffffffff8100zzzz T bad_hex\n");
+  selfprof::detail::kernel_symbols k;
+  k.load(path.c_str());
+  ::unlink(path.c_str());
+  CHECK(k.size() == 6);
+  selfprof::frame f = k.resolve(0xffffffff81001234ull);
+  CHECK(f.name == "do_syscall_64");
+  CHECK(f.kind == selfprof::frame_kind::kernel);
+  CHECK(f.module == "[kernel.kallsyms]");
+  CHECK(f.module_offset == 0x234);
+  CHECK(k.resolve(0xffffffff81002800ull).name == "do_syscall_64");  // data symbols do not end functions
+  CHECK(k.resolve(0xffffffff81003010ull).name == "weak_fn");
+  f = k.resolve(0xffffffffc0a02010ull);
+  CHECK(f.name == "nf_other");
+  CHECK(f.module == "[nf_tables]");
+  CHECK(k.resolve(0xffffffffc0b00004ull).module == "[ext4]");
+  CHECK(k.resolve(0xffffffff80000000ull).name == "[kernel]");  // below every symbol
+  CHECK(k.resolve(0xffffffffc0b00000ull + (std::uint64_t{4} << 20)).name == "[kernel]");  // out of reach
+}
+
+TEST_CASE("kernel symbols: hidden addresses and a missing file name frames [kernel]") {
+  const std::string path =
+      kernel_symbols_test::write_kallsyms("0000000000000000 T _stext\n0000000000000000 t do_syscall_64\n");
+  selfprof::detail::kernel_symbols k;
+  k.load(path.c_str());
+  ::unlink(path.c_str());
+  CHECK(k.size() == 0);
+  CHECK(k.resolve(0xffffffff81001234ull).name == "[kernel]");
+  selfprof::detail::kernel_symbols missing;
+  missing.load("/nonexistent/kallsyms");
+  const selfprof::frame f = missing.resolve(0xffffffff81001234ull);
+  CHECK(f.name == "[kernel]");
+  CHECK(f.kind == selfprof::frame_kind::kernel);
+}
+
+TEST_CASE("kernel addresses: told apart from user code and from selfprof's tagged pcs") {
+  using selfprof::detail::is_kernel_address;
+  CHECK(is_kernel_address(0xffffffff81000000ull));
+  CHECK(is_kernel_address(0xffff800000000000ull));
+  CHECK_FALSE(is_kernel_address(0x00007fffffffe000ull));
+  CHECK_FALSE(is_kernel_address(0xffffffffff600010ull));  // x86-64's [vsyscall], a user mapping
+  CHECK_FALSE(is_kernel_address(0x0000555555554000ull));
+  CHECK_FALSE(is_kernel_address(selfprof::detail::kMemoryCeilingPc));
+  CHECK_FALSE(is_kernel_address(std::uint64_t{0xfd} << 56));  // perf map tag
+  CHECK_FALSE(is_kernel_address(selfprof::detail::jit_tag_marker | 1));
+}
