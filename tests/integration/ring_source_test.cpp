@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -367,6 +368,27 @@ TEST_CASE("ring source: a process that started sampling and then execs runs the 
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 7);
+}
+
+TEST_CASE(
+    "ring source: a snapshot holds what the kernel sampled up to it, not only what the collector read") {
+  wl::apply_test_environment();
+  REQUIRE(selfprof::start(ring_options(997)));
+  const bool ring = ring_running();
+  wl::run_rounds(300000000LL);
+  // At once: the collector reads the rings every ~60 ms here, so up to that much is still in them.
+  const selfprof::profile before = selfprof::snapshot();
+  selfprof::stop();  // reads what is left
+  const selfprof::profile after = selfprof::snapshot();
+  // The workload's samples only: the first snapshot's own symbolizing is sampled too.
+  std::uint64_t n_before = 0, n_after = 0;
+  for (const auto& s : before.stacks)
+    if (wl::count_frames(before, s, "run_rounds")) n_before += s.count;
+  for (const auto& s : after.stacks)
+    if (wl::count_frames(after, s, "run_rounds")) n_after += s.count;
+  MESSAGE("workload samples in a snapshot while running: " << n_before << "; after stop: " << n_after);
+  REQUIRE(n_after > 100);
+  if (ring) CHECK(n_before + 3 >= n_after);  // only the instants between the two calls differ
 }
 
 // --- kernel call chains, where kernel sampling is permitted (root here) ---

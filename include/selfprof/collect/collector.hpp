@@ -27,8 +27,11 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -52,6 +55,7 @@ constexpr unsigned kCollectorWakeMs = 50;
 constexpr unsigned kCollectorBusyWakeMs = 500;
 constexpr unsigned kFullThreadScanMs = 500;  // full /proc/self/task scan even when the count is stable
 constexpr unsigned kSymbolRefreshMs = 200;   // module snapshot while samples arrive and libraries change
+constexpr unsigned kPullWaitMs = 2000;  // the longest a snapshot waits for the collector to read the rings
 constexpr unsigned kCodeRescanMaxMs = 5000;  // the longest back-off between scans for samples in unknown code
 
 // What a source without signals reported lost (published by the collector for get_stats()).
@@ -107,6 +111,11 @@ class collector {
     g_handler.task_links.store(0, std::memory_order_relaxed);  // the first scan sets it
     g_handler.task_dir_fd.store(task_dir_fd_, std::memory_order_release);
     g_handler.wake_fd.store(worker_.wake_fd(), std::memory_order_release);
+    {
+      std::lock_guard<std::mutex> lock(pull_mu_);
+      pull_asked_ = pull_done_ = 0;
+      pulling_ = c.pull != nullptr;
+    }
     return status::ok();
   }
 
@@ -115,7 +124,25 @@ class collector {
     g_handler.next_thread_check.store(0, std::memory_order_relaxed);
     g_handler.wake_fd.store(-1, std::memory_order_release);
     g_handler.task_dir_fd.store(-1, std::memory_order_release);
+    {
+      std::lock_guard<std::mutex> lock(pull_mu_);
+      pulling_ = false;  // a snapshot waiting in pull_now() goes on with what was read
+    }
+    pull_cv_.notify_all();
     worker_.stop();
+  }
+
+  // Any thread but this one's (a snapshot): with a source whose samples wait in the kernel's rings, has
+  // this thread read them now, so the snapshot holds everything sampled before it was asked for. Waits at
+  // most kPullWaitMs (the first unwind-table build can hold the thread up); only this thread reads rings.
+  void pull_now() {
+    if (static_cast<pid_t>(raw_gettid()) == worker_.tid()) return;
+    std::unique_lock<std::mutex> lock(pull_mu_);
+    if (!pulling_) return;
+    const std::uint64_t want = ++pull_asked_;
+    worker_.wake();
+    pull_cv_.wait_for(lock, std::chrono::milliseconds(kPullWaitMs),
+                      [&] { return !pulling_ || pull_done_ >= want; });
   }
 
   // After the last handler returned: the fd the handler fstat()s can go.
@@ -133,6 +160,9 @@ class collector {
     g_handler.task_dir_fd.store(-1, std::memory_order_release);
     worker_.abandon_after_fork();
     close_task_dir();
+    new (&pull_mu_) std::mutex();  // a parent thread may have held it at the fork
+    new (&pull_cv_) std::condition_variable();
+    pulling_ = false;
   }
 
  private:
@@ -178,8 +208,18 @@ class collector {
       wakes_.fetch_add(1, std::memory_order_relaxed);
       config_.symbols->poll_jit_map();  // lines written before these samples were taken name them
       if (config_.pull) {
+        std::uint64_t asked;
+        {
+          std::lock_guard<std::mutex> lock(pull_mu_);
+          asked = pull_asked_;
+        }
         config_.pull->collect(*config_.ring, own_threads());
         if (config_.pulled) config_.pulled->update(*config_.pull);
+        {
+          std::lock_guard<std::mutex> lock(pull_mu_);
+          pull_done_ = asked;
+        }
+        pull_cv_.notify_all();
       }
       config_.store->drain(*config_.ring);
       watch_sample_signal();
@@ -340,6 +380,10 @@ class collector {
   std::vector<pid_t> listed_;
   std::uint64_t merge_generation_ = ~std::uint64_t(0);  // the thread list last merged against
   std::atomic<std::uint64_t> wakes_{0};
+  std::mutex pull_mu_;  // pull_now()'s requests and this thread's answers
+  std::condition_variable pull_cv_;
+  std::uint64_t pull_asked_ = 0, pull_done_ = 0;
+  bool pulling_ = false;
   bool rows_failed_ = false;  // collector thread only
 };
 

@@ -630,7 +630,7 @@ class profiler_core {
   sample_store store_;
   shared_symbolizer symbols_;
   bool symbols_locked_for_fork_ = false;  // between fork_prepare and fork_parent/fork_child
-  snapshot_maker snapshots_{session_parts{&ring_, &store_, &registry_, &session_, &symbols_}};
+  snapshot_maker snapshots_{session_parts{&ring_, &store_, &registry_, &session_, &symbols_, &collector_}};
   auto_dumps dumps_{snapshots_, [] { instance().exit_dump(true); }};
   http_server server_;
   wall_sampler wall_sampler_;

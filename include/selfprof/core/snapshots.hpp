@@ -13,6 +13,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "selfprof/collect/collector.hpp"
 #include "selfprof/collect/handler_counters.hpp"
 #include "selfprof/collect/sample_store.hpp"
 #include "selfprof/collect/session_info.hpp"
@@ -33,6 +34,7 @@ struct session_parts {
   thread_registry* threads = nullptr;
   session_info* session = nullptr;
   shared_symbolizer* symbols = nullptr;
+  collector* collect = nullptr;  // reads the kernel's rings at a snapshot (the ring source)
 };
 
 class snapshot_maker {
@@ -60,6 +62,7 @@ class snapshot_maker {
   // written (see sample_store::copy_table).
   raw_snapshot raw(bool windowed = false, std::uint64_t* window_seq = nullptr) {
     raw_snapshot s;
+    if (running_ && parts_.collect) parts_.collect->pull_now();  // samples still in the kernel's rings
     parts_.store->copy_table(running_ ? parts_.ring : nullptr, windowed, s, window_seq);
     s.thread_names = parts_.threads->names();
     if (parts_.store->merged().threads) {
