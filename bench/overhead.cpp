@@ -407,6 +407,7 @@ struct config {
   double hz = 0;
   selfprof::source_kind source = selfprof::source_kind::automatic;
   std::string label;
+  bool dwarf = false;  // perf record --call-graph dwarf (copies user stacks, as the ring source does)
 };
 
 struct block {
@@ -581,8 +582,12 @@ block run_block_inner(pool& workers, long rounds, const config& cfg) {
     if (child == 0) {
       int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
-      execlp("perf", "perf", "record", "-F", hz.c_str(), "-g", "-p", pid.c_str(), "-o", data.c_str(),
-             "--control", control.c_str(), "-D", "-1", "-q", static_cast<char*>(nullptr));
+      if (cfg.dwarf)
+        execlp("perf", "perf", "record", "-F", hz.c_str(), "--call-graph", "dwarf", "-p", pid.c_str(), "-o",
+               data.c_str(), "--control", control.c_str(), "-D", "-1", "-q", static_cast<char*>(nullptr));
+      else
+        execlp("perf", "perf", "record", "-F", hz.c_str(), "-g", "-p", pid.c_str(), "-o", data.c_str(),
+               "--control", control.c_str(), "-D", "-1", "-q", static_cast<char*>(nullptr));
       _exit(127);
     }
     bool ready = child > 0 && write(ctl_fd, "enable\n", 7) == 7 && wait_ack(ack_fd, 20000);
@@ -611,7 +616,7 @@ block run_block_inner(pool& workers, long rounds, const config& cfg) {
       return b;
     }
     parse_perf_script(data, pr);
-    b.detail = "perf record -F " + hz + " -g -p (cpu-clock)";
+    b.detail = "perf record -F " + hz + (cfg.dwarf ? " --call-graph dwarf" : " -g") + " -p (cpu-clock)";
     b.records = b.weighted = double(pr.samples);
     b.split_err = split_error(double(pr.in_a), double(pr.in_b), double(pr.in_c), r.t);
     b.split_err_work = split_error(double(pr.in_a), double(pr.in_b), double(pr.in_c), kWorkTruth);
@@ -825,10 +830,16 @@ int main(int argc, char** argv) {
         std::snprintf(buf, sizeof buf, "selfprof perf %gHz", hz);
         configs.push_back({kind::selfprof_run, hz, selfprof::source_kind::perf, buf});
       }
+      if (a != "ring") {  // no signal: the kernel writes samples with stack copies, the collector unwinds
+        std::snprintf(buf, sizeof buf, "selfprof ring %gHz", hz);
+        configs.push_back({kind::selfprof_run, hz, selfprof::source_kind::ring, buf});
+      }
       if (with_perf) {
         double phz = hz == 1000.0 ? 999.0 : hz;
         std::snprintf(buf, sizeof buf, "perf record -g %gHz", phz);
         configs.push_back({kind::perf_record, phz, selfprof::source_kind::automatic, buf});
+        std::snprintf(buf, sizeof buf, "perf record dwarf %gHz", phz);
+        configs.push_back({kind::perf_record, phz, selfprof::source_kind::automatic, buf, true});
       }
     }
     for (auto& c : configs) order.emplace_back(threads, c);
