@@ -1,10 +1,11 @@
 // The ring source (SELFPROF_SOURCE=ring, sources/perf_ring.hpp): the known split on 1 and 4 threads with
 // full-depth stacks, no signal ever reaching the program (no EINTR, application handlers never called),
 // threads created after start() sampled by the kernel, 500 short threads without leaked fds or mappings,
-// fork children kept out of the parent's profile, exec, and as root kernel call chains named from kallsyms.
-// Where the ring cannot open (SELFPROF_TEST_NO_PERF=1, seccomp, paranoid 3) each case checks the fallback to
-// a signal source and its reason instead. ctest-labels: no_tsan Not under TSan: the fallback signal sources
-// run its handler late (see sources_test.cpp).
+// fork children kept out of the parent's profile, exec, snapshots that hold what the rings hold, and (as
+// root) kernel call chains named from kallsyms. Where the ring cannot open (SELFPROF_TEST_NO_PERF=1,
+// seccomp, paranoid 3) each case checks the fallback to a signal source and its reason instead.
+// ctest-labels: no_tsan
+// Not under TSan: the fallback signal sources run its handler late (see sources_test.cpp).
 #include <doctest/doctest.h>
 
 #include <fcntl.h>

@@ -3,6 +3,8 @@
 // (reap_altstacks looks only at the groups of slots ever used).
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
 #include <atomic>
 #include <cstdint>
 #include <thread>
@@ -12,10 +14,21 @@
 
 namespace altstack_test {
 
-// Gives the calling thread a selfprof stack (unless it has one); its base, or 0.
+// Gives the calling thread a selfprof stack; its base, or 0. A sanitizer gives every thread an alternate
+// stack of its own (selfprof then keeps it and installs none): that one is set aside for the install and
+// put back after it, as the sanitizer unmaps the thread's alternate stack when the thread ends.
 std::uintptr_t install_here() {
-  if (!selfprof::detail::install_altstack(selfprof::detail::g_altstack.size.load())) return 0;
-  return selfprof::detail::altstack_base_of(selfprof::detail::raw_gettid());
+  stack_t prev{};
+  sigaltstack(nullptr, &prev);
+  const bool had = !(prev.ss_flags & SS_DISABLE);
+  if (had) {
+    stack_t off{};
+    off.ss_flags = SS_DISABLE;
+    sigaltstack(&off, nullptr);
+  }
+  const bool ok = selfprof::detail::install_altstack(selfprof::detail::g_altstack.size.load());
+  if (had) sigaltstack(&prev, nullptr);
+  return ok ? selfprof::detail::altstack_base_of(selfprof::detail::raw_gettid()) : 0;
 }
 
 }  // namespace altstack_test
