@@ -869,10 +869,13 @@ inline void forget_worker_tid(pid_t tid) {
     if (slot.compare_exchange_strong(was, 0, std::memory_order_release)) return;
   }
 }
-// Appends every running worker's tid to `out`.
-inline void running_worker_tids(std::vector<pid_t>& out) {
+// Every running worker's tid: selfprof's own threads (collector, dumper, JIT flusher, wall sampler, the
+// server's), whenever each started. They are never armed, and their samples are dropped.
+inline std::vector<pid_t> running_worker_tids() {
+  std::vector<pid_t> out;
   for (auto& slot : g_worker_tids)
     if (const pid_t t = slot.load(std::memory_order_acquire)) out.push_back(t);
+  return out;
 }
 
 class worker {
@@ -4317,17 +4320,25 @@ inline bool parse_maps_line(std::string_view line, maps_entry& out) {
   return true;
 }
 
-// Calls fn(entry) for each executable mapping in maps text; lines that do not parse are skipped.
+// Calls fn(line) for each line of `text` (without its '\n'), the last one also when unterminated.
 template <class F>
-void for_each_executable_mapping(std::string_view text, F&& fn) {
+void for_each_line(std::string_view text, F&& fn) {
   std::size_t pos = 0;
   while (pos < text.size()) {
     std::size_t eol = text.find('\n', pos);
     if (eol == std::string_view::npos) eol = text.size();
-    maps_entry e;
-    if (parse_maps_line(text.substr(pos, eol - pos), e) && e.executable) fn(e);
+    fn(text.substr(pos, eol - pos));
     pos = eol + 1;
   }
+}
+
+// Calls fn(entry) for each executable mapping in maps text; lines that do not parse are skipped.
+template <class F>
+void for_each_executable_mapping(std::string_view text, F&& fn) {
+  for_each_line(text, [&](std::string_view line) {
+    maps_entry e;
+    if (parse_maps_line(line, e) && e.executable) fn(e);
+  });
 }
 
 // Reads a whole (proc) file into `out`; false on failure.
@@ -5681,14 +5692,7 @@ class kernel_symbols {
     symbols_.clear();
     names_.clear();
     last_module_ = last_module_size_ = 0;
-    const std::string text = read_small_file(path, kKallsymsMaxBytes);
-    std::size_t at = 0;
-    while (at < text.size()) {
-      std::size_t eol = text.find('\n', at);
-      if (eol == std::string::npos) eol = text.size();
-      parse_line(std::string_view(text).substr(at, eol - at));
-      at = eol + 1;
-    }
+    for_each_line(read_small_file(path, kKallsymsMaxBytes), [&](std::string_view line) { parse_line(line); });
     std::stable_sort(symbols_.begin(), symbols_.end(),
                      [](const symbol& a, const symbol& b) { return a.address < b.address; });
   }
@@ -5704,19 +5708,13 @@ class kernel_symbols {
 
   void parse_line(std::string_view line) {
     // "ffffffff81000000 T _text" or "ffffffffc0a01000 t fn\t[module]"
-    const std::size_t sp1 = line.find(' ');
-    if (sp1 == std::string_view::npos || sp1 == 0 || sp1 > 16 || line.size() < sp1 + 4) return;
+    std::size_t at = 0;  // past the address and its space
     std::uint64_t address = 0;
-    for (std::size_t i = 0; i < sp1; ++i) {
-      const char c = line[i];
-      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      if (d < 0) return;
-      address = address << 4 | static_cast<std::uint64_t>(d);
-    }
-    const char type = line[sp1 + 1];
-    if (address == 0 || line[sp1 + 2] != ' ' || !(type == 't' || type == 'T' || type == 'w' || type == 'W'))
+    if (!parse_hex_field(line, at, ' ', address) || line.size() < at + 3) return;
+    const char type = line[at];
+    if (address == 0 || line[at + 1] != ' ' || !(type == 't' || type == 'T' || type == 'w' || type == 'W'))
       return;
-    std::string_view rest = line.substr(sp1 + 3), module;
+    std::string_view rest = line.substr(at + 2), module;
     const std::size_t tab = rest.find('\t');
     if (tab != std::string_view::npos) {
       module = rest.substr(tab + 1);
@@ -11082,14 +11080,6 @@ class collector {
     return static_cast<int>(ms);
   }
 
-  // selfprof's threads, never armed: every running worker (this one, the dumper, the JIT flusher, the
-  // wall sampler, the server's), whenever it started.
-  static std::vector<pid_t> own_threads() {
-    std::vector<pid_t> own;
-    running_worker_tids(own);
-    return own;
-  }
-
   void loop() {
     const auto start = std::chrono::steady_clock::now();
     auto last_full_scan = start;
@@ -11112,7 +11102,7 @@ class collector {
           std::lock_guard<std::mutex> lock(pull_mu_);
           asked = pull_asked_;
         }
-        config_.pull->collect(*config_.ring, own_threads());
+        config_.pull->collect(*config_.ring, running_worker_tids());
         if (config_.pulled) config_.pulled->update(*config_.pull);
         {
           std::lock_guard<std::mutex> lock(pull_mu_);
@@ -11137,7 +11127,7 @@ class collector {
       const bool full = now - last_full_scan >= std::chrono::milliseconds(kFullThreadScanMs);
       boosting = boost_game_frame_threads();
       if (count != last_count || full || count < 0) {
-        config_.threads->scan(own_threads());
+        config_.threads->scan(running_worker_tids());
         for (auto& n : config_.threads->take_notes()) config_.session->note(n);
         if (config_.sampler && config_.threads->list_if_changed(listed_generation_, listed_))
           config_.sampler->set_threads(listed_);
@@ -11154,7 +11144,8 @@ class collector {
       }
       if (config_.unwind_rows)  // nearly free when no module came or went; under the lock fork() takes
         build_rows();
-      if (config_.pull) config_.pull->collect(*config_.ring, own_threads());  // the first build is long
+      if (config_.pull)
+        config_.pull->collect(*config_.ring, running_worker_tids());  // the first build is long
       // A library loaded while profiling, or code mapped without the loader that samples landed in, is
       // parsed while it is still mapped, so its samples keep their names after it is unmapped. Nothing to
       // do while no library comes or goes and every sample lands in known code.
@@ -17521,7 +17512,6 @@ struct sampled_stack : stack_copy {
 // What reading the rings found, for stats.
 struct ring_counts {
   std::uint64_t samples = 0, foreign = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, full = 0;
-  std::uint64_t in_kernel = 0;  // samples taken in the kernel, with its call chain
 };
 
 // Unwinds one sample into out[0..): the copy walked with `set`'s rows (frame pointers where none, or
@@ -17946,19 +17936,17 @@ class perf_ring_source final : public tick_source {
       ++counts_.full;
       return;
     }
-    bool truncated = false, spliced = false, kernel_truncated = false;
+    bool truncated = false, spliced = false;
     // Kernel frames first (the leaf end), as perf shows them: above the user frame that entered the
     // kernel, whose pc is then a return address (after the syscall instruction), looked up less one.
     const std::size_t kernel = std::min(kernel_chain_.size(), out.max_depth() / 2);
     std::copy(kernel_chain_.begin(), kernel_chain_.begin() + static_cast<std::ptrdiff_t>(kernel),
               slot->pcs());
-    if (kernel < kernel_chain_.size()) kernel_truncated = true;
     const std::size_t depth =
         kernel + unwind_sample(g_unwind_tables.load(std::memory_order_acquire), uip, sp, bp, stack,
                                static_cast<std::size_t>(dyn), user_chain_.data(), user_chain_.size(),
                                slot->pcs() + kernel, out.max_depth() - kernel, truncated, spliced);
-    truncated = truncated || kernel_truncated;
-    if (kernel > 0) ++counts_.in_kernel;
+    truncated = truncated || kernel < kernel_chain_.size();
     if (spliced) ++counts_.spliced;
     (void)ip;
     slot->header.tid = static_cast<std::uint32_t>(tid);
@@ -18209,9 +18197,7 @@ class profiler_core {
     store_.begin(sc);
     snapshots_.begin(opts_, handler_counts::now());
     g_handler.active.store(true, std::memory_order_release);
-    std::vector<pid_t> own;  // selfprof's threads running before start (the JIT flusher)
-    running_worker_tids(own);
-    registry_.scan(own);
+    registry_.scan(running_worker_tids());  // selfprof's threads running before start (the JIT flusher)
     starting_threads_ = true;
     st = start_threads();
     if (!st) {

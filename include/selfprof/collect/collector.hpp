@@ -183,14 +183,6 @@ class collector {
     return static_cast<int>(ms);
   }
 
-  // selfprof's threads, never armed: every running worker (this one, the dumper, the JIT flusher, the
-  // wall sampler, the server's), whenever it started.
-  static std::vector<pid_t> own_threads() {
-    std::vector<pid_t> own;
-    running_worker_tids(own);
-    return own;
-  }
-
   void loop() {
     const auto start = std::chrono::steady_clock::now();
     auto last_full_scan = start;
@@ -213,7 +205,7 @@ class collector {
           std::lock_guard<std::mutex> lock(pull_mu_);
           asked = pull_asked_;
         }
-        config_.pull->collect(*config_.ring, own_threads());
+        config_.pull->collect(*config_.ring, running_worker_tids());
         if (config_.pulled) config_.pulled->update(*config_.pull);
         {
           std::lock_guard<std::mutex> lock(pull_mu_);
@@ -238,7 +230,7 @@ class collector {
       const bool full = now - last_full_scan >= std::chrono::milliseconds(kFullThreadScanMs);
       boosting = boost_game_frame_threads();
       if (count != last_count || full || count < 0) {
-        config_.threads->scan(own_threads());
+        config_.threads->scan(running_worker_tids());
         for (auto& n : config_.threads->take_notes()) config_.session->note(n);
         if (config_.sampler && config_.threads->list_if_changed(listed_generation_, listed_))
           config_.sampler->set_threads(listed_);
@@ -255,7 +247,8 @@ class collector {
       }
       if (config_.unwind_rows)  // nearly free when no module came or went; under the lock fork() takes
         build_rows();
-      if (config_.pull) config_.pull->collect(*config_.ring, own_threads());  // the first build is long
+      if (config_.pull)
+        config_.pull->collect(*config_.ring, running_worker_tids());  // the first build is long
       // A library loaded while profiling, or code mapped without the loader that samples landed in, is
       // parsed while it is still mapped, so its samples keep their names after it is unmapped. Nothing to
       // do while no library comes or goes and every sample lands in known code.

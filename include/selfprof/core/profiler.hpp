@@ -134,9 +134,7 @@ class profiler_core {
     store_.begin(sc);
     snapshots_.begin(opts_, handler_counts::now());
     g_handler.active.store(true, std::memory_order_release);
-    std::vector<pid_t> own;  // selfprof's threads running before start (the JIT flusher)
-    running_worker_tids(own);
-    registry_.scan(own);
+    registry_.scan(running_worker_tids());  // selfprof's threads running before start (the JIT flusher)
     starting_threads_ = true;
     st = start_threads();
     if (!st) {

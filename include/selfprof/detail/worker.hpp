@@ -59,10 +59,13 @@ inline void forget_worker_tid(pid_t tid) {
     if (slot.compare_exchange_strong(was, 0, std::memory_order_release)) return;
   }
 }
-// Appends every running worker's tid to `out`.
-inline void running_worker_tids(std::vector<pid_t>& out) {
+// Every running worker's tid: selfprof's own threads (collector, dumper, JIT flusher, wall sampler, the
+// server's), whenever each started. They are never armed, and their samples are dropped.
+inline std::vector<pid_t> running_worker_tids() {
+  std::vector<pid_t> out;
   for (auto& slot : g_worker_tids)
     if (const pid_t t = slot.load(std::memory_order_acquire)) out.push_back(t);
+  return out;
 }
 
 class worker {

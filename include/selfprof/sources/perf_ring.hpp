@@ -70,7 +70,6 @@ struct sampled_stack : stack_copy {
 // What reading the rings found, for stats.
 struct ring_counts {
   std::uint64_t samples = 0, foreign = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, full = 0;
-  std::uint64_t in_kernel = 0;  // samples taken in the kernel, with its call chain
 };
 
 // Unwinds one sample into out[0..): the copy walked with `set`'s rows (frame pointers where none, or
@@ -495,19 +494,17 @@ class perf_ring_source final : public tick_source {
       ++counts_.full;
       return;
     }
-    bool truncated = false, spliced = false, kernel_truncated = false;
+    bool truncated = false, spliced = false;
     // Kernel frames first (the leaf end), as perf shows them: above the user frame that entered the
     // kernel, whose pc is then a return address (after the syscall instruction), looked up less one.
     const std::size_t kernel = std::min(kernel_chain_.size(), out.max_depth() / 2);
     std::copy(kernel_chain_.begin(), kernel_chain_.begin() + static_cast<std::ptrdiff_t>(kernel),
               slot->pcs());
-    if (kernel < kernel_chain_.size()) kernel_truncated = true;
     const std::size_t depth =
         kernel + unwind_sample(g_unwind_tables.load(std::memory_order_acquire), uip, sp, bp, stack,
                                static_cast<std::size_t>(dyn), user_chain_.data(), user_chain_.size(),
                                slot->pcs() + kernel, out.max_depth() - kernel, truncated, spliced);
-    truncated = truncated || kernel_truncated;
-    if (kernel > 0) ++counts_.in_kernel;
+    truncated = truncated || kernel < kernel_chain_.size();
     if (spliced) ++counts_.spliced;
     (void)ip;
     slot->header.tid = static_cast<std::uint32_t>(tid);

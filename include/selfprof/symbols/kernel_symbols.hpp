@@ -16,6 +16,7 @@
 #include "selfprof/detail/process.hpp"
 #include "selfprof/detail/stack_table.hpp"
 #include "selfprof/profile.hpp"
+#include "selfprof/symbols/proc_maps.hpp"
 
 namespace selfprof {
 namespace detail {
@@ -55,14 +56,7 @@ class kernel_symbols {
     symbols_.clear();
     names_.clear();
     last_module_ = last_module_size_ = 0;
-    const std::string text = read_small_file(path, kKallsymsMaxBytes);
-    std::size_t at = 0;
-    while (at < text.size()) {
-      std::size_t eol = text.find('\n', at);
-      if (eol == std::string::npos) eol = text.size();
-      parse_line(std::string_view(text).substr(at, eol - at));
-      at = eol + 1;
-    }
+    for_each_line(read_small_file(path, kKallsymsMaxBytes), [&](std::string_view line) { parse_line(line); });
     std::stable_sort(symbols_.begin(), symbols_.end(),
                      [](const symbol& a, const symbol& b) { return a.address < b.address; });
   }
@@ -78,19 +72,13 @@ class kernel_symbols {
 
   void parse_line(std::string_view line) {
     // "ffffffff81000000 T _text" or "ffffffffc0a01000 t fn\t[module]"
-    const std::size_t sp1 = line.find(' ');
-    if (sp1 == std::string_view::npos || sp1 == 0 || sp1 > 16 || line.size() < sp1 + 4) return;
+    std::size_t at = 0;  // past the address and its space
     std::uint64_t address = 0;
-    for (std::size_t i = 0; i < sp1; ++i) {
-      const char c = line[i];
-      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      if (d < 0) return;
-      address = address << 4 | static_cast<std::uint64_t>(d);
-    }
-    const char type = line[sp1 + 1];
-    if (address == 0 || line[sp1 + 2] != ' ' || !(type == 't' || type == 'T' || type == 'w' || type == 'W'))
+    if (!parse_hex_field(line, at, ' ', address) || line.size() < at + 3) return;
+    const char type = line[at];
+    if (address == 0 || line[at + 1] != ' ' || !(type == 't' || type == 'T' || type == 'w' || type == 'W'))
       return;
-    std::string_view rest = line.substr(sp1 + 3), module;
+    std::string_view rest = line.substr(at + 2), module;
     const std::size_t tab = rest.find('\t');
     if (tab != std::string_view::npos) {
       module = rest.substr(tab + 1);

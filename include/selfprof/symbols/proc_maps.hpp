@@ -81,17 +81,25 @@ inline bool parse_maps_line(std::string_view line, maps_entry& out) {
   return true;
 }
 
-// Calls fn(entry) for each executable mapping in maps text; lines that do not parse are skipped.
+// Calls fn(line) for each line of `text` (without its '\n'), the last one also when unterminated.
 template <class F>
-void for_each_executable_mapping(std::string_view text, F&& fn) {
+void for_each_line(std::string_view text, F&& fn) {
   std::size_t pos = 0;
   while (pos < text.size()) {
     std::size_t eol = text.find('\n', pos);
     if (eol == std::string_view::npos) eol = text.size();
-    maps_entry e;
-    if (parse_maps_line(text.substr(pos, eol - pos), e) && e.executable) fn(e);
+    fn(text.substr(pos, eol - pos));
     pos = eol + 1;
   }
+}
+
+// Calls fn(entry) for each executable mapping in maps text; lines that do not parse are skipped.
+template <class F>
+void for_each_executable_mapping(std::string_view text, F&& fn) {
+  for_each_line(text, [&](std::string_view line) {
+    maps_entry e;
+    if (parse_maps_line(line, e) && e.executable) fn(e);
+  });
 }
 
 // Reads a whole (proc) file into `out`; false on failure.
