@@ -199,6 +199,20 @@ TEST_CASE("SELFPROF_FRAME_HZ: marked threads sampled faster, all-frames profile 
   CHECK(wl::total_samples(slow) > 60);
 }
 
+TEST_CASE("slow frames and SELFPROF_FRAME_HZ on the signal sources: samples tagged by the handler") {
+  wl::apply_test_environment();
+  wl::signal_sources signals;  // the cases above run on what auto takes: the ring where it opens
+  REQUIRE(selfprof::start(frame_options(100, 1000)));
+  run_game_loop("main", 300);
+  REQUIRE(selfprof::stop());
+  const selfprof::stats st = selfprof::get_stats();
+  CHECK(st.source != selfprof::source_kind::ring);
+  CHECK(st.sample_signal != 0);
+  selfprof::profile slow = selfprof::snapshot_slow_frames();
+  check_spike_scenario(selfprof::snapshot(), slow);
+  CHECK(slow.info.hz == doctest::Approx(1000));
+}
+
 TEST_CASE("two threads mark frames of their own loops: render and sim") {
   wl::apply_test_environment();
   REQUIRE(selfprof::start(frame_options(200)));

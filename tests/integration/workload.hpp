@@ -4,6 +4,7 @@
 #pragma once
 
 #include <dirent.h>
+#include <linux/perf_event.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -194,6 +195,37 @@ inline void apply_test_environment() {
   const char* v = std::getenv("SELFPROF_TEST_NO_PERF");
   if (v && std::string(v) == "1") selfprof::detail::sys().perf_event_open = failing_perf_event_open;
 }
+
+// The signal sources, as `auto` picks them where the ring source cannot open: for tests of the sampling
+// handler, of the sampling signal and of `auto`'s fallbacks. While one lives, perf_event_open refuses
+// the ring's events (the only ones that copy user stacks) and passes the others to what was there before
+// (the real call, or the refusal of SELFPROF_TEST_NO_PERF=1).
+inline long (*&perf_open_under_signal_sources())(void*, int, int, int, unsigned long) {
+  static long (*next)(void*, int, int, int, unsigned long) = nullptr;
+  return next;
+}
+inline long refuse_ring_events(void* attr, int pid, int cpu, int group, unsigned long flags) {
+  if (static_cast<const perf_event_attr*>(attr)->sample_type & PERF_SAMPLE_STACK_USER) {
+    errno = EACCES;
+    return -1;
+  }
+  return perf_open_under_signal_sources()(attr, pid, cpu, group, flags);
+}
+struct signal_sources {
+  signal_sources() {
+    auto& open = selfprof::detail::sys().perf_event_open;
+    if (open == refuse_ring_events) return;
+    perf_open_under_signal_sources() = open;
+    open = refuse_ring_events;
+    owner = true;
+  }
+  ~signal_sources() {
+    if (owner) selfprof::detail::sys().perf_event_open = perf_open_under_signal_sources();
+  }
+  signal_sources(const signal_sources&) = delete;
+  signal_sources& operator=(const signal_sources&) = delete;
+  bool owner = false;
+};
 // Runs `body` in a forked child and returns the status it exits with (100 + N when killed by signal N),
 // or -1 when it had not ended after `timeout_ms` and was killed: a hang fails the test instead of
 // hanging the suite.

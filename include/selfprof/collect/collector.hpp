@@ -60,16 +60,19 @@ constexpr unsigned kCodeRescanMaxMs = 5000;  // the longest back-off between sca
 
 // What a source without signals reported lost (published by the collector for get_stats()).
 struct pulled_counts {
-  std::atomic<std::uint64_t> lost{0}, throttles{0};
+  std::atomic<std::uint64_t> records{0}, truncated{0}, full{0}, lost{0}, throttles{0};
   pulled_counts() = default;
   pulled_counts& operator=(const pulled_counts&) {
-    lost.store(0, std::memory_order_relaxed);
-    throttles.store(0, std::memory_order_relaxed);
+    update(pulled_stats{});
     return *this;
   }
-  void update(const tick_source& src) {
-    lost.store(src.lost_samples(), std::memory_order_relaxed);
-    throttles.store(src.throttles(), std::memory_order_relaxed);
+  void update(const tick_source& src) { update(src.pulled()); }
+  void update(const pulled_stats& p) {
+    records.store(p.records, std::memory_order_relaxed);
+    truncated.store(p.truncated, std::memory_order_relaxed);
+    full.store(p.full, std::memory_order_relaxed);
+    lost.store(p.lost, std::memory_order_relaxed);
+    throttles.store(p.throttles, std::memory_order_relaxed);
   }
 };
 

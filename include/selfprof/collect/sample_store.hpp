@@ -224,7 +224,8 @@ class sample_store {
     const std::uint64_t now = windows_.enabled() ? monotonic_ns() : 0;
     games_.collect_closed();  // before the ring: the samples of these frames are in it
     while (ring_slot* s = ring.peek()) {
-      const sample_header& h = s->header;
+      sample_header h = s->header;
+      if (h.tag == kGameFrameTagByTime) h.tag = games_.tag_at(h.tid, h.time_ns);
       const std::uint16_t flags = static_cast<std::uint16_t>(h.flags & kSampleKeptFlags);
       std::size_t depth = h.depth <= ring.max_depth() ? h.depth : ring.max_depth();
       if (depth > pcs_.size()) depth = pcs_.size();

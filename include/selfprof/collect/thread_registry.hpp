@@ -223,6 +223,8 @@ class thread_registry {
   // SELFPROF_FRAME_HZ: samples one thread at `hz`, through whichever source armed it.
   status set_thread_rate(pid_t tid, double hz) {
     std::lock_guard<std::mutex> lock(mu_);
+    // A source that covers every thread itself (the ring) arms none one by one.
+    if (primary_ && !primary_->per_thread()) return primary_->set_thread_rate(tid, hz);
     auto it = threads_.find(tid);
     if (it == threads_.end() || it->second.by == armed_by::none)
       return status::error("thread " + std::to_string(tid) + " is not armed yet", EAGAIN);

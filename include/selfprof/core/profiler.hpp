@@ -229,11 +229,12 @@ class profiler_core {
     s.threads_arm_failed = tc.arm_failed;
     if (running_) s.threads_blocking_signal = registry_.blocking(signal_.number);
     const handler_counts h = snapshots_.counts();
-    s.records = h.taken;
-    s.dropped_full = h.full;
+    // Records and their losses: the handler's, and the ring source's (one of the two counts).
+    s.records = h.taken + pulled_.records.load(std::memory_order_relaxed);
+    s.dropped_full = h.full + pulled_.full.load(std::memory_order_relaxed);
     s.dropped_inactive = h.inactive;
     s.foreign_signals = h.foreign;
-    s.truncated = h.truncated;
+    s.truncated = h.truncated + pulled_.truncated.load(std::memory_order_relaxed);
     s.thread_checks = h.thread_checks;
     s.thread_wakes = h.thread_wakes;
     s.rate_capped = h.rate_capped;

@@ -113,8 +113,12 @@ class game_frame_tracker {
       if (st != game_frame_live && st != game_frame_retired) continue;
       loop_state& ls = loop_for(i, s);
       std::uint64_t head = s.head.load(std::memory_order_acquire);
-      for (std::uint64_t t = s.tail.load(std::memory_order_relaxed); t != head; ++t)
-        pending_.push_back(closing{i, s.ring[t % kClosedGameFrameRing]});
+      for (std::uint64_t t = s.tail.load(std::memory_order_relaxed); t != head; ++t) {
+        const closed_game_frame& f = s.ring[t % kClosedGameFrameRing];
+        pending_.push_back(closing{i, f});
+        ls.history.push_back(f);
+        if (ls.history.size() > kRecentVerdicts) ls.history.pop_front();
+      }
       s.tail.store(head, std::memory_order_release);
       std::uint64_t lost = s.lost.load(std::memory_order_relaxed);
       if (lost > ls.lost_seen) {
@@ -123,6 +127,39 @@ class game_frame_tracker {
       }
       if (st == game_frame_retired) ls.retire_after_processing = true;
     }
+  }
+
+  // The tag of the frame thread `tid` was running at `time_ns`, or 0: for samples that carry a time and
+  // no tag (kGameFrameTagByTime: the ring source's, which the kernel wrote without running any code of
+  // selfprof's on the thread). Call after collect_closed(). Frames are looked up among those taken
+  // already (the history), those closed and not taken yet (the slot's ring from tail to head, which only
+  // the collector advances, so the marking thread never writes there), then the running frame, which
+  // began where the last closed one ended (or at the first mark). Closed frames the slot's ring had no
+  // room for are not known: samples after such a loss are tagged as the frame after the last one known.
+  std::uint64_t tag_at(std::uint32_t tid, std::uint64_t time_ns) const {
+    for (const auto& l : loops_) {
+      const loop_state& ls = l.second;
+      if (ls.tid != tid) continue;
+      const std::uint64_t slot_bits = std::uint64_t(l.first + 1) << kGameFrameTagShift;
+      auto in = [time_ns](const closed_game_frame& f) { return f.start_ns <= time_ns && time_ns < f.end_ns; };
+      for (auto it = ls.history.rbegin(); it != ls.history.rend(); ++it)
+        if (in(*it)) return slot_bits | (it->seq & kGameFrameSeqMask);
+      const game_frame_slot& s = g_game_frames.slots[l.first];
+      const closed_game_frame* last = ls.history.empty() ? nullptr : &ls.history.back();
+      const std::uint64_t head = s.head.load(std::memory_order_acquire);
+      for (std::uint64_t t = s.tail.load(std::memory_order_relaxed); t != head; ++t) {
+        const closed_game_frame& f = s.ring[t % kClosedGameFrameRing];
+        if (in(f)) return slot_bits | (f.seq & kGameFrameSeqMask);
+        last = &f;
+      }
+      if (last) {
+        if (time_ns >= last->end_ns) return slot_bits | ((last->seq + 1) & kGameFrameSeqMask);
+        continue;  // before every frame still known
+      }
+      const std::uint64_t first = s.start_ns.load(std::memory_order_relaxed);
+      if (first != 0 && time_ns >= first) return slot_bits | 1;
+    }
+    return 0;
   }
 
   // Step 2, for each drained sample: holds a tagged sample until its frame closes. Returns false when
@@ -248,6 +285,7 @@ class game_frame_tracker {
     bool retire_after_processing = false;
     std::map<std::uint64_t, std::vector<held_sample>> open;  // frame seq -> samples
     std::deque<std::pair<std::uint64_t, bool>> recent;       // (seq, slow) of the last frames decided
+    std::deque<closed_game_frame> history;                   // the last frames taken, oldest first
   };
   struct frame_loop_acc {
     duration_histogram hist;

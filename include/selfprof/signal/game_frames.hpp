@@ -19,6 +19,9 @@ constexpr std::size_t kClosedGameFrameRing = 256;
 // A tag is (slot index + 1) << 48 | frame sequence number; 0 means "not on a marked thread".
 constexpr unsigned kGameFrameTagShift = 48;
 constexpr std::uint64_t kGameFrameSeqMask = (std::uint64_t(1) << kGameFrameTagShift) - 1;
+// The tag of a sample that carries its time instead (taken without code of selfprof's running on the
+// thread: the ring source); the collector looks its frame up by time. Its slot part is out of range.
+constexpr std::uint64_t kGameFrameTagByTime = ~std::uint64_t(0);
 
 enum game_frame_slot_state : std::uint32_t {
   game_frame_free = 0,

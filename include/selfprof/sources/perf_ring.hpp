@@ -38,6 +38,8 @@
 #include "selfprof/detail/process.hpp"
 #include "selfprof/detail/stack_table.hpp"
 #include "selfprof/detail/sys.hpp"
+#include "selfprof/signal/clock.hpp"
+#include "selfprof/signal/game_frames.hpp"
 #include "selfprof/signal/ring.hpp"
 #include "selfprof/signal/unwind.hpp"
 #include "selfprof/sources/source.hpp"
@@ -70,6 +72,8 @@ struct sampled_stack : stack_copy {
 // What reading the rings found, for stats.
 struct ring_counts {
   std::uint64_t samples = 0, foreign = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, full = 0;
+  std::uint64_t replaced = 0;  // a CPU ring's samples of a thread that has its own ring since then
+  std::uint64_t stored = 0, truncated = 0;  // written into the sample ring; of them, cut by the depth limit
 };
 
 // Unwinds one sample into out[0..): the copy walked with `set`'s rows (frame pointers where none, or
@@ -189,13 +193,7 @@ class perf_ring_source final : public tick_source {
 
   void close() override {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& c : rings_) {
-      for (int fd : c.fds) {
-        ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
-        sys().close(fd);
-      }
-      if (c.base) sys().munmap(c.base, c.map_bytes);
-    }
+    for (auto& c : rings_) release_ring(c);
     rings_.clear();
     events_ = 0;
   }
@@ -209,14 +207,55 @@ class perf_ring_source final : public tick_source {
     events_ = 0;
   }
 
-  // Reads every ring into `out` (selfprof's threads `skip` dropped). Returns the records read.
+  // Reads every ring into `out` (selfprof's threads `skip` dropped). Returns the records read. A thread's
+  // own ring goes once its thread has ended and the ring is read empty.
   std::size_t collect(sample_ring& out, const std::vector<pid_t>& skip) override {
     std::lock_guard<std::mutex> lock(mu_);
     skip_ = skip;
     std::size_t n = 0;
     for (auto& c : rings_)
       if (c.base) n += read_ring(c, out);
+    for (std::size_t i = 0; i < rings_.size();) {
+      char stat[8];
+      if (rings_[i].tid == 0 || sys().read_task_file(rings_[i].tid, "stat", stat, sizeof stat) > 0) {
+        ++i;
+        continue;
+      }
+      n += read_ring(rings_[i], out);  // what the thread's last moments left
+      release_ring(rings_[i]);
+      rings_.erase(rings_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
     return n;
+  }
+
+  // SELFPROF_FRAME_HZ: the thread gets events of its own at `hz` (one event on every CPU, not inherited,
+  // with a ring of its own: the kernel lets a per-thread event map a ring when it is not inherited), and
+  // the CPU rings' samples of it are dropped from then on. Its samples enter the all-frames profile at
+  // the common rate (game/rates.hpp).
+  status set_thread_rate(pid_t tid, double hz) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rings_.empty()) return status::error("perf ring: closed");
+    for (auto& r : rings_)
+      if (r.tid == tid) return status::ok();
+    cpu_ring r;
+    r.tid = tid;
+    r.hz = hz;
+    const int fd = open_event(tid, -1, hz, false);
+    if (fd < 0) {
+      const int e = errno;
+      return status::error("perf ring: thread " + std::to_string(tid) + "'s own event: " + std::strerror(e),
+                           e);
+    }
+    r.fds.push_back(fd);
+    ++events_;
+    status st = map_ring(r);
+    if (!st) {
+      release_ring(r);
+      return st;
+    }
+    r.since_ns = monotonic_ns();
+    rings_.push_back(r);
+    return status::ok();
   }
   std::size_t collect_again(sample_ring& out) override {
     std::vector<pid_t> skip;
@@ -230,25 +269,28 @@ class perf_ring_source final : public tick_source {
   // How often the collector must read so that no ring fills: a quarter of the time a ring holds at the
   // rate, between 5 and 200 ms.
   unsigned collect_period_ms() const override {
-    std::size_t smallest = ~std::size_t(0);
-    for (auto& c : rings_) smallest = std::min(smallest, c.data_bytes);
-    if (rings_.empty() || config_.hz <= 0) return 200;
-    const double records = double(smallest) / double(kStackCopyBytes + 1024);
-    const double ms = records / config_.hz * 1000 / 4;
-    return static_cast<unsigned>(std::max(5.0, std::min(200.0, ms)));
+    double ms = 200;
+    for (auto& c : rings_) {
+      if (c.hz <= 0) continue;
+      const double records = double(c.data_bytes) / double(kStackCopyBytes + 1024);
+      ms = std::min(ms, records / c.hz * 1000 / 4);
+    }
+    return static_cast<unsigned>(std::max(5.0, ms));
   }
 
   ring_counts counts() const {
     std::lock_guard<std::mutex> lock(mu_);
     return counts_;
   }
-  std::uint64_t lost_samples() const override {
+  pulled_stats pulled() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return counts_.lost;
-  }
-  std::uint64_t throttles() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return counts_.throttled;
+    pulled_stats p;
+    p.records = counts_.stored;
+    p.truncated = counts_.truncated;
+    p.full = counts_.full;
+    p.lost = counts_.lost;
+    p.throttles = counts_.throttled;
+    return p;
   }
 
  private:
@@ -256,16 +298,21 @@ class perf_ring_source final : public tick_source {
     int cpu = -1;
     void* base = nullptr;  // the header page, then the data pages
     std::size_t map_bytes = 0, data_bytes = 0;
-    std::vector<int> fds;  // fds[0] owns the ring
+    std::vector<int> fds;        // fds[0] owns the ring
+    double hz = 0;               // the rate its events sample at
+    pid_t tid = 0;               // a thread's own ring (SELFPROF_FRAME_HZ), 0 for a CPU's
+    std::uint64_t since_ns = 0;  // when that thread's own events started
   };
 
-  int open_event(pid_t tid, int cpu) {
+  // A task-clock event of `tid` on `cpu` at `hz`: inherited by the threads it creates (the CPU rings), or
+  // for the thread alone on every CPU (a boosted thread's own ring).
+  int open_event(pid_t tid, int cpu, double hz, bool inherit = true) {
     struct perf_event_attr attr;
     std::memset(&attr, 0, sizeof attr);
     attr.size = sizeof attr;
     attr.type = PERF_TYPE_SOFTWARE;
     attr.config = PERF_COUNT_SW_TASK_CLOCK;
-    attr.sample_period = static_cast<std::uint64_t>(period_ns_for(config_.hz));
+    attr.sample_period = static_cast<std::uint64_t>(period_ns_for(hz));
     attr.sample_type = PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CALLCHAIN |
                        PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER;
     attr.sample_regs_user = (1ull << kRegBp) | (1ull << kRegSp) | (1ull << kRegIp);
@@ -274,8 +321,8 @@ class perf_ring_source final : public tick_source {
     attr.exclude_kernel = user_only_ ? 1 : 0;
     attr.exclude_callchain_kernel = user_only_ ? 1 : 0;
     attr.exclude_hv = 1;
-    attr.inherit = 1;
-    attr.inherit_thread = 1;
+    attr.inherit = inherit ? 1 : 0;
+    attr.inherit_thread = inherit ? 1 : 0;
     attr.remove_on_exec = 1;
     attr.use_clockid = 1;
     attr.clockid = CLOCK_MONOTONIC;
@@ -296,9 +343,20 @@ class perf_ring_source final : public tick_source {
     return std::min<std::size_t>(want, 0xffff);
   }
 
+  void release_ring(cpu_ring& c) {
+    for (int fd : c.fds) {
+      ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+      sys().close(fd);
+      if (events_ > 0) --events_;
+    }
+    if (c.base) sys().munmap(c.base, c.map_bytes);
+    c.fds.clear();
+    c.base = nullptr;
+  }
+
   status open_cpus(pid_t self, int cpus) {
     for (int c = 0; c < cpus; ++c) {
-      int fd = open_event(self, c);
+      int fd = open_event(self, c, config_.hz);
       if (fd < 0) {
         const int e = errno;
         if (e == ENODEV || (e == EINVAL && c > 0)) continue;  // an offline CPU
@@ -313,6 +371,7 @@ class perf_ring_source final : public tick_source {
       }
       cpu_ring r;
       r.cpu = c;
+      r.hz = config_.hz;
       r.fds.push_back(fd);
       ++events_;
       rings_.push_back(r);
@@ -324,9 +383,9 @@ class perf_ring_source final : public tick_source {
   }
 
   // Maps the CPU's ring: the largest size the locked-memory budget allows.
-  status map_ring(cpu_ring& r) {
+  status map_ring(cpu_ring& r, unsigned max_pages = kRingPagesMax) {
     int e = 0;
-    for (unsigned pages = kRingPagesMax; pages >= kRingPagesMin; pages /= 2) {
+    for (unsigned pages = max_pages; pages >= kRingPagesMin; pages /= 2) {
       const std::size_t bytes = (pages + 1) * page_;
       void* p = sys().mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fds[0], 0);
       if (p != MAP_FAILED) {
@@ -339,7 +398,8 @@ class perf_ring_source final : public tick_source {
       if (e != EPERM && e != ENOMEM) break;
     }
     return status::error(
-        std::string("perf ring: mmap of CPU ") + std::to_string(r.cpu) +
+        std::string("perf ring: mmap of ") +
+            (r.tid ? "thread " + std::to_string(r.tid) : "CPU " + std::to_string(r.cpu)) +
             "'s ring failed: " + std::strerror(e) +
             (e == EPERM ? " (locked memory: perf_event_mlock_kb and RLIMIT_MEMLOCK used up)" : ""),
         e);
@@ -348,7 +408,7 @@ class perf_ring_source final : public tick_source {
   // A thread alive at open(): its own events, one per CPU, writing into that CPU's ring.
   status attach_thread(pid_t tid) {
     for (auto& r : rings_) {
-      int fd = open_event(tid, r.cpu);
+      int fd = open_event(tid, r.cpu, config_.hz);
       if (fd < 0) {
         const int e = errno;
         return status::error("perf ring: thread " + std::to_string(tid) + ": " + std::strerror(e), e);
@@ -389,7 +449,7 @@ class perf_ring_source final : public tick_source {
       }
       record_.resize(h.size);
       copy_out(data, size, tail, record_.data(), h.size);
-      handle_record(h, record_.data(), h.size, out);
+      handle_record(r, h, record_.data(), h.size, out);
       tail += h.size;
       ++n;
     }
@@ -424,8 +484,8 @@ class perf_ring_source final : public tick_source {
     }
   };
 
-  void handle_record(const perf_event_header& h, const unsigned char* rec, std::size_t len,
-                     sample_ring& out) {
+  void handle_record(const cpu_ring& from, const perf_event_header& h, const unsigned char* rec,
+                     std::size_t len, sample_ring& out) {
     cursor c{rec + sizeof h, len - sizeof h};
     if (h.type == PERF_RECORD_LOST) {
       std::uint64_t id = 0, lost = 0;
@@ -445,6 +505,10 @@ class perf_ring_source final : public tick_source {
     const auto tid = static_cast<pid_t>(pidtid >> 32);
     if (std::find(skip_.begin(), skip_.end(), tid) != skip_.end()) {
       ++counts_.foreign;
+      return;
+    }
+    if (from.tid == 0 && has_own_ring(tid, time)) {
+      ++counts_.replaced;
       return;
     }
     // The chain: its kernel part (after PERF_CONTEXT_KERNEL, the interrupted kernel pc first; only where
@@ -512,8 +576,16 @@ class perf_ring_source final : public tick_source {
     slot->header.flags = truncated ? sample_truncated : 0;
     slot->header.weight = 1;
     slot->header.time_ns = time;
-    slot->header.tag = 0;
+    slot->header.tag = kGameFrameTagByTime;  // the collector finds the game frame by the time
+    ++counts_.stored;
+    if (truncated) ++counts_.truncated;
     sample_ring::publish(slot, pos);
+  }
+
+  bool has_own_ring(pid_t tid, std::uint64_t time) const {
+    for (auto& r : rings_)
+      if (r.tid == tid && time >= r.since_ns) return true;
+    return false;
   }
 
   source_config config_;

@@ -28,6 +28,15 @@ struct source_config {
   std::size_t max_depth = 0;  // ring: the kernel's call-chain depth (0: its default)
 };
 
+// A source that pulls samples (the ring): what it read, as the handler's counters say it for signals.
+struct pulled_stats {
+  std::uint64_t records = 0;    // samples written into the sample ring
+  std::uint64_t truncated = 0;  // of them, stacks cut by the depth limit
+  std::uint64_t full = 0;       // samples dropped: the sample ring was full
+  std::uint64_t lost = 0;       // the kernel's PERF_RECORD_LOST counts
+  std::uint64_t throttles = 0;  // PERF_RECORD_THROTTLE records
+};
+
 class tick_source {
  public:
   virtual ~tick_source() = default;
@@ -64,8 +73,7 @@ class tick_source {
     return 0;
   }
   virtual unsigned collect_period_ms() const { return 50; }
-  virtual std::uint64_t lost_samples() const { return 0; }  // the kernel's PERF_RECORD_LOST counts
-  virtual std::uint64_t throttles() const { return 0; }     // PERF_RECORD_THROTTLE records
+  virtual pulled_stats pulled() const { return {}; }  // what collect() read, for stats
   virtual status set_thread_rate(pid_t tid, double hz) {
     (void)tid;
     (void)hz;
