@@ -142,6 +142,9 @@ constexpr std::size_t kClosedGameFrameRing = 256;
 // A tag is (slot index + 1) << 48 | frame sequence number; 0 means "not on a marked thread".
 constexpr unsigned kGameFrameTagShift = 48;
 constexpr std::uint64_t kGameFrameSeqMask = (std::uint64_t(1) << kGameFrameTagShift) - 1;
+// The tag of a sample that carries its time instead (taken without code of selfprof's running on the
+// thread: the ring source); the collector looks its frame up by time. Its slot part is out of range.
+constexpr std::uint64_t kGameFrameTagByTime = ~std::uint64_t(0);
 
 enum game_frame_slot_state : std::uint32_t {
   game_frame_free = 0,
@@ -2757,7 +2760,7 @@ struct stats {
   bool kernel_time = true;               // samples include time spent in the kernel
   unwind_mode unwind = unwind_mode::fp;  // dwarf (CFI rows, frame pointers where none) or fp
   std::uint64_t samples = 0;             // sample weight folded into the table
-  std::uint64_t records = 0;             // records written by the handler
+  std::uint64_t records = 0;             // records written by the handler, or read from the kernel's rings
   std::uint64_t dropped_full = 0, dropped_inactive = 0, foreign_signals = 0, truncated = 0;
   std::size_t unique_stacks = 0, table_bytes = 0;  // table_bytes: the stack table and window buckets
   // The memory ceiling (options::max_memory, SELFPROF_MAX_MEMORY) and what staying under it took.
@@ -6433,8 +6436,12 @@ class game_frame_tracker {
       if (st != game_frame_live && st != game_frame_retired) continue;
       loop_state& ls = loop_for(i, s);
       std::uint64_t head = s.head.load(std::memory_order_acquire);
-      for (std::uint64_t t = s.tail.load(std::memory_order_relaxed); t != head; ++t)
-        pending_.push_back(closing{i, s.ring[t % kClosedGameFrameRing]});
+      for (std::uint64_t t = s.tail.load(std::memory_order_relaxed); t != head; ++t) {
+        const closed_game_frame& f = s.ring[t % kClosedGameFrameRing];
+        pending_.push_back(closing{i, f});
+        ls.history.push_back(f);
+        if (ls.history.size() > kRecentVerdicts) ls.history.pop_front();
+      }
       s.tail.store(head, std::memory_order_release);
       std::uint64_t lost = s.lost.load(std::memory_order_relaxed);
       if (lost > ls.lost_seen) {
@@ -6443,6 +6450,39 @@ class game_frame_tracker {
       }
       if (st == game_frame_retired) ls.retire_after_processing = true;
     }
+  }
+
+  // The tag of the frame thread `tid` was running at `time_ns`, or 0: for samples that carry a time and
+  // no tag (kGameFrameTagByTime: the ring source's, which the kernel wrote without running any code of
+  // selfprof's on the thread). Call after collect_closed(). Frames are looked up among those taken
+  // already (the history), those closed and not taken yet (the slot's ring from tail to head, which only
+  // the collector advances, so the marking thread never writes there), then the running frame, which
+  // began where the last closed one ended (or at the first mark). Closed frames the slot's ring had no
+  // room for are not known: samples after such a loss are tagged as the frame after the last one known.
+  std::uint64_t tag_at(std::uint32_t tid, std::uint64_t time_ns) const {
+    for (const auto& l : loops_) {
+      const loop_state& ls = l.second;
+      if (ls.tid != tid) continue;
+      const std::uint64_t slot_bits = std::uint64_t(l.first + 1) << kGameFrameTagShift;
+      auto in = [time_ns](const closed_game_frame& f) { return f.start_ns <= time_ns && time_ns < f.end_ns; };
+      for (auto it = ls.history.rbegin(); it != ls.history.rend(); ++it)
+        if (in(*it)) return slot_bits | (it->seq & kGameFrameSeqMask);
+      const game_frame_slot& s = g_game_frames.slots[l.first];
+      const closed_game_frame* last = ls.history.empty() ? nullptr : &ls.history.back();
+      const std::uint64_t head = s.head.load(std::memory_order_acquire);
+      for (std::uint64_t t = s.tail.load(std::memory_order_relaxed); t != head; ++t) {
+        const closed_game_frame& f = s.ring[t % kClosedGameFrameRing];
+        if (in(f)) return slot_bits | (f.seq & kGameFrameSeqMask);
+        last = &f;
+      }
+      if (last) {
+        if (time_ns >= last->end_ns) return slot_bits | ((last->seq + 1) & kGameFrameSeqMask);
+        continue;  // before every frame still known
+      }
+      const std::uint64_t first = s.start_ns.load(std::memory_order_relaxed);
+      if (first != 0 && time_ns >= first) return slot_bits | 1;
+    }
+    return 0;
   }
 
   // Step 2, for each drained sample: holds a tagged sample until its frame closes. Returns false when
@@ -6568,6 +6608,7 @@ class game_frame_tracker {
     bool retire_after_processing = false;
     std::map<std::uint64_t, std::vector<held_sample>> open;  // frame seq -> samples
     std::deque<std::pair<std::uint64_t, bool>> recent;       // (seq, slow) of the last frames decided
+    std::deque<closed_game_frame> history;                   // the last frames taken, oldest first
   };
   struct frame_loop_acc {
     duration_histogram hist;
@@ -6697,6 +6738,15 @@ struct source_config {
   std::size_t max_depth = 0;  // ring: the kernel's call-chain depth (0: its default)
 };
 
+// A source that pulls samples (the ring): what it read, as the handler's counters say it for signals.
+struct pulled_stats {
+  std::uint64_t records = 0;    // samples written into the sample ring
+  std::uint64_t truncated = 0;  // of them, stacks cut by the depth limit
+  std::uint64_t full = 0;       // samples dropped: the sample ring was full
+  std::uint64_t lost = 0;       // the kernel's PERF_RECORD_LOST counts
+  std::uint64_t throttles = 0;  // PERF_RECORD_THROTTLE records
+};
+
 class tick_source {
  public:
   virtual ~tick_source() = default;
@@ -6733,8 +6783,7 @@ class tick_source {
     return 0;
   }
   virtual unsigned collect_period_ms() const { return 50; }
-  virtual std::uint64_t lost_samples() const { return 0; }  // the kernel's PERF_RECORD_LOST counts
-  virtual std::uint64_t throttles() const { return 0; }     // PERF_RECORD_THROTTLE records
+  virtual pulled_stats pulled() const { return {}; }  // what collect() read, for stats
   virtual status set_thread_rate(pid_t tid, double hz) {
     (void)tid;
     (void)hz;
@@ -6957,7 +7006,8 @@ class sample_store {
     const std::uint64_t now = windows_.enabled() ? monotonic_ns() : 0;
     games_.collect_closed();  // before the ring: the samples of these frames are in it
     while (ring_slot* s = ring.peek()) {
-      const sample_header& h = s->header;
+      sample_header h = s->header;
+      if (h.tag == kGameFrameTagByTime) h.tag = games_.tag_at(h.tid, h.time_ns);
       const std::uint16_t flags = static_cast<std::uint16_t>(h.flags & kSampleKeptFlags);
       std::size_t depth = h.depth <= ring.max_depth() ? h.depth : ring.max_depth();
       if (depth > pcs_.size()) depth = pcs_.size();
@@ -8444,6 +8494,8 @@ class thread_registry {
   // SELFPROF_FRAME_HZ: samples one thread at `hz`, through whichever source armed it.
   status set_thread_rate(pid_t tid, double hz) {
     std::lock_guard<std::mutex> lock(mu_);
+    // A source that covers every thread itself (the ring) arms none one by one.
+    if (primary_ && !primary_->per_thread()) return primary_->set_thread_rate(tid, hz);
     auto it = threads_.find(tid);
     if (it == threads_.end() || it->second.by == armed_by::none)
       return status::error("thread " + std::to_string(tid) + " is not armed yet", EAGAIN);
@@ -10957,16 +11009,19 @@ constexpr unsigned kCodeRescanMaxMs = 5000;  // the longest back-off between sca
 
 // What a source without signals reported lost (published by the collector for get_stats()).
 struct pulled_counts {
-  std::atomic<std::uint64_t> lost{0}, throttles{0};
+  std::atomic<std::uint64_t> records{0}, truncated{0}, full{0}, lost{0}, throttles{0};
   pulled_counts() = default;
   pulled_counts& operator=(const pulled_counts&) {
-    lost.store(0, std::memory_order_relaxed);
-    throttles.store(0, std::memory_order_relaxed);
+    update(pulled_stats{});
     return *this;
   }
-  void update(const tick_source& src) {
-    lost.store(src.lost_samples(), std::memory_order_relaxed);
-    throttles.store(src.throttles(), std::memory_order_relaxed);
+  void update(const tick_source& src) { update(src.pulled()); }
+  void update(const pulled_stats& p) {
+    records.store(p.records, std::memory_order_relaxed);
+    truncated.store(p.truncated, std::memory_order_relaxed);
+    full.store(p.full, std::memory_order_relaxed);
+    lost.store(p.lost, std::memory_order_relaxed);
+    throttles.store(p.throttles, std::memory_order_relaxed);
   }
 };
 
@@ -17512,6 +17567,8 @@ struct sampled_stack : stack_copy {
 // What reading the rings found, for stats.
 struct ring_counts {
   std::uint64_t samples = 0, foreign = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, full = 0;
+  std::uint64_t replaced = 0;  // a CPU ring's samples of a thread that has its own ring since then
+  std::uint64_t stored = 0, truncated = 0;  // written into the sample ring; of them, cut by the depth limit
 };
 
 // Unwinds one sample into out[0..): the copy walked with `set`'s rows (frame pointers where none, or
@@ -17631,13 +17688,7 @@ class perf_ring_source final : public tick_source {
 
   void close() override {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& c : rings_) {
-      for (int fd : c.fds) {
-        ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
-        sys().close(fd);
-      }
-      if (c.base) sys().munmap(c.base, c.map_bytes);
-    }
+    for (auto& c : rings_) release_ring(c);
     rings_.clear();
     events_ = 0;
   }
@@ -17651,14 +17702,55 @@ class perf_ring_source final : public tick_source {
     events_ = 0;
   }
 
-  // Reads every ring into `out` (selfprof's threads `skip` dropped). Returns the records read.
+  // Reads every ring into `out` (selfprof's threads `skip` dropped). Returns the records read. A thread's
+  // own ring goes once its thread has ended and the ring is read empty.
   std::size_t collect(sample_ring& out, const std::vector<pid_t>& skip) override {
     std::lock_guard<std::mutex> lock(mu_);
     skip_ = skip;
     std::size_t n = 0;
     for (auto& c : rings_)
       if (c.base) n += read_ring(c, out);
+    for (std::size_t i = 0; i < rings_.size();) {
+      char stat[8];
+      if (rings_[i].tid == 0 || sys().read_task_file(rings_[i].tid, "stat", stat, sizeof stat) > 0) {
+        ++i;
+        continue;
+      }
+      n += read_ring(rings_[i], out);  // what the thread's last moments left
+      release_ring(rings_[i]);
+      rings_.erase(rings_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
     return n;
+  }
+
+  // SELFPROF_FRAME_HZ: the thread gets events of its own at `hz` (one event on every CPU, not inherited,
+  // with a ring of its own: the kernel lets a per-thread event map a ring when it is not inherited), and
+  // the CPU rings' samples of it are dropped from then on. Its samples enter the all-frames profile at
+  // the common rate (game/rates.hpp).
+  status set_thread_rate(pid_t tid, double hz) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rings_.empty()) return status::error("perf ring: closed");
+    for (auto& r : rings_)
+      if (r.tid == tid) return status::ok();
+    cpu_ring r;
+    r.tid = tid;
+    r.hz = hz;
+    const int fd = open_event(tid, -1, hz, false);
+    if (fd < 0) {
+      const int e = errno;
+      return status::error("perf ring: thread " + std::to_string(tid) + "'s own event: " + std::strerror(e),
+                           e);
+    }
+    r.fds.push_back(fd);
+    ++events_;
+    status st = map_ring(r);
+    if (!st) {
+      release_ring(r);
+      return st;
+    }
+    r.since_ns = monotonic_ns();
+    rings_.push_back(r);
+    return status::ok();
   }
   std::size_t collect_again(sample_ring& out) override {
     std::vector<pid_t> skip;
@@ -17672,25 +17764,28 @@ class perf_ring_source final : public tick_source {
   // How often the collector must read so that no ring fills: a quarter of the time a ring holds at the
   // rate, between 5 and 200 ms.
   unsigned collect_period_ms() const override {
-    std::size_t smallest = ~std::size_t(0);
-    for (auto& c : rings_) smallest = std::min(smallest, c.data_bytes);
-    if (rings_.empty() || config_.hz <= 0) return 200;
-    const double records = double(smallest) / double(kStackCopyBytes + 1024);
-    const double ms = records / config_.hz * 1000 / 4;
-    return static_cast<unsigned>(std::max(5.0, std::min(200.0, ms)));
+    double ms = 200;
+    for (auto& c : rings_) {
+      if (c.hz <= 0) continue;
+      const double records = double(c.data_bytes) / double(kStackCopyBytes + 1024);
+      ms = std::min(ms, records / c.hz * 1000 / 4);
+    }
+    return static_cast<unsigned>(std::max(5.0, ms));
   }
 
   ring_counts counts() const {
     std::lock_guard<std::mutex> lock(mu_);
     return counts_;
   }
-  std::uint64_t lost_samples() const override {
+  pulled_stats pulled() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return counts_.lost;
-  }
-  std::uint64_t throttles() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return counts_.throttled;
+    pulled_stats p;
+    p.records = counts_.stored;
+    p.truncated = counts_.truncated;
+    p.full = counts_.full;
+    p.lost = counts_.lost;
+    p.throttles = counts_.throttled;
+    return p;
   }
 
  private:
@@ -17698,16 +17793,21 @@ class perf_ring_source final : public tick_source {
     int cpu = -1;
     void* base = nullptr;  // the header page, then the data pages
     std::size_t map_bytes = 0, data_bytes = 0;
-    std::vector<int> fds;  // fds[0] owns the ring
+    std::vector<int> fds;        // fds[0] owns the ring
+    double hz = 0;               // the rate its events sample at
+    pid_t tid = 0;               // a thread's own ring (SELFPROF_FRAME_HZ), 0 for a CPU's
+    std::uint64_t since_ns = 0;  // when that thread's own events started
   };
 
-  int open_event(pid_t tid, int cpu) {
+  // A task-clock event of `tid` on `cpu` at `hz`: inherited by the threads it creates (the CPU rings), or
+  // for the thread alone on every CPU (a boosted thread's own ring).
+  int open_event(pid_t tid, int cpu, double hz, bool inherit = true) {
     struct perf_event_attr attr;
     std::memset(&attr, 0, sizeof attr);
     attr.size = sizeof attr;
     attr.type = PERF_TYPE_SOFTWARE;
     attr.config = PERF_COUNT_SW_TASK_CLOCK;
-    attr.sample_period = static_cast<std::uint64_t>(period_ns_for(config_.hz));
+    attr.sample_period = static_cast<std::uint64_t>(period_ns_for(hz));
     attr.sample_type = PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CALLCHAIN |
                        PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER;
     attr.sample_regs_user = (1ull << kRegBp) | (1ull << kRegSp) | (1ull << kRegIp);
@@ -17716,8 +17816,8 @@ class perf_ring_source final : public tick_source {
     attr.exclude_kernel = user_only_ ? 1 : 0;
     attr.exclude_callchain_kernel = user_only_ ? 1 : 0;
     attr.exclude_hv = 1;
-    attr.inherit = 1;
-    attr.inherit_thread = 1;
+    attr.inherit = inherit ? 1 : 0;
+    attr.inherit_thread = inherit ? 1 : 0;
     attr.remove_on_exec = 1;
     attr.use_clockid = 1;
     attr.clockid = CLOCK_MONOTONIC;
@@ -17738,9 +17838,20 @@ class perf_ring_source final : public tick_source {
     return std::min<std::size_t>(want, 0xffff);
   }
 
+  void release_ring(cpu_ring& c) {
+    for (int fd : c.fds) {
+      ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+      sys().close(fd);
+      if (events_ > 0) --events_;
+    }
+    if (c.base) sys().munmap(c.base, c.map_bytes);
+    c.fds.clear();
+    c.base = nullptr;
+  }
+
   status open_cpus(pid_t self, int cpus) {
     for (int c = 0; c < cpus; ++c) {
-      int fd = open_event(self, c);
+      int fd = open_event(self, c, config_.hz);
       if (fd < 0) {
         const int e = errno;
         if (e == ENODEV || (e == EINVAL && c > 0)) continue;  // an offline CPU
@@ -17755,6 +17866,7 @@ class perf_ring_source final : public tick_source {
       }
       cpu_ring r;
       r.cpu = c;
+      r.hz = config_.hz;
       r.fds.push_back(fd);
       ++events_;
       rings_.push_back(r);
@@ -17766,9 +17878,9 @@ class perf_ring_source final : public tick_source {
   }
 
   // Maps the CPU's ring: the largest size the locked-memory budget allows.
-  status map_ring(cpu_ring& r) {
+  status map_ring(cpu_ring& r, unsigned max_pages = kRingPagesMax) {
     int e = 0;
-    for (unsigned pages = kRingPagesMax; pages >= kRingPagesMin; pages /= 2) {
+    for (unsigned pages = max_pages; pages >= kRingPagesMin; pages /= 2) {
       const std::size_t bytes = (pages + 1) * page_;
       void* p = sys().mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fds[0], 0);
       if (p != MAP_FAILED) {
@@ -17781,7 +17893,8 @@ class perf_ring_source final : public tick_source {
       if (e != EPERM && e != ENOMEM) break;
     }
     return status::error(
-        std::string("perf ring: mmap of CPU ") + std::to_string(r.cpu) +
+        std::string("perf ring: mmap of ") +
+            (r.tid ? "thread " + std::to_string(r.tid) : "CPU " + std::to_string(r.cpu)) +
             "'s ring failed: " + std::strerror(e) +
             (e == EPERM ? " (locked memory: perf_event_mlock_kb and RLIMIT_MEMLOCK used up)" : ""),
         e);
@@ -17790,7 +17903,7 @@ class perf_ring_source final : public tick_source {
   // A thread alive at open(): its own events, one per CPU, writing into that CPU's ring.
   status attach_thread(pid_t tid) {
     for (auto& r : rings_) {
-      int fd = open_event(tid, r.cpu);
+      int fd = open_event(tid, r.cpu, config_.hz);
       if (fd < 0) {
         const int e = errno;
         return status::error("perf ring: thread " + std::to_string(tid) + ": " + std::strerror(e), e);
@@ -17831,7 +17944,7 @@ class perf_ring_source final : public tick_source {
       }
       record_.resize(h.size);
       copy_out(data, size, tail, record_.data(), h.size);
-      handle_record(h, record_.data(), h.size, out);
+      handle_record(r, h, record_.data(), h.size, out);
       tail += h.size;
       ++n;
     }
@@ -17866,8 +17979,8 @@ class perf_ring_source final : public tick_source {
     }
   };
 
-  void handle_record(const perf_event_header& h, const unsigned char* rec, std::size_t len,
-                     sample_ring& out) {
+  void handle_record(const cpu_ring& from, const perf_event_header& h, const unsigned char* rec,
+                     std::size_t len, sample_ring& out) {
     cursor c{rec + sizeof h, len - sizeof h};
     if (h.type == PERF_RECORD_LOST) {
       std::uint64_t id = 0, lost = 0;
@@ -17887,6 +18000,10 @@ class perf_ring_source final : public tick_source {
     const auto tid = static_cast<pid_t>(pidtid >> 32);
     if (std::find(skip_.begin(), skip_.end(), tid) != skip_.end()) {
       ++counts_.foreign;
+      return;
+    }
+    if (from.tid == 0 && has_own_ring(tid, time)) {
+      ++counts_.replaced;
       return;
     }
     // The chain: its kernel part (after PERF_CONTEXT_KERNEL, the interrupted kernel pc first; only where
@@ -17954,8 +18071,16 @@ class perf_ring_source final : public tick_source {
     slot->header.flags = truncated ? sample_truncated : 0;
     slot->header.weight = 1;
     slot->header.time_ns = time;
-    slot->header.tag = 0;
+    slot->header.tag = kGameFrameTagByTime;  // the collector finds the game frame by the time
+    ++counts_.stored;
+    if (truncated) ++counts_.truncated;
     sample_ring::publish(slot, pos);
+  }
+
+  bool has_own_ring(pid_t tid, std::uint64_t time) const {
+    for (auto& r : rings_)
+      if (r.tid == tid && time >= r.since_ns) return true;
+    return false;
   }
 
   source_config config_;
@@ -17998,22 +18123,26 @@ inline std::unique_ptr<tick_source> make_source(source_kind k) {
   }
 }
 
-// The decision (bench/overhead.cpp measures it; figures in docs/measurements.md): a CPU-timer tick costs
-// far less than a perf_event tick, whose hrtimer interrupt is expensive in virtual machines. Up to the kernel
-// tick rate both deliver the requested rate and count kernel time, so the timer wins. Above it a CPU
-// timer fires at most once per tick (the rest only show up as si_overrun), so perf_event is taken:
-// with kernel time when it opens; user-only otherwise, which delivers the rate but cannot see time spent
-// in syscalls (said in the reason). The itimer is the last resort: one signal per tick for the whole
-// process, uneven across threads.
+// The decision (bench/overhead.cpp measures it; figures in docs/measurements.md). First the ring: the
+// kernel writes samples into buffers that the collector reads, so no signal ever reaches the program (no
+// EINTR, no handler to conflict with, nothing pending at exec) and the cost per sample is perf record's.
+// Where it cannot open (perf_event refused, descriptors or locked memory used up), the signal sources: a
+// CPU-timer tick costs far less than a perf_event tick, whose hrtimer interrupt is expensive in virtual
+// machines. Up to the kernel tick rate both deliver the requested rate and count kernel time, so the
+// timer wins. Above it a CPU timer fires at most once per tick (the rest only show up as si_overrun), so
+// perf_event is taken: with kernel time when it opens; user-only otherwise, which delivers the rate but
+// cannot see time spent in syscalls (said in the reason). The itimer is the last resort: one signal per
+// tick for the whole process, uneven across threads.
 inline source_choice choose_source(source_kind requested, source_config cfg) {
   source_choice out;
   char buf[160];
   const double tick = kernel_tick_hz();
   std::vector<std::pair<source_kind, bool>> order;  // kind, allow user-only perf
-  // SELFPROF_SOURCE=ring asks for no signals; where the ring cannot open, the signal sources `auto`
-  // would take follow, and the refusal says why.
-  const bool ring_first = requested == source_kind::ring;
-  if (ring_first) requested = source_kind::automatic;
+  // `auto` and SELFPROF_SOURCE=ring try the ring first; where it cannot open, the signal sources follow,
+  // and the refusal says why.
+  const bool ring_forced = requested == source_kind::ring;
+  const bool ring_first = ring_forced || requested == source_kind::automatic;
+  if (ring_forced) requested = source_kind::automatic;
   if (requested == source_kind::automatic) {
     if (cfg.hz <= tick)
       order = {{source_kind::timer, false}, {source_kind::perf, false}, {source_kind::itimer, false}};
@@ -18040,8 +18169,8 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
       continue;
     }
     if (o.first == source_kind::ring) {
-      out.reason = ring_first ? "forced by SELFPROF_SOURCE/options"
-                              : "the kernel writes samples into ring buffers: no signal reaches the program";
+      out.reason = ring_forced ? "forced by SELFPROF_SOURCE/options"
+                               : "the kernel writes samples into ring buffers: no signal reaches the program";
     } else if (requested != source_kind::automatic) {
       out.reason = std::string("forced by SELFPROF_SOURCE/options");
     } else if (o.first == source_kind::timer && cfg.hz <= tick) {
@@ -18292,11 +18421,12 @@ class profiler_core {
     s.threads_arm_failed = tc.arm_failed;
     if (running_) s.threads_blocking_signal = registry_.blocking(signal_.number);
     const handler_counts h = snapshots_.counts();
-    s.records = h.taken;
-    s.dropped_full = h.full;
+    // Records and their losses: the handler's, and the ring source's (one of the two counts).
+    s.records = h.taken + pulled_.records.load(std::memory_order_relaxed);
+    s.dropped_full = h.full + pulled_.full.load(std::memory_order_relaxed);
     s.dropped_inactive = h.inactive;
     s.foreign_signals = h.foreign;
-    s.truncated = h.truncated;
+    s.truncated = h.truncated + pulled_.truncated.load(std::memory_order_relaxed);
     s.thread_checks = h.thread_checks;
     s.thread_wakes = h.thread_wakes;
     s.rate_capped = h.rate_capped;

@@ -25,6 +25,7 @@ struct action_guard {
 
 TEST_CASE("application SIGURG and SIGPROF handlers installed first are left alone; selfprof takes another") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // the handler and its signal are under test
   action_guard g(SIGPROF), gu(SIGURG);
   struct sigaction act {};
   act.sa_handler = app_handler;
@@ -58,6 +59,7 @@ TEST_CASE("application SIGURG and SIGPROF handlers installed first are left alon
 
 TEST_CASE("asking for a signal the application owns is refused with a clear message") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // the handler and its signal are under test
   action_guard g(SIGPROF);
   struct sigaction act {};
   act.sa_handler = app_handler;
@@ -85,6 +87,7 @@ void other_copy_handler(int, siginfo_t*, void*) {}
 
 TEST_CASE("only the itimer left: selfprof moves to SIGPROF, the one signal it delivers") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // the handler and its signal are under test
   action_guard g(SIGPROF), gu(SIGURG);
   signal(SIGPROF, SIG_DFL);
   signal(SIGURG, SIG_DFL);
@@ -120,6 +123,7 @@ void late_handler(int) { g_late_handler_calls.fetch_add(1); }
 TEST_CASE(
     "a program that installs its own handler for the sampling signal later keeps it, and gets no ticks") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // the handler and its signal are under test
   action_guard g(SIGURG);
   signal(SIGURG, SIG_DFL);
   selfprof::options o;
@@ -151,6 +155,7 @@ TEST_CASE(
 
 TEST_CASE("another copy of selfprof already profiling the process is recognised and deferred to") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // the handler and its signal are under test
   action_guard g(SIGPROF);
   struct sigaction act {};
   act.sa_sigaction = other_copy_handler;  // what another build of selfprof installs
@@ -166,6 +171,7 @@ TEST_CASE("another copy of selfprof already profiling the process is recognised 
 
 TEST_CASE("selfprof samples on SIGURG (default action: ignore) by default; the default comes back on stop") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // the handler and its signal are under test
   action_guard g(SIGURG);
   signal(SIGURG, SIG_DFL);
   REQUIRE(selfprof::start(selfprof::options{}));

@@ -56,6 +56,9 @@ void triggers_wait(unsigned long n) {
 
 TEST_CASE("the dump signal, the interval, the API and exit write the same files with the same bytes") {
   wl::apply_test_environment();
+  // Ticks must stop before the four dumps: a blocked sampling signal does that; the kernel would go on
+  // writing this thread's samples into the ring source's buffers.
+  wl::signal_sources signals;
   wl::temp_dir tmp("selfprof-triggers");
   const std::string& dir = tmp.path;
   selfprof::options o;

@@ -107,6 +107,7 @@ TEST_CASE("the handler never calls malloc") {
   if (SELFPROF_TEST_SANITIZED) return;  // sanitizers own malloc
 #if !SELFPROF_TEST_SANITIZED
   wl::apply_test_environment();
+  wl::signal_sources signals;  // the handler and its signal are under test
   REQUIRE(selfprof::start(opts(1000)));
   std::thread t([] { wl::run_rounds(300000000LL); });
   wl::run_rounds(300000000LL);
@@ -136,6 +137,7 @@ TEST_CASE("the handler never calls malloc") {
 
 TEST_CASE("errno survives samples") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // the handler and its signal are under test
   REQUIRE(selfprof::start(opts(1000)));
   std::uint64_t before = selfprof::get_stats().records;
   long bad = 0;
@@ -152,6 +154,7 @@ TEST_CASE("errno survives samples") {
 
 TEST_CASE("garbage in %rbp does not crash the unwinder") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // the handler and its signal are under test
   REQUIRE(selfprof::start(opts(1000)));
   const std::uintptr_t fakes[] = {0,
                                   1,
@@ -167,6 +170,7 @@ TEST_CASE("garbage in %rbp does not crash the unwinder") {
 
 TEST_CASE("a frame chain that leads into an unreadable page stops there") {
   wl::apply_test_environment();
+  wl::signal_sources signals;                                 // the handler and its signal are under test
   alignas(4096) static thread_local unsigned char unused[1];  // keep TLS out of the way
   (void)unused;
   // Three pages of this frame's stack: a forged frame record in the first points into the second,
@@ -187,6 +191,7 @@ TEST_CASE("a frame chain that leads into an unreadable page stops there") {
 
 TEST_CASE("recursion deeper than the maximum depth is marked truncated") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // the handler and its signal are under test
   REQUIRE(selfprof::start(opts(250, 24)));
   wl::run_rounds(400000000LL);
   REQUIRE(selfprof::stop());
@@ -211,6 +216,7 @@ TEST_CASE("recursion deeper than the maximum depth is marked truncated") {
 
 TEST_CASE("signals sent with kill, tgkill or sigqueue are not taken for ticks") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // the handler and its signal are under test
   selfprof::options o = opts(99);
   REQUIRE(selfprof::start(o));
   int sig = selfprof::get_stats().sample_signal;

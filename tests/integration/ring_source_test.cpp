@@ -581,3 +581,59 @@ TEST_CASE("ring source: a small locked-memory budget gives smaller rings, read m
   CHECK(st.samples > 0);
   if (ring) CHECK(st.collector_wakes > 30);  // 16 pages hold ~7 samples: the 5 ms period
 }
+
+TEST_CASE("auto takes the ring source where it opens: no sampling signal is even installed") {
+  wl::apply_test_environment();
+  selfprof::options o;
+  o.hz = 99;
+  REQUIRE(selfprof::start(o));
+  const bool ring = ring_running();
+  wl::run_rounds(300000000LL);
+  selfprof::stop();
+  const selfprof::stats st = selfprof::get_stats();
+  MESSAGE(st.source_detail << ": " << st.source_reason << "; " << st.records << " records");
+  CHECK(st.samples > 10);
+  if (!ring) return;
+  CHECK(st.source_reason.find("no signal reaches the program") != std::string::npos);
+  CHECK(st.refused.empty());
+  // Records read from the kernel's rings count as the handler's do.
+  CHECK(st.records >= st.samples);
+}
+
+TEST_CASE("ring source: SELFPROF_FRAME_HZ gives a marking thread a ring of its own, released when it ends") {
+  wl::apply_test_environment();
+  selfprof::options o = ring_options(100);
+  o.frame_hz = 1000;
+  o.frame_budget_ms = 1;  // every frame below is slow: its samples make the slow-frame profile
+  REQUIRE(selfprof::start(o));
+  const bool ring = ring_running();
+  const std::size_t maps_before = perf_mappings();
+  std::size_t maps_during = 0;
+  std::atomic<bool> boosted{false};
+  std::thread marker([&] {
+    const std::int64_t t0 = wl::thread_cpu_ns();
+    while (wl::thread_cpu_ns() - t0 < 600000000LL) {
+      wl::spin_units(20);
+      selfprof::frame_mark("tick");
+      if (!boosted && perf_mappings() > maps_before) {
+        maps_during = perf_mappings();
+        boosted = true;
+      }
+    }
+  });
+  marker.join();
+  // The collector releases the ring at a wake after the thread has ended.
+  for (int i = 0; i < 100 && perf_mappings() != maps_before; ++i) usleep(20000);
+  const std::size_t maps_after = perf_mappings();
+  selfprof::stop();
+  bool marked = false;
+  const selfprof::profile slow = selfprof::snapshot_slow_frames();
+  const std::uint64_t slow_samples = wl::total_samples(slow);
+  MESSAGE("perf mappings " << maps_before << " -> " << maps_during << " -> " << maps_after << "; "
+                           << slow_samples << " slow-frame samples");
+  (void)marked;
+  if (!ring) return;
+  CHECK(maps_during == maps_before + 1);
+  CHECK(maps_after == maps_before);
+  CHECK(slow_samples > 300);  // ~0.6 s at 1 kHz (at 100 Hz it would be ~60)
+}

@@ -111,6 +111,7 @@ TEST_CASE("forced perf_event: with kernel time as root, user-only otherwise, a c
 
 TEST_CASE("auto at 99 Hz takes the CPU timer and says why") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // what auto takes where the ring cannot open
   run_result r = run_with(selfprof::source_kind::automatic, 99, 300000000LL);
   REQUIRE(r.started);
   CHECK(r.st.source == selfprof::source_kind::timer);
@@ -120,6 +121,7 @@ TEST_CASE("auto at 99 Hz takes the CPU timer and says why") {
 
 TEST_CASE("auto at 99 Hz: threads that wait for a CPU move from the CPU timer to perf_event") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // what auto takes where the ring cannot open
   // Twice as many busy threads as CPUs, plus one: each waits for a CPU more than half the time, the
   // case where CPU timers sample on the tick lattice.
   const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
@@ -172,6 +174,7 @@ TEST_CASE("auto at 99 Hz: threads that wait for a CPU move from the CPU timer to
 
 TEST_CASE("auto at 1 kHz: perf_event delivers the rate; without perf, CPU timers weighted by overruns") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // what auto takes where the ring cannot open
   run_result r = run_with(selfprof::source_kind::automatic, 1000, 1500000000LL, 2);
   REQUIRE(r.started);
   double weighted = double(r.st.samples) / (double(r.cpu_ns) / 1e9);

@@ -49,6 +49,7 @@ TEST_CASE("a thread created after start is found, sampled for its CPU time, and 
 
 TEST_CASE("while ticks arrive, the handler finds new threads and the collector sleeps") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // the handler watches the thread count
   std::atomic<bool> done{false};
   std::thread busy([&] {
     while (!done.load()) wl::spin_units(1);
@@ -130,6 +131,7 @@ TEST_CASE("register_thread() arms the calling thread at once") {
 
 TEST_CASE("a thread that blocks the sampling signal is counted, and register_thread unblocks it") {
   wl::apply_test_environment();
+  wl::signal_sources signals;  // the ring sends no signal to block
   REQUIRE(selfprof::start(opts(99)));
   std::atomic<int> phase{0};
   pid_t tid = 0;

@@ -40,22 +40,26 @@ inline std::unique_ptr<tick_source> make_source(source_kind k) {
   }
 }
 
-// The decision (bench/overhead.cpp measures it; figures in docs/measurements.md): a CPU-timer tick costs
-// far less than a perf_event tick, whose hrtimer interrupt is expensive in virtual machines. Up to the kernel
-// tick rate both deliver the requested rate and count kernel time, so the timer wins. Above it a CPU
-// timer fires at most once per tick (the rest only show up as si_overrun), so perf_event is taken:
-// with kernel time when it opens; user-only otherwise, which delivers the rate but cannot see time spent
-// in syscalls (said in the reason). The itimer is the last resort: one signal per tick for the whole
-// process, uneven across threads.
+// The decision (bench/overhead.cpp measures it; figures in docs/measurements.md). First the ring: the
+// kernel writes samples into buffers that the collector reads, so no signal ever reaches the program (no
+// EINTR, no handler to conflict with, nothing pending at exec) and the cost per sample is perf record's.
+// Where it cannot open (perf_event refused, descriptors or locked memory used up), the signal sources: a
+// CPU-timer tick costs far less than a perf_event tick, whose hrtimer interrupt is expensive in virtual
+// machines. Up to the kernel tick rate both deliver the requested rate and count kernel time, so the
+// timer wins. Above it a CPU timer fires at most once per tick (the rest only show up as si_overrun), so
+// perf_event is taken: with kernel time when it opens; user-only otherwise, which delivers the rate but
+// cannot see time spent in syscalls (said in the reason). The itimer is the last resort: one signal per
+// tick for the whole process, uneven across threads.
 inline source_choice choose_source(source_kind requested, source_config cfg) {
   source_choice out;
   char buf[160];
   const double tick = kernel_tick_hz();
   std::vector<std::pair<source_kind, bool>> order;  // kind, allow user-only perf
-  // SELFPROF_SOURCE=ring asks for no signals; where the ring cannot open, the signal sources `auto`
-  // would take follow, and the refusal says why.
-  const bool ring_first = requested == source_kind::ring;
-  if (ring_first) requested = source_kind::automatic;
+  // `auto` and SELFPROF_SOURCE=ring try the ring first; where it cannot open, the signal sources follow,
+  // and the refusal says why.
+  const bool ring_forced = requested == source_kind::ring;
+  const bool ring_first = ring_forced || requested == source_kind::automatic;
+  if (ring_forced) requested = source_kind::automatic;
   if (requested == source_kind::automatic) {
     if (cfg.hz <= tick)
       order = {{source_kind::timer, false}, {source_kind::perf, false}, {source_kind::itimer, false}};
@@ -82,8 +86,8 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
       continue;
     }
     if (o.first == source_kind::ring) {
-      out.reason = ring_first ? "forced by SELFPROF_SOURCE/options"
-                              : "the kernel writes samples into ring buffers: no signal reaches the program";
+      out.reason = ring_forced ? "forced by SELFPROF_SOURCE/options"
+                               : "the kernel writes samples into ring buffers: no signal reaches the program";
     } else if (requested != source_kind::automatic) {
       out.reason = std::string("forced by SELFPROF_SOURCE/options");
     } else if (o.first == source_kind::timer && cfg.hz <= tick) {

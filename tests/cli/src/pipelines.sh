@@ -23,7 +23,10 @@ for i in $(seq "$n"); do
   c=$(awk '{ print substr($4, 1, 2) }' "$f" | sort | uniq -c | sort -rn | head -1)
   d=$(cut -d' ' -f6- "$f" | head -n "$k" | tr ' ' '\n' | sort -u | wc -l)
   e=$(yes "$i" | head -n 3 | tr '\n' ,)
-  echo "$i $a $b [$c] $d $e"
+  # Work of the shell's own (~25 ms), so the script itself has user-space samples even where kernel time
+  # is not sampled (an unprivileged user's perf events are user-only).
+  s=$i; for ((j = 0; j < 10000; j++)); do s=$(( (s * 31 + j) % 1000003 )); done
+  echo "$i $a $b [$c] $d $e $s"
 done
 masks
 echo "$(masks)" >&2

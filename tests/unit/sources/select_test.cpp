@@ -1,9 +1,11 @@
-// Choosing the tick source: `auto` takes the CPU timer up to the kernel tick and perf_event above it,
-// falls back in order with each refusal recorded, a forced source is the only one tried, and wall mode
-// refuses the sources that can cut a blocking call short.
+// Choosing the tick source: `auto` takes the ring first; without it, the CPU timer up to the kernel tick
+// and perf_event above it; it falls back in order with each refusal recorded, a forced source is the only
+// one tried, and wall mode refuses the sources that can cut a blocking call short.
 #include <doctest/doctest.h>
 
 #include <signal.h>
+
+#include <linux/perf_event.h>
 
 #include <cerrno>
 
@@ -34,12 +36,44 @@ using selfprof::detail::choose_source;
 using selfprof::detail::choose_wall_source;
 using selfprof::detail::kernel_tick_hz;
 
-TEST_CASE("choose_source: at or below the kernel tick, auto takes the CPU timer") {
+// perf_event_open refused for the ring's sampling events only (they are the ones that copy user stacks).
+long refuse_ring(void* attr, int pid, int cpu, int group, unsigned long flags) {
+  auto* a = static_cast<perf_event_attr*>(attr);
+  if (a->sample_type & PERF_SAMPLE_STACK_USER) {
+    errno = EACCES;
+    return -1;
+  }
+  return selfprof::detail::default_perf_event_open(attr, pid, cpu, group, flags);
+}
+
+TEST_CASE("choose_source: auto takes the ring where perf_event opens, and says no signal is sent") {
+  auto c = choose_source(source_kind::automatic, config(kernel_tick_hz() / 2));
+  REQUIRE(c.source);
+  if (c.source->kind() != source_kind::ring) {  // perf_event refused on this machine: the fallbacks below
+    REQUIRE_FALSE(c.refused.empty());
+    MESSAGE("ring refused here: " << c.refused[0]);
+    CHECK(c.refused[0].find("ring") == 0);
+    c.source->close();
+    return;
+  }
+  CHECK(c.source->kind() == source_kind::ring);
+  CHECK(c.source->pulls_samples());
+  CHECK(c.reason.find("no signal") != std::string::npos);
+  CHECK(c.refused.empty());
+  c.source->close();
+}
+
+TEST_CASE("choose_source: at or below the kernel tick without the ring, auto takes the CPU timer") {
+  seam_reset r;
+  selfprof::detail::sys().perf_event_open = refuse_ring;
   auto c = choose_source(source_kind::automatic, config(kernel_tick_hz() / 2));
   REQUIRE(c.source);
   CHECK(c.source->kind() == source_kind::timer);
   CHECK(c.reason.find("kernel tick") != std::string::npos);
-  CHECK(c.refused.empty());
+  CHECK(c.reason.find("fell back from the ring source") == 0);
+  REQUIRE(c.refused.size() == 1);
+  CHECK(c.refused[0].find("ring") == 0);
+  CHECK(c.refused[0].find("Permission denied") != std::string::npos);
 }
 
 TEST_CASE("choose_source: without perf_event and timers, auto falls back to the itimer and says why") {
@@ -54,10 +88,11 @@ TEST_CASE("choose_source: without perf_event and timers, auto falls back to the 
   REQUIRE(c.source);
   CHECK(c.source->kind() == source_kind::itimer);
   c.source->close();
-  REQUIRE(c.refused.size() == 3);  // perf with kernel time, perf user-only, timer
-  CHECK(c.refused[0].find("perf") == 0);
-  CHECK(c.refused[0].find("Permission denied") != std::string::npos);
-  CHECK(c.refused[2].find("timer") == 0);
+  REQUIRE(c.refused.size() == 4);  // ring, perf with kernel time, perf user-only, timer
+  CHECK(c.refused[0].find("ring") == 0);
+  CHECK(c.refused[1].find("perf") == 0);
+  CHECK(c.refused[1].find("Permission denied") != std::string::npos);
+  CHECK(c.refused[3].find("timer") == 0);
   CHECK(c.reason.find("last resort") != std::string::npos);
   sigaction(SIGPROF, &old, nullptr);
 }
@@ -69,7 +104,7 @@ TEST_CASE("choose_source: above the kernel tick without perf_event, the timer an
   REQUIRE(c.source);
   CHECK(c.source->kind() == source_kind::timer);
   CHECK(c.source->effective_hz() == doctest::Approx(kernel_tick_hz()));
-  CHECK(c.refused.size() == 2);
+  CHECK(c.refused.size() == 3);  // ring, perf with kernel time, perf user-only
 }
 
 TEST_CASE("choose_source: a forced source is the only one tried") {
