@@ -59,7 +59,7 @@ class sample_store {
     std::lock_guard<std::mutex> lock(mu_);
     config_ = c;
     period_ns_ = static_cast<std::uint64_t>(period_ns_for(c.hz));
-    table_.clear();
+    table_ = stack_table();  // not clear(): the last session's capacity would count against this one's limit
     table_.set_limit(c.table_limit);
     by_thread_.clear();
     threads_merged_ = 0;
