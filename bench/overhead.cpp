@@ -11,12 +11,14 @@
 // overhead is its CPU over the mean of those two. Repeats run the configurations in alternating order;
 // the table shows medians and the spread.
 #include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <linux/perf_event.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -41,6 +43,7 @@
 
 #include <selfprof.hpp>
 #include <selfprof/detail/process.hpp>
+#include <selfprof/symbols/symbolizer.hpp>  // the gperftools profile is named with it
 
 namespace ob {
 
@@ -134,6 +137,7 @@ class pool {
   pool(const pool&) = delete;
   pool& operator=(const pool&) = delete;
 
+  int size() const { return static_cast<int>(slots_.size()); }
   std::vector<pid_t> tids() const {
     std::vector<pid_t> v;
     for (auto& s : slots_) v.push_back(s.tid);
@@ -400,7 +404,7 @@ void parse_perf_script(const std::string& data_file, perf_record_run& r) {
 
 // ---- one measured block ------------------------------------------------------------------------------
 
-enum class kind { baseline, bare_timer, bare_perf, selfprof_run, perf_record };
+enum class kind { baseline, bare_timer, bare_perf, selfprof_run, perf_record, gperftools };
 
 struct config {
   kind k = kind::baseline;
@@ -414,6 +418,7 @@ struct block {
   bool ok = true;
   std::string error, detail;
   std::int64_t cpu_ns = 0;            // process CPU of the block
+  std::int64_t own_base_ns = 0;       // gperftools: the baseline its child measured, else 0 (neighbours)
   std::int64_t extra_cpu_ns = 0;      // perf record's own CPU while recording
   std::int64_t extra_total_ns = 0;    // perf record's whole run: start, record, write (wait4 rusage)
   std::int64_t worker_cpu_ns = 0;     // the workers' CPU
@@ -497,6 +502,128 @@ selfprof_leaves leaves_of(const selfprof::profile& p) {
 std::string g_tmpdir;
 int g_perf_seq = 0;
 
+// ---- gperftools --------------------------------------------------------------------------------------
+//
+// gperftools' CPU profiler (libprofiler.so.0, Debian's libgoogle-perftools4): ProfilerStart/Stop around
+// the same work. Its rate (CPUPROFILE_FREQUENCY) is read once, when the library is loaded, so each block
+// runs in a fork()ed child that sets it, loads the library, builds a pool of the same size and measures
+// a baseline block, the profiled block and a second baseline; the overhead is against the child's own
+// baselines. Its profile (the legacy binary CPU profile: words of the pointer size, a header
+// [0, 3, 0, period_us, 0], records [count, depth, pc...], a trailer [0, 1, 0]) is read back and the leaves
+// named with selfprof's symbolizer for the split.
+using profiler_start_fn = int (*)(const char*);
+using profiler_stop_fn = void (*)();
+
+struct gperf_result {
+  std::int64_t base_ns = 0, cpu_ns = 0, worker_cpu_ns = 0;
+  double samples = 0, a = 0, b = 0, c = 0;
+  truth t;
+  char error[160] = {0};
+};
+
+// Reads a legacy CPU profile: samples, and the leaf each stack passes through.
+void read_gperf_profile(const std::string& path, gperf_result& out) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return;
+  std::vector<std::uintptr_t> w;
+  std::uintptr_t v;
+  while (std::fread(&v, sizeof v, 1, f) == 1) w.push_back(v);
+  std::fclose(f);
+  if (w.size() < 5 || w[0] != 0 || w[1] != 3) return;
+  selfprof::symbolizer sym;
+  sym.refresh();
+  std::map<std::uintptr_t, int> leaf_of;  // pc -> 0 a, 1 b, 2 c, -1 another function
+  auto leaf = [&](std::uintptr_t pc, bool ret) {
+    auto it = leaf_of.find(pc);
+    if (it != leaf_of.end()) return it->second;
+    const std::string n = sym.resolve_one(ret ? pc - 1 : pc).name;
+    const int k = n.find("leaf_a") != std::string::npos   ? 0
+                  : n.find("leaf_b") != std::string::npos ? 1
+                  : n.find("leaf_c") != std::string::npos ? 2
+                                                          : -1;
+    leaf_of.emplace(pc, k);
+    return k;
+  };
+  for (std::size_t i = 5; i + 2 <= w.size();) {
+    const std::uintptr_t count = w[i], depth = w[i + 1];
+    if (count == 0 || depth > w.size() - i - 2) break;  // the trailer, or a cut file
+    out.samples += double(count);
+    for (std::size_t d = 0; d < depth; ++d) {
+      const int k = leaf(w[i + 2 + d], d > 0);
+      if (k < 0) continue;
+      (k == 0 ? out.a : k == 1 ? out.b : out.c) += double(count);
+      break;
+    }
+    i += 2 + depth;
+  }
+}
+
+block gperftools_block(int threads, long rounds, double hz) {
+  block b;
+  void* mem = mmap(nullptr, sizeof(gperf_result), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    b.ok = false;
+    b.error = std::string("mmap: ") + std::strerror(errno);
+    return b;
+  }
+  gperf_result* shared = new (mem) gperf_result();
+  const std::string out = g_tmpdir + "/gperf" + std::to_string(++g_perf_seq) + ".prof";
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child == 0) {
+    char rate[32];
+    std::snprintf(rate, sizeof rate, "%d", static_cast<int>(hz));
+    setenv("CPUPROFILE_FREQUENCY", rate, 1);
+    void* lib = dlopen("libprofiler.so.0", RTLD_NOW);
+    auto start = lib ? reinterpret_cast<profiler_start_fn>(dlsym(lib, "ProfilerStart")) : nullptr;
+    auto stop = lib ? reinterpret_cast<profiler_stop_fn>(dlsym(lib, "ProfilerStop")) : nullptr;
+    if (!start || !stop) {
+      std::snprintf(shared->error, sizeof shared->error, "libprofiler.so.0 or its ProfilerStart not found");
+      _exit(1);
+    }
+    pool workers(threads);
+    workers.run(std::max(1L, rounds / 20));  // warm-up, as the parent's pool had
+    std::int64_t c0 = process_cpu_ns();
+    workers.run(rounds);
+    const std::int64_t base1 = process_cpu_ns() - c0;
+    c0 = process_cpu_ns();
+    if (!start(out.c_str())) {
+      std::snprintf(shared->error, sizeof shared->error, "ProfilerStart(%s) failed", out.c_str());
+      _exit(1);
+    }
+    pool::result r = workers.run(rounds);
+    stop();
+    shared->cpu_ns = process_cpu_ns() - c0;
+    c0 = process_cpu_ns();
+    workers.run(rounds);
+    shared->base_ns = (base1 + process_cpu_ns() - c0) / 2;
+    shared->worker_cpu_ns = r.worker_cpu_ns;
+    shared->t = r.t;
+    read_gperf_profile(out, *shared);
+    _exit(0);
+  }
+  int status = 0;
+  if (child > 0) waitpid(child, &status, 0);
+  const gperf_result res = *shared;
+  munmap(mem, sizeof(gperf_result));
+  unlink(out.c_str());
+  if (child < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || res.base_ns <= 0) {
+    b.ok = false;
+    b.error = res.error[0] ? res.error : "the gperftools child failed";
+    return b;
+  }
+  b.cpu_ns = res.cpu_ns;
+  b.own_base_ns = res.base_ns;
+  b.worker_cpu_ns = res.worker_cpu_ns;
+  b.records = b.weighted = res.samples;
+  b.split_err = split_error(res.a, res.b, res.c, res.t);
+  b.split_err_work = split_error(res.a, res.b, res.c, kWorkTruth);
+  b.split_sigma = binomial_sigma(res.a + res.b + res.c, res.t);
+  b.detail = "gperftools CPUPROFILE_FREQUENCY=" + std::to_string(static_cast<int>(hz)) +
+             " (setitimer ITIMER_PROF, SIGPROF), in a child against its own baselines";
+  return b;
+}
+
 block run_block_inner(pool& workers, long rounds, const config& cfg);
 
 block run_block(pool& workers, long rounds, const config& cfg) {
@@ -564,6 +691,8 @@ block run_block_inner(pool& workers, long rounds, const config& cfg) {
     b.split_err = split_error(l.a, l.b, l.c, r.t);
     b.split_err_work = split_error(l.a, l.b, l.c, kWorkTruth);
     b.split_sigma = binomial_sigma(l.a + l.b + l.c, r.t);
+  } else if (cfg.k == kind::gperftools) {
+    return gperftools_block(workers.size(), rounds, cfg.hz);
   } else {
     perf_record_run pr;
     std::string base = g_tmpdir + "/perf" + std::to_string(++g_perf_seq);
@@ -727,8 +856,10 @@ double arg_value(int argc, char** argv, const char* name, double dflt) {
 int main(int argc, char** argv) {
   using namespace ob;
   if (has_arg(argc, argv, "--help")) {
-    std::printf("usage: %s [--cpu-s 4] [--repeats 3] [--threads-max 8] [--no-perf-record] [--verbose]\n",
-                argv[0]);
+    std::printf(
+        "usage: %s [--cpu-s 4] [--repeats 3] [--threads-max 8] [--no-perf-record] [--no-gperftools] "
+        "[--verbose]\n",
+        argv[0]);
     return 0;
   }
   const double cpu_s = arg_value(argc, argv, "--cpu-s", 4.0);
@@ -743,6 +874,18 @@ int main(int argc, char** argv) {
   if (with_perf && geteuid() != 0) with_perf = false, perf_note = "perf record skipped: not root";
   if (with_perf && std::system("perf --version >/dev/null 2>&1") != 0)
     with_perf = false, perf_note = "perf record skipped: perf not found";
+  bool with_gperf = !has_arg(argc, argv, "--no-gperftools");
+  if (with_gperf) {  // probed in a child: loading it here would fix its rate for every later block
+    const pid_t probe = fork();
+    if (probe == 0) _exit(dlopen("libprofiler.so.0", RTLD_NOW) ? 0 : 1);
+    int status = 1;
+    if (probe > 0) waitpid(probe, &status, 0);
+    if (probe < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      with_gperf = false;
+      if (!perf_note.empty()) perf_note += "; ";
+      perf_note += "gperftools skipped: libprofiler.so.0 not found (Debian: libgoogle-perftools4)";
+    }
+  }
   char tmpl[] = "/tmp/selfprof-overhead-XXXXXX";
   if (!mkdtemp(tmpl)) {
     std::perror("mkdtemp");
@@ -841,6 +984,10 @@ int main(int argc, char** argv) {
         std::snprintf(buf, sizeof buf, "perf record dwarf %gHz", phz);
         configs.push_back({kind::perf_record, phz, selfprof::source_kind::automatic, buf, true});
       }
+      if (with_gperf) {
+        std::snprintf(buf, sizeof buf, "gperftools %gHz", hz);
+        configs.push_back({kind::gperftools, hz, selfprof::source_kind::automatic, buf});
+      }
     }
     for (auto& c : configs) order.emplace_back(threads, c);
     std::vector<double> base_noise;
@@ -885,6 +1032,7 @@ int main(int argc, char** argv) {
         while (kinds[before] != -1) --before;
         while (kinds[after] != -1) ++after;
         double base = (double(blocks[before].cpu_ns) + double(blocks[after].cpu_ns)) / 2;
+        if (b.own_base_ns > 0) base = double(b.own_base_ns);
         double ov = 100.0 * (double(b.cpu_ns) / base - 1);
         rw.overhead.push_back(ov);
         rw.overhead_total.push_back(100.0 * ((double(b.cpu_ns) + double(b.extra_cpu_ns)) / base - 1));
