@@ -76,13 +76,13 @@ class stack_table {
       entry e = entries_[r];
       if (e.tid != kMergedThreadsTid && ended(e.tid)) {
         e.tid = kMergedThreadsTid;
-        e.hash = hash(e.tid, e.flags, &pcs_[e.offset], e.depth);
+        e.hash = hash(e.tid, e.flags, pcs(e), e.depth);
       }
       std::size_t i = e.hash & mask;
       bool merged = false;
       for (; index_[i] != 0; i = (i + 1) & mask) {
         entry& k = entries_[index_[i] - 1];
-        if (same(k, e.hash, e.tid, e.flags, &pcs_[e.offset], e.depth)) {
+        if (same(k, e.hash, e.tid, e.flags, pcs(e), e.depth)) {
           k.count += e.count;
           merged = true;
           break;
@@ -90,7 +90,7 @@ class stack_table {
       }
       if (merged) continue;
       // Kept entries only move towards the front, so this never overwrites addresses not read yet.
-      std::memmove(&pcs_[pcs_end], &pcs_[e.offset], e.depth * sizeof(std::uint64_t));
+      if (e.depth > 0) std::memmove(pcs_.data() + pcs_end, pcs(e), e.depth * sizeof(std::uint64_t));
       e.offset = static_cast<std::uint32_t>(pcs_end);
       pcs_end += e.depth;
       entries_[kept++] = e;
@@ -164,7 +164,7 @@ class stack_table {
   bool same(const entry& e, std::uint64_t h, std::uint32_t tid, std::uint16_t flags, const std::uint64_t* pcs,
             std::size_t depth) const {
     return e.hash == h && e.tid == tid && e.flags == flags && e.depth == depth &&
-           std::memcmp(&pcs_[e.offset], pcs, depth * sizeof(std::uint64_t)) == 0;
+           (depth == 0 || std::memcmp(pcs_.data() + e.offset, pcs, depth * sizeof(std::uint64_t)) == 0);
   }
 
   // `always`: the few memory-ceiling stacks, added past the limit in the smallest steps.
