@@ -226,6 +226,56 @@ else
   echo "skip inline frames (the library was built without libdw)"
 fi
 
+# --follow-exec with one profile (issues 20, 21): sampled by perf_event events every process inherits,
+# read by the recorder, nothing loaded into the programs; the preload library where perf_event is refused
+# (here: SELFPROF_TEST_NO_PERF=1). A program without frame pointers is unwound from its file's CFI: the
+# stacks of its leaf reach main through two callers. A fork that does not exec is a process of its own.
+cat > nofp.c << 'SRC'
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((noinline)) unsigned long nofp_leaf(unsigned long n) {
+  volatile unsigned long buf[8] = {0};
+  for (unsigned long i = 0; i < n; ++i) buf[i & 7] = buf[(i + 3) & 7] * 6364136223846793005ul + i;
+  return buf[1];
+}
+__attribute__((noinline)) unsigned long nofp_mid(unsigned long n) { return nofp_leaf(n) + 1; }
+__attribute__((noinline)) unsigned long nofp_top(unsigned long n) { return nofp_mid(n) * 3; }
+int main(int argc, char** argv) {
+  unsigned long n = argc > 1 ? strtoul(argv[1], 0, 10) : 100000000ul;
+  printf("%lu\n", nofp_top(n) & 1);
+  return 0;
+}
+SRC
+"$cc" -O2 -fomit-frame-pointer -o nofp nofp.c
+"$bin" record -v -q --follow-exec -F 499 -o fx.folded -- /bin/sh -c 'echo "[$LD_PRELOAD]"; ./nofp 300000000; (./hot_c 0 100000000 > /dev/null; true); exec ./hot_c 0 100000000' 2> fx.err > fx.out
+rc=$?
+if grep -q "perf_event rings" fx.err; then
+  [ $rc -eq 0 ] && [ "$(head -1 fx.out)" = "[]" ] && ok "--follow-exec by perf_event: status 0, nothing in LD_PRELOAD" ||
+    bad "--follow-exec by perf_event: rc $rc, LD_PRELOAD '$(head -1 fx.out)'"
+  leaf=$(count_of fx.folded "nofp_leaf")
+  full=$(count_of fx.folded "nofp;_start;__libc_start_main;__libc_start_call_main;main;nofp_top;nofp_mid;nofp_leaf")
+  [ "$leaf" -gt 40 ] && [ $((full * 100)) -ge $((leaf * 95)) ] &&
+    ok "no frame pointers: $full of $leaf leaf samples unwound to _start from the file's CFI" ||
+    bad "no frame pointers: $full of $leaf leaf samples reach _start: $(grep nofp_leaf fx.folded | sort -k2 -rn | head -2)"
+  roots=$(cut -d';' -f1 fx.folded | sort -u | tr '\n' ' ')
+  [ "$(count_of fx.folded "sh;")" -gt 0 ] && [ "$(grep -c '^hot_c;.*hot_c_function' fx.folded)" -ge 1 ] &&
+    [ "$(count_of fx.folded "hot_c;")" -gt 30 ] && ok "fork without exec and exec: roots $roots" ||
+    bad "fork and exec roots: $roots"
+  "$bin" record -q --follow-exec --pid-roots -F 499 -o fxp.folded -- /bin/sh -c '(./hot_c 0 50000000 > /dev/null; true); exec ./hot_c 0 50000000' > /dev/null
+  [ "$(grep -o '^hot_c \[[0-9]*\]' fxp.folded | sort -u | wc -l)" -eq 2 ] && ok "--pid-roots: the fork and the exec are two processes" ||
+    bad "--pid-roots: $(cut -d';' -f1 fxp.folded | sort -u | tr '\n' ' ')"
+  SELFPROF_TEST_NO_PERF=1 "$bin" record --follow-exec -F 499 -o fxn.folded -- ./hot_c 0 50000000 > /dev/null 2> fxn.err
+  grep -q "recording through the preload library" fxn.err && grep -q "hot_c_function" fxn.folded &&
+    ok "perf_event refused: the preload library records instead, and says so" || bad "perf_event refused: $(cat fxn.err)"
+  SELFPROF_PRELOAD=/nonexistent/lib.so "$bin" record -q --follow-exec -F 499 -o fxl.folded -- ./hot_c 0 50000000 > /dev/null
+  grep -q "hot_c_function" fxl.folded && ok "--follow-exec by perf_event needs no preload library" || bad "no preload library: no profile"
+elif grep -q "recording through the preload library" fx.err || [ -n "${SELFPROF_TEST_NO_PERF:-}" ]; then
+  grep -q "nofp_leaf" fx.folded && ok "--follow-exec without perf_event: the preload library recorded" ||
+    bad "--follow-exec without perf_event: $(cat fx.err)"
+else
+  bad "--follow-exec: neither perf_event nor the preload library: $(cat fx.err)"
+fi
+
 # Errors: missing command (127, like a shell), missing library, bad option.
 "$bin" record -q -- ./does-not-exist 2> err; rc=$?
 [ $rc -eq 127 ] && grep -q "does-not-exist" err && ok "missing command: 127 and named" || bad "missing command: rc $rc"

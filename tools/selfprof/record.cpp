@@ -19,6 +19,7 @@
 
 #include "args.hpp"
 #include "commands.hpp"
+#include "perf_record.hpp"
 #include "raw_merge.hpp"
 
 namespace selfprof_cli {
@@ -40,11 +41,16 @@ const char* const record_help =
     "  -o, --output=PATH     where the profile goes (default selfprof-%p.svg). %p is the profiled\n"
     "                        process id, %t the unix time, %n the dump number; the extension picks the\n"
     "                        format (.svg .folded .txt .pb.gz); several paths may be comma-separated\n"
-    "  --follow-exec         also profile the programs CMD executes (children that exec keep\n"
-    "                        LD_PRELOAD). One profile for the whole recording, written at the end, each\n"
-    "                        process's name as the root of its stacks; with %p in the path, one profile\n"
-    "                        per process instead. Default: the library removes itself from LD_PRELOAD\n"
-    "                        once loaded, so only CMD (and its forks that do not exec) are profiled\n"
+    "  --follow-exec         also profile the programs CMD executes. One profile for the whole\n"
+    "                        recording, written at the end, each process's name as the root of its\n"
+    "                        stacks: sampled like perf record, by perf_event events that every process\n"
+    "                        inherits and that this process reads, with nothing loaded into the\n"
+    "                        programs (the preload library where perf_event is refused, or with\n"
+    "                        --preload). With %p in the path, one profile per process instead (children\n"
+    "                        that exec keep LD_PRELOAD). Default: the library removes itself from\n"
+    "                        LD_PRELOAD once loaded, so only CMD (and its forks that do not exec) are\n"
+    "                        profiled\n"
+    "  --preload             with --follow-exec: always through the preload library\n"
     "  --pid-roots           with --follow-exec: \"name [pid]\" roots, one per process, not per name\n"
     "  --interval=SECONDS    also write the profile every SECONDS (a SIGKILL loses at most one interval)\n"
     "  --mode=cpu|wall       CPU time (default) or wall-clock time, blocked threads included\n"
@@ -123,6 +129,9 @@ bool read_private_file(int dir, const char* name, std::string& out) {
   return ok;
 }
 
+int write_merged(raw_merger& merger, std::size_t lost, const std::vector<std::string>& notes,
+                 std::uint64_t dropped, const std::string& out, bool quiet);
+
 // The raw dumps of a recording (see raw_merge.hpp) named into one profile written to `out`; the
 // directory is emptied and removed. Returns 0, or 1 when the profile could not be written.
 int merge_recording(const std::string& dir_path, const std::string& out, bool pid_roots, bool quiet) {
@@ -157,8 +166,16 @@ int merge_recording(const std::string& dir_path, const std::string& out, bool pi
                  "selfprof record: no process of the recording wrote its samples (were they killed?)\n");
     return 1;
   }
+  return write_merged(merger, lost, {}, 0, out, quiet);
+}
+
+// Writes the merged profile of a recording to `out` (`notes` and `dropped` samples added to its info).
+int write_merged(raw_merger& merger, std::size_t lost, const std::vector<std::string>& notes,
+                 std::uint64_t dropped, const std::string& out, bool quiet) {
   const std::size_t processes = merger.processes();
   selfprof::profile p = merger.take(lost);
+  p.info.dropped += dropped;
+  for (const std::string& n : notes) p.info.notes.push_back(n);
   selfprof::output_options oo;
   oo.svg.title = std::string(p.info.mode == selfprof::profile_mode::wall ? "Wall-clock" : "CPU") +
                  " profile of " + std::to_string(processes) + " processes (selfprof record --follow-exec)";
@@ -178,9 +195,9 @@ int merge_recording(const std::string& dir_path, const std::string& out, bool pi
 
 int run_record(int argc, char** argv) {
   static const std::vector<option_spec> specs = {
-      {"freq", 'F', true},   {"output", 'o', true}, {"follow-exec", 0, false},
-      {"interval", 0, true}, {"mode", 0, true},     {"verbose", 'v', false},
-      {"quiet", 'q', false}, {"help", 'h', false},  {"pid-roots", 0, false},
+      {"freq", 'F', true},     {"output", 'o', true},   {"follow-exec", 0, false}, {"interval", 0, true},
+      {"mode", 0, true},       {"verbose", 'v', false}, {"quiet", 'q', false},     {"help", 'h', false},
+      {"pid-roots", 0, false}, {"preload", 0, false},
   };
   parsed_args a;
   selfprof::status st = parse_args(argc, argv, 2, specs, a, true);
@@ -212,13 +229,17 @@ int run_record(int argc, char** argv) {
   if (a.has("pid-roots") && !merged)
     return fail("record", "--pid-roots needs --follow-exec and a path without %p", 2);
 
+  // The merged recording of a command and what it executes: perf_event events inherited by every
+  // process, read here (perf_record.hpp), where the kernel allows them; the preload library otherwise.
+  const bool by_perf = merged && mode == "cpu" && !a.has("preload");
   std::string preload, tried;
-  if (!find_preload(preload, tried))
+  const bool have_preload = find_preload(preload, tried);
+  if (!have_preload && !by_perf)
     return fail("record", "cannot find libselfprof-preload.so (tried: " + tried +
                               "); build the selfprof-preload target or set SELFPROF_PRELOAD");
 
   // The loader splits LD_PRELOAD at ':' and ' ', with no way to escape them.
-  if (preload.find_first_of(": ") != std::string::npos)
+  if (have_preload && preload.find_first_of(": ") != std::string::npos && !by_perf)
     return fail("record",
                 "the preload library's path '" + preload +
                     "' contains ':' or ' ', which LD_PRELOAD cannot carry; install it elsewhere or "
@@ -239,7 +260,7 @@ int run_record(int argc, char** argv) {
 
   // Where the preload library writes what the program exec'd (see preload.cpp), in a directory of our own.
   std::string note_dir, note;
-  {
+  if (!merged) {
     const char* t = std::getenv("TMPDIR");
     std::string templ = std::string(t && *t ? t : "/tmp") + "/selfprof-record-XXXXXX";
     if (::mkdtemp(&templ[0]) != nullptr) {
@@ -261,6 +282,15 @@ int run_record(int argc, char** argv) {
     return what;
   };
 
+  // The child waits for one byte before it execs: 'p' to run as it is (the events are open on it), 'l'
+  // with the preload library, 'x' to give up.
+  int go[2] = {-1, -1};
+  if (::pipe2(go, O_CLOEXEC) != 0) {
+    const int err = errno;
+    if (merged) ::rmdir(raw_dir.c_str());
+    return fail("record", std::string("pipe: ") + std::strerror(err));
+  }
+
   // Like system(): the terminal's SIGINT/SIGQUIT go to the child; we wait for it and report. Ignored
   // before the fork, so a ^C in between cannot kill us and orphan the child; the child gets them back.
   struct sigaction ign {
@@ -275,20 +305,31 @@ int run_record(int argc, char** argv) {
     ::sigaction(SIGINT, &old_int, nullptr);
     ::sigaction(SIGQUIT, &old_quit, nullptr);
     if (merged) ::rmdir(raw_dir.c_str());
+    ::close(go[0]);
+    ::close(go[1]);
     return fail("record", std::string("fork: ") + std::strerror(err));
   }
   if (child == 0) {
     ::sigaction(SIGINT, &old_int, nullptr);
     ::sigaction(SIGQUIT, &old_quit, nullptr);
-    ::setenv("LD_PRELOAD", ld.c_str(), 1);
-    ::setenv("SELFPROF_OUT",
-             merged ? (raw_dir + "/%p" + selfprof::detail::kRawDumpExtension).c_str() : out.c_str(), 1);
-    if (a.has("freq")) ::setenv("SELFPROF_HZ", a.get("freq").c_str(), 1);
-    if (a.has("interval")) ::setenv("SELFPROF_INTERVAL", a.get("interval").c_str(), 1);
-    if (a.has("mode")) ::setenv("SELFPROF_MODE", mode.c_str(), 1);
-    if (a.has("verbose")) ::setenv("SELFPROF_VERBOSE", "1", 1);
-    ::setenv("SELFPROF_FOLLOW_EXEC", a.has("follow-exec") ? "1" : "0", 1);
-    if (!note.empty()) ::setenv("SELFPROF_EXEC_NOTE", note.c_str(), 1);
+    ::close(go[1]);
+    char how = 0;
+    ssize_t got;
+    do got = ::read(go[0], &how, 1);
+    while (got < 0 && errno == EINTR);
+    ::close(go[0]);
+    if (got != 1 || how == 'x') ::_exit(127);
+    if (how == 'l') {
+      ::setenv("LD_PRELOAD", ld.c_str(), 1);
+      ::setenv("SELFPROF_OUT",
+               merged ? (raw_dir + "/%p" + selfprof::detail::kRawDumpExtension).c_str() : out.c_str(), 1);
+      if (a.has("freq")) ::setenv("SELFPROF_HZ", a.get("freq").c_str(), 1);
+      if (a.has("interval")) ::setenv("SELFPROF_INTERVAL", a.get("interval").c_str(), 1);
+      if (a.has("mode")) ::setenv("SELFPROF_MODE", mode.c_str(), 1);
+      if (a.has("verbose")) ::setenv("SELFPROF_VERBOSE", "1", 1);
+      ::setenv("SELFPROF_FOLLOW_EXEC", a.has("follow-exec") ? "1" : "0", 1);
+      if (!note.empty()) ::setenv("SELFPROF_EXEC_NOTE", note.c_str(), 1);
+    }
     std::vector<char*> args;
     for (auto& s : cmd) args.push_back(&s[0]);
     args.push_back(nullptr);
@@ -297,15 +338,81 @@ int run_record(int argc, char** argv) {
     std::fprintf(stderr, "selfprof record: cannot run %s: %s\n", cmd[0].c_str(), std::strerror(err));
     ::_exit(err == ENOENT ? 127 : 126);
   }
+  ::close(go[0]);
+  perf_recorder recorder;
+  bool perf_on = false;
+  std::string why_not;
+  if (by_perf) {
+    perf_record_options po;
+    po.hz = a.has("freq") ? std::strtod(a.get("freq").c_str(), nullptr) : 99;
+    // SELFPROF_TEST_NO_PERF=1: perf_event refused, as the test suite's no-perf runs need it.
+    const char* no_perf = std::getenv("SELFPROF_TEST_NO_PERF");
+    selfprof::status st =
+        no_perf && std::string(no_perf) == "1"
+            ? selfprof::status::error("perf_event_open refused (SELFPROF_TEST_NO_PERF=1)", EACCES)
+            : recorder.open(child, po);
+    perf_on = static_cast<bool>(st);
+    if (!perf_on) why_not = st.message();
+    if (perf_on && a.has("verbose"))
+      std::fprintf(stderr,
+                   "selfprof record: perf_event rings on %zu CPUs (%s), nothing loaded into the programs\n",
+                   recorder.rings(), recorder.user_only() ? "user only" : "user and kernel");
+    if (!perf_on && have_preload && !a.has("quiet"))
+      std::fprintf(stderr, "selfprof record: %s; recording through the preload library\n", why_not.c_str());
+  }
+  const char how = perf_on ? 'p' : have_preload ? 'l' : 'x';
+  ssize_t put;
+  do put = ::write(go[1], &how, 1);
+  while (put < 0 && errno == EINTR);
+  ::close(go[1]);
+  if (how == 'x') {
+    ::waitpid(child, nullptr, 0);
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGQUIT, &old_quit, nullptr);
+    if (merged) ::rmdir(raw_dir.c_str());
+    return fail("record", why_not + ", and cannot find libselfprof-preload.so (tried: " + tried + ")");
+  }
   int wstatus = 0;
   pid_t w;
-  do w = ::waitpid(child, &wstatus, 0);
-  while (w < 0 && errno == EINTR);
+  if (perf_on) {  // read the rings until the command has ended, then what is left in them
+    do {
+      recorder.wait_and_read(50);
+      w = ::waitpid(child, &wstatus, WNOHANG);
+    } while (w == 0 || (w < 0 && errno == EINTR));
+    recorder.read(true);
+    recorder.close();
+  } else {
+    do w = ::waitpid(child, &wstatus, 0);
+    while (w < 0 && errno == EINTR);
+  }
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGQUIT, &old_quit, nullptr);
   const std::string exec_note = read_note();
   if (w < 0) return fail("record", std::string("waitpid: ") + std::strerror(errno));
   int rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : WIFSIGNALED(wstatus) ? 128 + WTERMSIG(wstatus) : 1;
+  if (perf_on) {
+    ::rmdir(raw_dir.c_str());
+    raw_merger merger(a.has("pid-roots"));
+    for (const raw_process& p : recorder.take()) merger.add(p);
+    const perf_record_counts& c = recorder.counts();
+    std::vector<std::string> notes;
+    if (c.lost) notes.push_back(std::to_string(c.lost) + " samples lost: the kernel found a ring full");
+    if (c.corrupt) notes.push_back(std::to_string(c.corrupt) + " malformed ring records skipped");
+    if (c.no_room) notes.push_back(std::to_string(c.no_room) + " samples dropped: no room for new stacks");
+    for (const std::string& n : recorder.unwind_notes()) notes.push_back(n);
+    if (a.has("verbose"))
+      std::fprintf(stderr,
+                   "selfprof record: %llu samples (%llu stored, %llu lost, %llu spliced with the kernel's "
+                   "chain), %llu processes started, %llu execs, %llu executable mappings\n",
+                   static_cast<unsigned long long>(c.samples), static_cast<unsigned long long>(c.stored),
+                   static_cast<unsigned long long>(c.lost), static_cast<unsigned long long>(c.spliced),
+                   static_cast<unsigned long long>(c.forks), static_cast<unsigned long long>(c.execs),
+                   static_cast<unsigned long long>(c.mappings));
+    if (merger.processes() == 0)  // an empty profile still says what was recorded
+      notes.push_back("no samples: the programs used less CPU than one sampling period");
+    (void)write_merged(merger, 0, notes, c.lost, out, a.has("quiet"));
+    return rc;
+  }
   if (merged) {
     (void)merge_recording(raw_dir, out, a.has("pid-roots"), a.has("quiet"));
     return rc;

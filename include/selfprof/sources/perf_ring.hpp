@@ -78,7 +78,9 @@ struct ring_counts {
 
 // Unwinds one sample into out[0..): the copy walked with `set`'s rows (frame pointers where none, or
 // with no set), continued with the kernel's user chain `chain[0..n)` where the walk left the copy.
-// Returns the depth; `truncated` when frames were left out for lack of room.
+// Returns the depth; `truncated` when frames were left out for lack of room. `Memory` is the copy's
+// policy: sampled_stack for this process's own threads (the leaf's code bytes may be read).
+template <class Memory = sampled_stack>
 inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, std::uint64_t sp,
                                  std::uint64_t bp, const unsigned char* stack, std::size_t stack_size,
                                  const std::uint64_t* chain, std::size_t n, std::uint64_t* out,
@@ -87,7 +89,7 @@ inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, 
   if (max_depth == 0) return 0;
   unwind_result r;
   out[r.depth++] = ip;
-  sampled_stack mem;
+  Memory mem;
   mem.base = static_cast<std::uintptr_t>(sp);
   mem.data = stack;
   mem.size = stack_size;

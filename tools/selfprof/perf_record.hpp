@@ -1,0 +1,615 @@
+// `selfprof record --follow-exec` without the preload library: like perf record, the recorder opens
+// perf_event sampling events on the command before it execs, inherited by every thread and process it
+// starts, and reads their rings itself. Nothing is loaded into the programs, so a process that lives a
+// few milliseconds pays only the kernel's sampling, and a program that execs, forks, takes SIGPROF or
+// exits with _exit is never touched.
+//
+// Events: one task-clock event per CPU on the stopped child (the kernel refuses mmap of an inherited
+// event opened on every CPU at once), `inherit` (threads and fork children carry copies that write into
+// the same ring), `enable_on_exec`, with records of exec (COMM), fork (FORK) and executable mappings
+// (MMAP2). A sample holds TID, TIME (CLOCK_MONOTONIC), the kernel's frame-pointer chain, the user bp/sp/ip
+// and 8 KiB of user stack, unwound here with the CFI rows of the files the process mapped
+// (file_unwind.hpp) and continued with the kernel's chain where the copy ends, as the in-process ring does.
+//
+// Order: each CPU's ring is in time order, the rings together are not. A sample must meet the mappings
+// of its process as they were when it was taken, so records wait until every ring has been read past
+// their time: after each read, records older than the previous read's start are applied in time order.
+//
+// One "image" is one program run by one process: a fork starts an image with its parent's mappings and
+// name, an exec ends the old image and starts a new one. Each image with samples becomes one raw_process
+// (raw_merge.hpp), named by the merger at the end exactly as the preload library's raw dumps are.
+// Context: setup only (the command-line tool's recording loop).
+#pragma once
+
+#include <fcntl.h>
+#include <linux/perf_event.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <selfprof/detail/process.hpp>
+#include <selfprof/detail/stack_table.hpp>
+#include <selfprof/detail/sys.hpp>
+#include <selfprof/sources/perf_ring.hpp>
+#include <selfprof/status.hpp>
+#include <selfprof/symbols/proc_maps.hpp>
+
+#include "file_unwind.hpp"
+#include "raw_merge.hpp"
+
+namespace selfprof_cli {
+
+// The stack copy of another process: its code is not in our memory, so no code bytes are read at the
+// interrupted pc (the leaf's prologue heuristics of the in-process walk are off).
+struct foreign_stack : selfprof::detail::stack_copy {
+  static constexpr bool kInterruptedPc = false;
+  static constexpr bool kMayLackFp = false;
+};
+
+struct perf_record_options {
+  double hz = 99;
+  std::size_t max_depth = 128;  // frames per stack, kernel and user
+  bool user_only = false;       // do not try kernel time first
+};
+
+// What the recording met, for the profile's notes.
+struct perf_record_counts {
+  std::uint64_t samples = 0, stored = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, truncated = 0;
+  std::uint64_t no_room = 0;  // stacks a full table could not take
+  std::uint64_t unknown = 0;  // samples of a process whose start was never seen (maps read late)
+  std::uint64_t records = 0, images = 0, forks = 0, execs = 0, mappings = 0;
+};
+
+class perf_recorder {
+ public:
+  perf_recorder() = default;
+  perf_recorder(const perf_recorder&) = delete;
+  perf_recorder& operator=(const perf_recorder&) = delete;
+  ~perf_recorder() { close(); }
+
+  // Opens the events on `pid`, a child stopped before its exec: they start counting at the exec.
+  // Kernel time where allowed, else user-only. On failure nothing stays open.
+  selfprof::status open(pid_t pid, const perf_record_options& o) {
+    close();
+    opts_ = o;
+    page_ = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const long conf = ::sysconf(_SC_NPROCESSORS_CONF);
+    const int cpus = conf > 0 ? static_cast<int>(conf) : 1;
+    selfprof::status st = selfprof::status::ok();
+    for (int user = o.user_only ? 1 : 0; user <= 1; ++user) {
+      user_only_ = user == 1;
+      st = open_cpus(pid, cpus);
+      if (st || (st.code() != EACCES && st.code() != EPERM)) break;
+      close();
+    }
+    if (!st) {
+      close();
+      return st;
+    }
+    root_pid_ = pid;
+    struct timespec ts {};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    start_unix_ns_ =
+        static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
+    image& first = new_image(pid, "", nullptr);
+    (void)first;
+    return st;
+  }
+
+  bool user_only() const { return user_only_; }
+  std::size_t rings() const { return rings_.size(); }
+
+  // Waits up to `timeout_ms` for a ring to pass its wake-up mark, then reads every ring.
+  void wait_and_read(int timeout_ms) {
+    std::vector<pollfd> fds;
+    for (const ring& r : rings_) fds.push_back(pollfd{r.fd, POLLIN, 0});
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), timeout_ms);
+    read(false);
+  }
+
+  // Reads every ring; applies the records every ring has been read past (all of them when `all`).
+  void read(bool all) {
+    const std::uint64_t now = monotonic_ns();
+    for (ring& r : rings_) read_ring(r);
+    std::stable_sort(pending_.begin(), pending_.end(),
+                     [](const pending& a, const pending& b) { return a.time < b.time; });
+    std::size_t done = 0;
+    for (; done < pending_.size(); ++done) {
+      if (!all && pending_[done].time >= watermark_) break;
+      apply(pending_[done].bytes);
+    }
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
+    watermark_ = now;
+  }
+
+  // Stops the events and releases the rings (what was read stays).
+  void close() {
+    for (ring& r : rings_) {
+      ::ioctl(r.fd, PERF_EVENT_IOC_DISABLE, 0);
+      if (r.base) ::munmap(r.base, r.map_bytes);
+      ::close(r.fd);
+    }
+    rings_.clear();
+  }
+
+  const perf_record_counts& counts() const { return counts_; }
+  const std::vector<std::string>& unwind_notes() const { return unwind_.notes(); }
+
+  // The images with samples, as the merger reads them; the recorder keeps nothing of them.
+  std::vector<raw_process> take() {
+    struct timespec ts {};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    const std::uint64_t end_ns =
+        static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
+    std::vector<raw_process> out;
+    for (auto& im : images_) {
+      if (im->table.total() == 0) continue;
+      raw_process p;
+      p.file = "process " + std::to_string(im->pid) + " (" + im->comm + ")";
+      p.pid = static_cast<std::uint32_t>(im->pid);
+      p.comm = im->comm;
+      p.maps = std::move(im->maps);
+      p.raw.table = std::move(im->table);
+      p.raw.thread_names = std::move(im->threads);
+      selfprof::profile_info& i = p.raw.info;
+      i.mode = selfprof::profile_mode::cpu;
+      i.unit = "samples";
+      i.hz = opts_.hz;
+      i.period_ns = static_cast<std::uint64_t>(1e9 / opts_.hz);
+      i.source =
+          user_only_ ? "perf_event rings, user only (selfprof record)" : "perf_event rings (selfprof record)";
+      i.kernel_time = !user_only_;
+      i.start_unix_ns = start_unix_ns_;
+      i.duration_s = static_cast<double>(end_ns - start_unix_ns_) / 1e9;
+      out.push_back(std::move(p));
+    }
+    images_.clear();
+    current_.clear();
+    return out;
+  }
+
+ private:
+  struct ring {
+    int fd = -1;
+    void* base = nullptr;
+    std::size_t map_bytes = 0, data_bytes = 0;
+  };
+  struct pending {
+    std::uint64_t time;
+    std::vector<unsigned char> bytes;
+  };
+  struct image {
+    pid_t pid = 0;
+    std::string comm;
+    std::vector<raw_map> maps;  // executable mappings, sorted by start, not overlapping
+    std::vector<selfprof::detail::unwind_module> modules;
+    selfprof::detail::unwind_table_set set{nullptr, 0};
+    bool dirty = true;  // maps changed since `set` was built
+    selfprof::detail::stack_table table;
+    std::unordered_map<std::uint32_t, std::string> threads;
+  };
+
+  static std::uint64_t monotonic_ns() {
+    struct timespec ts {};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
+  }
+
+  int open_event(pid_t pid, int cpu) {
+    struct perf_event_attr attr;
+    std::memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;
+    attr.type = PERF_TYPE_SOFTWARE;
+    attr.config = PERF_COUNT_SW_TASK_CLOCK;
+    attr.sample_period = static_cast<std::uint64_t>(1e9 / opts_.hz);
+    attr.sample_type = PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CALLCHAIN |
+                       PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER;
+    attr.sample_regs_user = (1ull << selfprof::detail::kRegBp) | (1ull << selfprof::detail::kRegSp) |
+                            (1ull << selfprof::detail::kRegIp);
+    attr.sample_stack_user = selfprof::detail::kStackCopyBytes;
+    attr.sample_max_stack = static_cast<std::uint16_t>(std::min<std::size_t>(opts_.max_depth, 127));
+    attr.exclude_kernel = user_only_ ? 1 : 0;
+    attr.exclude_callchain_kernel = user_only_ ? 1 : 0;
+    attr.exclude_hv = 1;
+    attr.disabled = 1;
+    attr.enable_on_exec = 1;
+    attr.inherit = 1;
+    attr.task = 1;
+    attr.comm = 1;
+    attr.comm_exec = 1;
+    attr.mmap = 1;
+    attr.mmap2 = 1;
+    attr.sample_id_all = 1;
+    attr.use_clockid = 1;
+    attr.clockid = CLOCK_MONOTONIC;
+    attr.watermark = 1;
+    attr.wakeup_watermark = 64 * 1024;
+    const long fd = selfprof::detail::sys().perf_event_open(&attr, pid, cpu, -1, PERF_FLAG_FD_CLOEXEC);
+    return fd < 0 ? -1 : static_cast<int>(fd);
+  }
+
+  selfprof::status open_cpus(pid_t pid, int cpus) {
+    for (int c = 0; c < cpus; ++c) {
+      const int fd = open_event(pid, c);
+      if (fd < 0) {
+        const int e = errno;
+        if (e == ENODEV || (e == EINVAL && c > 0)) continue;  // an offline CPU
+        return selfprof::status::error(
+            std::string("perf_event_open(task-clock, inherited") +
+                (user_only_ ? ", user only" : ", with kernel time") + "): " + std::strerror(e) +
+                (e == EACCES || e == EPERM ? " (kernel.perf_event_paranoid or seccomp forbids it)" : ""),
+            e);
+      }
+      ring r;
+      r.fd = fd;
+      rings_.push_back(r);
+      int err = 0;
+      for (unsigned pages = selfprof::detail::kRingPagesMax; pages >= selfprof::detail::kRingPagesMin;
+           pages /= 2) {
+        const std::size_t bytes = (pages + 1) * page_;
+        void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p != MAP_FAILED) {
+          rings_.back().base = p;
+          rings_.back().map_bytes = bytes;
+          rings_.back().data_bytes = pages * page_;
+          break;
+        }
+        err = errno;
+        if (err != EPERM && err != ENOMEM) break;
+      }
+      if (rings_.back().base == nullptr)
+        return selfprof::status::error(
+            std::string("perf ring: mmap of CPU ") + std::to_string(c) + "'s ring failed: " +
+                std::strerror(err) + (err == EPERM ? " (locked memory: perf_event_mlock_kb used up)" : ""),
+            err);
+    }
+    if (rings_.empty()) return selfprof::status::error("perf ring: no online CPU accepted an event", ENODEV);
+    return selfprof::status::ok();
+  }
+
+  // Copies the ring's new records into `pending_`, each with its time.
+  void read_ring(ring& r) {
+    auto* meta = static_cast<perf_event_mmap_page*>(r.base);
+    const unsigned char* data = static_cast<const unsigned char*>(r.base) + page_;
+    const std::uint64_t size = r.data_bytes;
+    const std::uint64_t head = __atomic_load_n(&meta->data_head, __ATOMIC_ACQUIRE);
+    std::uint64_t tail = meta->data_tail;
+    if (head - tail > size) {
+      ++counts_.corrupt;
+      tail = head;
+    }
+    while (tail < head) {
+      perf_event_header h;
+      if (head - tail < sizeof h) {
+        ++counts_.corrupt;
+        break;
+      }
+      copy_out(data, size, tail, &h, sizeof h);
+      if (h.size < sizeof h + 8 || h.size > head - tail || h.size % 8 != 0) {
+        ++counts_.corrupt;
+        break;
+      }
+      pending p;
+      p.bytes.resize(h.size);
+      copy_out(data, size, tail, p.bytes.data(), h.size);
+      // Every record ends with its time (sample_id_all with TID and TIME); a sample has it third.
+      if (h.type == PERF_RECORD_SAMPLE && h.size >= sizeof h + 24)
+        std::memcpy(&p.time, p.bytes.data() + sizeof h + 16, 8);
+      else
+        std::memcpy(&p.time, p.bytes.data() + h.size - 8, 8);
+      pending_.push_back(std::move(p));
+      ++counts_.records;
+      tail += h.size;
+    }
+    __atomic_store_n(&meta->data_tail, head, __ATOMIC_RELEASE);
+  }
+
+  static void copy_out(const unsigned char* data, std::uint64_t size, std::uint64_t at, void* to,
+                       std::size_t len) {
+    const std::uint64_t off = at & (size - 1);
+    const std::size_t first = static_cast<std::size_t>(std::min<std::uint64_t>(len, size - off));
+    std::memcpy(to, data + off, first);
+    if (first < len) std::memcpy(static_cast<unsigned char*>(to) + first, data, len - first);
+  }
+
+  struct cursor {
+    const unsigned char* p;
+    std::size_t left;
+    bool u64(std::uint64_t& v) {
+      if (left < 8) return false;
+      std::memcpy(&v, p, 8);
+      p += 8;
+      left -= 8;
+      return true;
+    }
+    bool u32(std::uint32_t& v) {
+      if (left < 4) return false;
+      std::memcpy(&v, p, 4);
+      p += 4;
+      left -= 4;
+      return true;
+    }
+    bool skip(std::uint64_t n) {
+      if (n > left) return false;
+      p += n;
+      left -= static_cast<std::size_t>(n);
+      return true;
+    }
+    // A NUL-terminated string padded to 8 bytes, within the record.
+    bool text(std::string& out) {
+      const void* nul = std::memchr(p, 0, left);
+      if (nul == nullptr) return false;
+      out.assign(reinterpret_cast<const char*>(p),
+                 static_cast<std::size_t>(static_cast<const unsigned char*>(nul) - p));
+      return skip(std::min<std::size_t>(left, (out.size() + 8) & ~std::size_t(7)));
+    }
+  };
+
+  void apply(const std::vector<unsigned char>& rec) {
+    perf_event_header h;
+    std::memcpy(&h, rec.data(), sizeof h);
+    cursor c{rec.data() + sizeof h, rec.size() - sizeof h};
+    switch (h.type) {
+      case PERF_RECORD_SAMPLE:
+        return on_sample(c);
+      case PERF_RECORD_MMAP2:
+        return on_mmap2(c);
+      case PERF_RECORD_COMM:
+        return on_comm(c, (h.misc & PERF_RECORD_MISC_COMM_EXEC) != 0);
+      case PERF_RECORD_FORK:
+        return on_fork(c);
+      case PERF_RECORD_LOST: {
+        std::uint64_t id = 0, lost = 0;
+        if (c.u64(id) && c.u64(lost)) counts_.lost += lost;
+        return;
+      }
+      case PERF_RECORD_THROTTLE:
+        ++counts_.throttled;
+        return;
+      default:
+        return;
+    }
+  }
+
+  image& new_image(pid_t pid, const std::string& comm, const image* from) {
+    auto im = std::make_unique<image>();
+    im->pid = pid;
+    im->comm = comm;
+    if (from) {
+      im->maps = from->maps;
+      if (im->comm.empty()) im->comm = from->comm;
+    }
+    images_.push_back(std::move(im));
+    ++counts_.images;
+    current_[pid] = images_.back().get();
+    return *images_.back();
+  }
+
+  // The image `pid` runs now; for a process whose start was not seen, one made from its /proc maps.
+  image& image_of(pid_t pid) {
+    auto it = current_.find(pid);
+    if (it != current_.end()) return *it->second;
+    ++counts_.unknown;
+    image& im = new_image(pid, "", nullptr);
+    std::string comm = selfprof::detail::read_small_file("/proc/" + std::to_string(pid) + "/comm");
+    while (!comm.empty() && comm.back() == '\n') comm.pop_back();
+    im.comm = comm;
+    const std::string text =
+        selfprof::detail::read_small_file("/proc/" + std::to_string(pid) + "/maps", ~std::size_t(0));
+    std::size_t at = 0;
+    while (at < text.size()) {
+      std::size_t nl = text.find('\n', at);
+      if (nl == std::string::npos) nl = text.size();
+      selfprof::detail::maps_entry e;
+      if (selfprof::detail::parse_maps_line(std::string_view(text).substr(at, nl - at), e) && e.executable)
+        add_map(im, e);
+      at = nl + 1;
+    }
+    return im;
+  }
+
+  void on_comm(cursor& c, bool exec) {
+    std::uint32_t pid = 0, tid = 0;
+    std::string comm;
+    if (!c.u32(pid) || !c.u32(tid) || !c.text(comm)) {
+      ++counts_.corrupt;
+      return;
+    }
+    if (exec) {
+      ++counts_.execs;
+      new_image(static_cast<pid_t>(pid), comm, nullptr);
+      return;
+    }
+    image& im = image_of(static_cast<pid_t>(pid));
+    if (pid == tid) im.comm = comm;
+    im.threads[tid] = comm;
+  }
+
+  void on_fork(cursor& c) {
+    std::uint32_t pid = 0, ppid = 0, tid = 0, ptid = 0;
+    if (!c.u32(pid) || !c.u32(ppid) || !c.u32(tid) || !c.u32(ptid)) {
+      ++counts_.corrupt;
+      return;
+    }
+    if (pid == ppid) return;  // a new thread of the same process
+    ++counts_.forks;
+    auto it = current_.find(static_cast<pid_t>(ppid));
+    new_image(static_cast<pid_t>(pid), "", it == current_.end() ? nullptr : it->second);
+  }
+
+  void on_mmap2(cursor& c) {
+    std::uint32_t pid = 0, tid = 0, maj = 0, min = 0, prot = 0, flags = 0;
+    std::uint64_t addr = 0, len = 0, pgoff = 0, ino = 0, gen = 0;
+    std::string path;
+    if (!c.u32(pid) || !c.u32(tid) || !c.u64(addr) || !c.u64(len) || !c.u64(pgoff) || !c.u32(maj) ||
+        !c.u32(min) || !c.u64(ino) || !c.u64(gen) || !c.u32(prot) || !c.u32(flags) || !c.text(path)) {
+      ++counts_.corrupt;
+      return;
+    }
+    if (!(prot & PROT_EXEC) || len == 0) return;
+    ++counts_.mappings;
+    selfprof::detail::maps_entry e;
+    e.start = addr;
+    e.end = addr + len;
+    e.offset = pgoff;
+    e.dev_major = maj;
+    e.dev_minor = min;
+    e.inode = ino;
+    e.readable = (prot & PROT_READ) != 0;
+    e.executable = true;
+    const std::string deleted = " (deleted)";
+    if (path.size() > deleted.size() &&
+        path.compare(path.size() - deleted.size(), deleted.size(), deleted) == 0) {
+      e.deleted = true;
+      path.resize(path.size() - deleted.size());
+    }
+    e.path = path;
+    add_map(image_of(static_cast<pid_t>(pid)), e);
+  }
+
+  // A new mapping replaces whatever it overlaps (the kernel reports no munmap).
+  void add_map(image& im, const selfprof::detail::maps_entry& e) {
+    std::vector<raw_map> kept;
+    kept.reserve(im.maps.size() + 2);
+    for (const raw_map& m : im.maps) {
+      if (m.e.end <= e.start || m.e.start >= e.end) {
+        kept.push_back(m);
+        continue;
+      }
+      if (m.e.start < e.start) {  // the part below
+        raw_map lo = m;
+        lo.e.end = e.start;
+        kept.push_back(lo);
+      }
+      if (m.e.end > e.end) {  // the part above
+        raw_map hi = m;
+        hi.e.offset += e.end - m.e.start;
+        hi.e.start = e.end;
+        kept.push_back(hi);
+      }
+    }
+    raw_map n;
+    n.e = e;
+    // The file's identity now, when it is still the file mapped: the merger names it only if unchanged.
+    struct stat sb {};
+    if (!e.path.empty() && e.path[0] == '/' && !e.deleted && ::stat(e.path.c_str(), &sb) == 0 &&
+        static_cast<std::uint64_t>(sb.st_ino) == e.inode && major(sb.st_dev) == e.dev_major &&
+        minor(sb.st_dev) == e.dev_minor) {
+      n.identity = true;
+      n.size = static_cast<std::uint64_t>(sb.st_size);
+      n.mtime_ns = static_cast<std::uint64_t>(sb.st_mtim.tv_sec) * 1000000000u +
+                   static_cast<std::uint64_t>(sb.st_mtim.tv_nsec);
+    }
+    kept.push_back(n);
+    std::sort(kept.begin(), kept.end(),
+              [](const raw_map& a, const raw_map& b) { return a.e.start < b.e.start; });
+    im.maps = std::move(kept);
+    im.dirty = true;
+  }
+
+  // The process's unwind set from its mappings: rows for every file mapping that has them.
+  void build_set(image& im) {
+    im.modules.clear();
+    for (const raw_map& m : im.maps) {
+      if (!m.identity) continue;  // not the file mapped, or not a file: frame pointers there
+      selfprof::detail::unwind_module u{};
+      if (!unwind_.module_for(m.e.path, m.e.inode, m.e.start, m.e.end, m.e.offset, u)) continue;
+      if (u.start < m.e.start || u.end > m.e.end) continue;  // cannot be: module_for clips to the mapping
+      if (!im.modules.empty() && u.start < im.modules.back().end) continue;
+      im.modules.push_back(u);
+    }
+    im.set = selfprof::detail::unwind_table_set{im.modules.data(), im.modules.size()};
+    im.dirty = false;
+  }
+
+  void on_sample(cursor& c) {
+    std::uint64_t ip = 0, pidtid = 0, time = 0, nr = 0;
+    if (!c.u64(ip) || !c.u64(pidtid) || !c.u64(time) || !c.u64(nr) || nr > c.left / 8) {
+      ++counts_.corrupt;
+      return;
+    }
+    const auto pid = static_cast<pid_t>(pidtid & 0xffffffffu);
+    const auto tid = static_cast<std::uint32_t>(pidtid >> 32);
+    const unsigned char* chain_at = c.p;
+    c.skip(nr * 8);
+    user_chain_.clear();
+    kernel_chain_.clear();
+    std::uint64_t context = 0;
+    for (std::uint64_t i = 0; i < nr; ++i) {
+      std::uint64_t v;
+      std::memcpy(&v, chain_at + i * 8, 8);
+      if (v >= PERF_CONTEXT_MAX) {
+        context = v;
+        continue;
+      }
+      if (context == PERF_CONTEXT_USER) user_chain_.push_back(v);
+      if (context == PERF_CONTEXT_KERNEL && !user_only_ && selfprof::detail::is_kernel_address(v))
+        kernel_chain_.push_back(v);
+    }
+    std::uint64_t abi = 0, bp = 0, sp = 0, uip = 0, stack_size = 0, dyn = 0;
+    if (!c.u64(abi) || (abi != PERF_SAMPLE_REGS_ABI_NONE && !(c.u64(bp) && c.u64(sp) && c.u64(uip))) ||
+        !c.u64(stack_size) || stack_size > c.left) {
+      ++counts_.corrupt;
+      return;
+    }
+    const unsigned char* stack = c.p;
+    c.skip(stack_size);
+    if (stack_size > 0 && (!c.u64(dyn) || dyn > stack_size)) {
+      ++counts_.corrupt;
+      return;
+    }
+    ++counts_.samples;
+    image& im = image_of(pid);
+    if (im.dirty) build_set(im);
+    pcs_.resize(opts_.max_depth);
+    std::size_t kernel = std::min(kernel_chain_.size(), opts_.max_depth / 2);
+    std::copy(kernel_chain_.begin(), kernel_chain_.begin() + static_cast<std::ptrdiff_t>(kernel),
+              pcs_.begin());
+    bool truncated = kernel < kernel_chain_.size(), cut = false, spliced = false;
+    std::size_t depth = kernel;
+    if (abi != PERF_SAMPLE_REGS_ABI_NONE) {
+      depth += selfprof::detail::unwind_sample<foreign_stack>(
+          im.set.count ? &im.set : nullptr, uip, sp, bp, stack, static_cast<std::size_t>(dyn),
+          user_chain_.data(), user_chain_.size(), pcs_.data() + kernel, opts_.max_depth - kernel, cut,
+          spliced);
+    }
+    if (depth == 0) pcs_[depth++] = ip;  // a kernel-only sample without a chain: its pc
+    truncated = truncated || cut;
+    if (spliced) ++counts_.spliced;
+    if (truncated) ++counts_.truncated;
+    if (im.table.add(tid, truncated ? selfprof::detail::sample_truncated : 0, pcs_.data(), depth, 1))
+      ++counts_.stored;
+    else
+      ++counts_.no_room;
+  }
+
+  perf_record_options opts_;
+  bool user_only_ = false;
+  std::size_t page_ = 4096;
+  pid_t root_pid_ = 0;
+  std::uint64_t start_unix_ns_ = 0;
+  std::uint64_t watermark_ = 0;  // records older than this are in every ring read so far
+  std::vector<ring> rings_;
+  std::vector<pending> pending_;
+  std::vector<std::unique_ptr<image>> images_;
+  std::unordered_map<pid_t, image*> current_;
+  file_unwind_cache unwind_;
+  std::vector<std::uint64_t> user_chain_, kernel_chain_, pcs_;
+  perf_record_counts counts_;
+};
+
+}  // namespace selfprof_cli
