@@ -148,6 +148,7 @@ class perf_recorder {
 
   const perf_record_counts& counts() const { return counts_; }
   const std::vector<std::string>& unwind_notes() const { return unwind_.notes(); }
+  std::size_t unwind_files() const { return unwind_.files(); }
 
   // The images with samples, as the merger reads them; the recorder keeps nothing of them.
   std::vector<raw_process> take() {

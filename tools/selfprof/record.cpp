@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -400,14 +401,20 @@ int run_record(int argc, char** argv) {
     if (c.corrupt) notes.push_back(std::to_string(c.corrupt) + " malformed ring records skipped");
     if (c.no_room) notes.push_back(std::to_string(c.no_room) + " samples dropped: no room for new stacks");
     for (const std::string& n : recorder.unwind_notes()) notes.push_back(n);
-    if (a.has("verbose"))
+    if (a.has("verbose")) {
+      struct rusage self {};
+      ::getrusage(RUSAGE_SELF, &self);
+      const double own_ms = (self.ru_utime.tv_sec + self.ru_stime.tv_sec) * 1e3 +
+                            (self.ru_utime.tv_usec + self.ru_stime.tv_usec) / 1e3;
       std::fprintf(stderr,
                    "selfprof record: %llu samples (%llu stored, %llu lost, %llu spliced with the kernel's "
-                   "chain), %llu processes started, %llu execs, %llu executable mappings\n",
+                   "chain), %llu processes started, %llu execs, %llu executable mappings; unwind rows of "
+                   "%zu files; the recorder's own CPU %.1f ms\n",
                    static_cast<unsigned long long>(c.samples), static_cast<unsigned long long>(c.stored),
                    static_cast<unsigned long long>(c.lost), static_cast<unsigned long long>(c.spliced),
                    static_cast<unsigned long long>(c.forks), static_cast<unsigned long long>(c.execs),
-                   static_cast<unsigned long long>(c.mappings));
+                   static_cast<unsigned long long>(c.mappings), recorder.unwind_files(), own_ms);
+    }
     if (merger.processes() == 0)  // an empty profile still says what was recorded
       notes.push_back("no samples: the programs used less CPU than one sampling period");
     (void)write_merged(merger, 0, notes, c.lost, out, a.has("quiet"));
