@@ -264,6 +264,42 @@ if grep -q "perf_event rings" fx.err; then
   "$bin" record -q --follow-exec --pid-roots -F 499 -o fxp.folded -- /bin/sh -c '(./hot_c 0 50000000 > /dev/null; true); exec ./hot_c 0 50000000' > /dev/null
   [ "$(grep -o '^hot_c \[[0-9]*\]' fxp.folded | sort -u | wc -l)" -eq 2 ] && ok "--pid-roots: the fork and the exec are two processes" ||
     bad "--pid-roots: $(cut -d';' -f1 fxp.folded | sort -u | tr '\n' ' ')"
+  # JIT code named from /tmp/perf-PID.map by the line current when each sample was taken: the same
+  # address runs as jit_first, then (a second line for it) as jit_second.
+  cat > jit.c << 'SRC'
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+static const unsigned char loop[] = {0x48, 0x89, 0xf9, 0x48, 0xff, 0xc9, 0x75, 0xfb, 0xc3}; /* rcx=rdi; dec; jnz; ret */
+int main(void) {
+  unsigned char* code = mmap(0, 4096, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (code == MAP_FAILED) return 1;
+  memcpy(code, loop, sizeof loop);
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/perf-%d.map", (int)getpid());
+  const char* names[2] = {"jit_first", "jit_second"};
+  for (int i = 0; i < 2; ++i) {
+    FILE* f = fopen(path, "a");
+    if (!f) return 2;
+    fprintf(f, "%lx %zx %s\n", (unsigned long)code, sizeof loop, names[i]);
+    fclose(f);
+    usleep(200000); /* the recorder reads the rings (and the map) at least every 50 ms */
+    ((void (*)(unsigned long))code)(600000000ul);
+  }
+  printf("%d\n", (int)getpid());
+  return 0;
+}
+SRC
+  if "$cc" -O2 -o jit jit.c; then
+    "$bin" record -q --follow-exec -F 499 -o fxj.folded -- ./jit > jit.out
+    rm -f "/tmp/perf-$(cat jit.out).map"
+    j1=$(count_of fxj.folded "jit_first"); j2=$(count_of fxj.folded "jit_second")
+    [ "$j1" -gt 20 ] && [ "$j2" -gt 20 ] && ok "JIT code named by the perf map line of its time: $j1 jit_first, $j2 jit_second" ||
+      bad "JIT names by time: $j1 jit_first, $j2 jit_second: $(head -3 fxj.folded)"
+  else
+    bad "cannot compile jit.c"
+  fi
   SELFPROF_TEST_NO_PERF=1 "$bin" record --follow-exec -F 499 -o fxn.folded -- ./hot_c 0 50000000 > /dev/null 2> fxn.err
   grep -q "recording through the preload library" fxn.err && grep -q "hot_c_function" fxn.folded &&
     ok "perf_event refused: the preload library records instead, and says so" || bad "perf_event refused: $(cat fxn.err)"

@@ -46,6 +46,7 @@
 #include <selfprof/detail/sys.hpp>
 #include <selfprof/sources/perf_ring.hpp>
 #include <selfprof/status.hpp>
+#include <selfprof/symbols/perf_map.hpp>
 #include <selfprof/symbols/proc_maps.hpp>
 
 #include "file_unwind.hpp"
@@ -100,13 +101,11 @@ class perf_recorder {
       close();
       return st;
     }
-    root_pid_ = pid;
     struct timespec ts {};
     ::clock_gettime(CLOCK_REALTIME, &ts);
     start_unix_ns_ =
         static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
-    image& first = new_image(pid, "", nullptr);
-    (void)first;
+    new_image(pid, "", nullptr);  // the child as forked: its exec starts the image that is sampled
     return st;
   }
 
@@ -123,6 +122,7 @@ class perf_recorder {
 
   // Reads every ring; applies the records every ring has been read past (all of them when `all`).
   void read(bool all) {
+    ++round_;
     const std::uint64_t now = monotonic_ns();
     for (ring& r : rings_) read_ring(r);
     std::stable_sort(pending_.begin(), pending_.end(),
@@ -163,6 +163,7 @@ class perf_recorder {
       p.file = "process " + std::to_string(im->pid) + " (" + im->comm + ")";
       p.pid = static_cast<std::uint32_t>(im->pid);
       p.comm = im->comm;
+      if (im->jit) name_jit_frames(*im, p.names);
       p.maps = std::move(im->maps);
       p.raw.table = std::move(im->table);
       p.raw.thread_names = std::move(im->threads);
@@ -202,6 +203,10 @@ class perf_recorder {
     bool dirty = true;  // maps changed since `set` was built
     selfprof::detail::stack_table table;
     std::unordered_map<std::uint32_t, std::string> threads;
+    // /tmp/perf-PID.map of a JIT, read while sampling (once per read of the rings, when a sample is in
+    // code outside every file): a sample is named by the line current at its time (addresses are reused).
+    std::unique_ptr<selfprof::detail::perf_map> jit;
+    std::uint64_t jit_read_round = 0;
   };
 
   static std::uint64_t monotonic_ns() {
@@ -589,6 +594,8 @@ class perf_recorder {
           spliced);
     }
     if (depth == 0) pcs_[depth++] = ip;  // a kernel-only sample without a chain: its pc
+    for (std::size_t k = kernel; k < depth; ++k)
+      if (maybe_jit(im, pcs_[k])) tag_jit(im, pcs_[k], time);
     truncated = truncated || cut;
     if (spliced) ++counts_.spliced;
     if (truncated) ++counts_.truncated;
@@ -598,12 +605,45 @@ class perf_recorder {
       ++counts_.no_room;
   }
 
+  // May `pc` be JIT code: anonymous executable memory, a memfd, or outside every mapping known?
+  static bool maybe_jit(const image& im, std::uint64_t pc) {
+    auto it = std::upper_bound(im.maps.begin(), im.maps.end(), pc,
+                               [](std::uint64_t v, const raw_map& m) { return v < m.e.start; });
+    if (it == im.maps.begin() || pc >= std::prev(it)->e.end) return true;
+    const std::string& path = std::prev(it)->e.path;
+    return path.empty() || path == "//anon" || path.compare(0, 7, "/memfd:") == 0;
+  }
+
+  void tag_jit(image& im, std::uint64_t& pc, std::uint64_t time) {
+    if (!im.jit)
+      im.jit = std::make_unique<selfprof::detail::perf_map>(selfprof::detail::perf_map::default_path(im.pid));
+    if (im.jit_read_round != round_) {  // the lines written since the last read of the rings
+      im.jit->reload_if_changed();
+      im.jit_read_round = round_;
+    }
+    im.jit->tag(pc, time);
+  }
+
+  // The names of the perf-map lines the image's samples were tagged with, by lookup address.
+  static void name_jit_frames(const image& im, std::unordered_map<std::uint64_t, std::string>& names) {
+    selfprof::detail::perf_map::hit hit;
+    for (const auto& e : im.table.entries()) {
+      const std::uint64_t* pcs = im.table.pcs(e);
+      for (std::size_t k = 0; k < e.depth; ++k) {
+        if (!selfprof::detail::is_perf_map_tagged(pcs[k])) continue;
+        const std::uint64_t lookup = k == 0 ? pcs[k] : pcs[k] - 1;
+        if (names.count(lookup) == 0 && im.jit->name_tagged(lookup, hit))
+          names[lookup] = std::string(hit.name);
+      }
+    }
+  }
+
   perf_record_options opts_;
   bool user_only_ = false;
   std::size_t page_ = 4096;
-  pid_t root_pid_ = 0;
   std::uint64_t start_unix_ns_ = 0;
   std::uint64_t watermark_ = 0;  // records older than this are in every ring read so far
+  std::uint64_t round_ = 0;      // reads of the rings so far
   std::vector<ring> rings_;
   std::vector<pending> pending_;
   std::vector<std::unique_ptr<image>> images_;
