@@ -70,6 +70,14 @@ const char* const record_help =
 
 bool readable(const std::string& p) { return !p.empty() && ::access(p.c_str(), R_OK) == 0; }
 
+// This process's CPU time so far (user + system), in ms.
+double own_cpu_ms() {
+  struct rusage self {};
+  ::getrusage(RUSAGE_SELF, &self);
+  return static_cast<double>(self.ru_utime.tv_sec + self.ru_stime.tv_sec) * 1e3 +
+         static_cast<double>(self.ru_utime.tv_usec + self.ru_stime.tv_usec) / 1e3;
+}
+
 // The preload library: $SELFPROF_PRELOAD, else next to this executable, else ../lib/selfprof/.
 bool find_preload(std::string& out, std::string& tried) {
   if (const char* env = std::getenv("SELFPROF_PRELOAD")) {
@@ -375,6 +383,7 @@ int run_record(int argc, char** argv) {
   }
   int wstatus = 0;
   pid_t w;
+  const double started_ms = own_cpu_ms();
   if (perf_on) {  // read the rings until the command has ended, then what is left in them
     do {
       recorder.wait_and_read(50);
@@ -393,31 +402,32 @@ int run_record(int argc, char** argv) {
   int rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : WIFSIGNALED(wstatus) ? 128 + WTERMSIG(wstatus) : 1;
   if (perf_on) {
     ::rmdir(raw_dir.c_str());
+    const double recorded_ms = own_cpu_ms();
     raw_merger merger(a.has("pid-roots"));
     for (const raw_process& p : recorder.take()) merger.add(p);
+    const double named_ms = own_cpu_ms();
     const perf_record_counts& c = recorder.counts();
     std::vector<std::string> notes;
     if (c.lost) notes.push_back(std::to_string(c.lost) + " samples lost: the kernel found a ring full");
     if (c.corrupt) notes.push_back(std::to_string(c.corrupt) + " malformed ring records skipped");
     if (c.no_room) notes.push_back(std::to_string(c.no_room) + " samples dropped: no room for new stacks");
     for (const std::string& n : recorder.unwind_notes()) notes.push_back(n);
-    if (a.has("verbose")) {
-      struct rusage self {};
-      ::getrusage(RUSAGE_SELF, &self);
-      const double own_ms = (self.ru_utime.tv_sec + self.ru_stime.tv_sec) * 1e3 +
-                            (self.ru_utime.tv_usec + self.ru_stime.tv_usec) / 1e3;
-      std::fprintf(stderr,
-                   "selfprof record: %llu samples (%llu stored, %llu lost, %llu spliced with the kernel's "
-                   "chain), %llu processes started, %llu execs, %llu executable mappings; unwind rows of "
-                   "%zu files; the recorder's own CPU %.1f ms\n",
-                   static_cast<unsigned long long>(c.samples), static_cast<unsigned long long>(c.stored),
-                   static_cast<unsigned long long>(c.lost), static_cast<unsigned long long>(c.spliced),
-                   static_cast<unsigned long long>(c.forks), static_cast<unsigned long long>(c.execs),
-                   static_cast<unsigned long long>(c.mappings), recorder.unwind_files(), own_ms);
-    }
     if (merger.processes() == 0)  // an empty profile still says what was recorded
       notes.push_back("no samples: the programs used less CPU than one sampling period");
     (void)write_merged(merger, 0, notes, c.lost, out, a.has("quiet"));
+    if (a.has("verbose")) {
+      const double written_ms = own_cpu_ms();
+      std::fprintf(stderr,
+                   "selfprof record: %llu samples (%llu stored, %llu lost, %llu spliced with the kernel's "
+                   "chain), %llu processes started, %llu execs, %llu executable mappings; unwind rows of "
+                   "%zu files. The recorder's own CPU: %.1f ms to start, %.1f ms reading and unwinding, "
+                   "%.1f ms naming, %.1f ms writing\n",
+                   static_cast<unsigned long long>(c.samples), static_cast<unsigned long long>(c.stored),
+                   static_cast<unsigned long long>(c.lost), static_cast<unsigned long long>(c.spliced),
+                   static_cast<unsigned long long>(c.forks), static_cast<unsigned long long>(c.execs),
+                   static_cast<unsigned long long>(c.mappings), recorder.unwind_files(), started_ms,
+                   recorded_ms - started_ms, named_ms - recorded_ms, written_ms - named_ms);
+    }
     return rc;
   }
   if (merged) {
