@@ -64,11 +64,12 @@ int next_fd_once() {
 // The number the application's next open() gets, ignoring selfprof's transient descriptors: Linux
 // allocates every new descriptor at the lowest free number, so a file the collector reads (a thread's
 // comm) or a perf_event fd before its move holds a low number for a few microseconds. A descriptor
-// kept in the range shows in every try; a transient one does not (seen once under ASan: 5, not 4).
+// kept in the range shows in every try; a transient one does not (seen under ASan: 5, not 4, twice
+// with 21 tries over 40 ms, while the collector read /proc files ASan makes slow: now 200 ms of tries).
 int next_fd() {
   int best = next_fd_once();
-  for (int i = 0; i < 20 && best >= 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  for (int i = 0; i < 66 && best >= 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
     const int fd = next_fd_once();
     if (fd >= 0 && fd < best) best = fd;
   }
