@@ -75,6 +75,11 @@ class file_unwind_cache {
     return files_.emplace(key, std::move(f)).first->second.get();
   }
 
+  // Has file() been asked for this file already (parsed, or found unreadable)?
+  bool parsed(const std::string& path, std::uint64_t inode) const {
+    return files_.count(std::make_pair(path, inode)) != 0;
+  }
+
   std::size_t files() const { return files_.size(); }
   std::size_t rows() const {
     std::size_t n = 0;

@@ -10,6 +10,8 @@
 // (MMAP2). A sample holds TID, TIME (CLOCK_MONOTONIC), the kernel's frame-pointer chain, the user bp/sp/ip
 // and 8 KiB of user stack, unwound here with the CFI rows of the files the process mapped
 // (file_unwind.hpp) and continued with the kernel's chain where the copy ends, as the in-process ring does.
+// A file's rows are parsed when a sample first reaches its code (the sample is then unwound again), so
+// what is never sampled is never parsed.
 //
 // Order: each CPU's ring is in time order, the rings together are not. A sample must meet the mappings
 // of its process as they were when it was taken, so records wait until every ring has been read past
@@ -200,7 +202,8 @@ class perf_recorder {
     std::vector<raw_map> maps;  // executable mappings, sorted by start, not overlapping
     std::vector<selfprof::detail::unwind_module> modules;
     selfprof::detail::unwind_table_set set{nullptr, 0};
-    bool dirty = true;  // maps changed since `set` was built
+    bool dirty = true;                                   // maps changed since `set` was built
+    std::vector<selfprof::detail::maps_entry> unparsed;  // mappings of files not parsed yet
     selfprof::detail::stack_table table;
     std::unordered_map<std::uint32_t, std::string> threads;
     // /tmp/perf-PID.map of a JIT, read while sampling (once per read of the rings, when a sample is in
@@ -528,10 +531,17 @@ class perf_recorder {
   }
 
   // The process's unwind set from its mappings: rows for every file mapping that has them.
+  // Files are parsed only once a sample reaches their code (a 35 MB compiler's rows are not built
+  // for a process that never runs in it): mappings of files not parsed yet are listed in `unparsed`.
   void build_set(image& im) {
     im.modules.clear();
+    im.unparsed.clear();
     for (const raw_map& m : im.maps) {
       if (!m.identity) continue;  // not the file mapped, or not a file: frame pointers there
+      if (!unwind_.parsed(m.e.path, m.e.inode)) {
+        im.unparsed.push_back(m.e);
+        continue;
+      }
       selfprof::detail::unwind_module u{};
       if (!unwind_.module_for(m.e.path, m.e.inode, m.e.start, m.e.end, m.e.offset, u)) continue;
       if (u.start < m.e.start || u.end > m.e.end) continue;  // cannot be: module_for clips to the mapping
@@ -540,6 +550,19 @@ class perf_recorder {
     }
     im.set = selfprof::detail::unwind_table_set{im.modules.data(), im.modules.size()};
     im.dirty = false;
+  }
+
+  // Parses the file of the first unparsed mapping one of `pcs` lies in; true when one was parsed (the
+  // set is rebuilt, and the sample is to be unwound again).
+  bool parse_reached(image& im, const std::uint64_t* pcs, std::size_t n) {
+    for (std::size_t k = 0; k < n; ++k)
+      for (const selfprof::detail::maps_entry& e : im.unparsed)
+        if (pcs[k] >= e.start && pcs[k] < e.end) {
+          unwind_.file(e.path, e.inode);
+          build_set(im);
+          return true;
+        }
+    return false;
   }
 
   void on_sample(cursor& c) {
@@ -588,10 +611,14 @@ class perf_recorder {
     bool truncated = kernel < kernel_chain_.size(), cut = false, spliced = false;
     std::size_t depth = kernel;
     if (abi != PERF_SAMPLE_REGS_ABI_NONE) {
-      depth += selfprof::detail::unwind_sample<foreign_stack>(
-          im.set.count ? &im.set : nullptr, uip, sp, bp, stack, static_cast<std::size_t>(dyn),
-          user_chain_.data(), user_chain_.size(), pcs_.data() + kernel, opts_.max_depth - kernel, cut,
-          spliced);
+      std::size_t user = 0;
+      do
+        user = selfprof::detail::unwind_sample<foreign_stack>(
+            im.set.count ? &im.set : nullptr, uip, sp, bp, stack, static_cast<std::size_t>(dyn),
+            user_chain_.data(), user_chain_.size(), pcs_.data() + kernel, opts_.max_depth - kernel, cut,
+            spliced);
+      while (!im.unparsed.empty() && parse_reached(im, pcs_.data() + kernel, user));
+      depth += user;
     }
     if (depth == 0) pcs_[depth++] = ip;  // a kernel-only sample without a chain: its pc
     for (std::size_t k = kernel; k < depth; ++k)
