@@ -17571,6 +17571,94 @@ struct ring_counts {
   std::uint64_t stored = 0, truncated = 0;  // written into the sample ring; of them, cut by the depth limit
 };
 
+// Copies `len` bytes at ring position `at` out of a ring's data area of `size` bytes (a power of two),
+// across its end.
+inline void ring_copy_out(const unsigned char* data, std::uint64_t size, std::uint64_t at, void* to,
+                          std::size_t len) {
+  const std::uint64_t off = at & (size - 1);
+  const std::size_t first = static_cast<std::size_t>(std::min<std::uint64_t>(len, size - off));
+  std::memcpy(to, data + off, first);
+  if (first < len) std::memcpy(static_cast<unsigned char*>(to) + first, data, len - first);
+}
+
+// A bounded reader over one ring record's body.
+struct ring_cursor {
+  const unsigned char* p;
+  std::size_t left;
+  bool u64(std::uint64_t& v) {
+    if (left < 8) return false;
+    std::memcpy(&v, p, 8);
+    p += 8;
+    left -= 8;
+    return true;
+  }
+  bool u32(std::uint32_t& v) {
+    if (left < 4) return false;
+    std::memcpy(&v, p, 4);
+    p += 4;
+    left -= 4;
+    return true;
+  }
+  bool skip(std::uint64_t bytes) {
+    if (bytes > left) return false;
+    p += bytes;
+    left -= static_cast<std::size_t>(bytes);
+    return true;
+  }
+  // A NUL-terminated string padded to 8 bytes, within the record.
+  bool text(std::string& out) {
+    const void* nul = std::memchr(p, 0, left);
+    if (nul == nullptr) return false;
+    out.assign(reinterpret_cast<const char*>(p),
+               static_cast<std::size_t>(static_cast<const unsigned char*>(nul) - p));
+    return skip(std::min<std::size_t>(left, (out.size() + 8) & ~std::size_t(7)));
+  }
+};
+
+// One PERF_RECORD_SAMPLE of the layout the ring events ask for: IP, TID, TIME, CALLCHAIN, REGS_USER (bp,
+// sp, ip) and STACK_USER.
+struct ring_sample {
+  std::uint64_t ip = 0, pidtid = 0, time = 0;
+  std::uint64_t abi = 0, bp = 0, sp = 0, uip = 0;  // abi PERF_SAMPLE_REGS_ABI_NONE: no user context
+  const unsigned char* stack = nullptr;            // the user stack copy, `dyn` bytes of it valid
+  std::uint64_t dyn = 0;
+  std::uint32_t pid() const { return static_cast<std::uint32_t>(pidtid & 0xffffffffu); }
+  std::uint32_t tid() const { return static_cast<std::uint32_t>(pidtid >> 32); }
+};
+
+// Reads a sample's body; the chain goes to `user` (after PERF_CONTEXT_USER) and, when `keep_kernel`, its
+// kernel addresses to `kernel` (after PERF_CONTEXT_KERNEL, the interrupted kernel pc first). False when
+// the record is malformed.
+inline bool parse_ring_sample(ring_cursor c, bool keep_kernel, ring_sample& s,
+                              std::vector<std::uint64_t>& user, std::vector<std::uint64_t>& kernel) {
+  std::uint64_t nr = 0;
+  if (!c.u64(s.ip) || !c.u64(s.pidtid) || !c.u64(s.time) || !c.u64(nr) || nr > c.left / 8) return false;
+  const unsigned char* chain_at = c.p;
+  c.skip(nr * 8);
+  user.clear();
+  kernel.clear();
+  std::uint64_t context = 0;
+  for (std::uint64_t i = 0; i < nr; ++i) {
+    std::uint64_t v;
+    std::memcpy(&v, chain_at + i * 8, 8);
+    if (v >= PERF_CONTEXT_MAX) {
+      context = v;
+      continue;
+    }
+    if (context == PERF_CONTEXT_USER) user.push_back(v);
+    if (context == PERF_CONTEXT_KERNEL && keep_kernel && is_kernel_address(v)) kernel.push_back(v);
+  }
+  std::uint64_t stack_size = 0;
+  if (!c.u64(s.abi)) return false;
+  if (s.abi != PERF_SAMPLE_REGS_ABI_NONE && !(c.u64(s.bp) && c.u64(s.sp) && c.u64(s.uip))) return false;
+  if (!c.u64(stack_size) || stack_size > c.left) return false;
+  s.stack = c.p;
+  c.skip(stack_size);
+  s.dyn = 0;
+  if (stack_size > 0 && (!c.u64(s.dyn) || s.dyn > stack_size)) return false;
+  return true;
+}
+
 // Unwinds one sample into out[0..): the copy walked with `set`'s rows (frame pointers where none, or
 // with no set), continued with the kernel's user chain `chain[0..n)` where the walk left the copy.
 // Returns the depth; `truncated` when frames were left out for lack of room. `Memory` is the copy's
@@ -17939,13 +18027,13 @@ class perf_ring_source final : public tick_source {
         ++counts_.corrupt;
         break;
       }
-      copy_out(data, size, tail, &h, sizeof h);
+      ring_copy_out(data, size, tail, &h, sizeof h);
       if (h.size < sizeof h || h.size > head - tail || h.size % 8 != 0) {
         ++counts_.corrupt;
         break;
       }
       record_.resize(h.size);
-      copy_out(data, size, tail, record_.data(), h.size);
+      ring_copy_out(data, size, tail, record_.data(), h.size);
       handle_record(r, h, record_.data(), h.size, out);
       tail += h.size;
       ++n;
@@ -17954,36 +18042,9 @@ class perf_ring_source final : public tick_source {
     return n;
   }
 
-  static void copy_out(const unsigned char* data, std::uint64_t size, std::uint64_t at, void* to,
-                       std::size_t len) {
-    const std::uint64_t off = at & (size - 1);
-    const std::size_t first = static_cast<std::size_t>(std::min<std::uint64_t>(len, size - off));
-    std::memcpy(to, data + off, first);
-    if (first < len) std::memcpy(static_cast<unsigned char*>(to) + first, data, len - first);
-  }
-
-  // A bounded reader over one record.
-  struct cursor {
-    const unsigned char* p;
-    std::size_t left;
-    bool u64(std::uint64_t& v) {
-      if (left < 8) return false;
-      std::memcpy(&v, p, 8);
-      p += 8;
-      left -= 8;
-      return true;
-    }
-    bool skip(std::uint64_t bytes) {
-      if (bytes > left) return false;
-      p += bytes;
-      left -= static_cast<std::size_t>(bytes);
-      return true;
-    }
-  };
-
   void handle_record(const cpu_ring& from, const perf_event_header& h, const unsigned char* rec,
                      std::size_t len, sample_ring& out) {
-    cursor c{rec + sizeof h, len - sizeof h};
+    ring_cursor c{rec + sizeof h, len - sizeof h};
     if (h.type == PERF_RECORD_LOST) {
       std::uint64_t id = 0, lost = 0;
       if (c.u64(id) && c.u64(lost)) counts_.lost += lost;
@@ -17994,57 +18055,21 @@ class perf_ring_source final : public tick_source {
       return;
     }
     if (h.type != PERF_RECORD_SAMPLE) return;
-    std::uint64_t ip = 0, pidtid = 0, time = 0, nr = 0;
-    if (!c.u64(ip) || !c.u64(pidtid) || !c.u64(time) || !c.u64(nr) || nr > c.left / 8) {
+    ring_sample smp;
+    if (!parse_ring_sample(c, !user_only_, smp, user_chain_, kernel_chain_)) {
       ++counts_.corrupt;
       return;
     }
-    const auto tid = static_cast<pid_t>(pidtid >> 32);
+    const auto tid = static_cast<pid_t>(smp.tid());
     if (std::find(skip_.begin(), skip_.end(), tid) != skip_.end()) {
       ++counts_.foreign;
       return;
     }
-    if (from.tid == 0 && has_own_ring(tid, time)) {
+    if (from.tid == 0 && has_own_ring(tid, smp.time)) {
       ++counts_.replaced;
       return;
     }
-    // The chain: its kernel part (after PERF_CONTEXT_KERNEL, the interrupted kernel pc first; only where
-    // kernel sampling is permitted), then its user part (after PERF_CONTEXT_USER).
-    const unsigned char* chain_at = c.p;
-    c.skip(nr * 8);
-    user_chain_.clear();
-    kernel_chain_.clear();
-    std::uint64_t context = 0;
-    for (std::uint64_t i = 0; i < nr; ++i) {
-      std::uint64_t v;
-      std::memcpy(&v, chain_at + i * 8, 8);
-      if (v >= PERF_CONTEXT_MAX) {
-        context = v;
-        continue;
-      }
-      if (context == PERF_CONTEXT_USER) user_chain_.push_back(v);
-      if (context == PERF_CONTEXT_KERNEL && !user_only_ && is_kernel_address(v)) kernel_chain_.push_back(v);
-    }
-    std::uint64_t abi = 0, bp = 0, sp = 0, uip = 0, stack_size = 0, dyn = 0;
-    if (!c.u64(abi)) {
-      ++counts_.corrupt;
-      return;
-    }
-    if (abi != PERF_SAMPLE_REGS_ABI_NONE && !(c.u64(bp) && c.u64(sp) && c.u64(uip))) {
-      ++counts_.corrupt;
-      return;
-    }
-    if (!c.u64(stack_size) || stack_size > c.left) {
-      ++counts_.corrupt;
-      return;
-    }
-    const unsigned char* stack = c.p;
-    c.skip(stack_size);
-    if (stack_size > 0 && (!c.u64(dyn) || dyn > stack_size)) {
-      ++counts_.corrupt;
-      return;
-    }
-    if (abi == PERF_SAMPLE_REGS_ABI_NONE) {  // no user context (a kernel thread): nothing of ours
+    if (smp.abi == PERF_SAMPLE_REGS_ABI_NONE) {  // no user context (a kernel thread): nothing of ours
       ++counts_.foreign;
       return;
     }
@@ -18062,17 +18087,17 @@ class perf_ring_source final : public tick_source {
     std::copy(kernel_chain_.begin(), kernel_chain_.begin() + static_cast<std::ptrdiff_t>(kernel),
               slot->pcs());
     const std::size_t depth =
-        kernel + unwind_sample(g_unwind_tables.load(std::memory_order_acquire), uip, sp, bp, stack,
-                               static_cast<std::size_t>(dyn), user_chain_.data(), user_chain_.size(),
-                               slot->pcs() + kernel, out.max_depth() - kernel, truncated, spliced);
+        kernel + unwind_sample(g_unwind_tables.load(std::memory_order_acquire), smp.uip, smp.sp, smp.bp,
+                               smp.stack, static_cast<std::size_t>(smp.dyn), user_chain_.data(),
+                               user_chain_.size(), slot->pcs() + kernel, out.max_depth() - kernel, truncated,
+                               spliced);
     truncated = truncated || kernel < kernel_chain_.size();
     if (spliced) ++counts_.spliced;
-    (void)ip;
     slot->header.tid = static_cast<std::uint32_t>(tid);
     slot->header.depth = static_cast<std::uint16_t>(depth);
     slot->header.flags = truncated ? sample_truncated : 0;
     slot->header.weight = 1;
-    slot->header.time_ns = time;
+    slot->header.time_ns = smp.time;
     slot->header.tag = kGameFrameTagByTime;  // the collector finds the game frame by the time
     ++counts_.stored;
     if (truncated) ++counts_.truncated;

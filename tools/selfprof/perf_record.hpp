@@ -78,6 +78,8 @@ struct perf_record_counts {
 };
 
 class perf_recorder {
+  using cursor = selfprof::detail::ring_cursor;
+
  public:
   perf_recorder() = default;
   perf_recorder(const perf_recorder&) = delete;
@@ -307,14 +309,14 @@ class perf_recorder {
         ++counts_.corrupt;
         break;
       }
-      copy_out(data, size, tail, &h, sizeof h);
+      selfprof::detail::ring_copy_out(data, size, tail, &h, sizeof h);
       if (h.size < sizeof h + 8 || h.size > head - tail || h.size % 8 != 0) {
         ++counts_.corrupt;
         break;
       }
       pending p;
       p.bytes.resize(h.size);
-      copy_out(data, size, tail, p.bytes.data(), h.size);
+      selfprof::detail::ring_copy_out(data, size, tail, p.bytes.data(), h.size);
       // Every record ends with its time (sample_id_all with TID and TIME); a sample has it third.
       if (h.type == PERF_RECORD_SAMPLE && h.size >= sizeof h + 24)
         std::memcpy(&p.time, p.bytes.data() + sizeof h + 16, 8);
@@ -326,47 +328,6 @@ class perf_recorder {
     }
     __atomic_store_n(&meta->data_tail, head, __ATOMIC_RELEASE);
   }
-
-  static void copy_out(const unsigned char* data, std::uint64_t size, std::uint64_t at, void* to,
-                       std::size_t len) {
-    const std::uint64_t off = at & (size - 1);
-    const std::size_t first = static_cast<std::size_t>(std::min<std::uint64_t>(len, size - off));
-    std::memcpy(to, data + off, first);
-    if (first < len) std::memcpy(static_cast<unsigned char*>(to) + first, data, len - first);
-  }
-
-  struct cursor {
-    const unsigned char* p;
-    std::size_t left;
-    bool u64(std::uint64_t& v) {
-      if (left < 8) return false;
-      std::memcpy(&v, p, 8);
-      p += 8;
-      left -= 8;
-      return true;
-    }
-    bool u32(std::uint32_t& v) {
-      if (left < 4) return false;
-      std::memcpy(&v, p, 4);
-      p += 4;
-      left -= 4;
-      return true;
-    }
-    bool skip(std::uint64_t n) {
-      if (n > left) return false;
-      p += n;
-      left -= static_cast<std::size_t>(n);
-      return true;
-    }
-    // A NUL-terminated string padded to 8 bytes, within the record.
-    bool text(std::string& out) {
-      const void* nul = std::memchr(p, 0, left);
-      if (nul == nullptr) return false;
-      out.assign(reinterpret_cast<const char*>(p),
-                 static_cast<std::size_t>(static_cast<const unsigned char*>(nul) - p));
-      return skip(std::min<std::size_t>(left, (out.size() + 8) & ~std::size_t(7)));
-    }
-  };
 
   void apply(const std::vector<unsigned char>& rec) {
     perf_event_header h;
@@ -566,41 +527,14 @@ class perf_recorder {
   }
 
   void on_sample(cursor& c) {
-    std::uint64_t ip = 0, pidtid = 0, time = 0, nr = 0;
-    if (!c.u64(ip) || !c.u64(pidtid) || !c.u64(time) || !c.u64(nr) || nr > c.left / 8) {
+    selfprof::detail::ring_sample smp;
+    if (!selfprof::detail::parse_ring_sample(c, !user_only_, smp, user_chain_, kernel_chain_)) {
       ++counts_.corrupt;
       return;
     }
-    const auto pid = static_cast<pid_t>(pidtid & 0xffffffffu);
-    const auto tid = static_cast<std::uint32_t>(pidtid >> 32);
-    const unsigned char* chain_at = c.p;
-    c.skip(nr * 8);
-    user_chain_.clear();
-    kernel_chain_.clear();
-    std::uint64_t context = 0;
-    for (std::uint64_t i = 0; i < nr; ++i) {
-      std::uint64_t v;
-      std::memcpy(&v, chain_at + i * 8, 8);
-      if (v >= PERF_CONTEXT_MAX) {
-        context = v;
-        continue;
-      }
-      if (context == PERF_CONTEXT_USER) user_chain_.push_back(v);
-      if (context == PERF_CONTEXT_KERNEL && !user_only_ && selfprof::detail::is_kernel_address(v))
-        kernel_chain_.push_back(v);
-    }
-    std::uint64_t abi = 0, bp = 0, sp = 0, uip = 0, stack_size = 0, dyn = 0;
-    if (!c.u64(abi) || (abi != PERF_SAMPLE_REGS_ABI_NONE && !(c.u64(bp) && c.u64(sp) && c.u64(uip))) ||
-        !c.u64(stack_size) || stack_size > c.left) {
-      ++counts_.corrupt;
-      return;
-    }
-    const unsigned char* stack = c.p;
-    c.skip(stack_size);
-    if (stack_size > 0 && (!c.u64(dyn) || dyn > stack_size)) {
-      ++counts_.corrupt;
-      return;
-    }
+    const auto pid = static_cast<pid_t>(smp.pid());
+    const std::uint32_t tid = smp.tid();
+    const std::uint64_t time = smp.time;
     ++counts_.samples;
     image& im = image_of(pid);
     if (im.dirty) build_set(im);
@@ -610,17 +544,17 @@ class perf_recorder {
               pcs_.begin());
     bool truncated = kernel < kernel_chain_.size(), cut = false, spliced = false;
     std::size_t depth = kernel;
-    if (abi != PERF_SAMPLE_REGS_ABI_NONE) {
+    if (smp.abi != PERF_SAMPLE_REGS_ABI_NONE) {
       std::size_t user = 0;
       do
         user = selfprof::detail::unwind_sample<foreign_stack>(
-            im.set.count ? &im.set : nullptr, uip, sp, bp, stack, static_cast<std::size_t>(dyn),
-            user_chain_.data(), user_chain_.size(), pcs_.data() + kernel, opts_.max_depth - kernel, cut,
-            spliced);
+            im.set.count ? &im.set : nullptr, smp.uip, smp.sp, smp.bp, smp.stack,
+            static_cast<std::size_t>(smp.dyn), user_chain_.data(), user_chain_.size(), pcs_.data() + kernel,
+            opts_.max_depth - kernel, cut, spliced);
       while (!im.unparsed.empty() && parse_reached(im, pcs_.data() + kernel, user));
       depth += user;
     }
-    if (depth == 0) pcs_[depth++] = ip;  // a kernel-only sample without a chain: its pc
+    if (depth == 0) pcs_[depth++] = smp.ip;  // a kernel-only sample without a chain: its pc
     for (std::size_t k = kernel; k < depth; ++k)
       if (maybe_jit(im, pcs_[k])) tag_jit(im, pcs_[k], time);
     truncated = truncated || cut;
