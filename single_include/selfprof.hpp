@@ -601,6 +601,7 @@ SELFPROF_API std::string perf_map_path();
 // (open, openat, close), resource limits and reads of /proc/self/task/<tid> files (read_task_file: names,
 // masks, start times; tests make them slow or fake a thread's identity). Other calls (ioctl on a perf fd,
 // other reads of /proc, eventfd, poll) go to libc directly; their failures are handled where they happen.
+// Also copies of this process's own memory (read_own_memory: tests refuse them as seccomp would).
 // Functions follow libc: -1 and errno on failure.
 // Context: any thread except the signal handler (the handler makes its few raw syscalls directly).
 
@@ -611,9 +612,11 @@ SELFPROF_API std::string perf_map_path();
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -640,6 +643,10 @@ struct syscall_table {
   // Mappings of perf ring buffers (sources/perf_ring.hpp): tests refuse them (EPERM: locked memory).
   void* (*mmap)(void* addr, std::size_t len, int prot, int flags, int fd, off_t off);
   int (*munmap)(void* addr, std::size_t len);
+  // Copies `size` bytes at `address` of this process into `out`: the bytes copied, which stop at the
+  // first page the kernel cannot supply (a mapped file truncated since), or -1 and errno when copying
+  // is refused (ENOSYS, EPERM: seccomp).
+  long (*read_own_memory)(void* out, std::uintptr_t address, std::size_t size);
 };
 
 inline long default_perf_event_open(void* attr, int pid, int cpu, int group_fd, unsigned long flags) {
@@ -695,13 +702,41 @@ inline void* default_mmap(void* addr, std::size_t len, int prot, int flags, int 
   return ::mmap(addr, len, prot, flags, fd, off);
 }
 inline int default_munmap(void* addr, std::size_t len) { return ::munmap(addr, len); }
+// process_vm_readv on our own pid, a page per remote element: a fault ends the copy at a page boundary
+// (the kernel does not split an element), where a plain read would raise SIGBUS.
+inline long default_read_own_memory(void* out, std::uintptr_t address, std::size_t size) {
+  constexpr std::size_t kPage = 4096, kElements = 256;
+  const pid_t self = ::getpid();
+  std::size_t done = 0;
+  while (done < size) {
+    struct iovec local {
+      static_cast<char*>(out) + done, 0
+    };
+    struct iovec remote[kElements];
+    std::size_t n = 0, at = address + done;
+    while (n < kElements && at < address + size) {
+      const std::size_t end = std::min<std::size_t>((at / kPage + 1) * kPage, address + size);
+      remote[n].iov_base = reinterpret_cast<void*>(at);
+      remote[n].iov_len = end - at;
+      local.iov_len += end - at;
+      at = end;
+      ++n;
+    }
+    const ssize_t got = ::process_vm_readv(self, &local, 1, remote, n, 0);
+    if (got < 0 && errno == EFAULT) break;  // the first page asked for is not there
+    if (got < 0) return done > 0 ? static_cast<long>(done) : -1;
+    done += static_cast<std::size_t>(got);
+    if (static_cast<std::size_t>(got) < local.iov_len) break;
+  }
+  return static_cast<long>(done);
+}
 
 inline syscall_table default_syscalls() {
   return syscall_table{
       default_perf_event_open, default_timer_create, default_timer_settime, default_timer_delete,
       default_setitimer,       default_sigaction,    default_open,          default_openat,
       default_close,           default_fcntl_int,    default_getrlimit,     default_setrlimit,
-      default_read_task_file,  default_mmap,         default_munmap};
+      default_read_task_file,  default_mmap,         default_munmap,        default_read_own_memory};
 }
 
 // The table in use. Tests replace entries (and restore them with default_syscalls()).
@@ -2759,8 +2794,14 @@ struct stats {
   int sample_signal = 0;
   bool kernel_time = true;               // samples include time spent in the kernel
   unwind_mode unwind = unwind_mode::fp;  // dwarf (CFI rows, frame pointers where none) or fp
-  std::uint64_t samples = 0;             // sample weight folded into the table
-  std::uint64_t records = 0;             // records written by the handler, or read from the kernel's rings
+  // What start() cost the thread that called it (CPU and wall time; threads it started not counted).
+  double start_cpu_ms = 0, start_wall_ms = 0;
+  // The CFI rows (unwind dwarf): modules parsed, modules whose code no sample reached yet (not parsed),
+  // rows published, and the wall time spent parsing them.
+  std::size_t unwind_modules_parsed = 0, unwind_modules_pending = 0, unwind_rows = 0;
+  double unwind_parse_ms = 0;
+  std::uint64_t samples = 0;  // sample weight folded into the table
+  std::uint64_t records = 0;  // records written by the handler, or read from the kernel's rings
   std::uint64_t dropped_full = 0, dropped_inactive = 0, foreign_signals = 0, truncated = 0;
   std::size_t unique_stacks = 0, table_bytes = 0;  // table_bytes: the stack table and window buckets
   // The memory ceiling (options::max_memory, SELFPROF_MAX_MEMORY) and what staying under it took.
@@ -2881,6 +2922,7 @@ SELFPROF_API status dump_diff(const profile& before, const profile& after, const
 // Context: setup only (start/stop, under the control lock), any thread for snapshots, dumps and stats.
 
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -2952,8 +2994,9 @@ SELFPROF_API status dump_diff(const profile& before, const profile& after, const
 // What the sample store knows of executable memory while sampling: the ranges mapped at the last module
 // scan, whether a sample has landed outside all of them since (then the collector reads the maps again,
 // so code mapped and unmapped between two dumps, such as V8's second mapping of its builtins, is
-// recorded with its symbols while it exists), and the perf map that names a pc in anonymous code by the
-// line that was current when the sample was taken.
+// recorded with its symbols while it exists), the perf map that names a pc in anonymous code by the
+// line that was current when the sample was taken, and which modules with unparsed unwind rows samples
+// reached (the collector parses their rows next: unwind/tables.hpp builds lazily).
 // Context: the sample store, under its lock (translate); the collector thread (set_ranges, via the store).
 
 #include <algorithm>
@@ -5958,6 +6001,1385 @@ class symbolizer {
 
 }  // namespace selfprof
 // ---- end selfprof/symbols/symbolizer.hpp ----
+// ---- begin selfprof/unwind/tables.hpp ----
+// Builds the unwind rows of loaded modules (.eh_frame found through dl_iterate_phdr and PT_GNU_EH_FRAME,
+// copied out of memory) and publishes them to the signal handler as one immutable set. The collector
+// builds lazily: a module is parsed once a sample reached its code (frame pointers there until then).
+// Parsed rows are kept while the module stays loaded (across stop/start too) and reused only while the
+// same file (device, inode, size, mtime) sits at the same address with the same .eh_frame_hdr and
+// .eh_frame bytes. Each module's rows are clipped to its own executable segments.
+// Context: setup only (start/stop) and the collector thread; the handler only reads g_unwind_tables.
+
+#include <elf.h>
+#include <link.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+// ---- begin selfprof/signal/arch_x86_64.hpp ----
+// What stack walking needs to know about the machine: registers of an interrupted context, the x86-64
+// frame conventions (return address at CFA-8, DWARF register numbers, prologue bytes), the thread pointer.
+// Context: signal handler (async-signal-safe: reads registers and bytes given to it, nothing else).
+
+#include <ucontext.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace selfprof {
+namespace detail {
+
+// The registers a walk starts from.
+struct frame_regs {
+  std::uintptr_t pc = 0;
+  std::uintptr_t sp = 0;
+  std::uintptr_t fp = 0;  // the frame-pointer register: rbp (x86-64), x29 (aarch64)
+};
+
+// pc, sp and the frame pointer of the context a signal interrupted; zeros on other architectures.
+inline frame_regs context_regs(const ucontext_t* uc) {
+  frame_regs r;
+#if defined(__x86_64__)
+  r.pc = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
+  r.sp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RSP]);
+  r.fp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RBP]);
+#elif defined(__aarch64__)
+  r.pc = static_cast<std::uintptr_t>(uc->uc_mcontext.pc);
+  r.sp = static_cast<std::uintptr_t>(uc->uc_mcontext.sp);
+  r.fp = static_cast<std::uintptr_t>(uc->uc_mcontext.regs[29]);
+#else
+  (void)uc;
+#endif
+  return r;
+}
+
+// The unwind rows (signal/unwind_rows.hpp) describe x86-64 frames and the prologue bytes below are
+// x86-64 code; elsewhere only frame pointers are walked.
+#if defined(__x86_64__)
+constexpr bool kCfiRowsSupported = true;
+constexpr bool kHasPrologueHeuristics = true;
+#else
+constexpr bool kCfiRowsSupported = false;
+constexpr bool kHasPrologueHeuristics = false;
+#endif
+
+// DWARF register numbers of x86-64 (System V psABI, figure 3.36).
+constexpr unsigned kDwarfRbp = 6, kDwarfRsp = 7, kDwarfRa = 16;
+
+// `call` pushes the return address just below the caller's sp, which CFI calls the CFA.
+constexpr std::intptr_t kReturnAddressAtCfa = -8;
+
+// Bytes at the interrupted pc that prologue_return_slot looks at.
+constexpr std::size_t kPrologueBytes = 4;
+
+// x86-64 prologue/epilogue bytes at the interrupted pc (async-profiler's heuristics): at a function's
+// first byte (push %rbp, endbr64) or on `ret` the return address is at [sp], right after `push %rbp` at
+// [sp+8]; %rbp still holds the caller's frame. The slot of the return address, or 0 when the bytes say
+// nothing (always 0 on other architectures).
+inline std::uintptr_t prologue_return_slot(const unsigned char (&code)[kPrologueBytes], std::uintptr_t sp) {
+#if defined(__x86_64__)
+  const unsigned char b0 = code[0];
+  if (b0 == 0x55 || b0 == 0xC3 || (b0 == 0xF3 && code[1] == 0x0F && code[2] == 0x1E && code[3] == 0xFA))
+    return sp;
+  if (b0 == 0x48 && code[1] == 0x89 && code[2] == 0xE5) return sp + 8;
+#else
+  (void)code;
+  (void)sp;
+#endif
+  return 0;
+}
+
+// glibc's thread descriptor (what %fs:0x10 points to), which it places at the top of the thread's stack
+// block; 0 where it is not known this way.
+inline std::uintptr_t thread_descriptor() {
+#if defined(__x86_64__) && defined(__GLIBC__)
+  std::uintptr_t self;
+  __asm__("mov %%fs:0x10, %0" : "=r"(self));
+  return self;
+#else
+  return 0;
+#endif
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/arch_x86_64.hpp ----
+// ---- begin selfprof/signal/unwind_rows.hpp ----
+// The unwind row model: per-module tables of CFA rules (built from .eh_frame off the signal path by
+// unwind/tables.hpp), the published set the handler reads, and the lookup of the row in effect at a pc.
+// Context: signal handler (async-signal-safe: reads the immutable published set only).
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace selfprof {
+namespace detail {
+
+// How the canonical frame address (CFA: the caller's sp, just above the return address) is computed
+// at one pc, and what the row means for the walk.
+enum unwind_row_kind : std::uint8_t {
+  row_cfa_rsp = 0,    // CFA = rsp + cfa_off
+  row_cfa_rbp = 1,    // CFA = rbp + cfa_off
+  row_cfa_plt = 2,    // PLT entry: CFA = rsp + cfa_off, +8 more once (pc & 15) >= plt_threshold
+  row_unknown = 3,    // CFI this walker does not model (expressions, other registers): one FP step
+  row_outermost = 4,  // the return address is undefined: the thread's first frame, stop here
+  row_no_info = 5,    // a gap between FDEs: no CFI covers the pc, one FP step
+};
+
+// One row of a module's table: valid from `pc` (offset from the module's start) to the next row.
+// The return address is always at CFA + kReturnAddressAtCfa; rows where it is not are row_unknown.
+struct unwind_row {
+  std::uint32_t pc;
+  std::int32_t cfa_off;
+  std::int16_t fp_off;  // the caller's rbp is saved at CFA + fp_off; 0: rbp still holds it
+  std::uint8_t kind;    // unwind_row_kind
+  std::uint8_t plt_threshold;
+};
+static_assert(sizeof(unwind_row) == 12, "rows are packed: a libc has tens of thousands of them");
+
+// The frame-pointer step as a row (async-profiler's default frame): a frame record {caller's rbp, return
+// address} at rbp, so CFA = rbp + 16 and the caller's rbp is at CFA-16. Used wherever no CFI row covers
+// the pc, and for every frame when there are no tables.
+inline constexpr unwind_row kFramePointerRow{0, 16, -16, row_cfa_rbp, 0};
+
+// The rows of one module, covering the runtime addresses [start, end).
+struct unwind_module {
+  std::uintptr_t start;
+  std::uintptr_t end;
+  const unwind_row* rows;  // sorted by pc; the last one is row_no_info at `end - start`
+  std::size_t count;
+};
+
+// Every module's rows, sorted by start and not overlapping. Immutable once published.
+struct unwind_table_set {
+  const unwind_module* modules;
+  std::size_t count;
+};
+
+// The set the handler reads; published by unwind/tables.hpp, never freed while profiling runs.
+inline std::atomic<const unwind_table_set*> g_unwind_tables{nullptr};
+
+// The row in effect at `pc`, or nullptr when no CFI covers it. Binary searches; reads only the set.
+inline const unwind_row* find_unwind_row(const unwind_table_set* set, std::uintptr_t pc) {
+  if (set == nullptr || set->count == 0) return nullptr;
+  std::size_t lo = 0, hi = set->count;  // first module with start > pc
+  while (lo < hi) {
+    std::size_t mid = lo + (hi - lo) / 2;
+    if (set->modules[mid].start <= pc)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0) return nullptr;
+  const unwind_module& m = set->modules[lo - 1];
+  if (pc >= m.end || m.count == 0) return nullptr;
+  const std::uint32_t off = static_cast<std::uint32_t>(pc - m.start);
+  lo = 0;
+  hi = m.count;  // first row with pc > off
+  while (lo < hi) {
+    std::size_t mid = lo + (hi - lo) / 2;
+    if (m.rows[mid].pc <= off)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0) return nullptr;
+  const unwind_row* row = &m.rows[lo - 1];
+  return row->kind == row_no_info ? nullptr : row;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/unwind_rows.hpp ----
+// ---- begin selfprof/unwind/eh_frame.hpp ----
+// The .eh_frame / .eh_frame_hdr reader: turns a module's call frame information (CIEs and FDEs, as GCC,
+// clang and glibc emit them) into the compact sorted unwind rows the signal handler follows.
+// Context: collector thread or setup only (allocates; never the signal handler).
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+// ---- begin selfprof/unwind/cfa_program.hpp ----
+// CFA programs: the DWARF call frame instructions of a CIE and an FDE run into the register rules the
+// walker follows (signal/unwind_rows.hpp), one row per location change, with the PLT expression binutils
+// emits recognized and every other expression marked unknown.
+// Context: collector thread or setup only (allocates; never the signal handler).
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+// ---- begin selfprof/unwind/eh_cursor.hpp ----
+// A bounds-checked little-endian reader of call frame information (.eh_frame, .eh_frame_hdr, CFA
+// programs): LEB128, DWARF pointer encodings, and the bytes given to parse.
+// Context: collector thread or setup only (never the signal handler).
+
+#include <cstddef>
+#include <cstdint>
+
+namespace selfprof {
+namespace detail {
+
+// Bytes to parse: `size` readable bytes at `data`, which live at runtime address `address` (pc-relative
+// pointers are resolved against it; parsing a copy works when `address` is the original's).
+struct eh_frame_input {
+  const std::uint8_t* data = nullptr;
+  std::size_t size = 0;
+  std::uintptr_t address = 0;
+};
+
+// A bounds-checked little-endian reader: any read past the end sets ok = false and returns 0.
+struct eh_cursor {
+  const std::uint8_t* base;  // start of the whole input (offsets are relative to it)
+  std::size_t pos, end;
+  std::uintptr_t address;  // runtime address of base[0]
+  bool ok = true;
+
+  bool has(std::size_t n) const { return ok && pos <= end && end - pos >= n; }
+  std::uint64_t fixed(std::size_t n) {
+    if (!has(n)) return fail();
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < n; ++i) v |= std::uint64_t(base[pos + i]) << (8 * i);
+    pos += n;
+    return v;
+  }
+  std::uint8_t u8() { return static_cast<std::uint8_t>(fixed(1)); }
+  std::uint64_t uleb() {
+    std::uint64_t v = 0;
+    for (unsigned shift = 0;; shift += 7) {
+      if (!has(1) || shift > 63) return fail();
+      std::uint8_t b = base[pos++];
+      v |= std::uint64_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+  }
+  std::int64_t sleb() {
+    std::uint64_t v = 0;
+    unsigned shift = 0;
+    std::uint8_t b = 0;
+    do {
+      if (!has(1) || shift > 63) return static_cast<std::int64_t>(fail());
+      b = base[pos++];
+      v |= std::uint64_t(b & 0x7f) << shift;
+      shift += 7;
+    } while (b & 0x80);
+    if (shift < 64 && (b & 0x40)) v |= ~std::uint64_t(0) << shift;
+    return static_cast<std::int64_t>(v);
+  }
+  // A DW_EH_PE_* encoded pointer. `apply` = false reads the value only (pc ranges, skipped pointers).
+  // Indirect pointers are reported through `indirect` and never dereferenced.
+  std::uint64_t pointer(std::uint8_t enc, bool apply = true, bool* indirect = nullptr) {
+    if (enc == 0xff) return 0;  // DW_EH_PE_omit
+    const std::uintptr_t field = address + pos;
+    std::uint64_t v = 0;
+    switch (enc & 0x0f) {
+      case 0x00:
+        v = fixed(8);
+        break;  // absptr
+      case 0x01:
+        v = uleb();
+        break;  // uleb128
+      case 0x02:
+        v = fixed(2);
+        break;  // udata2
+      case 0x03:
+        v = fixed(4);
+        break;  // udata4
+      case 0x04:
+        v = fixed(8);
+        break;  // udata8
+      case 0x09:
+        v = static_cast<std::uint64_t>(sleb());
+        break;  // sleb128
+      case 0x0a:
+        v = static_cast<std::uint64_t>(std::int64_t(std::int16_t(fixed(2))));
+        break;  // sdata2
+      case 0x0b:
+        v = static_cast<std::uint64_t>(std::int64_t(std::int32_t(fixed(4))));
+        break;  // sdata4
+      case 0x0c:
+        v = fixed(8);
+        break;  // sdata8
+      default:
+        return fail();
+    }
+    if (indirect) *indirect = (enc & 0x80) != 0;
+    if (!apply) return v;
+    switch (enc & 0x70) {
+      case 0x00:
+        break;  // absolute
+      case 0x10:
+        v += field;
+        break;  // pcrel
+      default:
+        return fail();  // textrel/datarel/funcrel/aligned: not used in .eh_frame FDEs
+    }
+    return v;
+  }
+  std::uint64_t fail() {
+    ok = false;
+    return 0;
+  }
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/unwind/eh_cursor.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// remember_state nesting kept; deeper nesting makes the rest of that FDE row_unknown.
+constexpr std::size_t kMaxRememberDepth = 16;
+
+// One parsed CIE: what its FDEs need.
+struct eh_cie {
+  bool valid = false;
+  std::uint64_t code_align = 1;
+  std::int64_t data_align = -8;
+  std::uint64_t ra_reg = kDwarfRa;
+  std::uint8_t fde_enc = 0;  // DW_EH_PE_absptr unless 'R' says otherwise
+  bool has_aug_data = false;
+  std::size_t insns = 0, insns_end = 0;  // initial instructions, offsets in the input
+};
+
+// The register rules the walker cares about, at one pc.
+struct cfa_state {
+  std::uint8_t kind = row_cfa_rsp;  // row_cfa_rsp, row_cfa_rbp, row_cfa_plt or row_unknown
+  std::int64_t cfa_off = 8;
+  std::uint8_t plt_threshold = 0;
+  std::int64_t fp_off = 0;  // 0: rbp unchanged
+  bool fp_unknown = false;  // rbp saved somewhere this walker does not follow
+  bool ra_undefined = false;
+  bool ra_unusual = false;  // return address not at CFA + kReturnAddressAtCfa
+
+  unwind_row row(std::uint32_t pc) const {
+    unwind_row r{pc, 0, 0, row_unknown, 0};
+    if (ra_undefined) {
+      r.kind = row_outermost;
+      return r;
+    }
+    // rbp saved where this walker cannot follow (an expression, as in stack-realigning DRAP frames):
+    // the caller's rbp is unknown, so the row cannot be used; one frame-pointer step instead.
+    if (kind == row_unknown || ra_unusual || fp_unknown || cfa_off < -0x7fffffff || cfa_off > 0x7fffffff ||
+        fp_off < -0x8000 || fp_off > 0x7fff)
+      return r;
+    r.kind = kind;
+    r.cfa_off = static_cast<std::int32_t>(cfa_off);
+    r.fp_off = static_cast<std::int16_t>(fp_off);
+    r.plt_threshold = plt_threshold;
+    return r;
+  }
+};
+
+// The PLT CFA expression binutils emits for lazy PLT entries:
+//   DW_OP_breg7 (rsp) N; DW_OP_breg16 (rip) 0; DW_OP_lit15; DW_OP_and; DW_OP_lit<T>; DW_OP_ge;
+//   DW_OP_lit3; DW_OP_shl; DW_OP_plus   =>   CFA = rsp + N + ((rip & 15) >= T ? 8 : 0)
+// Anything else makes the row row_unknown (one frame-pointer step instead).
+inline bool match_plt_expression(eh_cursor c, std::size_t end, cfa_state& s) {
+  c.end = end;
+  if (c.u8() != 0x77) return false;  // DW_OP_breg7
+  std::int64_t n = c.sleb();
+  if (c.u8() != 0x80 || c.sleb() != 0) return false;   // DW_OP_breg16 0
+  if (c.u8() != 0x3f || c.u8() != 0x1a) return false;  // lit15, and
+  std::uint8_t lit = c.u8();
+  if (lit < 0x30 || lit > 0x3f) return false;
+  if (c.u8() != 0x2a || c.u8() != 0x33 || c.u8() != 0x24 || c.u8() != 0x22) return false;  // ge lit3 shl plus
+  if (!c.ok || c.pos != end) return false;
+  s.kind = row_cfa_plt;
+  s.cfa_off = n;
+  s.plt_threshold = static_cast<std::uint8_t>(lit - 0x30);
+  return true;
+}
+
+// Runs CFA instructions [pos, end) from `state`, appending a row at each location change.
+// Returns false on a malformed instruction stream (rows so far are kept: they were valid).
+inline bool run_cfa_program(eh_cursor c, std::size_t end, const eh_cie& cie, const cfa_state& initial,
+                            cfa_state& state, std::uint64_t& loc, std::uint64_t loc_end, std::uint64_t start,
+                            std::vector<unwind_row>* rows) {
+  c.end = end;
+  cfa_state stack[kMaxRememberDepth];
+  std::size_t depth = 0;  // may exceed kMaxRememberDepth: those states are not kept
+  auto advance = [&](std::uint64_t delta) {
+    std::uint64_t next = loc + delta * cie.code_align;
+    if (next < loc || next > loc_end) {  // past the FDE: the remaining rules never apply
+      if (rows && loc < loc_end) rows->push_back(state.row(static_cast<std::uint32_t>(loc - start)));
+      loc = loc_end;
+      return false;
+    }
+    if (rows && next != loc) rows->push_back(state.row(static_cast<std::uint32_t>(loc - start)));
+    loc = next;
+    return true;
+  };
+  auto set_offset = [&](std::uint64_t reg, std::int64_t off) {
+    if (reg == kDwarfRbp) state.fp_off = off, state.fp_unknown = false;
+    if (reg == cie.ra_reg) state.ra_unusual = off != kReturnAddressAtCfa, state.ra_undefined = false;
+  };
+  auto other_rule = [&](std::uint64_t reg) {  // register / expression rules we do not follow
+    if (reg == kDwarfRbp) state.fp_unknown = true, state.fp_off = 0;
+    if (reg == cie.ra_reg) state.ra_unusual = true;
+  };
+  auto restore = [&](std::uint64_t reg) {
+    if (reg == kDwarfRbp) state.fp_off = initial.fp_off, state.fp_unknown = initial.fp_unknown;
+    if (reg == cie.ra_reg) state.ra_unusual = initial.ra_unusual, state.ra_undefined = initial.ra_undefined;
+  };
+  while (c.ok && c.pos < end) {
+    std::uint8_t op = c.u8();
+    std::uint8_t low = op & 0x3f;
+    switch (op >> 6) {
+      case 1:  // DW_CFA_advance_loc
+        if (!advance(low)) return true;
+        continue;
+      case 2:  // DW_CFA_offset
+        set_offset(low, static_cast<std::int64_t>(c.uleb()) * cie.data_align);
+        continue;
+      case 3:  // DW_CFA_restore
+        restore(low);
+        continue;
+      default:
+        break;
+    }
+    switch (op) {
+      case 0x00:
+        break;      // nop
+      case 0x01: {  // set_loc
+        std::uint64_t to = c.pointer(cie.fde_enc);
+        if (!c.ok || to < loc) return false;
+        if (!advance((to - loc) / (cie.code_align ? cie.code_align : 1))) return true;
+        break;
+      }
+      case 0x02:
+        if (!advance(c.u8())) return true;
+        break;
+      case 0x03:
+        if (!advance(c.fixed(2))) return true;
+        break;
+      case 0x04:
+        if (!advance(c.fixed(4))) return true;
+        break;
+      case 0x05: {  // offset_extended
+        std::uint64_t reg = c.uleb();
+        set_offset(reg, static_cast<std::int64_t>(c.uleb()) * cie.data_align);
+        break;
+      }
+      case 0x06:
+        restore(c.uleb());
+        break;      // restore_extended
+      case 0x07: {  // undefined
+        std::uint64_t reg = c.uleb();
+        if (reg == cie.ra_reg) state.ra_undefined = true;
+        if (reg == kDwarfRbp) other_rule(reg);
+        break;
+      }
+      case 0x08: {  // same_value
+        std::uint64_t reg = c.uleb();
+        if (reg == kDwarfRbp) state.fp_off = 0, state.fp_unknown = false;
+        if (reg == cie.ra_reg) state.ra_unusual = true;
+        break;
+      }
+      case 0x09: {  // register
+        std::uint64_t reg = c.uleb();
+        c.uleb();
+        other_rule(reg);
+        break;
+      }
+      case 0x0a:  // remember_state
+        if (depth < kMaxRememberDepth) stack[depth] = state;
+        ++depth;
+        break;
+      case 0x0b:  // restore_state
+        if (depth == 0) return false;
+        --depth;
+        if (depth < kMaxRememberDepth)
+          state = stack[depth];
+        else
+          state.kind = row_unknown;
+        break;
+      case 0x0c: {  // def_cfa
+        std::uint64_t reg = c.uleb();
+        std::uint64_t off = c.uleb();
+        state.kind = reg == kDwarfRsp ? row_cfa_rsp : reg == kDwarfRbp ? row_cfa_rbp : row_unknown;
+        state.cfa_off = static_cast<std::int64_t>(off);
+        break;
+      }
+      case 0x0d: {  // def_cfa_register
+        std::uint64_t reg = c.uleb();
+        if (state.kind == row_cfa_plt)
+          state.kind = row_unknown;
+        else
+          state.kind = reg == kDwarfRsp ? row_cfa_rsp : reg == kDwarfRbp ? row_cfa_rbp : row_unknown;
+        break;
+      }
+      case 0x0e:
+        state.cfa_off = static_cast<std::int64_t>(c.uleb());
+        break;      // def_cfa_offset
+      case 0x0f: {  // def_cfa_expression
+        std::uint64_t len = c.uleb();
+        if (!c.has(len)) return false;
+        if (!match_plt_expression(c, c.pos + len, state)) state.kind = row_unknown;
+        c.pos += len;
+        break;
+      }
+      case 0x10:    // expression
+      case 0x16: {  // val_expression
+        std::uint64_t reg = c.uleb();
+        std::uint64_t len = c.uleb();
+        if (!c.has(len)) return false;
+        c.pos += len;
+        other_rule(reg);
+        break;
+      }
+      case 0x11: {  // offset_extended_sf
+        std::uint64_t reg = c.uleb();
+        set_offset(reg, c.sleb() * cie.data_align);
+        break;
+      }
+      case 0x12: {  // def_cfa_sf
+        std::uint64_t reg = c.uleb();
+        std::int64_t off = c.sleb() * cie.data_align;
+        state.kind = reg == kDwarfRsp ? row_cfa_rsp : reg == kDwarfRbp ? row_cfa_rbp : row_unknown;
+        state.cfa_off = off;
+        break;
+      }
+      case 0x13:
+        state.cfa_off = c.sleb() * cie.data_align;
+        break;      // def_cfa_offset_sf
+      case 0x14:    // val_offset
+      case 0x15: {  // val_offset_sf
+        std::uint64_t reg = c.uleb();
+        if (op == 0x14)
+          c.uleb();
+        else
+          c.sleb();
+        other_rule(reg);
+        break;
+      }
+      case 0x2e:
+        c.uleb();
+        break;      // GNU_args_size
+      case 0x2f: {  // GNU_negative_offset_extended
+        std::uint64_t reg = c.uleb();
+        set_offset(reg, -static_cast<std::int64_t>(c.uleb()) * cie.data_align);
+        break;
+      }
+      default:
+        return false;  // unknown opcode: the rest of this program cannot be decoded
+    }
+  }
+  return c.ok;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/unwind/cfa_program.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// A module's rows (pc offsets from `start`) and what the parse met on the way.
+struct eh_frame_table {
+  std::uintptr_t start = 0, end = 0;  // runtime pc range covered by the FDEs
+  std::vector<unwind_row> rows;
+  std::size_t cies = 0, fdes = 0;
+  std::size_t skipped = 0;  // records left out (malformed, unsupported encoding or augmentation)
+  std::size_t unknown = 0;  // rows the handler cannot follow (CFA expressions other than PLT, ...)
+  std::string error;        // the first problem, with its offset; empty when none
+};
+
+// A module whose FDEs span more than this cannot be expressed with 32-bit row offsets.
+constexpr std::uintptr_t kMaxModuleSpan = 0xFFFFFFF0u;
+
+// Parses .eh_frame: a CIE/FDE sequence ended by a zero length word or by the end of the input.
+// Never reads outside the input; malformed records are counted in `skipped`, never fatal.
+inline eh_frame_table parse_eh_frame(const eh_frame_input& in) {
+  eh_frame_table t;
+  struct fde_rows {
+    std::uint64_t begin, end;
+    std::size_t first, count;  // in `all`
+  };
+  std::vector<fde_rows> fdes;
+  std::vector<unwind_row> all;  // pcs relative to each FDE's begin for now
+  std::unordered_map<std::size_t, eh_cie> cies;
+  auto note = [&](const char* what, std::size_t at, bool count = true) {
+    if (count) ++t.skipped;
+    if (t.error.empty()) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "eh_frame at 0x%zx (offset 0x%zx): %s",
+                    static_cast<std::size_t>(in.address), at, what);
+      t.error = buf;
+    }
+  };
+  auto parse_cie = [&](std::size_t at) -> const eh_cie& {
+    auto found = cies.find(at);
+    if (found != cies.end()) return found->second;
+    eh_cie& cie = cies[at];
+    eh_cursor c{in.data, at, in.size, in.address};
+    std::uint64_t len = c.fixed(4);
+    bool wide = len == 0xffffffffu;
+    if (wide) len = c.fixed(8);
+    if (!c.ok || len == 0 || len > c.end - c.pos) return note("truncated CIE", at, false), cie;
+    c.end = c.pos + static_cast<std::size_t>(len);
+    if (c.fixed(wide ? 8 : 4) != 0) return note("CIE pointer does not point at a CIE", at, false), cie;
+    std::uint8_t version = c.u8();
+    if (version != 1 && version != 3 && version != 4) return note("unsupported CIE version", at, false), cie;
+    std::string aug;
+    while (c.has(1) && in.data[c.pos] != 0 && aug.size() < 16) aug += static_cast<char>(in.data[c.pos++]);
+    if (c.u8() != 0) return note("unterminated CIE augmentation", at, false), cie;
+    if (aug.find("eh") == 0) c.fixed(8);  // old GCC: an eh_ptr word
+    if (version == 4 && (c.u8() != 8 || c.u8() != 0))
+      return note("CIE address size is not 8", at, false), cie;
+    cie.code_align = c.uleb();
+    cie.data_align = c.sleb();
+    cie.ra_reg = version == 1 ? c.u8() : c.uleb();
+    if (!aug.empty() && aug[0] == 'z') {
+      cie.has_aug_data = true;
+      std::uint64_t aug_len = c.uleb();
+      if (!c.has(aug_len)) return note("truncated CIE augmentation data", at, false), cie;
+      std::size_t aug_end = c.pos + static_cast<std::size_t>(aug_len);
+      for (std::size_t i = 1; i < aug.size() && c.ok; ++i) {
+        if (aug[i] == 'R')
+          cie.fde_enc = c.u8();
+        else if (aug[i] == 'L')
+          c.u8();
+        else if (aug[i] == 'P')
+          c.pointer(c.u8(), false);
+        else if (aug[i] == 'S' || aug[i] == 'B' || aug[i] == 'G')
+          continue;
+        else
+          break;  // unknown letter: 'z' says how long the data is, skip the rest
+      }
+      if (!c.ok || c.pos > aug_end) return note("malformed CIE augmentation data", at, false), cie;
+      c.pos = aug_end;
+    } else if (!aug.empty() && aug != "eh") {
+      return note("unknown CIE augmentation", at, false), cie;
+    }
+    if (!c.ok || cie.code_align == 0) return note("malformed CIE", at, false), cie;
+    cie.insns = c.pos;
+    cie.insns_end = c.end;
+    cie.valid = true;
+    ++t.cies;
+    return cie;
+  };
+
+  std::size_t pos = 0;
+  while (pos < in.size) {
+    const std::size_t at = pos;
+    eh_cursor c{in.data, pos, in.size, in.address};
+    std::uint64_t len = c.fixed(4);
+    if (!c.ok) break;     // fewer than 4 bytes left: treat as the end
+    if (len == 0) break;  // the terminator
+    bool wide = len == 0xffffffffu;
+    if (wide) len = c.fixed(8);
+    if (!c.ok || len > c.end - c.pos) {
+      note("record runs past the end", at);
+      break;
+    }
+    const std::size_t rec_end = c.pos + static_cast<std::size_t>(len);
+    pos = rec_end;
+    c.end = rec_end;
+    const std::size_t id_at = c.pos;
+    std::uint64_t id = c.fixed(wide ? 8 : 4);
+    if (!c.ok) {
+      note("truncated record", at);
+      continue;
+    }
+    if (id == 0) {  // a CIE: parsed when an FDE uses it
+      continue;
+    }
+    if (id > id_at) {
+      note("FDE points before the input", at);
+      continue;
+    }
+    const eh_cie& cie = parse_cie(id_at - static_cast<std::size_t>(id));
+    if (!cie.valid) {
+      note("FDE of an unusable CIE", at);
+      continue;
+    }
+    bool indirect = false;
+    std::uint64_t begin = c.pointer(cie.fde_enc, true, &indirect);
+    std::uint64_t range = c.pointer(cie.fde_enc & 0x0f, false);
+    if (cie.has_aug_data) {
+      std::uint64_t n = c.uleb();
+      if (!c.has(n)) {
+        note("truncated FDE augmentation data", at);
+        continue;
+      }
+      c.pos += static_cast<std::size_t>(n);
+    }
+    if (!c.ok || indirect) {
+      note("malformed FDE", at);
+      continue;
+    }
+    if (range == 0) continue;  // an empty FDE covers nothing (linkers leave them for discarded code)
+    if (begin + range < begin || range > kMaxModuleSpan) {
+      note("FDE range overflows", at);
+      continue;
+    }
+    ++t.fdes;
+    // Rows are relative to the FDE's begin for now; rebased once the module's start is known.
+    const cfa_state defaults;
+    cfa_state initial;
+    std::uint64_t loc = begin;
+    const std::size_t first = all.size();
+    eh_cursor cie_program{in.data, cie.insns, cie.insns_end, in.address};
+    if (!run_cfa_program(cie_program, cie.insns_end, cie, defaults, initial, loc, begin + range, begin,
+                         nullptr) ||
+        loc != begin) {
+      note("CIE initial instructions are malformed or advance", at);
+      continue;
+    }
+    cfa_state state = initial;
+    bool good = run_cfa_program(c, rec_end, cie, initial, state, loc, begin + range, begin, &all);
+    if (loc < begin + range) all.push_back(state.row(static_cast<std::uint32_t>(loc - begin)));
+    if (!good) {
+      // The rows before the bad instruction hold; from it on, the function is unknown territory.
+      note("malformed CFA instructions", at);
+      if (all.size() > first)
+        all.back().kind = row_unknown;
+      else
+        all.push_back(unwind_row{0, 0, 0, row_unknown, 0});
+    }
+    fdes.push_back({begin, begin + range, first, all.size() - first});
+  }
+  if (fdes.empty()) return t;
+
+  std::sort(fdes.begin(), fdes.end(), [](const fde_rows& a, const fde_rows& b) { return a.begin < b.begin; });
+  std::uint64_t lo = fdes.front().begin, hi = 0;
+  for (auto& f : fdes) hi = std::max(hi, f.end);
+  if (hi - lo > kMaxModuleSpan) {
+    // FDEs spread over more than 4 GiB: keep the span around the first ones and count the rest out.
+    std::size_t keep = 0;
+    while (keep < fdes.size() && fdes[keep].end - lo <= kMaxModuleSpan) ++keep;
+    t.skipped += fdes.size() - keep;
+    if (t.error.empty()) t.error = "eh_frame: FDEs span more than 4 GiB; the rest were left out";
+    fdes.resize(keep);
+    hi = 0;
+    for (auto& f : fdes) hi = std::max(hi, f.end);
+  }
+  t.start = static_cast<std::uintptr_t>(lo);
+  t.end = static_cast<std::uintptr_t>(hi);
+  t.rows.reserve(all.size() + fdes.size());
+  auto push = [&](const unwind_row& r) {
+    if (!t.rows.empty() && t.rows.back().pc == r.pc) t.rows.pop_back();  // a later row at the same pc wins
+    if (!t.rows.empty()) {
+      const unwind_row& b = t.rows.back();
+      if (b.kind == r.kind && b.cfa_off == r.cfa_off && b.fp_off == r.fp_off &&
+          b.plt_threshold == r.plt_threshold)
+        return;  // same rule continues
+    }
+    t.rows.push_back(r);
+  };
+  for (std::size_t i = 0; i < fdes.size(); ++i) {
+    const fde_rows& f = fdes[i];
+    // Overlapping FDEs (broken input): the later one starts where the earlier one is cut.
+    std::uint64_t stop = i + 1 < fdes.size() ? std::min(f.end, fdes[i + 1].begin) : f.end;
+    if (!t.rows.empty() && f.begin - lo < t.rows.back().pc) continue;  // fully shadowed
+    for (std::size_t k = 0; k < f.count; ++k) {
+      unwind_row r = all[f.first + k];
+      std::uint64_t pc = f.begin + r.pc;
+      if (pc >= stop) break;
+      r.pc = static_cast<std::uint32_t>(pc - lo);
+      push(r);
+    }
+    if (stop == f.end && (i + 1 == fdes.size() || fdes[i + 1].begin > f.end))
+      push(unwind_row{static_cast<std::uint32_t>(f.end - lo), 0, 0, row_no_info, 0});
+  }
+  if (t.rows.empty() || t.rows.back().kind != row_no_info)
+    t.rows.push_back(unwind_row{static_cast<std::uint32_t>(hi - lo), 0, 0, row_no_info, 0});
+  t.end = t.start + t.rows.back().pc;  // overlapping FDEs (broken input) may end before `hi`
+  for (const unwind_row& r : t.rows)
+    if (r.kind == row_unknown) ++t.unknown;
+  return t;
+}
+
+// Where .eh_frame starts, from the .eh_frame_hdr at `hdr` (runtime address `hdr.address`), and how far the
+// FDEs its search table lists reach (0 when the table is absent). False when the header is malformed.
+struct eh_frame_hdr_info {
+  std::uintptr_t eh_frame = 0;
+  std::uintptr_t fde_limit = 0;  // highest FDE start listed in the search table, 0 when none
+  std::size_t fde_count = 0;
+};
+
+inline bool parse_eh_frame_hdr(const eh_frame_input& hdr, eh_frame_hdr_info& out) {
+  eh_cursor c{hdr.data, 0, hdr.size, hdr.address};
+  if (c.u8() != 1) return false;  // version
+  std::uint8_t ptr_enc = c.u8(), count_enc = c.u8(), table_enc = c.u8();
+  std::uint64_t eh = c.pointer(ptr_enc);
+  if (!c.ok || eh == 0) return false;
+  out.eh_frame = static_cast<std::uintptr_t>(eh);
+  if (count_enc == 0xff || table_enc != 0x3b) return true;  // no binary search table we can read
+  std::uint64_t count = c.pointer(count_enc);
+  if (!c.ok || count > (c.end - c.pos) / 8) return true;
+  out.fde_count = static_cast<std::size_t>(count);
+  for (std::uint64_t i = 0; i < count; ++i) {
+    c.fixed(4);  // initial location (datarel sdata4)
+    std::int64_t fde = std::int32_t(c.fixed(4));
+    std::uintptr_t at = hdr.address + static_cast<std::uintptr_t>(fde);
+    if (c.ok && at > out.fde_limit) out.fde_limit = at;
+  }
+  return true;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/unwind/eh_frame.hpp ----
+
+namespace selfprof {
+
+// What the last build found, for stats and verbose output.
+struct unwind_tables_info {
+  bool published = false;
+  std::size_t modules = 0;         // modules with rows in the published set
+  std::size_t rows = 0;            // rows in the published set
+  std::size_t bytes = 0;           // memory held by every table and set kept (retired ones too)
+  std::size_t builds = 0;          // sets published since the last release
+  std::size_t parsed = 0;          // modules whose rows are kept (parsed once while they stay loaded)
+  std::size_t reused = 0;          // modules of this session whose rows an earlier session parsed
+  std::size_t pending = 0;         // modules seen by a lazy build whose rows no sample has needed yet
+  double last_build_ms = 0;        // wall time of the last build that found changed modules
+  double parse_ms = 0;             // wall time spent parsing rows since the last release
+  std::vector<std::string> notes;  // modules left out or parsed with problems, one line each
+};
+
+namespace detail {
+
+// The file a module was loaded from, as stat() sees its path: a rebuilt library (written over in place
+// or renamed over the old one) differs in inode, size or mtime. All zero when the path cannot be stat'ed
+// (the vDSO).
+struct module_file_id {
+  std::uint64_t dev = 0, ino = 0, size = 0;
+  std::int64_t mtime_s = 0, mtime_ns = 0;
+  bool operator==(const module_file_id& o) const {
+    return dev == o.dev && ino == o.ino && size == o.size && mtime_s == o.mtime_s && mtime_ns == o.mtime_ns;
+  }
+  bool operator!=(const module_file_id& o) const { return !(*this == o); }
+};
+
+// The rows of one module, parsed once and kept while the module stays loaded (a retired set may still
+// point at them). `file` and `content_hash` (of the .eh_frame_hdr and .eh_frame bytes the rows were parsed
+// from) must both match for the rows to be used again (see visit()).
+struct module_unwind {
+  std::string name;
+  std::uintptr_t bias = 0, hdr = 0;
+  module_file_id file;
+  std::uint64_t content_hash = 0;
+  eh_frame_table table;
+};
+
+// Clips a table to the runtime address ranges `code` (sorted, not overlapping: the module's executable
+// PT_LOAD segments): pcs outside them get no row (row_no_info), and start/end shrink to what is left.
+// A table with nothing inside the ranges ends up empty. Rows stay sorted and relative to the new start.
+inline void clip_unwind_rows(eh_frame_table& t,
+                             const std::vector<std::pair<std::uintptr_t, std::uintptr_t>>& code) {
+  if (t.rows.empty()) return;
+  struct abs_row {
+    std::uintptr_t pc;
+    unwind_row row;
+  };
+  std::vector<abs_row> out;
+  auto push = [&out](std::uintptr_t pc, const unwind_row& r) {
+    if (!out.empty() && out.back().pc == pc) out.pop_back();  // a later row at the same pc wins
+    if (!out.empty()) {
+      const unwind_row& b = out.back().row;
+      if (b.kind == r.kind && b.cfa_off == r.cfa_off && b.fp_off == r.fp_off &&
+          b.plt_threshold == r.plt_threshold)
+        return;  // same rule continues
+    }
+    out.push_back(abs_row{pc, r});
+  };
+  const unwind_row none{0, 0, 0, row_no_info, 0};
+  std::size_t c = 0;
+  for (std::size_t i = 0; i + 1 < t.rows.size(); ++i) {
+    const std::uintptr_t a = t.start + t.rows[i].pc, b = t.start + t.rows[i + 1].pc;
+    while (c < code.size() && code[c].second <= a) ++c;
+    for (std::size_t k = c; k < code.size() && code[k].first < b; ++k) {
+      const std::uintptr_t lo = std::max(a, code[k].first), hi = std::min(b, code[k].second);
+      if (lo >= hi) continue;
+      push(lo, t.rows[i]);
+      if (hi < b || k + 1 == code.size() || code[k + 1].first > hi) push(hi, none);
+    }
+  }
+  while (!out.empty() && out.front().row.kind == row_no_info) out.erase(out.begin());
+  if (out.empty()) {
+    t.rows.clear();
+    t.start = t.end = 0;
+    return;
+  }
+  if (out.back().row.kind != row_no_info) out.push_back(abs_row{t.end, none});  // cannot happen: safety
+  t.rows.clear();
+  t.start = out.front().pc;
+  t.end = out.back().pc;
+  for (const abs_row& r : out) {
+    unwind_row row = r.row;
+    row.pc = static_cast<std::uint32_t>(r.pc - t.start);
+    t.rows.push_back(row);
+  }
+}
+
+// One published set: its module list and the set header the handler reads.
+struct unwind_set_storage {
+  std::vector<unwind_module> modules;
+  unwind_table_set set{nullptr, 0};
+};
+
+// The executable address range of a module whose rows a lazy build left unparsed.
+struct pending_code {
+  std::uintptr_t start = 0, end = 0;
+};
+
+class unwind_tables_state {
+ public:
+  // Re-reads the module list when dlopen/dlclose changed it (or `force`), parses new modules and
+  // publishes a new set. Cheap when nothing changed: one dl_iterate_phdr that stops at the first module.
+  // `lazy`: a module not parsed before is parsed only once want() asked for it; until then its code is
+  // listed by pending().
+  status build(bool force, bool lazy = false) {
+    if (!kCfiRowsSupported)
+      return status::error("selfprof: DWARF unwinding is implemented for x86-64 only; using frame pointers");
+    std::lock_guard<std::mutex> lock(mu_);
+    counts now = read_counts();
+    const bool moved = !have_counts_ || now.adds != counts_.adds || now.subs != counts_.subs;
+    if (!force && !moved && !wanted_new_ && g_unwind_tables.load(std::memory_order_relaxed) != nullptr)
+      return status::ok();
+    auto t0 = std::chrono::steady_clock::now();
+    // Only a change of the module list (or a restart) needs the kept rows checked against their files.
+    scan_context ctx{this, {}, {}, {}, lazy, force || moved || revalidate_, 0};
+    // The loader lock is held during the callback, so no module can be unmapped while it is parsed.
+    dl_iterate_phdr(&unwind_tables_state::visit, &ctx);
+    std::sort(ctx.pending.begin(), ctx.pending.end(),
+              [](const pending_span& a, const pending_span& b) { return a.code.start < b.code.start; });
+    pending_ = std::move(ctx.pending);
+    wanted_new_ = false;
+    ++pending_generation_;
+    info_.pending = 0;
+    for (std::size_t i = 0; i < pending_.size(); ++i)
+      if (i == 0 || pending_[i].module != pending_[i - 1].module) ++info_.pending;
+    info_.parse_ms += ctx.parse_ms;
+    auto storage = std::unique_ptr<unwind_set_storage>(new unwind_set_storage());
+    for (module_unwind* m : ctx.present) {
+      if (m->table.rows.empty()) continue;
+      storage->modules.push_back(
+          unwind_module{m->table.start, m->table.end, m->table.rows.data(), m->table.rows.size()});
+    }
+    std::sort(storage->modules.begin(), storage->modules.end(),
+              [](const unwind_module& a, const unwind_module& b) { return a.start < b.start; });
+    // Overlapping ranges cannot happen between live modules; if they do (a stale entry), keep the first.
+    std::vector<unwind_module> clean;
+    for (const unwind_module& m : storage->modules)
+      if (clean.empty() || m.start >= clean.back().end) clean.push_back(m);
+    storage->modules.swap(clean);
+    storage->set = unwind_table_set{storage->modules.data(), storage->modules.size()};
+    info_.modules = storage->modules.size();
+    info_.rows = 0;
+    for (const unwind_module& m : storage->modules) info_.rows += m.count;
+    g_unwind_tables.store(&storage->set, std::memory_order_release);
+    sets_.push_back(std::move(storage));  // the previous set stays: a handler may be reading it
+    counts_ = now;
+    have_counts_ = true;
+    revalidate_ = false;
+    info_.published = true;
+    ++info_.builds;
+    for (auto& n : ctx.notes)
+      if (std::find(info_.notes.begin(), info_.notes.end(), n) == info_.notes.end()) info_.notes.push_back(n);
+    info_.last_build_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return status::ok();
+  }
+
+  // Unpublishes the tables and frees the sets. Only once no handler can be running (after the profiling
+  // signal is restored and g_handler.in_flight reached zero), since a handler may hold a pointer into any
+  // set. The parsed rows of modules still loaded are kept for the next start (parsing every module again
+  // is the costly part of a start): at the next build each is used only if its file and bytes are still
+  // the ones it was parsed from (see visit()), so a library rebuilt and reloaded is parsed anew.
+  void release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    g_unwind_tables.store(nullptr, std::memory_order_release);
+    sets_.clear();
+    retired_.clear();
+    std::vector<key> loaded;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, std::size_t, void* data) -> int {
+          dl_phdr_info copy;
+          std::vector<ElfW(Phdr)> phdrs;
+          if (!copy_phdrs(info, copy, phdrs)) return 0;
+          const ElfW(Phdr)* eh = find_eh(&copy);
+          if (eh != nullptr) static_cast<std::vector<key>*>(data)->push_back(key_of(&copy, eh));
+          return 0;
+        },
+        &loaded);
+    for (auto it = modules_.begin(); it != modules_.end();)
+      it = std::find(loaded.begin(), loaded.end(), it->first) == loaded.end() ? modules_.erase(it) : ++it;
+    revalidate_ = true;
+    have_counts_ = false;
+    pending_.clear();
+    wanted_.clear();
+    wanted_new_ = false;
+    info_ = unwind_tables_info{};
+  }
+
+  // Asks a lazy build to parse the module whose code holds `pc`. True when that module was pending and
+  // not asked for before (the next build parses it).
+  bool want(std::uintptr_t pc) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const pending_span& p : pending_) {
+      if (pc < p.code.start || pc >= p.code.end) continue;
+      if (std::find(wanted_.begin(), wanted_.end(), p.module) != wanted_.end()) return false;
+      wanted_.push_back(p.module);
+      wanted_new_ = true;
+      return true;
+    }
+    return false;
+  }
+
+  // The code of modules a lazy build left unparsed, by start address, and a number that changes with
+  // every build (so a caller copies the list only when it may differ).
+  std::vector<pending_code> pending(std::uint64_t* generation = nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (generation) *generation = pending_generation_;
+    std::vector<pending_code> out;
+    out.reserve(pending_.size());
+    for (const pending_span& p : pending_) out.push_back(p.code);
+    return out;
+  }
+
+  unwind_tables_info info() {
+    std::lock_guard<std::mutex> lock(mu_);
+    unwind_tables_info i = info_;
+    i.parsed = modules_.size();
+    i.bytes = 0;
+    for (auto& m : modules_)
+      i.bytes += sizeof(module_unwind) + m.second->table.rows.capacity() * sizeof(unwind_row);
+    for (auto& m : retired_) i.bytes += sizeof(module_unwind) + m->table.rows.capacity() * sizeof(unwind_row);
+    for (auto& s : sets_)
+      i.bytes += sizeof(unwind_set_storage) + s->modules.capacity() * sizeof(unwind_module);
+    return i;
+  }
+
+ private:
+  struct counts {
+    unsigned long long adds = 0, subs = 0;
+  };
+  using key = std::tuple<std::string, std::uintptr_t, std::uintptr_t>;  // name, load bias, eh_frame_hdr
+  struct pending_span {  // one executable segment of a module left unparsed
+    pending_code code;
+    key module;
+  };
+  struct scan_context {
+    unwind_tables_state* self;
+    std::vector<module_unwind*> present;
+    std::vector<std::string> notes;
+    std::vector<pending_span> pending;
+    bool lazy;
+    bool revalidate;  // check kept rows against their files (the module list changed since they were used)
+    double parse_ms;
+  };
+
+  static counts read_counts() {
+    counts c;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, std::size_t size, void* data) -> int {
+          counts* out = static_cast<counts*>(data);
+          if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
+            out->adds = info->dlpi_adds;
+            out->subs = info->dlpi_subs;
+          }
+          return 1;  // the counters are the same in every entry: one is enough
+        },
+        &c);
+    return c;
+  }
+
+  static const ElfW(Phdr) * find_eh(const dl_phdr_info* info) {
+    const ElfW(Phdr)* eh = nullptr;
+    for (int i = 0; i < info->dlpi_phnum; ++i)
+      if (info->dlpi_phdr[i].p_type == PT_GNU_EH_FRAME) eh = &info->dlpi_phdr[i];
+    return eh;
+  }
+  static std::string module_name(const dl_phdr_info* info) {
+    return info->dlpi_name && info->dlpi_name[0] ? info->dlpi_name : "[main]";
+  }
+  static key key_of(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
+    return key{module_name(info), info->dlpi_addr, info->dlpi_addr + eh->p_vaddr};
+  }
+  static module_file_id file_of(const dl_phdr_info* info) {
+    module_file_id id;
+    struct stat st;
+    const char* path = info->dlpi_name && info->dlpi_name[0] ? info->dlpi_name : "/proc/self/exe";
+    if (::stat(path, &st) != 0) return id;
+    id.dev = static_cast<std::uint64_t>(st.st_dev);
+    id.ino = static_cast<std::uint64_t>(st.st_ino);
+    id.size = static_cast<std::uint64_t>(st.st_size);
+    id.mtime_s = static_cast<std::int64_t>(st.st_mtim.tv_sec);
+    id.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_nsec);
+    return id;
+  }
+
+  // A module's .eh_frame_hdr and .eh_frame as the parser reads them: copies (see copy_in), or the memory
+  // itself where copies are refused.
+  struct eh_bytes {
+    eh_frame_input hdr, frames;
+    std::vector<std::uint8_t> hdr_copy, frames_copy;
+  };
+
+  // Points `in` at a private copy of its bytes, read through sys().read_own_memory: a page of a library
+  // truncated in place since it was mapped ends the copy (the rows then stop there) instead of raising
+  // SIGBUS in the collector, which a lazy parse long after the mapping makes likelier. Where the kernel
+  // refuses the copy (seccomp), `in` keeps reading the memory directly.
+  static void copy_in(eh_frame_input& in, std::vector<std::uint8_t>& copy) {
+    if (in.size == 0) return;
+    copy.resize(in.size);
+    const long got = sys().read_own_memory(copy.data(), in.address, in.size);
+    if (got < 0) {
+      copy.clear();
+      return;
+    }
+    copy.resize(static_cast<std::size_t>(got));
+    in.data = copy.data();
+    in.size = copy.size();
+  }
+
+  // Where a module's .eh_frame_hdr and .eh_frame lie, copied (frames.size 0: not found; `why` says what).
+  static void locate(const dl_phdr_info* info, const ElfW(Phdr) * eh, eh_bytes& b, const char*& why) {
+    b.frames = eh_frame_input{};
+    b.hdr = segment_from(info, info->dlpi_addr + eh->p_vaddr);
+    if (b.hdr.size > eh->p_memsz) b.hdr.size = eh->p_memsz;
+    copy_in(b.hdr, b.hdr_copy);
+    eh_frame_hdr_info hi;
+    if (b.hdr.size == 0 || !parse_eh_frame_hdr(b.hdr, hi)) {
+      b.hdr.size = 0;
+      why = "unreadable .eh_frame_hdr";
+      return;
+    }
+    b.frames = segment_from(info, hi.eh_frame);
+    if (b.frames.size == 0) {
+      why = ".eh_frame is outside the loaded segments";
+      return;
+    }
+    // The search table lists every FDE: stop after the last one instead of trusting a terminator.
+    if (hi.fde_limit > hi.eh_frame && hi.fde_limit - hi.eh_frame < b.frames.size) {
+      eh_frame_input last{nullptr, std::min<std::size_t>(12, b.frames.size - (hi.fde_limit - hi.eh_frame)),
+                          hi.fde_limit};
+      last.data = reinterpret_cast<const std::uint8_t*>(last.address);
+      std::vector<std::uint8_t> last_copy;
+      copy_in(last, last_copy);
+      eh_cursor c{last.data, 0, last.size, last.address};
+      std::uint64_t len = c.fixed(4);
+      if (len == 0xffffffffu) len = c.fixed(8);
+      const std::size_t at = hi.fde_limit - hi.eh_frame;
+      if (c.ok && len <= b.frames.size - at - c.pos)
+        b.frames.size = at + c.pos + static_cast<std::size_t>(len);
+    }
+    copy_in(b.frames, b.frames_copy);
+  }
+
+  // A hash of the bytes the rows are parsed from (.eh_frame_hdr and .eh_frame), eight at a time: a
+  // fraction of a parse (no CFA programs are run), and it sees a changed frame layout that keeps every
+  // offset in .eh_frame_hdr the same.
+  static std::uint64_t content_hash(const eh_bytes& b) {
+    std::uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](const eh_frame_input& in) {
+      std::size_t i = 0;
+      for (; i + 8 <= in.size; i += 8) {
+        std::uint64_t w;
+        std::memcpy(&w, in.data + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+      }
+      for (; i < in.size; ++i) h = (h ^ in.data[i]) * 1099511628211ull;
+      h = (h ^ in.size) * 1099511628211ull;
+    };
+    mix(b.hdr);
+    mix(b.frames);
+    return h;
+  }
+
+  // `out`: `in` with its program headers copied into `phdrs`. dl_iterate_phdr points into the module's
+  // first mapped page, which a library truncated in place has lost (a read would raise SIGBUS); false
+  // then. Where copies are refused (see copy_in) `out` reads the memory directly.
+  static bool copy_phdrs(const dl_phdr_info* in, dl_phdr_info& out, std::vector<ElfW(Phdr)>& phdrs) {
+    out = dl_phdr_info{};
+    out.dlpi_addr = in->dlpi_addr;
+    out.dlpi_name = in->dlpi_name;
+    out.dlpi_phdr = in->dlpi_phdr;
+    out.dlpi_phnum = in->dlpi_phnum;
+    const std::size_t bytes = sizeof(ElfW(Phdr)) * in->dlpi_phnum;
+    if (bytes == 0) return true;
+    phdrs.resize(in->dlpi_phnum);
+    const long got =
+        sys().read_own_memory(phdrs.data(), reinterpret_cast<std::uintptr_t>(in->dlpi_phdr), bytes);
+    if (got < 0) return true;
+    if (static_cast<std::size_t>(got) != bytes) return false;
+    out.dlpi_phdr = phdrs.data();
+    return true;
+  }
+
+  static int visit(dl_phdr_info* mapped, std::size_t, void* data) {
+    scan_context& ctx = *static_cast<scan_context*>(data);
+    dl_phdr_info copy;
+    std::vector<ElfW(Phdr)> phdrs;
+    if (!copy_phdrs(mapped, copy, phdrs)) {
+      ctx.notes.push_back("unwind: " + module_name(mapped) +
+                          ": program headers unreadable (file truncated?)");
+      return 0;
+    }
+    const dl_phdr_info* info = &copy;
+    const ElfW(Phdr)* eh = find_eh(info);
+    std::string name = module_name(info);
+    if (eh == nullptr) {
+      bool has_code = false;
+      for (int i = 0; i < info->dlpi_phnum; ++i)
+        if (info->dlpi_phdr[i].p_type == PT_LOAD && (info->dlpi_phdr[i].p_flags & PF_X)) has_code = true;
+      if (has_code) ctx.notes.push_back("unwind: " + name + " has no .eh_frame_hdr: frame pointers only");
+      return 0;
+    }
+    const key k = key_of(info, eh);
+    auto found = ctx.self->modules_.find(k);
+    if (found != ctx.self->modules_.end() && !ctx.revalidate) {
+      ctx.present.push_back(found->second.get());
+      return 0;
+    }
+    const std::vector<key>& wanted = ctx.self->wanted_;
+    if (ctx.lazy && found == ctx.self->modules_.end() &&
+        std::find(wanted.begin(), wanted.end(), k) == wanted.end()) {
+      for (const auto& c : code_ranges(info)) ctx.pending.push_back(pending_span{{c.first, c.second}, k});
+      return 0;
+    }
+    const module_file_id file = file_of(info);
+    const auto t0 = std::chrono::steady_clock::now();
+    eh_bytes bytes;
+    const char* why = nullptr;
+    locate(info, eh, bytes, why);
+    const std::uint64_t hash = content_hash(bytes);
+    if (found != ctx.self->modules_.end()) {
+      // Same name, load address and .eh_frame_hdr address: the same module only if it is the same file
+      // and the same bytes. Every build checks, not only the first after a stop: a dlclose and a dlopen
+      // of the rebuilt library may both happen between two builds.
+      if (found->second->file == file) {
+        if (found->second->content_hash == hash) {
+          if (ctx.self->revalidate_) ++ctx.self->info_.reused;
+          ctx.present.push_back(found->second.get());
+          return 0;
+        }
+      }
+      // A published set may still point at the old rows: they are freed at release().
+      ctx.self->retired_.push_back(std::move(found->second));
+      ctx.self->modules_.erase(found);
+    }
+    std::unique_ptr<module_unwind> m(new module_unwind());
+    m->name = name;
+    m->bias = info->dlpi_addr;
+    m->hdr = std::get<2>(k);
+    m->file = file;
+    m->content_hash = hash;
+    parse_module(info, bytes, why, *m, ctx.notes);
+    ctx.parse_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ctx.present.push_back(m.get());
+    ctx.self->modules_.emplace(k, std::move(m));
+    return 0;
+  }
+
+  // The module's executable PT_LOAD segments at run time, sorted.
+  static std::vector<std::pair<std::uintptr_t, std::uintptr_t>> code_ranges(const dl_phdr_info* info) {
+    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> code;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+      const ElfW(Phdr)& p = info->dlpi_phdr[i];
+      if (p.p_type == PT_LOAD && (p.p_flags & PF_X) && p.p_memsz > 0)
+        code.emplace_back(info->dlpi_addr + p.p_vaddr, info->dlpi_addr + p.p_vaddr + p.p_memsz);
+    }
+    std::sort(code.begin(), code.end());
+    return code;
+  }
+
+  // The bytes of the loaded segment holding `address`: [address, segment end), or size 0.
+  static eh_frame_input segment_from(const dl_phdr_info* info, std::uintptr_t address) {
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+      const ElfW(Phdr)& p = info->dlpi_phdr[i];
+      if (p.p_type != PT_LOAD) continue;
+      std::uintptr_t lo = info->dlpi_addr + p.p_vaddr, hi = lo + p.p_filesz;
+      if (address >= lo && address < hi)
+        return eh_frame_input{reinterpret_cast<const std::uint8_t*>(address), hi - address, address};
+    }
+    return eh_frame_input{};
+  }
+
+  static void parse_module(const dl_phdr_info* info, const eh_bytes& bytes, const char* why, module_unwind& m,
+                           std::vector<std::string>& notes) {
+    if (bytes.frames.size == 0) {
+      notes.push_back("unwind: " + m.name + ": " + (why ? why : "no .eh_frame"));
+      return;
+    }
+    m.table = parse_eh_frame(bytes.frames);
+    if (!m.table.error.empty())
+      notes.push_back("unwind: " + m.name + ": " + std::to_string(m.table.skipped) +
+                      " records skipped; first: " + m.table.error);
+    // Only the module's own code: an FDE pointing elsewhere (broken input) must not shadow another module.
+    const std::size_t before = m.table.rows.size();
+    clip_unwind_rows(m.table, code_ranges(info));
+    if (before != 0 && m.table.rows.empty())
+      notes.push_back("unwind: " + m.name + ": no FDE covers its executable segments");
+    m.table.rows.shrink_to_fit();
+  }
+
+  std::mutex mu_;
+  std::map<key, std::unique_ptr<module_unwind>> modules_;
+  std::vector<std::unique_ptr<module_unwind>> retired_;  // replaced while a set may point at them
+  std::vector<std::unique_ptr<unwind_set_storage>> sets_;
+  std::vector<pending_span> pending_;  // by start address
+  std::vector<key> wanted_;            // modules want() asked a lazy build to parse
+  bool wanted_new_ = false;            // want() asked for one since the last build
+  std::uint64_t pending_generation_ = 0;
+  counts counts_;
+  bool have_counts_ = false;
+  bool revalidate_ = false;  // the first build after release(): kept modules found count as reused
+  unwind_tables_info info_;
+};
+
+inline unwind_tables_state& unwind_tables() {
+  static unwind_tables_state* state = new unwind_tables_state();  // never destroyed: usable from atexit
+  return *state;
+}
+
+}  // namespace detail
+
+// Builds and publishes the unwind tables of every loaded module; rebuilds only when modules were loaded
+// or unloaded since the last call (call it at start and from the collector's periodic check).
+inline status build_unwind_tables() { return detail::unwind_tables().build(false); }
+
+namespace detail {
+// The collector's build: modules are parsed once unwind_tables().want() asked for them.
+inline status build_unwind_tables_lazily() { return unwind_tables().build(false, true); }
+}  // namespace detail
+
+// Unpublishes the tables (the parsed rows of loaded modules are kept for the next start). Call only when
+// no sampling handler can run any more (after stop).
+inline void release_unwind_tables() { detail::unwind_tables().release(); }
+
+// fork(2) child, when another thread of the parent may have been inside build(): a fresh state (the old
+// one is leaked; no handler runs in the child until a new start() publishes a new set).
+inline void abandon_unwind_tables_after_fork() {
+  new (&detail::unwind_tables()) detail::unwind_tables_state();
+}
+
+inline unwind_tables_info get_unwind_tables_info() { return detail::unwind_tables().info(); }
+
+}  // namespace selfprof
+// ---- end selfprof/unwind/tables.hpp ----
 
 namespace selfprof {
 namespace detail {
@@ -5969,6 +7391,11 @@ class code_watch {
     last_ = 0;
   }
   void set_perf_map(const perf_map* map) { map_ = map; }
+  // Code of modules whose unwind rows are not parsed yet (by start address).
+  void set_pending_rows(std::vector<pending_code> code) {
+    pending_ = std::move(code);
+    asked_.assign(pending_.size(), false);
+  }
 
   // Notes whether `pc` lies in known code; a pc in anonymous (or unknown) memory becomes a perf-map
   // tagged value when a line covers it. Values already tagged by the JIT registry pass through.
@@ -5978,7 +7405,11 @@ class code_watch {
     const code_range* r = find(pc);
     if (r == nullptr) unknown_ = true;
     if ((r == nullptr || r->anonymous) && map_ != nullptr) map_->tag(pc, time_ns);
+    if (!pending_.empty()) note_pending(pc);
   }
+
+  // A pc in each pending module samples reached since the last call (once per module).
+  std::vector<std::uint64_t> take_row_requests() { return std::exchange(requests_, {}); }
 
   // True once since a sample landed outside every known range.
   bool take_unknown() { return std::exchange(unknown_, false); }
@@ -5986,9 +7417,23 @@ class code_watch {
     ranges_.clear();
     last_ = 0;
     unknown_ = false;
+    pending_.clear();
+    asked_.clear();
+    requests_.clear();
   }
 
  private:
+  void note_pending(std::uint64_t pc) {
+    auto it = std::upper_bound(pending_.begin(), pending_.end(), pc,
+                               [](std::uint64_t a, const pending_code& c) { return a < c.start; });
+    if (it == pending_.begin()) return;
+    --it;
+    const std::size_t i = static_cast<std::size_t>(it - pending_.begin());
+    if (pc >= it->end || asked_[i]) return;
+    asked_[i] = true;
+    requests_.push_back(pc);
+  }
+
   const code_range* find(std::uint64_t pc) {
     if (last_ < ranges_.size() && pc >= ranges_[last_].start && pc < ranges_[last_].end)
       return &ranges_[last_];
@@ -6005,6 +7450,9 @@ class code_watch {
   std::size_t last_ = 0;            // the range found last: consecutive pcs are mostly in one module
   const perf_map* map_ = nullptr;
   bool unknown_ = false;
+  std::vector<pending_code> pending_;    // code whose unwind rows are not parsed, by start address
+  std::vector<bool> asked_;              // per pending_ entry: already in requests_ since it was set
+  std::vector<std::uint64_t> requests_;  // a pc in each pending module samples reached
 };
 
 }  // namespace detail
@@ -6869,6 +8317,16 @@ class sample_store {
     std::lock_guard<std::mutex> lock(mu_);
     return code_.take_unknown();
   }
+  // Code whose unwind rows are not parsed yet; samples that reach it are noted for the collector.
+  void set_pending_rows(std::vector<pending_code> code) {
+    std::lock_guard<std::mutex> lock(mu_);
+    code_.set_pending_rows(std::move(code));
+  }
+  // A pc in each module of that code that samples reached since the last call.
+  std::vector<std::uint64_t> take_row_requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return code_.take_row_requests();
+  }
 
   std::uint64_t total() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -7404,94 +8862,6 @@ inline std::uintptr_t altstack_base_of(std::uint32_t tid) {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/signal/altstack.hpp ----
-// ---- begin selfprof/signal/arch_x86_64.hpp ----
-// What stack walking needs to know about the machine: registers of an interrupted context, the x86-64
-// frame conventions (return address at CFA-8, DWARF register numbers, prologue bytes), the thread pointer.
-// Context: signal handler (async-signal-safe: reads registers and bytes given to it, nothing else).
-
-#include <ucontext.h>
-
-#include <cstddef>
-#include <cstdint>
-
-namespace selfprof {
-namespace detail {
-
-// The registers a walk starts from.
-struct frame_regs {
-  std::uintptr_t pc = 0;
-  std::uintptr_t sp = 0;
-  std::uintptr_t fp = 0;  // the frame-pointer register: rbp (x86-64), x29 (aarch64)
-};
-
-// pc, sp and the frame pointer of the context a signal interrupted; zeros on other architectures.
-inline frame_regs context_regs(const ucontext_t* uc) {
-  frame_regs r;
-#if defined(__x86_64__)
-  r.pc = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
-  r.sp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RSP]);
-  r.fp = static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RBP]);
-#elif defined(__aarch64__)
-  r.pc = static_cast<std::uintptr_t>(uc->uc_mcontext.pc);
-  r.sp = static_cast<std::uintptr_t>(uc->uc_mcontext.sp);
-  r.fp = static_cast<std::uintptr_t>(uc->uc_mcontext.regs[29]);
-#else
-  (void)uc;
-#endif
-  return r;
-}
-
-// The unwind rows (signal/unwind_rows.hpp) describe x86-64 frames and the prologue bytes below are
-// x86-64 code; elsewhere only frame pointers are walked.
-#if defined(__x86_64__)
-constexpr bool kCfiRowsSupported = true;
-constexpr bool kHasPrologueHeuristics = true;
-#else
-constexpr bool kCfiRowsSupported = false;
-constexpr bool kHasPrologueHeuristics = false;
-#endif
-
-// DWARF register numbers of x86-64 (System V psABI, figure 3.36).
-constexpr unsigned kDwarfRbp = 6, kDwarfRsp = 7, kDwarfRa = 16;
-
-// `call` pushes the return address just below the caller's sp, which CFI calls the CFA.
-constexpr std::intptr_t kReturnAddressAtCfa = -8;
-
-// Bytes at the interrupted pc that prologue_return_slot looks at.
-constexpr std::size_t kPrologueBytes = 4;
-
-// x86-64 prologue/epilogue bytes at the interrupted pc (async-profiler's heuristics): at a function's
-// first byte (push %rbp, endbr64) or on `ret` the return address is at [sp], right after `push %rbp` at
-// [sp+8]; %rbp still holds the caller's frame. The slot of the return address, or 0 when the bytes say
-// nothing (always 0 on other architectures).
-inline std::uintptr_t prologue_return_slot(const unsigned char (&code)[kPrologueBytes], std::uintptr_t sp) {
-#if defined(__x86_64__)
-  const unsigned char b0 = code[0];
-  if (b0 == 0x55 || b0 == 0xC3 || (b0 == 0xF3 && code[1] == 0x0F && code[2] == 0x1E && code[3] == 0xFA))
-    return sp;
-  if (b0 == 0x48 && code[1] == 0x89 && code[2] == 0xE5) return sp + 8;
-#else
-  (void)code;
-  (void)sp;
-#endif
-  return 0;
-}
-
-// glibc's thread descriptor (what %fs:0x10 points to), which it places at the top of the thread's stack
-// block; 0 where it is not known this way.
-inline std::uintptr_t thread_descriptor() {
-#if defined(__x86_64__) && defined(__GLIBC__)
-  std::uintptr_t self;
-  __asm__("mov %%fs:0x10, %0" : "=r"(self));
-  return self;
-#else
-  return 0;
-#endif
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/signal/arch_x86_64.hpp ----
 // ---- begin selfprof/signal/unwind.hpp ----
 // The stack walker: one loop over a memory policy (the interrupted thread's live stack, or a copy of a
 // blocked thread's stack) and the row in effect at each pc (a CFI row, else the frame-pointer row).
@@ -7501,94 +8871,6 @@ inline std::uintptr_t thread_descriptor() {
 #include <cstddef>
 #include <cstdint>
 
-// ---- begin selfprof/signal/unwind_rows.hpp ----
-// The unwind row model: per-module tables of CFA rules (built from .eh_frame off the signal path by
-// unwind/tables.hpp), the published set the handler reads, and the lookup of the row in effect at a pc.
-// Context: signal handler (async-signal-safe: reads the immutable published set only).
-
-#include <atomic>
-#include <cstddef>
-#include <cstdint>
-
-namespace selfprof {
-namespace detail {
-
-// How the canonical frame address (CFA: the caller's sp, just above the return address) is computed
-// at one pc, and what the row means for the walk.
-enum unwind_row_kind : std::uint8_t {
-  row_cfa_rsp = 0,    // CFA = rsp + cfa_off
-  row_cfa_rbp = 1,    // CFA = rbp + cfa_off
-  row_cfa_plt = 2,    // PLT entry: CFA = rsp + cfa_off, +8 more once (pc & 15) >= plt_threshold
-  row_unknown = 3,    // CFI this walker does not model (expressions, other registers): one FP step
-  row_outermost = 4,  // the return address is undefined: the thread's first frame, stop here
-  row_no_info = 5,    // a gap between FDEs: no CFI covers the pc, one FP step
-};
-
-// One row of a module's table: valid from `pc` (offset from the module's start) to the next row.
-// The return address is always at CFA + kReturnAddressAtCfa; rows where it is not are row_unknown.
-struct unwind_row {
-  std::uint32_t pc;
-  std::int32_t cfa_off;
-  std::int16_t fp_off;  // the caller's rbp is saved at CFA + fp_off; 0: rbp still holds it
-  std::uint8_t kind;    // unwind_row_kind
-  std::uint8_t plt_threshold;
-};
-static_assert(sizeof(unwind_row) == 12, "rows are packed: a libc has tens of thousands of them");
-
-// The frame-pointer step as a row (async-profiler's default frame): a frame record {caller's rbp, return
-// address} at rbp, so CFA = rbp + 16 and the caller's rbp is at CFA-16. Used wherever no CFI row covers
-// the pc, and for every frame when there are no tables.
-inline constexpr unwind_row kFramePointerRow{0, 16, -16, row_cfa_rbp, 0};
-
-// The rows of one module, covering the runtime addresses [start, end).
-struct unwind_module {
-  std::uintptr_t start;
-  std::uintptr_t end;
-  const unwind_row* rows;  // sorted by pc; the last one is row_no_info at `end - start`
-  std::size_t count;
-};
-
-// Every module's rows, sorted by start and not overlapping. Immutable once published.
-struct unwind_table_set {
-  const unwind_module* modules;
-  std::size_t count;
-};
-
-// The set the handler reads; published by unwind/tables.hpp, never freed while profiling runs.
-inline std::atomic<const unwind_table_set*> g_unwind_tables{nullptr};
-
-// The row in effect at `pc`, or nullptr when no CFI covers it. Binary searches; reads only the set.
-inline const unwind_row* find_unwind_row(const unwind_table_set* set, std::uintptr_t pc) {
-  if (set == nullptr || set->count == 0) return nullptr;
-  std::size_t lo = 0, hi = set->count;  // first module with start > pc
-  while (lo < hi) {
-    std::size_t mid = lo + (hi - lo) / 2;
-    if (set->modules[mid].start <= pc)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  if (lo == 0) return nullptr;
-  const unwind_module& m = set->modules[lo - 1];
-  if (pc >= m.end || m.count == 0) return nullptr;
-  const std::uint32_t off = static_cast<std::uint32_t>(pc - m.start);
-  lo = 0;
-  hi = m.count;  // first row with pc > off
-  while (lo < hi) {
-    std::size_t mid = lo + (hi - lo) / 2;
-    if (m.rows[mid].pc <= off)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  if (lo == 0) return nullptr;
-  const unwind_row* row = &m.rows[lo - 1];
-  return row->kind == row_no_info ? nullptr : row;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/signal/unwind_rows.hpp ----
 
 // NO_SANITIZE: see load_word. ALWAYS_INLINE: see apply_row.
 #if defined(__clang__) || defined(__GNUC__)
@@ -9346,1071 +10628,6 @@ class shared_symbolizer {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/symbols/shared_symbolizer.hpp ----
-// ---- begin selfprof/unwind/tables.hpp ----
-// Builds the unwind rows of every loaded module (from .eh_frame in memory, found through
-// dl_iterate_phdr and PT_GNU_EH_FRAME) and publishes them to the signal handler as one immutable set.
-// A module's parsed rows are kept while it stays loaded (across stop/start too) and reused only while the
-// same file (device, inode, size, mtime) sits at the same load address with the same .eh_frame_hdr and
-// .eh_frame bytes; a library rebuilt and reloaded at the same address is parsed anew. Each module's rows
-// are clipped to its own executable segments, so they can never describe another module's code.
-// Context: setup only (start/stop) and the collector thread; the handler only reads g_unwind_tables.
-
-#include <elf.h>
-#include <link.h>
-#include <sys/stat.h>
-
-#include <algorithm>
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <tuple>
-#include <utility>
-#include <vector>
-
-// ---- begin selfprof/unwind/eh_frame.hpp ----
-// The .eh_frame / .eh_frame_hdr reader: turns a module's call frame information (CIEs and FDEs, as GCC,
-// clang and glibc emit them) into the compact sorted unwind rows the signal handler follows.
-// Context: collector thread or setup only (allocates; never the signal handler).
-
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <string>
-#include <unordered_map>
-#include <vector>
-
-// ---- begin selfprof/unwind/cfa_program.hpp ----
-// CFA programs: the DWARF call frame instructions of a CIE and an FDE run into the register rules the
-// walker follows (signal/unwind_rows.hpp), one row per location change, with the PLT expression binutils
-// emits recognized and every other expression marked unknown.
-// Context: collector thread or setup only (allocates; never the signal handler).
-
-#include <cstddef>
-#include <cstdint>
-#include <vector>
-
-// ---- begin selfprof/unwind/eh_cursor.hpp ----
-// A bounds-checked little-endian reader of call frame information (.eh_frame, .eh_frame_hdr, CFA
-// programs): LEB128, DWARF pointer encodings, and the bytes given to parse.
-// Context: collector thread or setup only (never the signal handler).
-
-#include <cstddef>
-#include <cstdint>
-
-namespace selfprof {
-namespace detail {
-
-// Bytes to parse: `size` readable bytes at `data`, which live at runtime address `address` (pc-relative
-// pointers are resolved against it; parsing a copy works when `address` is the original's).
-struct eh_frame_input {
-  const std::uint8_t* data = nullptr;
-  std::size_t size = 0;
-  std::uintptr_t address = 0;
-};
-
-// A bounds-checked little-endian reader: any read past the end sets ok = false and returns 0.
-struct eh_cursor {
-  const std::uint8_t* base;  // start of the whole input (offsets are relative to it)
-  std::size_t pos, end;
-  std::uintptr_t address;  // runtime address of base[0]
-  bool ok = true;
-
-  bool has(std::size_t n) const { return ok && pos <= end && end - pos >= n; }
-  std::uint64_t fixed(std::size_t n) {
-    if (!has(n)) return fail();
-    std::uint64_t v = 0;
-    for (std::size_t i = 0; i < n; ++i) v |= std::uint64_t(base[pos + i]) << (8 * i);
-    pos += n;
-    return v;
-  }
-  std::uint8_t u8() { return static_cast<std::uint8_t>(fixed(1)); }
-  std::uint64_t uleb() {
-    std::uint64_t v = 0;
-    for (unsigned shift = 0;; shift += 7) {
-      if (!has(1) || shift > 63) return fail();
-      std::uint8_t b = base[pos++];
-      v |= std::uint64_t(b & 0x7f) << shift;
-      if (!(b & 0x80)) return v;
-    }
-  }
-  std::int64_t sleb() {
-    std::uint64_t v = 0;
-    unsigned shift = 0;
-    std::uint8_t b = 0;
-    do {
-      if (!has(1) || shift > 63) return static_cast<std::int64_t>(fail());
-      b = base[pos++];
-      v |= std::uint64_t(b & 0x7f) << shift;
-      shift += 7;
-    } while (b & 0x80);
-    if (shift < 64 && (b & 0x40)) v |= ~std::uint64_t(0) << shift;
-    return static_cast<std::int64_t>(v);
-  }
-  // A DW_EH_PE_* encoded pointer. `apply` = false reads the value only (pc ranges, skipped pointers).
-  // Indirect pointers are reported through `indirect` and never dereferenced.
-  std::uint64_t pointer(std::uint8_t enc, bool apply = true, bool* indirect = nullptr) {
-    if (enc == 0xff) return 0;  // DW_EH_PE_omit
-    const std::uintptr_t field = address + pos;
-    std::uint64_t v = 0;
-    switch (enc & 0x0f) {
-      case 0x00:
-        v = fixed(8);
-        break;  // absptr
-      case 0x01:
-        v = uleb();
-        break;  // uleb128
-      case 0x02:
-        v = fixed(2);
-        break;  // udata2
-      case 0x03:
-        v = fixed(4);
-        break;  // udata4
-      case 0x04:
-        v = fixed(8);
-        break;  // udata8
-      case 0x09:
-        v = static_cast<std::uint64_t>(sleb());
-        break;  // sleb128
-      case 0x0a:
-        v = static_cast<std::uint64_t>(std::int64_t(std::int16_t(fixed(2))));
-        break;  // sdata2
-      case 0x0b:
-        v = static_cast<std::uint64_t>(std::int64_t(std::int32_t(fixed(4))));
-        break;  // sdata4
-      case 0x0c:
-        v = fixed(8);
-        break;  // sdata8
-      default:
-        return fail();
-    }
-    if (indirect) *indirect = (enc & 0x80) != 0;
-    if (!apply) return v;
-    switch (enc & 0x70) {
-      case 0x00:
-        break;  // absolute
-      case 0x10:
-        v += field;
-        break;  // pcrel
-      default:
-        return fail();  // textrel/datarel/funcrel/aligned: not used in .eh_frame FDEs
-    }
-    return v;
-  }
-  std::uint64_t fail() {
-    ok = false;
-    return 0;
-  }
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/unwind/eh_cursor.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-// remember_state nesting kept; deeper nesting makes the rest of that FDE row_unknown.
-constexpr std::size_t kMaxRememberDepth = 16;
-
-// One parsed CIE: what its FDEs need.
-struct eh_cie {
-  bool valid = false;
-  std::uint64_t code_align = 1;
-  std::int64_t data_align = -8;
-  std::uint64_t ra_reg = kDwarfRa;
-  std::uint8_t fde_enc = 0;  // DW_EH_PE_absptr unless 'R' says otherwise
-  bool has_aug_data = false;
-  std::size_t insns = 0, insns_end = 0;  // initial instructions, offsets in the input
-};
-
-// The register rules the walker cares about, at one pc.
-struct cfa_state {
-  std::uint8_t kind = row_cfa_rsp;  // row_cfa_rsp, row_cfa_rbp, row_cfa_plt or row_unknown
-  std::int64_t cfa_off = 8;
-  std::uint8_t plt_threshold = 0;
-  std::int64_t fp_off = 0;  // 0: rbp unchanged
-  bool fp_unknown = false;  // rbp saved somewhere this walker does not follow
-  bool ra_undefined = false;
-  bool ra_unusual = false;  // return address not at CFA + kReturnAddressAtCfa
-
-  unwind_row row(std::uint32_t pc) const {
-    unwind_row r{pc, 0, 0, row_unknown, 0};
-    if (ra_undefined) {
-      r.kind = row_outermost;
-      return r;
-    }
-    // rbp saved where this walker cannot follow (an expression, as in stack-realigning DRAP frames):
-    // the caller's rbp is unknown, so the row cannot be used; one frame-pointer step instead.
-    if (kind == row_unknown || ra_unusual || fp_unknown || cfa_off < -0x7fffffff || cfa_off > 0x7fffffff ||
-        fp_off < -0x8000 || fp_off > 0x7fff)
-      return r;
-    r.kind = kind;
-    r.cfa_off = static_cast<std::int32_t>(cfa_off);
-    r.fp_off = static_cast<std::int16_t>(fp_off);
-    r.plt_threshold = plt_threshold;
-    return r;
-  }
-};
-
-// The PLT CFA expression binutils emits for lazy PLT entries:
-//   DW_OP_breg7 (rsp) N; DW_OP_breg16 (rip) 0; DW_OP_lit15; DW_OP_and; DW_OP_lit<T>; DW_OP_ge;
-//   DW_OP_lit3; DW_OP_shl; DW_OP_plus   =>   CFA = rsp + N + ((rip & 15) >= T ? 8 : 0)
-// Anything else makes the row row_unknown (one frame-pointer step instead).
-inline bool match_plt_expression(eh_cursor c, std::size_t end, cfa_state& s) {
-  c.end = end;
-  if (c.u8() != 0x77) return false;  // DW_OP_breg7
-  std::int64_t n = c.sleb();
-  if (c.u8() != 0x80 || c.sleb() != 0) return false;   // DW_OP_breg16 0
-  if (c.u8() != 0x3f || c.u8() != 0x1a) return false;  // lit15, and
-  std::uint8_t lit = c.u8();
-  if (lit < 0x30 || lit > 0x3f) return false;
-  if (c.u8() != 0x2a || c.u8() != 0x33 || c.u8() != 0x24 || c.u8() != 0x22) return false;  // ge lit3 shl plus
-  if (!c.ok || c.pos != end) return false;
-  s.kind = row_cfa_plt;
-  s.cfa_off = n;
-  s.plt_threshold = static_cast<std::uint8_t>(lit - 0x30);
-  return true;
-}
-
-// Runs CFA instructions [pos, end) from `state`, appending a row at each location change.
-// Returns false on a malformed instruction stream (rows so far are kept: they were valid).
-inline bool run_cfa_program(eh_cursor c, std::size_t end, const eh_cie& cie, const cfa_state& initial,
-                            cfa_state& state, std::uint64_t& loc, std::uint64_t loc_end, std::uint64_t start,
-                            std::vector<unwind_row>* rows) {
-  c.end = end;
-  cfa_state stack[kMaxRememberDepth];
-  std::size_t depth = 0;  // may exceed kMaxRememberDepth: those states are not kept
-  auto advance = [&](std::uint64_t delta) {
-    std::uint64_t next = loc + delta * cie.code_align;
-    if (next < loc || next > loc_end) {  // past the FDE: the remaining rules never apply
-      if (rows && loc < loc_end) rows->push_back(state.row(static_cast<std::uint32_t>(loc - start)));
-      loc = loc_end;
-      return false;
-    }
-    if (rows && next != loc) rows->push_back(state.row(static_cast<std::uint32_t>(loc - start)));
-    loc = next;
-    return true;
-  };
-  auto set_offset = [&](std::uint64_t reg, std::int64_t off) {
-    if (reg == kDwarfRbp) state.fp_off = off, state.fp_unknown = false;
-    if (reg == cie.ra_reg) state.ra_unusual = off != kReturnAddressAtCfa, state.ra_undefined = false;
-  };
-  auto other_rule = [&](std::uint64_t reg) {  // register / expression rules we do not follow
-    if (reg == kDwarfRbp) state.fp_unknown = true, state.fp_off = 0;
-    if (reg == cie.ra_reg) state.ra_unusual = true;
-  };
-  auto restore = [&](std::uint64_t reg) {
-    if (reg == kDwarfRbp) state.fp_off = initial.fp_off, state.fp_unknown = initial.fp_unknown;
-    if (reg == cie.ra_reg) state.ra_unusual = initial.ra_unusual, state.ra_undefined = initial.ra_undefined;
-  };
-  while (c.ok && c.pos < end) {
-    std::uint8_t op = c.u8();
-    std::uint8_t low = op & 0x3f;
-    switch (op >> 6) {
-      case 1:  // DW_CFA_advance_loc
-        if (!advance(low)) return true;
-        continue;
-      case 2:  // DW_CFA_offset
-        set_offset(low, static_cast<std::int64_t>(c.uleb()) * cie.data_align);
-        continue;
-      case 3:  // DW_CFA_restore
-        restore(low);
-        continue;
-      default:
-        break;
-    }
-    switch (op) {
-      case 0x00:
-        break;      // nop
-      case 0x01: {  // set_loc
-        std::uint64_t to = c.pointer(cie.fde_enc);
-        if (!c.ok || to < loc) return false;
-        if (!advance((to - loc) / (cie.code_align ? cie.code_align : 1))) return true;
-        break;
-      }
-      case 0x02:
-        if (!advance(c.u8())) return true;
-        break;
-      case 0x03:
-        if (!advance(c.fixed(2))) return true;
-        break;
-      case 0x04:
-        if (!advance(c.fixed(4))) return true;
-        break;
-      case 0x05: {  // offset_extended
-        std::uint64_t reg = c.uleb();
-        set_offset(reg, static_cast<std::int64_t>(c.uleb()) * cie.data_align);
-        break;
-      }
-      case 0x06:
-        restore(c.uleb());
-        break;      // restore_extended
-      case 0x07: {  // undefined
-        std::uint64_t reg = c.uleb();
-        if (reg == cie.ra_reg) state.ra_undefined = true;
-        if (reg == kDwarfRbp) other_rule(reg);
-        break;
-      }
-      case 0x08: {  // same_value
-        std::uint64_t reg = c.uleb();
-        if (reg == kDwarfRbp) state.fp_off = 0, state.fp_unknown = false;
-        if (reg == cie.ra_reg) state.ra_unusual = true;
-        break;
-      }
-      case 0x09: {  // register
-        std::uint64_t reg = c.uleb();
-        c.uleb();
-        other_rule(reg);
-        break;
-      }
-      case 0x0a:  // remember_state
-        if (depth < kMaxRememberDepth) stack[depth] = state;
-        ++depth;
-        break;
-      case 0x0b:  // restore_state
-        if (depth == 0) return false;
-        --depth;
-        if (depth < kMaxRememberDepth)
-          state = stack[depth];
-        else
-          state.kind = row_unknown;
-        break;
-      case 0x0c: {  // def_cfa
-        std::uint64_t reg = c.uleb();
-        std::uint64_t off = c.uleb();
-        state.kind = reg == kDwarfRsp ? row_cfa_rsp : reg == kDwarfRbp ? row_cfa_rbp : row_unknown;
-        state.cfa_off = static_cast<std::int64_t>(off);
-        break;
-      }
-      case 0x0d: {  // def_cfa_register
-        std::uint64_t reg = c.uleb();
-        if (state.kind == row_cfa_plt)
-          state.kind = row_unknown;
-        else
-          state.kind = reg == kDwarfRsp ? row_cfa_rsp : reg == kDwarfRbp ? row_cfa_rbp : row_unknown;
-        break;
-      }
-      case 0x0e:
-        state.cfa_off = static_cast<std::int64_t>(c.uleb());
-        break;      // def_cfa_offset
-      case 0x0f: {  // def_cfa_expression
-        std::uint64_t len = c.uleb();
-        if (!c.has(len)) return false;
-        if (!match_plt_expression(c, c.pos + len, state)) state.kind = row_unknown;
-        c.pos += len;
-        break;
-      }
-      case 0x10:    // expression
-      case 0x16: {  // val_expression
-        std::uint64_t reg = c.uleb();
-        std::uint64_t len = c.uleb();
-        if (!c.has(len)) return false;
-        c.pos += len;
-        other_rule(reg);
-        break;
-      }
-      case 0x11: {  // offset_extended_sf
-        std::uint64_t reg = c.uleb();
-        set_offset(reg, c.sleb() * cie.data_align);
-        break;
-      }
-      case 0x12: {  // def_cfa_sf
-        std::uint64_t reg = c.uleb();
-        std::int64_t off = c.sleb() * cie.data_align;
-        state.kind = reg == kDwarfRsp ? row_cfa_rsp : reg == kDwarfRbp ? row_cfa_rbp : row_unknown;
-        state.cfa_off = off;
-        break;
-      }
-      case 0x13:
-        state.cfa_off = c.sleb() * cie.data_align;
-        break;      // def_cfa_offset_sf
-      case 0x14:    // val_offset
-      case 0x15: {  // val_offset_sf
-        std::uint64_t reg = c.uleb();
-        if (op == 0x14)
-          c.uleb();
-        else
-          c.sleb();
-        other_rule(reg);
-        break;
-      }
-      case 0x2e:
-        c.uleb();
-        break;      // GNU_args_size
-      case 0x2f: {  // GNU_negative_offset_extended
-        std::uint64_t reg = c.uleb();
-        set_offset(reg, -static_cast<std::int64_t>(c.uleb()) * cie.data_align);
-        break;
-      }
-      default:
-        return false;  // unknown opcode: the rest of this program cannot be decoded
-    }
-  }
-  return c.ok;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/unwind/cfa_program.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-// A module's rows (pc offsets from `start`) and what the parse met on the way.
-struct eh_frame_table {
-  std::uintptr_t start = 0, end = 0;  // runtime pc range covered by the FDEs
-  std::vector<unwind_row> rows;
-  std::size_t cies = 0, fdes = 0;
-  std::size_t skipped = 0;  // records left out (malformed, unsupported encoding or augmentation)
-  std::size_t unknown = 0;  // rows the handler cannot follow (CFA expressions other than PLT, ...)
-  std::string error;        // the first problem, with its offset; empty when none
-};
-
-// A module whose FDEs span more than this cannot be expressed with 32-bit row offsets.
-constexpr std::uintptr_t kMaxModuleSpan = 0xFFFFFFF0u;
-
-// Parses .eh_frame: a CIE/FDE sequence ended by a zero length word or by the end of the input.
-// Never reads outside the input; malformed records are counted in `skipped`, never fatal.
-inline eh_frame_table parse_eh_frame(const eh_frame_input& in) {
-  eh_frame_table t;
-  struct fde_rows {
-    std::uint64_t begin, end;
-    std::size_t first, count;  // in `all`
-  };
-  std::vector<fde_rows> fdes;
-  std::vector<unwind_row> all;  // pcs relative to each FDE's begin for now
-  std::unordered_map<std::size_t, eh_cie> cies;
-  auto note = [&](const char* what, std::size_t at, bool count = true) {
-    if (count) ++t.skipped;
-    if (t.error.empty()) {
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "eh_frame at 0x%zx (offset 0x%zx): %s",
-                    static_cast<std::size_t>(in.address), at, what);
-      t.error = buf;
-    }
-  };
-  auto parse_cie = [&](std::size_t at) -> const eh_cie& {
-    auto found = cies.find(at);
-    if (found != cies.end()) return found->second;
-    eh_cie& cie = cies[at];
-    eh_cursor c{in.data, at, in.size, in.address};
-    std::uint64_t len = c.fixed(4);
-    bool wide = len == 0xffffffffu;
-    if (wide) len = c.fixed(8);
-    if (!c.ok || len == 0 || len > c.end - c.pos) return note("truncated CIE", at, false), cie;
-    c.end = c.pos + static_cast<std::size_t>(len);
-    if (c.fixed(wide ? 8 : 4) != 0) return note("CIE pointer does not point at a CIE", at, false), cie;
-    std::uint8_t version = c.u8();
-    if (version != 1 && version != 3 && version != 4) return note("unsupported CIE version", at, false), cie;
-    std::string aug;
-    while (c.has(1) && in.data[c.pos] != 0 && aug.size() < 16) aug += static_cast<char>(in.data[c.pos++]);
-    if (c.u8() != 0) return note("unterminated CIE augmentation", at, false), cie;
-    if (aug.find("eh") == 0) c.fixed(8);  // old GCC: an eh_ptr word
-    if (version == 4 && (c.u8() != 8 || c.u8() != 0))
-      return note("CIE address size is not 8", at, false), cie;
-    cie.code_align = c.uleb();
-    cie.data_align = c.sleb();
-    cie.ra_reg = version == 1 ? c.u8() : c.uleb();
-    if (!aug.empty() && aug[0] == 'z') {
-      cie.has_aug_data = true;
-      std::uint64_t aug_len = c.uleb();
-      if (!c.has(aug_len)) return note("truncated CIE augmentation data", at, false), cie;
-      std::size_t aug_end = c.pos + static_cast<std::size_t>(aug_len);
-      for (std::size_t i = 1; i < aug.size() && c.ok; ++i) {
-        if (aug[i] == 'R')
-          cie.fde_enc = c.u8();
-        else if (aug[i] == 'L')
-          c.u8();
-        else if (aug[i] == 'P')
-          c.pointer(c.u8(), false);
-        else if (aug[i] == 'S' || aug[i] == 'B' || aug[i] == 'G')
-          continue;
-        else
-          break;  // unknown letter: 'z' says how long the data is, skip the rest
-      }
-      if (!c.ok || c.pos > aug_end) return note("malformed CIE augmentation data", at, false), cie;
-      c.pos = aug_end;
-    } else if (!aug.empty() && aug != "eh") {
-      return note("unknown CIE augmentation", at, false), cie;
-    }
-    if (!c.ok || cie.code_align == 0) return note("malformed CIE", at, false), cie;
-    cie.insns = c.pos;
-    cie.insns_end = c.end;
-    cie.valid = true;
-    ++t.cies;
-    return cie;
-  };
-
-  std::size_t pos = 0;
-  while (pos < in.size) {
-    const std::size_t at = pos;
-    eh_cursor c{in.data, pos, in.size, in.address};
-    std::uint64_t len = c.fixed(4);
-    if (!c.ok) break;     // fewer than 4 bytes left: treat as the end
-    if (len == 0) break;  // the terminator
-    bool wide = len == 0xffffffffu;
-    if (wide) len = c.fixed(8);
-    if (!c.ok || len > c.end - c.pos) {
-      note("record runs past the end", at);
-      break;
-    }
-    const std::size_t rec_end = c.pos + static_cast<std::size_t>(len);
-    pos = rec_end;
-    c.end = rec_end;
-    const std::size_t id_at = c.pos;
-    std::uint64_t id = c.fixed(wide ? 8 : 4);
-    if (!c.ok) {
-      note("truncated record", at);
-      continue;
-    }
-    if (id == 0) {  // a CIE: parsed when an FDE uses it
-      continue;
-    }
-    if (id > id_at) {
-      note("FDE points before the input", at);
-      continue;
-    }
-    const eh_cie& cie = parse_cie(id_at - static_cast<std::size_t>(id));
-    if (!cie.valid) {
-      note("FDE of an unusable CIE", at);
-      continue;
-    }
-    bool indirect = false;
-    std::uint64_t begin = c.pointer(cie.fde_enc, true, &indirect);
-    std::uint64_t range = c.pointer(cie.fde_enc & 0x0f, false);
-    if (cie.has_aug_data) {
-      std::uint64_t n = c.uleb();
-      if (!c.has(n)) {
-        note("truncated FDE augmentation data", at);
-        continue;
-      }
-      c.pos += static_cast<std::size_t>(n);
-    }
-    if (!c.ok || indirect) {
-      note("malformed FDE", at);
-      continue;
-    }
-    if (range == 0) continue;  // an empty FDE covers nothing (linkers leave them for discarded code)
-    if (begin + range < begin || range > kMaxModuleSpan) {
-      note("FDE range overflows", at);
-      continue;
-    }
-    ++t.fdes;
-    // Rows are relative to the FDE's begin for now; rebased once the module's start is known.
-    const cfa_state defaults;
-    cfa_state initial;
-    std::uint64_t loc = begin;
-    const std::size_t first = all.size();
-    eh_cursor cie_program{in.data, cie.insns, cie.insns_end, in.address};
-    if (!run_cfa_program(cie_program, cie.insns_end, cie, defaults, initial, loc, begin + range, begin,
-                         nullptr) ||
-        loc != begin) {
-      note("CIE initial instructions are malformed or advance", at);
-      continue;
-    }
-    cfa_state state = initial;
-    bool good = run_cfa_program(c, rec_end, cie, initial, state, loc, begin + range, begin, &all);
-    if (loc < begin + range) all.push_back(state.row(static_cast<std::uint32_t>(loc - begin)));
-    if (!good) {
-      // The rows before the bad instruction hold; from it on, the function is unknown territory.
-      note("malformed CFA instructions", at);
-      if (all.size() > first)
-        all.back().kind = row_unknown;
-      else
-        all.push_back(unwind_row{0, 0, 0, row_unknown, 0});
-    }
-    fdes.push_back({begin, begin + range, first, all.size() - first});
-  }
-  if (fdes.empty()) return t;
-
-  std::sort(fdes.begin(), fdes.end(), [](const fde_rows& a, const fde_rows& b) { return a.begin < b.begin; });
-  std::uint64_t lo = fdes.front().begin, hi = 0;
-  for (auto& f : fdes) hi = std::max(hi, f.end);
-  if (hi - lo > kMaxModuleSpan) {
-    // FDEs spread over more than 4 GiB: keep the span around the first ones and count the rest out.
-    std::size_t keep = 0;
-    while (keep < fdes.size() && fdes[keep].end - lo <= kMaxModuleSpan) ++keep;
-    t.skipped += fdes.size() - keep;
-    if (t.error.empty()) t.error = "eh_frame: FDEs span more than 4 GiB; the rest were left out";
-    fdes.resize(keep);
-    hi = 0;
-    for (auto& f : fdes) hi = std::max(hi, f.end);
-  }
-  t.start = static_cast<std::uintptr_t>(lo);
-  t.end = static_cast<std::uintptr_t>(hi);
-  t.rows.reserve(all.size() + fdes.size());
-  auto push = [&](const unwind_row& r) {
-    if (!t.rows.empty() && t.rows.back().pc == r.pc) t.rows.pop_back();  // a later row at the same pc wins
-    if (!t.rows.empty()) {
-      const unwind_row& b = t.rows.back();
-      if (b.kind == r.kind && b.cfa_off == r.cfa_off && b.fp_off == r.fp_off &&
-          b.plt_threshold == r.plt_threshold)
-        return;  // same rule continues
-    }
-    t.rows.push_back(r);
-  };
-  for (std::size_t i = 0; i < fdes.size(); ++i) {
-    const fde_rows& f = fdes[i];
-    // Overlapping FDEs (broken input): the later one starts where the earlier one is cut.
-    std::uint64_t stop = i + 1 < fdes.size() ? std::min(f.end, fdes[i + 1].begin) : f.end;
-    if (!t.rows.empty() && f.begin - lo < t.rows.back().pc) continue;  // fully shadowed
-    for (std::size_t k = 0; k < f.count; ++k) {
-      unwind_row r = all[f.first + k];
-      std::uint64_t pc = f.begin + r.pc;
-      if (pc >= stop) break;
-      r.pc = static_cast<std::uint32_t>(pc - lo);
-      push(r);
-    }
-    if (stop == f.end && (i + 1 == fdes.size() || fdes[i + 1].begin > f.end))
-      push(unwind_row{static_cast<std::uint32_t>(f.end - lo), 0, 0, row_no_info, 0});
-  }
-  if (t.rows.empty() || t.rows.back().kind != row_no_info)
-    t.rows.push_back(unwind_row{static_cast<std::uint32_t>(hi - lo), 0, 0, row_no_info, 0});
-  t.end = t.start + t.rows.back().pc;  // overlapping FDEs (broken input) may end before `hi`
-  for (const unwind_row& r : t.rows)
-    if (r.kind == row_unknown) ++t.unknown;
-  return t;
-}
-
-// Where .eh_frame starts, from the .eh_frame_hdr at `hdr` (runtime address `hdr.address`), and how far the
-// FDEs its search table lists reach (0 when the table is absent). False when the header is malformed.
-struct eh_frame_hdr_info {
-  std::uintptr_t eh_frame = 0;
-  std::uintptr_t fde_limit = 0;  // highest FDE start listed in the search table, 0 when none
-  std::size_t fde_count = 0;
-};
-
-inline bool parse_eh_frame_hdr(const eh_frame_input& hdr, eh_frame_hdr_info& out) {
-  eh_cursor c{hdr.data, 0, hdr.size, hdr.address};
-  if (c.u8() != 1) return false;  // version
-  std::uint8_t ptr_enc = c.u8(), count_enc = c.u8(), table_enc = c.u8();
-  std::uint64_t eh = c.pointer(ptr_enc);
-  if (!c.ok || eh == 0) return false;
-  out.eh_frame = static_cast<std::uintptr_t>(eh);
-  if (count_enc == 0xff || table_enc != 0x3b) return true;  // no binary search table we can read
-  std::uint64_t count = c.pointer(count_enc);
-  if (!c.ok || count > (c.end - c.pos) / 8) return true;
-  out.fde_count = static_cast<std::size_t>(count);
-  for (std::uint64_t i = 0; i < count; ++i) {
-    c.fixed(4);  // initial location (datarel sdata4)
-    std::int64_t fde = std::int32_t(c.fixed(4));
-    std::uintptr_t at = hdr.address + static_cast<std::uintptr_t>(fde);
-    if (c.ok && at > out.fde_limit) out.fde_limit = at;
-  }
-  return true;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/unwind/eh_frame.hpp ----
-
-namespace selfprof {
-
-// What the last build found, for stats and verbose output.
-struct unwind_tables_info {
-  bool published = false;
-  std::size_t modules = 0;         // modules with rows in the published set
-  std::size_t rows = 0;            // rows in the published set
-  std::size_t bytes = 0;           // memory held by every table and set kept (retired ones too)
-  std::size_t builds = 0;          // sets published since the last release
-  std::size_t parsed = 0;          // modules whose rows are kept (parsed once while they stay loaded)
-  std::size_t reused = 0;          // modules of this session whose rows an earlier session parsed
-  double last_build_ms = 0;        // wall time of the last build that found changed modules
-  std::vector<std::string> notes;  // modules left out or parsed with problems, one line each
-};
-
-namespace detail {
-
-// The file a module was loaded from, as stat() sees its path: a rebuilt library (written over in place
-// or renamed over the old one) differs in inode, size or mtime. All zero when the path cannot be stat'ed
-// (the vDSO).
-struct module_file_id {
-  std::uint64_t dev = 0, ino = 0, size = 0;
-  std::int64_t mtime_s = 0, mtime_ns = 0;
-  bool operator==(const module_file_id& o) const {
-    return dev == o.dev && ino == o.ino && size == o.size && mtime_s == o.mtime_s && mtime_ns == o.mtime_ns;
-  }
-  bool operator!=(const module_file_id& o) const { return !(*this == o); }
-};
-
-// The rows of one module, parsed once and kept while the module stays loaded (a retired set may still
-// point at them). `file` and `content_hash` (of the .eh_frame_hdr and .eh_frame bytes the rows were parsed
-// from) must both match for the rows to be used again (see visit()).
-struct module_unwind {
-  std::string name;
-  std::uintptr_t bias = 0, hdr = 0;
-  module_file_id file;
-  std::uint64_t content_hash = 0;
-  eh_frame_table table;
-};
-
-// Clips a table to the runtime address ranges `code` (sorted, not overlapping: the module's executable
-// PT_LOAD segments): pcs outside them get no row (row_no_info), and start/end shrink to what is left.
-// A table with nothing inside the ranges ends up empty. Rows stay sorted and relative to the new start.
-inline void clip_unwind_rows(eh_frame_table& t,
-                             const std::vector<std::pair<std::uintptr_t, std::uintptr_t>>& code) {
-  if (t.rows.empty()) return;
-  struct abs_row {
-    std::uintptr_t pc;
-    unwind_row row;
-  };
-  std::vector<abs_row> out;
-  auto push = [&out](std::uintptr_t pc, const unwind_row& r) {
-    if (!out.empty() && out.back().pc == pc) out.pop_back();  // a later row at the same pc wins
-    if (!out.empty()) {
-      const unwind_row& b = out.back().row;
-      if (b.kind == r.kind && b.cfa_off == r.cfa_off && b.fp_off == r.fp_off &&
-          b.plt_threshold == r.plt_threshold)
-        return;  // same rule continues
-    }
-    out.push_back(abs_row{pc, r});
-  };
-  const unwind_row none{0, 0, 0, row_no_info, 0};
-  std::size_t c = 0;
-  for (std::size_t i = 0; i + 1 < t.rows.size(); ++i) {
-    const std::uintptr_t a = t.start + t.rows[i].pc, b = t.start + t.rows[i + 1].pc;
-    while (c < code.size() && code[c].second <= a) ++c;
-    for (std::size_t k = c; k < code.size() && code[k].first < b; ++k) {
-      const std::uintptr_t lo = std::max(a, code[k].first), hi = std::min(b, code[k].second);
-      if (lo >= hi) continue;
-      push(lo, t.rows[i]);
-      if (hi < b || k + 1 == code.size() || code[k + 1].first > hi) push(hi, none);
-    }
-  }
-  while (!out.empty() && out.front().row.kind == row_no_info) out.erase(out.begin());
-  if (out.empty()) {
-    t.rows.clear();
-    t.start = t.end = 0;
-    return;
-  }
-  if (out.back().row.kind != row_no_info) out.push_back(abs_row{t.end, none});  // cannot happen: safety
-  t.rows.clear();
-  t.start = out.front().pc;
-  t.end = out.back().pc;
-  for (const abs_row& r : out) {
-    unwind_row row = r.row;
-    row.pc = static_cast<std::uint32_t>(r.pc - t.start);
-    t.rows.push_back(row);
-  }
-}
-
-// One published set: its module list and the set header the handler reads.
-struct unwind_set_storage {
-  std::vector<unwind_module> modules;
-  unwind_table_set set{nullptr, 0};
-};
-
-class unwind_tables_state {
- public:
-  // Re-reads the module list when dlopen/dlclose changed it (or `force`), parses new modules and
-  // publishes a new set. Cheap when nothing changed: one dl_iterate_phdr that stops at the first module.
-  status build(bool force) {
-    if (!kCfiRowsSupported)
-      return status::error("selfprof: DWARF unwinding is implemented for x86-64 only; using frame pointers");
-    std::lock_guard<std::mutex> lock(mu_);
-    counts now = read_counts();
-    if (!force && have_counts_ && now.adds == counts_.adds && now.subs == counts_.subs &&
-        g_unwind_tables.load(std::memory_order_relaxed) != nullptr)
-      return status::ok();
-    auto t0 = std::chrono::steady_clock::now();
-    scan_context ctx{this, {}, {}};
-    // The loader lock is held during the callback, so no module can be unmapped while it is parsed.
-    dl_iterate_phdr(&unwind_tables_state::visit, &ctx);
-    auto storage = std::unique_ptr<unwind_set_storage>(new unwind_set_storage());
-    for (module_unwind* m : ctx.present) {
-      if (m->table.rows.empty()) continue;
-      storage->modules.push_back(
-          unwind_module{m->table.start, m->table.end, m->table.rows.data(), m->table.rows.size()});
-    }
-    std::sort(storage->modules.begin(), storage->modules.end(),
-              [](const unwind_module& a, const unwind_module& b) { return a.start < b.start; });
-    // Overlapping ranges cannot happen between live modules; if they do (a stale entry), keep the first.
-    std::vector<unwind_module> clean;
-    for (const unwind_module& m : storage->modules)
-      if (clean.empty() || m.start >= clean.back().end) clean.push_back(m);
-    storage->modules.swap(clean);
-    storage->set = unwind_table_set{storage->modules.data(), storage->modules.size()};
-    info_.modules = storage->modules.size();
-    info_.rows = 0;
-    for (const unwind_module& m : storage->modules) info_.rows += m.count;
-    g_unwind_tables.store(&storage->set, std::memory_order_release);
-    sets_.push_back(std::move(storage));  // the previous set stays: a handler may be reading it
-    counts_ = now;
-    have_counts_ = true;
-    revalidate_ = false;
-    info_.published = true;
-    ++info_.builds;
-    for (auto& n : ctx.notes)
-      if (std::find(info_.notes.begin(), info_.notes.end(), n) == info_.notes.end()) info_.notes.push_back(n);
-    info_.last_build_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    return status::ok();
-  }
-
-  // Unpublishes the tables and frees the sets. Only once no handler can be running (after the profiling
-  // signal is restored and g_handler.in_flight reached zero), since a handler may hold a pointer into any
-  // set. The parsed rows of modules still loaded are kept for the next start (parsing every module again
-  // is the costly part of a start): at the next build each is used only if its file and bytes are still
-  // the ones it was parsed from (see visit()), so a library rebuilt and reloaded is parsed anew.
-  void release() {
-    std::lock_guard<std::mutex> lock(mu_);
-    g_unwind_tables.store(nullptr, std::memory_order_release);
-    sets_.clear();
-    retired_.clear();
-    std::vector<key> loaded;
-    dl_iterate_phdr(
-        [](dl_phdr_info* info, std::size_t, void* data) -> int {
-          const ElfW(Phdr)* eh = find_eh(info);
-          if (eh != nullptr) static_cast<std::vector<key>*>(data)->push_back(key_of(info, eh));
-          return 0;
-        },
-        &loaded);
-    for (auto it = modules_.begin(); it != modules_.end();)
-      it = std::find(loaded.begin(), loaded.end(), it->first) == loaded.end() ? modules_.erase(it) : ++it;
-    revalidate_ = true;
-    have_counts_ = false;
-    info_ = unwind_tables_info{};
-  }
-
-  unwind_tables_info info() {
-    std::lock_guard<std::mutex> lock(mu_);
-    unwind_tables_info i = info_;
-    i.parsed = modules_.size();
-    i.bytes = 0;
-    for (auto& m : modules_)
-      i.bytes += sizeof(module_unwind) + m.second->table.rows.capacity() * sizeof(unwind_row);
-    for (auto& m : retired_) i.bytes += sizeof(module_unwind) + m->table.rows.capacity() * sizeof(unwind_row);
-    for (auto& s : sets_)
-      i.bytes += sizeof(unwind_set_storage) + s->modules.capacity() * sizeof(unwind_module);
-    return i;
-  }
-
- private:
-  struct counts {
-    unsigned long long adds = 0, subs = 0;
-  };
-  struct scan_context {
-    unwind_tables_state* self;
-    std::vector<module_unwind*> present;
-    std::vector<std::string> notes;
-  };
-  using key = std::tuple<std::string, std::uintptr_t, std::uintptr_t>;  // name, load bias, eh_frame_hdr
-
-  static counts read_counts() {
-    counts c;
-    dl_iterate_phdr(
-        [](dl_phdr_info* info, std::size_t size, void* data) -> int {
-          counts* out = static_cast<counts*>(data);
-          if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
-            out->adds = info->dlpi_adds;
-            out->subs = info->dlpi_subs;
-          }
-          return 1;  // the counters are the same in every entry: one is enough
-        },
-        &c);
-    return c;
-  }
-
-  static const ElfW(Phdr) * find_eh(const dl_phdr_info* info) {
-    const ElfW(Phdr)* eh = nullptr;
-    for (int i = 0; i < info->dlpi_phnum; ++i)
-      if (info->dlpi_phdr[i].p_type == PT_GNU_EH_FRAME) eh = &info->dlpi_phdr[i];
-    return eh;
-  }
-  static std::string module_name(const dl_phdr_info* info) {
-    return info->dlpi_name && info->dlpi_name[0] ? info->dlpi_name : "[main]";
-  }
-  static key key_of(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
-    return key{module_name(info), info->dlpi_addr, info->dlpi_addr + eh->p_vaddr};
-  }
-  static module_file_id file_of(const dl_phdr_info* info) {
-    module_file_id id;
-    struct stat st;
-    const char* path = info->dlpi_name && info->dlpi_name[0] ? info->dlpi_name : "/proc/self/exe";
-    if (::stat(path, &st) != 0) return id;
-    id.dev = static_cast<std::uint64_t>(st.st_dev);
-    id.ino = static_cast<std::uint64_t>(st.st_ino);
-    id.size = static_cast<std::uint64_t>(st.st_size);
-    id.mtime_s = static_cast<std::int64_t>(st.st_mtim.tv_sec);
-    id.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_nsec);
-    return id;
-  }
-
-  // Where a module's .eh_frame_hdr and .eh_frame lie in memory (size 0: not found; `why` says what).
-  static void locate(const dl_phdr_info* info, const ElfW(Phdr) * eh, eh_frame_input& hdr,
-                     eh_frame_input& frames, const char*& why) {
-    frames = eh_frame_input{};
-    hdr = segment_from(info, info->dlpi_addr + eh->p_vaddr);
-    if (hdr.size > eh->p_memsz) hdr.size = eh->p_memsz;
-    eh_frame_hdr_info hi;
-    if (hdr.size == 0 || !parse_eh_frame_hdr(hdr, hi)) {
-      hdr.size = 0;
-      why = "unreadable .eh_frame_hdr";
-      return;
-    }
-    frames = segment_from(info, hi.eh_frame);
-    if (frames.size == 0) {
-      why = ".eh_frame is outside the loaded segments";
-      return;
-    }
-    // The search table lists every FDE: stop after the last one instead of trusting a terminator.
-    if (hi.fde_limit > hi.eh_frame && hi.fde_limit - hi.eh_frame < frames.size) {
-      eh_cursor c{frames.data, hi.fde_limit - hi.eh_frame, frames.size, frames.address};
-      std::uint64_t len = c.fixed(4);
-      if (len == 0xffffffffu) len = c.fixed(8);
-      if (c.ok && len <= c.end - c.pos) frames.size = c.pos + static_cast<std::size_t>(len);
-    }
-  }
-
-  // A hash of the bytes the rows are parsed from (.eh_frame_hdr and .eh_frame), eight at a time: a
-  // fraction of a parse (no CFA programs are run), and it sees a changed frame layout that keeps every
-  // offset in .eh_frame_hdr the same.
-  static std::uint64_t content_hash(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
-    eh_frame_input hdr, frames;
-    const char* why = nullptr;
-    locate(info, eh, hdr, frames, why);
-    std::uint64_t h = 1469598103934665603ull;
-    auto mix = [&h](const eh_frame_input& in) {
-      std::size_t i = 0;
-      for (; i + 8 <= in.size; i += 8) {
-        std::uint64_t w;
-        std::memcpy(&w, in.data + i, 8);
-        h = (h ^ w) * 0x100000001b3ull;
-        h ^= h >> 29;
-      }
-      for (; i < in.size; ++i) h = (h ^ in.data[i]) * 1099511628211ull;
-      h = (h ^ in.size) * 1099511628211ull;
-    };
-    mix(hdr);
-    mix(frames);
-    return h;
-  }
-
-  static int visit(dl_phdr_info* info, std::size_t, void* data) {
-    scan_context& ctx = *static_cast<scan_context*>(data);
-    const ElfW(Phdr)* eh = find_eh(info);
-    std::string name = module_name(info);
-    if (eh == nullptr) {
-      bool has_code = false;
-      for (int i = 0; i < info->dlpi_phnum; ++i)
-        if (info->dlpi_phdr[i].p_type == PT_LOAD && (info->dlpi_phdr[i].p_flags & PF_X)) has_code = true;
-      if (has_code) ctx.notes.push_back("unwind: " + name + " has no .eh_frame_hdr: frame pointers only");
-      return 0;
-    }
-    const key k = key_of(info, eh);
-    const module_file_id file = file_of(info);
-    std::uint64_t hash = 0;
-    bool hashed = false;
-    auto found = ctx.self->modules_.find(k);
-    if (found != ctx.self->modules_.end()) {
-      // Same name, load address and .eh_frame_hdr address: the same module only if it is the same file
-      // and the same bytes. Every build checks, not only the first after a stop: a dlclose and a dlopen
-      // of the rebuilt library may both happen between two builds.
-      if (found->second->file == file) {
-        hash = content_hash(info, eh);
-        hashed = true;
-        if (found->second->content_hash == hash) {
-          if (ctx.self->revalidate_) ++ctx.self->info_.reused;
-          ctx.present.push_back(found->second.get());
-          return 0;
-        }
-      }
-      // A published set may still point at the old rows: they are freed at release().
-      ctx.self->retired_.push_back(std::move(found->second));
-      ctx.self->modules_.erase(found);
-    }
-    std::unique_ptr<module_unwind> m(new module_unwind());
-    m->name = name;
-    m->bias = info->dlpi_addr;
-    m->hdr = std::get<2>(k);
-    m->file = file;
-    m->content_hash = hashed ? hash : content_hash(info, eh);
-    parse_module(info, eh, *m, ctx.notes);
-    ctx.present.push_back(m.get());
-    ctx.self->modules_.emplace(k, std::move(m));
-    return 0;
-  }
-
-  // The bytes of the loaded segment holding `address`: [address, segment end), or size 0.
-  static eh_frame_input segment_from(const dl_phdr_info* info, std::uintptr_t address) {
-    for (int i = 0; i < info->dlpi_phnum; ++i) {
-      const ElfW(Phdr)& p = info->dlpi_phdr[i];
-      if (p.p_type != PT_LOAD) continue;
-      std::uintptr_t lo = info->dlpi_addr + p.p_vaddr, hi = lo + p.p_filesz;
-      if (address >= lo && address < hi)
-        return eh_frame_input{reinterpret_cast<const std::uint8_t*>(address), hi - address, address};
-    }
-    return eh_frame_input{};
-  }
-
-  static void parse_module(const dl_phdr_info* info, const ElfW(Phdr) * eh, module_unwind& m,
-                           std::vector<std::string>& notes) {
-    eh_frame_input hdr, frames;
-    const char* why = nullptr;
-    locate(info, eh, hdr, frames, why);
-    if (frames.size == 0) {
-      notes.push_back("unwind: " + m.name + ": " + why);
-      return;
-    }
-    m.table = parse_eh_frame(frames);
-    if (!m.table.error.empty())
-      notes.push_back("unwind: " + m.name + ": " + std::to_string(m.table.skipped) +
-                      " records skipped; first: " + m.table.error);
-    // Only the module's own code: an FDE pointing elsewhere (broken input) must not shadow another module.
-    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> code;
-    for (int i = 0; i < info->dlpi_phnum; ++i) {
-      const ElfW(Phdr)& p = info->dlpi_phdr[i];
-      if (p.p_type == PT_LOAD && (p.p_flags & PF_X) && p.p_memsz > 0)
-        code.emplace_back(info->dlpi_addr + p.p_vaddr, info->dlpi_addr + p.p_vaddr + p.p_memsz);
-    }
-    std::sort(code.begin(), code.end());
-    const std::size_t before = m.table.rows.size();
-    clip_unwind_rows(m.table, code);
-    if (before != 0 && m.table.rows.empty())
-      notes.push_back("unwind: " + m.name + ": no FDE covers its executable segments");
-    m.table.rows.shrink_to_fit();
-  }
-
-  std::mutex mu_;
-  std::map<key, std::unique_ptr<module_unwind>> modules_;
-  std::vector<std::unique_ptr<module_unwind>> retired_;  // replaced while a set may point at them
-  std::vector<std::unique_ptr<unwind_set_storage>> sets_;
-  counts counts_;
-  bool have_counts_ = false;
-  bool revalidate_ = false;  // the first build after release(): kept modules found count as reused
-  unwind_tables_info info_;
-};
-
-inline unwind_tables_state& unwind_tables() {
-  static unwind_tables_state* state = new unwind_tables_state();  // never destroyed: usable from atexit
-  return *state;
-}
-
-}  // namespace detail
-
-// Builds and publishes the unwind tables of every loaded module; rebuilds only when modules were loaded
-// or unloaded since the last call (call it at start and from the collector's periodic check).
-inline status build_unwind_tables() { return detail::unwind_tables().build(false); }
-
-// Unpublishes the tables (the parsed rows of loaded modules are kept for the next start). Call only when
-// no sampling handler can run any more (after stop).
-inline void release_unwind_tables() { detail::unwind_tables().release(); }
-
-// fork(2) child, when another thread of the parent may have been inside build(): a fresh state (the old
-// one is leaked; no handler runs in the child until a new start() publishes a new set).
-inline void abandon_unwind_tables_after_fork() {
-  new (&detail::unwind_tables()) detail::unwind_tables_state();
-}
-
-inline unwind_tables_info get_unwind_tables_info() { return detail::unwind_tables().info(); }
-
-}  // namespace selfprof
-// ---- end selfprof/unwind/tables.hpp ----
 // ---- begin selfprof/wall/sampler.hpp ----
 // The wall-clock sampler (SELFPROF_MODE=wall): every thread's time, running or not, without ever
 // interrupting a blocking call.
@@ -11035,6 +11252,7 @@ struct collector_config {
   bool upgrade = false;             // auto chose the CPU timer: may switch to perf_event under contention
   bool wall = false;                // wall mode: the short period
   bool unwind_rows = false;         // rebuild the handler's CFI rows when libraries come and go
+  bool lazy_rows = false;           // parse a module's rows only once samples reached its code
   int sample_signal = 0;            // watched: the program may install its own handler for it
   wall_sampler* sampler = nullptr;  // wall mode: the wall sampler, told the threads to look at
   tick_source* pull = nullptr;      // a source without signals (ring): read into the ring at each wake
@@ -11165,7 +11383,9 @@ class collector {
         }
         pull_cv_.notify_all();
       }
+      if (config_.unwind_rows) build_rows();  // before the drain: it notes samples in unparsed modules
       config_.store->drain(*config_.ring);
+      if (config_.lazy_rows) parse_reached_rows();
       watch_sample_signal();
       const std::uint64_t total = config_.store->total();
       const auto now = std::chrono::steady_clock::now();
@@ -11197,8 +11417,6 @@ class collector {
         g_handler.next_thread_check.compare_exchange_strong(zero, monotonic_ns() + kThreadCheckNs,
                                                             std::memory_order_relaxed);
       }
-      if (config_.unwind_rows)  // nearly free when no module came or went; under the lock fork() takes
-        build_rows();
       if (config_.pull)
         config_.pull->collect(*config_.ring, running_worker_tids());  // the first build is long
       // A library loaded while profiling, or code mapped without the loader that samples landed in, is
@@ -11237,15 +11455,34 @@ class collector {
   };
 
   // The handler's CFI rows: built at the first wake (start() leaves them to the collector unless
-  // SELFPROF_UNWIND=dwarf), rebuilt when modules come and go. A failure is noted once; the handler
-  // walks frame pointers where no row covers a pc.
+  // SELFPROF_UNWIND=dwarf), rebuilt when modules come and go; nearly free when none did. Lazily (the
+  // automatic choice), a module's rows are parsed only once a sample reached its code: until the next
+  // wake after that, samples there are walked by frame pointers. A failure is noted once; the handler
+  // walks frame pointers where no row covers a pc. Under the lock fork() takes.
   void build_rows() {
     status st;
-    config_.symbols->locked([&st] { st = build_unwind_tables(); });
+    const bool lazy = config_.lazy_rows;
+    config_.symbols->locked(
+        [&st, lazy] { st = lazy ? build_unwind_tables_lazily() : build_unwind_tables(); });
     if (!st && !rows_failed_) {
       rows_failed_ = true;
       config_.session->note(st.message() + "; unwinding with frame pointers only", true);
     }
+    if (!lazy) return;
+    std::uint64_t generation = 0;
+    std::vector<pending_code> pending = unwind_tables().pending(&generation);
+    if (generation != pending_generation_) {
+      pending_generation_ = generation;
+      config_.store->set_pending_rows(std::move(pending));
+    }
+  }
+
+  // Parses the rows of the modules the drained samples reached.
+  void parse_reached_rows() {
+    bool asked = false;
+    for (std::uint64_t pc : config_.store->take_row_requests())
+      asked = unwind_tables().want(static_cast<std::uintptr_t>(pc)) || asked;
+    if (asked) build_rows();
   }
 
   // The program installed its own handler for the sampling signal (without the preload library, which
@@ -11329,7 +11566,8 @@ class collector {
   std::condition_variable pull_cv_;
   std::uint64_t pull_asked_ = 0, pull_done_ = 0;
   bool pulling_ = false;
-  bool rows_failed_ = false;  // collector thread only
+  bool rows_failed_ = false;                              // collector thread only
+  std::uint64_t pending_generation_ = ~std::uint64_t{0};  // of the pending rows the store was given
 };
 
 }  // namespace detail
@@ -17546,9 +17784,19 @@ namespace detail {
 // frames come from the kernel's frame-pointer chain.
 constexpr std::uint32_t kStackCopyBytes = 8192;
 // Data pages per CPU ring tried in turn (powers of two, halved while the locked-memory budget refuses):
-// 512 pages (2 MiB, about 220 samples with their stack copies) where mlock is not limited; 128 pages
-// (512 KiB) plus the header page is the default perf_event_mlock_kb (516) of an unprivileged user per CPU.
+// at first room for kPerfRingSeconds of samples at the ring's rate (one CPU runs one thread at a time, so a
+// CPU's ring fills at most at the rate), at most 512 pages (2 MiB, about 220 samples with their stack
+// copies). 128 pages (512 KiB) plus the header page is the default perf_event_mlock_kb (516) of an
+// unprivileged user per CPU, and what 99 Hz asks for: the kernel allocates and zeroes every page at
+// mmap, which a short-lived process pays for.
 constexpr unsigned kRingPagesMax = 512, kRingPagesMin = 8;
+constexpr double kPerfRingSeconds = 0.4;
+inline unsigned ring_pages_for(double hz, std::size_t page) {
+  const double want = hz * kPerfRingSeconds * double(kStackCopyBytes + 1024) / double(page);
+  unsigned pages = kRingPagesMin;
+  while (pages < kRingPagesMax && double(pages) < want) pages *= 2;
+  return pages;
+}
 // Events (threads alive at open() x CPUs) allowed: at most this many, and at most a quarter of the hard
 // RLIMIT_NOFILE (selfprof's descriptors live above the soft limit, detail/high_fd.hpp): past that the
 // source refuses, and a signal source samples instead.
@@ -17833,7 +18081,7 @@ class perf_ring_source final : public tick_source {
     }
     r.fds.push_back(fd);
     ++events_;
-    status st = map_ring(r);
+    status st = map_ring(r, ring_pages_for(hz, page_));
     if (!st) {
       release_ring(r);
       return st;
@@ -17960,7 +18208,7 @@ class perf_ring_source final : public tick_source {
       r.fds.push_back(fd);
       ++events_;
       rings_.push_back(r);
-      status st = map_ring(rings_.back());
+      status st = map_ring(rings_.back(), ring_pages_for(config_.hz, page_));
       if (!st) return st;
     }
     if (rings_.empty()) return status::error("perf ring: no online CPU accepted an event", ENODEV);
@@ -17968,7 +18216,7 @@ class perf_ring_source final : public tick_source {
   }
 
   // Maps the CPU's ring: the largest size the locked-memory budget allows.
-  status map_ring(cpu_ring& r, unsigned max_pages = kRingPagesMax) {
+  status map_ring(cpu_ring& r, unsigned max_pages) {
     int e = 0;
     for (unsigned pages = max_pages; pages >= kRingPagesMin; pages /= 2) {
       const std::size_t bytes = (pages + 1) * page_;
@@ -18293,7 +18541,14 @@ class profiler_core {
     if (running_) return status::ok();
     starting_threads_ = false;
     try {
-      return start_locked(opts);
+      const std::uint64_t cpu0 = thread_cpu_ns(), wall0 = monotonic_ns();
+      status st = start_locked(opts);
+      start_cpu_ms_ = static_cast<double>(thread_cpu_ns() - cpu0) / 1e6;
+      start_wall_ms_ = static_cast<double>(monotonic_ns() - wall0) / 1e6;
+      if (st && opts_.verbose)
+        std::fprintf(stderr, "selfprof: start took %.2f ms of CPU (%.2f ms wall)\n", start_cpu_ms_,
+                     start_wall_ms_);
+      return st;
     } catch (const std::exception& e) {
       return start_threw(std::string("selfprof: start failed: ") + e.what());
     } catch (...) {
@@ -18302,6 +18557,13 @@ class profiler_core {
   }
 
  private:
+  // CPU time of the calling thread in nanoseconds.
+  static std::uint64_t thread_cpu_ns() {
+    struct timespec ts {};
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+  }
+
   status start_threw(const std::string& why) {
     if (starting_threads_) {
       running_ = true;  // stop_locked() undoes everything started so far
@@ -18459,6 +18721,15 @@ class profiler_core {
     s.rate_capped = h.rate_capped;
     s.periods_skipped = h.periods_skipped;
     s.collector_wakes = collector_.wakes();
+    s.start_cpu_ms = start_cpu_ms_;
+    s.start_wall_ms = start_wall_ms_;
+    if (unwind_ == unwind_mode::dwarf) {
+      const unwind_tables_info u = get_unwind_tables_info();
+      s.unwind_modules_parsed = u.parsed;
+      s.unwind_modules_pending = u.pending;
+      s.unwind_rows = u.rows;
+      s.unwind_parse_ms = u.parse_ms;
+    }
     s.kernel_lost = pulled_.lost.load(std::memory_order_relaxed);
     s.kernel_throttles = pulled_.throttles.load(std::memory_order_relaxed);
     const sample_store::sizes z = store_.size();
@@ -18651,8 +18922,8 @@ class profiler_core {
     unwind_ok_ = true;
     if (opts_.unwind == unwind_mode::fp) return;
     if (opts_.unwind == unwind_mode::automatic) {
-      // The collector builds the rows at its first wake: a process that lives a few milliseconds never
-      // pays for parsing every module's .eh_frame, and until then the handler walks frame pointers.
+      // The collector parses a module's rows once samples reached its code: a process never pays for the
+      // .eh_frame of code it does not run, and until then the handler walks frame pointers there.
       unwind_ = unwind_mode::dwarf;
       return;
     }
@@ -18700,6 +18971,7 @@ class profiler_core {
     cc.upgrade = upgrade_;
     cc.wall = wall_;
     cc.unwind_rows = unwind_ == unwind_mode::dwarf;
+    cc.lazy_rows = cc.unwind_rows && opts_.unwind == unwind_mode::automatic;
     cc.sample_signal = signal_.number;
     cc.pull = pull_;
     cc.pulled = &pulled_;
@@ -18814,6 +19086,7 @@ class profiler_core {
   bool unwind_ok_ = true;
   status unwind_error_;
   unwind_mode unwind_ = unwind_mode::fp;
+  double start_cpu_ms_ = 0, start_wall_ms_ = 0;  // what the last start() cost its caller
   options opts_;
   std::vector<std::string> notes_;  // remarks made while starting, given to the session once it runs
   installed_signal signal_;

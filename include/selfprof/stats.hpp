@@ -51,8 +51,14 @@ struct stats {
   int sample_signal = 0;
   bool kernel_time = true;               // samples include time spent in the kernel
   unwind_mode unwind = unwind_mode::fp;  // dwarf (CFI rows, frame pointers where none) or fp
-  std::uint64_t samples = 0;             // sample weight folded into the table
-  std::uint64_t records = 0;             // records written by the handler, or read from the kernel's rings
+  // What start() cost the thread that called it (CPU and wall time; threads it started not counted).
+  double start_cpu_ms = 0, start_wall_ms = 0;
+  // The CFI rows (unwind dwarf): modules parsed, modules whose code no sample reached yet (not parsed),
+  // rows published, and the wall time spent parsing them.
+  std::size_t unwind_modules_parsed = 0, unwind_modules_pending = 0, unwind_rows = 0;
+  double unwind_parse_ms = 0;
+  std::uint64_t samples = 0;  // sample weight folded into the table
+  std::uint64_t records = 0;  // records written by the handler, or read from the kernel's rings
   std::uint64_t dropped_full = 0, dropped_inactive = 0, foreign_signals = 0, truncated = 0;
   std::size_t unique_stacks = 0, table_bytes = 0;  // table_bytes: the stack table and window buckets
   // The memory ceiling (options::max_memory, SELFPROF_MAX_MEMORY) and what staying under it took.

@@ -515,7 +515,7 @@ TEST_CASE("torture: libraries rewritten in place under the symbolizer never kill
       };
       api_dump("racing-1.folded");
       ::kill(::getpid(), SIGUSR2);  // a dump on the dumper thread, naming the frames concurrently
-      api_dump("racing-2.folded,racing-2.svg");
+      api_dump("racing-2.folded," + dir.path + "/racing-2.svg");
       selfprof::detail::profiler_core::instance().flush_dumps();
       done = true;
       for (auto& t : racers) t.join();
@@ -531,7 +531,7 @@ TEST_CASE("torture: libraries rewritten in place under the symbolizer never kill
         if (::stat(lib(i).c_str(), &st) != 0 || st.st_ino != inodes[static_cast<std::size_t>(i)]) _exit(9);
       }
       ::kill(::getpid(), SIGUSR2);
-      api_dump("truncated.folded,truncated.svg");
+      api_dump("truncated.folded," + dir.path + "/truncated.svg");
       selfprof::detail::profiler_core::instance().flush_dumps();
       if (!selfprof::stop()) _exit(10);
       const selfprof::stats st = selfprof::get_stats();

@@ -1,8 +1,9 @@
 // What the sample store knows of executable memory while sampling: the ranges mapped at the last module
 // scan, whether a sample has landed outside all of them since (then the collector reads the maps again,
 // so code mapped and unmapped between two dumps, such as V8's second mapping of its builtins, is
-// recorded with its symbols while it exists), and the perf map that names a pc in anonymous code by the
-// line that was current when the sample was taken.
+// recorded with its symbols while it exists), the perf map that names a pc in anonymous code by the
+// line that was current when the sample was taken, and which modules with unparsed unwind rows samples
+// reached (the collector parses their rows next: unwind/tables.hpp builds lazily).
 // Context: the sample store, under its lock (translate); the collector thread (set_ranges, via the store).
 #pragma once
 
@@ -15,6 +16,7 @@
 #include "selfprof/jit/registry.hpp"
 #include "selfprof/symbols/perf_map.hpp"
 #include "selfprof/symbols/symbolizer.hpp"
+#include "selfprof/unwind/tables.hpp"
 
 namespace selfprof {
 namespace detail {
@@ -26,6 +28,11 @@ class code_watch {
     last_ = 0;
   }
   void set_perf_map(const perf_map* map) { map_ = map; }
+  // Code of modules whose unwind rows are not parsed yet (by start address).
+  void set_pending_rows(std::vector<pending_code> code) {
+    pending_ = std::move(code);
+    asked_.assign(pending_.size(), false);
+  }
 
   // Notes whether `pc` lies in known code; a pc in anonymous (or unknown) memory becomes a perf-map
   // tagged value when a line covers it. Values already tagged by the JIT registry pass through.
@@ -35,7 +42,11 @@ class code_watch {
     const code_range* r = find(pc);
     if (r == nullptr) unknown_ = true;
     if ((r == nullptr || r->anonymous) && map_ != nullptr) map_->tag(pc, time_ns);
+    if (!pending_.empty()) note_pending(pc);
   }
+
+  // A pc in each pending module samples reached since the last call (once per module).
+  std::vector<std::uint64_t> take_row_requests() { return std::exchange(requests_, {}); }
 
   // True once since a sample landed outside every known range.
   bool take_unknown() { return std::exchange(unknown_, false); }
@@ -43,9 +54,23 @@ class code_watch {
     ranges_.clear();
     last_ = 0;
     unknown_ = false;
+    pending_.clear();
+    asked_.clear();
+    requests_.clear();
   }
 
  private:
+  void note_pending(std::uint64_t pc) {
+    auto it = std::upper_bound(pending_.begin(), pending_.end(), pc,
+                               [](std::uint64_t a, const pending_code& c) { return a < c.start; });
+    if (it == pending_.begin()) return;
+    --it;
+    const std::size_t i = static_cast<std::size_t>(it - pending_.begin());
+    if (pc >= it->end || asked_[i]) return;
+    asked_[i] = true;
+    requests_.push_back(pc);
+  }
+
   const code_range* find(std::uint64_t pc) {
     if (last_ < ranges_.size() && pc >= ranges_[last_].start && pc < ranges_[last_].end)
       return &ranges_[last_];
@@ -62,6 +87,9 @@ class code_watch {
   std::size_t last_ = 0;            // the range found last: consecutive pcs are mostly in one module
   const perf_map* map_ = nullptr;
   bool unknown_ = false;
+  std::vector<pending_code> pending_;    // code whose unwind rows are not parsed, by start address
+  std::vector<bool> asked_;              // per pending_ entry: already in requests_ since it was set
+  std::vector<std::uint64_t> requests_;  // a pc in each pending module samples reached
 };
 
 }  // namespace detail

@@ -86,6 +86,7 @@ struct collector_config {
   bool upgrade = false;             // auto chose the CPU timer: may switch to perf_event under contention
   bool wall = false;                // wall mode: the short period
   bool unwind_rows = false;         // rebuild the handler's CFI rows when libraries come and go
+  bool lazy_rows = false;           // parse a module's rows only once samples reached its code
   int sample_signal = 0;            // watched: the program may install its own handler for it
   wall_sampler* sampler = nullptr;  // wall mode: the wall sampler, told the threads to look at
   tick_source* pull = nullptr;      // a source without signals (ring): read into the ring at each wake
@@ -216,7 +217,9 @@ class collector {
         }
         pull_cv_.notify_all();
       }
+      if (config_.unwind_rows) build_rows();  // before the drain: it notes samples in unparsed modules
       config_.store->drain(*config_.ring);
+      if (config_.lazy_rows) parse_reached_rows();
       watch_sample_signal();
       const std::uint64_t total = config_.store->total();
       const auto now = std::chrono::steady_clock::now();
@@ -248,8 +251,6 @@ class collector {
         g_handler.next_thread_check.compare_exchange_strong(zero, monotonic_ns() + kThreadCheckNs,
                                                             std::memory_order_relaxed);
       }
-      if (config_.unwind_rows)  // nearly free when no module came or went; under the lock fork() takes
-        build_rows();
       if (config_.pull)
         config_.pull->collect(*config_.ring, running_worker_tids());  // the first build is long
       // A library loaded while profiling, or code mapped without the loader that samples landed in, is
@@ -288,15 +289,34 @@ class collector {
   };
 
   // The handler's CFI rows: built at the first wake (start() leaves them to the collector unless
-  // SELFPROF_UNWIND=dwarf), rebuilt when modules come and go. A failure is noted once; the handler
-  // walks frame pointers where no row covers a pc.
+  // SELFPROF_UNWIND=dwarf), rebuilt when modules come and go; nearly free when none did. Lazily (the
+  // automatic choice), a module's rows are parsed only once a sample reached its code: until the next
+  // wake after that, samples there are walked by frame pointers. A failure is noted once; the handler
+  // walks frame pointers where no row covers a pc. Under the lock fork() takes.
   void build_rows() {
     status st;
-    config_.symbols->locked([&st] { st = build_unwind_tables(); });
+    const bool lazy = config_.lazy_rows;
+    config_.symbols->locked(
+        [&st, lazy] { st = lazy ? build_unwind_tables_lazily() : build_unwind_tables(); });
     if (!st && !rows_failed_) {
       rows_failed_ = true;
       config_.session->note(st.message() + "; unwinding with frame pointers only", true);
     }
+    if (!lazy) return;
+    std::uint64_t generation = 0;
+    std::vector<pending_code> pending = unwind_tables().pending(&generation);
+    if (generation != pending_generation_) {
+      pending_generation_ = generation;
+      config_.store->set_pending_rows(std::move(pending));
+    }
+  }
+
+  // Parses the rows of the modules the drained samples reached.
+  void parse_reached_rows() {
+    bool asked = false;
+    for (std::uint64_t pc : config_.store->take_row_requests())
+      asked = unwind_tables().want(static_cast<std::uintptr_t>(pc)) || asked;
+    if (asked) build_rows();
   }
 
   // The program installed its own handler for the sampling signal (without the preload library, which
@@ -380,7 +400,8 @@ class collector {
   std::condition_variable pull_cv_;
   std::uint64_t pull_asked_ = 0, pull_done_ = 0;
   bool pulling_ = false;
-  bool rows_failed_ = false;  // collector thread only
+  bool rows_failed_ = false;                              // collector thread only
+  std::uint64_t pending_generation_ = ~std::uint64_t{0};  // of the pending rows the store was given
 };
 
 }  // namespace detail

@@ -87,6 +87,16 @@ class sample_store {
     std::lock_guard<std::mutex> lock(mu_);
     return code_.take_unknown();
   }
+  // Code whose unwind rows are not parsed yet; samples that reach it are noted for the collector.
+  void set_pending_rows(std::vector<pending_code> code) {
+    std::lock_guard<std::mutex> lock(mu_);
+    code_.set_pending_rows(std::move(code));
+  }
+  // A pc in each module of that code that samples reached since the last call.
+  std::vector<std::uint64_t> take_row_requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return code_.take_row_requests();
+  }
 
   std::uint64_t total() {
     std::lock_guard<std::mutex> lock(mu_);

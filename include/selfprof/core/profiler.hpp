@@ -5,6 +5,7 @@
 #pragma once
 
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -74,7 +75,14 @@ class profiler_core {
     if (running_) return status::ok();
     starting_threads_ = false;
     try {
-      return start_locked(opts);
+      const std::uint64_t cpu0 = thread_cpu_ns(), wall0 = monotonic_ns();
+      status st = start_locked(opts);
+      start_cpu_ms_ = static_cast<double>(thread_cpu_ns() - cpu0) / 1e6;
+      start_wall_ms_ = static_cast<double>(monotonic_ns() - wall0) / 1e6;
+      if (st && opts_.verbose)
+        std::fprintf(stderr, "selfprof: start took %.2f ms of CPU (%.2f ms wall)\n", start_cpu_ms_,
+                     start_wall_ms_);
+      return st;
     } catch (const std::exception& e) {
       return start_threw(std::string("selfprof: start failed: ") + e.what());
     } catch (...) {
@@ -83,6 +91,13 @@ class profiler_core {
   }
 
  private:
+  // CPU time of the calling thread in nanoseconds.
+  static std::uint64_t thread_cpu_ns() {
+    struct timespec ts {};
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+  }
+
   status start_threw(const std::string& why) {
     if (starting_threads_) {
       running_ = true;  // stop_locked() undoes everything started so far
@@ -240,6 +255,15 @@ class profiler_core {
     s.rate_capped = h.rate_capped;
     s.periods_skipped = h.periods_skipped;
     s.collector_wakes = collector_.wakes();
+    s.start_cpu_ms = start_cpu_ms_;
+    s.start_wall_ms = start_wall_ms_;
+    if (unwind_ == unwind_mode::dwarf) {
+      const unwind_tables_info u = get_unwind_tables_info();
+      s.unwind_modules_parsed = u.parsed;
+      s.unwind_modules_pending = u.pending;
+      s.unwind_rows = u.rows;
+      s.unwind_parse_ms = u.parse_ms;
+    }
     s.kernel_lost = pulled_.lost.load(std::memory_order_relaxed);
     s.kernel_throttles = pulled_.throttles.load(std::memory_order_relaxed);
     const sample_store::sizes z = store_.size();
@@ -432,8 +456,8 @@ class profiler_core {
     unwind_ok_ = true;
     if (opts_.unwind == unwind_mode::fp) return;
     if (opts_.unwind == unwind_mode::automatic) {
-      // The collector builds the rows at its first wake: a process that lives a few milliseconds never
-      // pays for parsing every module's .eh_frame, and until then the handler walks frame pointers.
+      // The collector parses a module's rows once samples reached its code: a process never pays for the
+      // .eh_frame of code it does not run, and until then the handler walks frame pointers there.
       unwind_ = unwind_mode::dwarf;
       return;
     }
@@ -481,6 +505,7 @@ class profiler_core {
     cc.upgrade = upgrade_;
     cc.wall = wall_;
     cc.unwind_rows = unwind_ == unwind_mode::dwarf;
+    cc.lazy_rows = cc.unwind_rows && opts_.unwind == unwind_mode::automatic;
     cc.sample_signal = signal_.number;
     cc.pull = pull_;
     cc.pulled = &pulled_;
@@ -595,6 +620,7 @@ class profiler_core {
   bool unwind_ok_ = true;
   status unwind_error_;
   unwind_mode unwind_ = unwind_mode::fp;
+  double start_cpu_ms_ = 0, start_wall_ms_ = 0;  // what the last start() cost its caller
   options opts_;
   std::vector<std::string> notes_;  // remarks made while starting, given to the session once it runs
   installed_signal signal_;

@@ -3,6 +3,7 @@
 // (open, openat, close), resource limits and reads of /proc/self/task/<tid> files (read_task_file: names,
 // masks, start times; tests make them slow or fake a thread's identity). Other calls (ioctl on a perf fd,
 // other reads of /proc, eventfd, poll) go to libc directly; their failures are handled where they happen.
+// Also copies of this process's own memory (read_own_memory: tests refuse them as seccomp would).
 // Functions follow libc: -1 and errno on failure.
 // Context: any thread except the signal handler (the handler makes its few raw syscalls directly).
 #pragma once
@@ -14,9 +15,11 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +46,10 @@ struct syscall_table {
   // Mappings of perf ring buffers (sources/perf_ring.hpp): tests refuse them (EPERM: locked memory).
   void* (*mmap)(void* addr, std::size_t len, int prot, int flags, int fd, off_t off);
   int (*munmap)(void* addr, std::size_t len);
+  // Copies `size` bytes at `address` of this process into `out`: the bytes copied, which stop at the
+  // first page the kernel cannot supply (a mapped file truncated since), or -1 and errno when copying
+  // is refused (ENOSYS, EPERM: seccomp).
+  long (*read_own_memory)(void* out, std::uintptr_t address, std::size_t size);
 };
 
 inline long default_perf_event_open(void* attr, int pid, int cpu, int group_fd, unsigned long flags) {
@@ -98,13 +105,41 @@ inline void* default_mmap(void* addr, std::size_t len, int prot, int flags, int 
   return ::mmap(addr, len, prot, flags, fd, off);
 }
 inline int default_munmap(void* addr, std::size_t len) { return ::munmap(addr, len); }
+// process_vm_readv on our own pid, a page per remote element: a fault ends the copy at a page boundary
+// (the kernel does not split an element), where a plain read would raise SIGBUS.
+inline long default_read_own_memory(void* out, std::uintptr_t address, std::size_t size) {
+  constexpr std::size_t kPage = 4096, kElements = 256;
+  const pid_t self = ::getpid();
+  std::size_t done = 0;
+  while (done < size) {
+    struct iovec local {
+      static_cast<char*>(out) + done, 0
+    };
+    struct iovec remote[kElements];
+    std::size_t n = 0, at = address + done;
+    while (n < kElements && at < address + size) {
+      const std::size_t end = std::min<std::size_t>((at / kPage + 1) * kPage, address + size);
+      remote[n].iov_base = reinterpret_cast<void*>(at);
+      remote[n].iov_len = end - at;
+      local.iov_len += end - at;
+      at = end;
+      ++n;
+    }
+    const ssize_t got = ::process_vm_readv(self, &local, 1, remote, n, 0);
+    if (got < 0 && errno == EFAULT) break;  // the first page asked for is not there
+    if (got < 0) return done > 0 ? static_cast<long>(done) : -1;
+    done += static_cast<std::size_t>(got);
+    if (static_cast<std::size_t>(got) < local.iov_len) break;
+  }
+  return static_cast<long>(done);
+}
 
 inline syscall_table default_syscalls() {
   return syscall_table{
       default_perf_event_open, default_timer_create, default_timer_settime, default_timer_delete,
       default_setitimer,       default_sigaction,    default_open,          default_openat,
       default_close,           default_fcntl_int,    default_getrlimit,     default_setrlimit,
-      default_read_task_file,  default_mmap,         default_munmap};
+      default_read_task_file,  default_mmap,         default_munmap,        default_read_own_memory};
 }
 
 // The table in use. Tests replace entries (and restore them with default_syscalls()).

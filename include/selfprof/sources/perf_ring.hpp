@@ -51,9 +51,19 @@ namespace detail {
 // frames come from the kernel's frame-pointer chain.
 constexpr std::uint32_t kStackCopyBytes = 8192;
 // Data pages per CPU ring tried in turn (powers of two, halved while the locked-memory budget refuses):
-// 512 pages (2 MiB, about 220 samples with their stack copies) where mlock is not limited; 128 pages
-// (512 KiB) plus the header page is the default perf_event_mlock_kb (516) of an unprivileged user per CPU.
+// at first room for kPerfRingSeconds of samples at the ring's rate (one CPU runs one thread at a time, so a
+// CPU's ring fills at most at the rate), at most 512 pages (2 MiB, about 220 samples with their stack
+// copies). 128 pages (512 KiB) plus the header page is the default perf_event_mlock_kb (516) of an
+// unprivileged user per CPU, and what 99 Hz asks for: the kernel allocates and zeroes every page at
+// mmap, which a short-lived process pays for.
 constexpr unsigned kRingPagesMax = 512, kRingPagesMin = 8;
+constexpr double kPerfRingSeconds = 0.4;
+inline unsigned ring_pages_for(double hz, std::size_t page) {
+  const double want = hz * kPerfRingSeconds * double(kStackCopyBytes + 1024) / double(page);
+  unsigned pages = kRingPagesMin;
+  while (pages < kRingPagesMax && double(pages) < want) pages *= 2;
+  return pages;
+}
 // Events (threads alive at open() x CPUs) allowed: at most this many, and at most a quarter of the hard
 // RLIMIT_NOFILE (selfprof's descriptors live above the soft limit, detail/high_fd.hpp): past that the
 // source refuses, and a signal source samples instead.
@@ -338,7 +348,7 @@ class perf_ring_source final : public tick_source {
     }
     r.fds.push_back(fd);
     ++events_;
-    status st = map_ring(r);
+    status st = map_ring(r, ring_pages_for(hz, page_));
     if (!st) {
       release_ring(r);
       return st;
@@ -465,7 +475,7 @@ class perf_ring_source final : public tick_source {
       r.fds.push_back(fd);
       ++events_;
       rings_.push_back(r);
-      status st = map_ring(rings_.back());
+      status st = map_ring(rings_.back(), ring_pages_for(config_.hz, page_));
       if (!st) return st;
     }
     if (rings_.empty()) return status::error("perf ring: no online CPU accepted an event", ENODEV);
@@ -473,7 +483,7 @@ class perf_ring_source final : public tick_source {
   }
 
   // Maps the CPU's ring: the largest size the locked-memory budget allows.
-  status map_ring(cpu_ring& r, unsigned max_pages = kRingPagesMax) {
+  status map_ring(cpu_ring& r, unsigned max_pages) {
     int e = 0;
     for (unsigned pages = max_pages; pages >= kRingPagesMin; pages /= 2) {
       const std::size_t bytes = (pages + 1) * page_;

@@ -1,9 +1,9 @@
-// Builds the unwind rows of every loaded module (from .eh_frame in memory, found through
-// dl_iterate_phdr and PT_GNU_EH_FRAME) and publishes them to the signal handler as one immutable set.
-// A module's parsed rows are kept while it stays loaded (across stop/start too) and reused only while the
-// same file (device, inode, size, mtime) sits at the same load address with the same .eh_frame_hdr and
-// .eh_frame bytes; a library rebuilt and reloaded at the same address is parsed anew. Each module's rows
-// are clipped to its own executable segments, so they can never describe another module's code.
+// Builds the unwind rows of loaded modules (.eh_frame found through dl_iterate_phdr and PT_GNU_EH_FRAME,
+// copied out of memory) and publishes them to the signal handler as one immutable set. The collector
+// builds lazily: a module is parsed once a sample reached its code (frame pointers there until then).
+// Parsed rows are kept while the module stays loaded (across stop/start too) and reused only while the
+// same file (device, inode, size, mtime) sits at the same address with the same .eh_frame_hdr and
+// .eh_frame bytes. Each module's rows are clipped to its own executable segments.
 // Context: setup only (start/stop) and the collector thread; the handler only reads g_unwind_tables.
 #pragma once
 
@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "selfprof/detail/sys.hpp"
 #include "selfprof/signal/arch_x86_64.hpp"
 #include "selfprof/signal/unwind_rows.hpp"
 #include "selfprof/status.hpp"
@@ -40,7 +41,9 @@ struct unwind_tables_info {
   std::size_t builds = 0;          // sets published since the last release
   std::size_t parsed = 0;          // modules whose rows are kept (parsed once while they stay loaded)
   std::size_t reused = 0;          // modules of this session whose rows an earlier session parsed
+  std::size_t pending = 0;         // modules seen by a lazy build whose rows no sample has needed yet
   double last_build_ms = 0;        // wall time of the last build that found changed modules
+  double parse_ms = 0;             // wall time spent parsing rows since the last release
   std::vector<std::string> notes;  // modules left out or parsed with problems, one line each
 };
 
@@ -125,22 +128,39 @@ struct unwind_set_storage {
   unwind_table_set set{nullptr, 0};
 };
 
+// The executable address range of a module whose rows a lazy build left unparsed.
+struct pending_code {
+  std::uintptr_t start = 0, end = 0;
+};
+
 class unwind_tables_state {
  public:
   // Re-reads the module list when dlopen/dlclose changed it (or `force`), parses new modules and
   // publishes a new set. Cheap when nothing changed: one dl_iterate_phdr that stops at the first module.
-  status build(bool force) {
+  // `lazy`: a module not parsed before is parsed only once want() asked for it; until then its code is
+  // listed by pending().
+  status build(bool force, bool lazy = false) {
     if (!kCfiRowsSupported)
       return status::error("selfprof: DWARF unwinding is implemented for x86-64 only; using frame pointers");
     std::lock_guard<std::mutex> lock(mu_);
     counts now = read_counts();
-    if (!force && have_counts_ && now.adds == counts_.adds && now.subs == counts_.subs &&
-        g_unwind_tables.load(std::memory_order_relaxed) != nullptr)
+    const bool moved = !have_counts_ || now.adds != counts_.adds || now.subs != counts_.subs;
+    if (!force && !moved && !wanted_new_ && g_unwind_tables.load(std::memory_order_relaxed) != nullptr)
       return status::ok();
     auto t0 = std::chrono::steady_clock::now();
-    scan_context ctx{this, {}, {}};
+    // Only a change of the module list (or a restart) needs the kept rows checked against their files.
+    scan_context ctx{this, {}, {}, {}, lazy, force || moved || revalidate_, 0};
     // The loader lock is held during the callback, so no module can be unmapped while it is parsed.
     dl_iterate_phdr(&unwind_tables_state::visit, &ctx);
+    std::sort(ctx.pending.begin(), ctx.pending.end(),
+              [](const pending_span& a, const pending_span& b) { return a.code.start < b.code.start; });
+    pending_ = std::move(ctx.pending);
+    wanted_new_ = false;
+    ++pending_generation_;
+    info_.pending = 0;
+    for (std::size_t i = 0; i < pending_.size(); ++i)
+      if (i == 0 || pending_[i].module != pending_[i - 1].module) ++info_.pending;
+    info_.parse_ms += ctx.parse_ms;
     auto storage = std::unique_ptr<unwind_set_storage>(new unwind_set_storage());
     for (module_unwind* m : ctx.present) {
       if (m->table.rows.empty()) continue;
@@ -185,8 +205,11 @@ class unwind_tables_state {
     std::vector<key> loaded;
     dl_iterate_phdr(
         [](dl_phdr_info* info, std::size_t, void* data) -> int {
-          const ElfW(Phdr)* eh = find_eh(info);
-          if (eh != nullptr) static_cast<std::vector<key>*>(data)->push_back(key_of(info, eh));
+          dl_phdr_info copy;
+          std::vector<ElfW(Phdr)> phdrs;
+          if (!copy_phdrs(info, copy, phdrs)) return 0;
+          const ElfW(Phdr)* eh = find_eh(&copy);
+          if (eh != nullptr) static_cast<std::vector<key>*>(data)->push_back(key_of(&copy, eh));
           return 0;
         },
         &loaded);
@@ -194,7 +217,35 @@ class unwind_tables_state {
       it = std::find(loaded.begin(), loaded.end(), it->first) == loaded.end() ? modules_.erase(it) : ++it;
     revalidate_ = true;
     have_counts_ = false;
+    pending_.clear();
+    wanted_.clear();
+    wanted_new_ = false;
     info_ = unwind_tables_info{};
+  }
+
+  // Asks a lazy build to parse the module whose code holds `pc`. True when that module was pending and
+  // not asked for before (the next build parses it).
+  bool want(std::uintptr_t pc) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const pending_span& p : pending_) {
+      if (pc < p.code.start || pc >= p.code.end) continue;
+      if (std::find(wanted_.begin(), wanted_.end(), p.module) != wanted_.end()) return false;
+      wanted_.push_back(p.module);
+      wanted_new_ = true;
+      return true;
+    }
+    return false;
+  }
+
+  // The code of modules a lazy build left unparsed, by start address, and a number that changes with
+  // every build (so a caller copies the list only when it may differ).
+  std::vector<pending_code> pending(std::uint64_t* generation = nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (generation) *generation = pending_generation_;
+    std::vector<pending_code> out;
+    out.reserve(pending_.size());
+    for (const pending_span& p : pending_) out.push_back(p.code);
+    return out;
   }
 
   unwind_tables_info info() {
@@ -214,12 +265,20 @@ class unwind_tables_state {
   struct counts {
     unsigned long long adds = 0, subs = 0;
   };
+  using key = std::tuple<std::string, std::uintptr_t, std::uintptr_t>;  // name, load bias, eh_frame_hdr
+  struct pending_span {  // one executable segment of a module left unparsed
+    pending_code code;
+    key module;
+  };
   struct scan_context {
     unwind_tables_state* self;
     std::vector<module_unwind*> present;
     std::vector<std::string> notes;
+    std::vector<pending_span> pending;
+    bool lazy;
+    bool revalidate;  // check kept rows against their files (the module list changed since they were used)
+    double parse_ms;
   };
-  using key = std::tuple<std::string, std::uintptr_t, std::uintptr_t>;  // name, load bias, eh_frame_hdr
 
   static counts read_counts() {
     counts c;
@@ -261,39 +320,68 @@ class unwind_tables_state {
     return id;
   }
 
-  // Where a module's .eh_frame_hdr and .eh_frame lie in memory (size 0: not found; `why` says what).
-  static void locate(const dl_phdr_info* info, const ElfW(Phdr) * eh, eh_frame_input& hdr,
-                     eh_frame_input& frames, const char*& why) {
-    frames = eh_frame_input{};
-    hdr = segment_from(info, info->dlpi_addr + eh->p_vaddr);
-    if (hdr.size > eh->p_memsz) hdr.size = eh->p_memsz;
+  // A module's .eh_frame_hdr and .eh_frame as the parser reads them: copies (see copy_in), or the memory
+  // itself where copies are refused.
+  struct eh_bytes {
+    eh_frame_input hdr, frames;
+    std::vector<std::uint8_t> hdr_copy, frames_copy;
+  };
+
+  // Points `in` at a private copy of its bytes, read through sys().read_own_memory: a page of a library
+  // truncated in place since it was mapped ends the copy (the rows then stop there) instead of raising
+  // SIGBUS in the collector, which a lazy parse long after the mapping makes likelier. Where the kernel
+  // refuses the copy (seccomp), `in` keeps reading the memory directly.
+  static void copy_in(eh_frame_input& in, std::vector<std::uint8_t>& copy) {
+    if (in.size == 0) return;
+    copy.resize(in.size);
+    const long got = sys().read_own_memory(copy.data(), in.address, in.size);
+    if (got < 0) {
+      copy.clear();
+      return;
+    }
+    copy.resize(static_cast<std::size_t>(got));
+    in.data = copy.data();
+    in.size = copy.size();
+  }
+
+  // Where a module's .eh_frame_hdr and .eh_frame lie, copied (frames.size 0: not found; `why` says what).
+  static void locate(const dl_phdr_info* info, const ElfW(Phdr) * eh, eh_bytes& b, const char*& why) {
+    b.frames = eh_frame_input{};
+    b.hdr = segment_from(info, info->dlpi_addr + eh->p_vaddr);
+    if (b.hdr.size > eh->p_memsz) b.hdr.size = eh->p_memsz;
+    copy_in(b.hdr, b.hdr_copy);
     eh_frame_hdr_info hi;
-    if (hdr.size == 0 || !parse_eh_frame_hdr(hdr, hi)) {
-      hdr.size = 0;
+    if (b.hdr.size == 0 || !parse_eh_frame_hdr(b.hdr, hi)) {
+      b.hdr.size = 0;
       why = "unreadable .eh_frame_hdr";
       return;
     }
-    frames = segment_from(info, hi.eh_frame);
-    if (frames.size == 0) {
+    b.frames = segment_from(info, hi.eh_frame);
+    if (b.frames.size == 0) {
       why = ".eh_frame is outside the loaded segments";
       return;
     }
     // The search table lists every FDE: stop after the last one instead of trusting a terminator.
-    if (hi.fde_limit > hi.eh_frame && hi.fde_limit - hi.eh_frame < frames.size) {
-      eh_cursor c{frames.data, hi.fde_limit - hi.eh_frame, frames.size, frames.address};
+    if (hi.fde_limit > hi.eh_frame && hi.fde_limit - hi.eh_frame < b.frames.size) {
+      eh_frame_input last{nullptr, std::min<std::size_t>(12, b.frames.size - (hi.fde_limit - hi.eh_frame)),
+                          hi.fde_limit};
+      last.data = reinterpret_cast<const std::uint8_t*>(last.address);
+      std::vector<std::uint8_t> last_copy;
+      copy_in(last, last_copy);
+      eh_cursor c{last.data, 0, last.size, last.address};
       std::uint64_t len = c.fixed(4);
       if (len == 0xffffffffu) len = c.fixed(8);
-      if (c.ok && len <= c.end - c.pos) frames.size = c.pos + static_cast<std::size_t>(len);
+      const std::size_t at = hi.fde_limit - hi.eh_frame;
+      if (c.ok && len <= b.frames.size - at - c.pos)
+        b.frames.size = at + c.pos + static_cast<std::size_t>(len);
     }
+    copy_in(b.frames, b.frames_copy);
   }
 
   // A hash of the bytes the rows are parsed from (.eh_frame_hdr and .eh_frame), eight at a time: a
   // fraction of a parse (no CFA programs are run), and it sees a changed frame layout that keeps every
   // offset in .eh_frame_hdr the same.
-  static std::uint64_t content_hash(const dl_phdr_info* info, const ElfW(Phdr) * eh) {
-    eh_frame_input hdr, frames;
-    const char* why = nullptr;
-    locate(info, eh, hdr, frames, why);
+  static std::uint64_t content_hash(const eh_bytes& b) {
     std::uint64_t h = 1469598103934665603ull;
     auto mix = [&h](const eh_frame_input& in) {
       std::size_t i = 0;
@@ -306,13 +394,41 @@ class unwind_tables_state {
       for (; i < in.size; ++i) h = (h ^ in.data[i]) * 1099511628211ull;
       h = (h ^ in.size) * 1099511628211ull;
     };
-    mix(hdr);
-    mix(frames);
+    mix(b.hdr);
+    mix(b.frames);
     return h;
   }
 
-  static int visit(dl_phdr_info* info, std::size_t, void* data) {
+  // `out`: `in` with its program headers copied into `phdrs`. dl_iterate_phdr points into the module's
+  // first mapped page, which a library truncated in place has lost (a read would raise SIGBUS); false
+  // then. Where copies are refused (see copy_in) `out` reads the memory directly.
+  static bool copy_phdrs(const dl_phdr_info* in, dl_phdr_info& out, std::vector<ElfW(Phdr)>& phdrs) {
+    out = dl_phdr_info{};
+    out.dlpi_addr = in->dlpi_addr;
+    out.dlpi_name = in->dlpi_name;
+    out.dlpi_phdr = in->dlpi_phdr;
+    out.dlpi_phnum = in->dlpi_phnum;
+    const std::size_t bytes = sizeof(ElfW(Phdr)) * in->dlpi_phnum;
+    if (bytes == 0) return true;
+    phdrs.resize(in->dlpi_phnum);
+    const long got =
+        sys().read_own_memory(phdrs.data(), reinterpret_cast<std::uintptr_t>(in->dlpi_phdr), bytes);
+    if (got < 0) return true;
+    if (static_cast<std::size_t>(got) != bytes) return false;
+    out.dlpi_phdr = phdrs.data();
+    return true;
+  }
+
+  static int visit(dl_phdr_info* mapped, std::size_t, void* data) {
     scan_context& ctx = *static_cast<scan_context*>(data);
+    dl_phdr_info copy;
+    std::vector<ElfW(Phdr)> phdrs;
+    if (!copy_phdrs(mapped, copy, phdrs)) {
+      ctx.notes.push_back("unwind: " + module_name(mapped) +
+                          ": program headers unreadable (file truncated?)");
+      return 0;
+    }
+    const dl_phdr_info* info = &copy;
     const ElfW(Phdr)* eh = find_eh(info);
     std::string name = module_name(info);
     if (eh == nullptr) {
@@ -323,17 +439,28 @@ class unwind_tables_state {
       return 0;
     }
     const key k = key_of(info, eh);
-    const module_file_id file = file_of(info);
-    std::uint64_t hash = 0;
-    bool hashed = false;
     auto found = ctx.self->modules_.find(k);
+    if (found != ctx.self->modules_.end() && !ctx.revalidate) {
+      ctx.present.push_back(found->second.get());
+      return 0;
+    }
+    const std::vector<key>& wanted = ctx.self->wanted_;
+    if (ctx.lazy && found == ctx.self->modules_.end() &&
+        std::find(wanted.begin(), wanted.end(), k) == wanted.end()) {
+      for (const auto& c : code_ranges(info)) ctx.pending.push_back(pending_span{{c.first, c.second}, k});
+      return 0;
+    }
+    const module_file_id file = file_of(info);
+    const auto t0 = std::chrono::steady_clock::now();
+    eh_bytes bytes;
+    const char* why = nullptr;
+    locate(info, eh, bytes, why);
+    const std::uint64_t hash = content_hash(bytes);
     if (found != ctx.self->modules_.end()) {
       // Same name, load address and .eh_frame_hdr address: the same module only if it is the same file
       // and the same bytes. Every build checks, not only the first after a stop: a dlclose and a dlopen
       // of the rebuilt library may both happen between two builds.
       if (found->second->file == file) {
-        hash = content_hash(info, eh);
-        hashed = true;
         if (found->second->content_hash == hash) {
           if (ctx.self->revalidate_) ++ctx.self->info_.reused;
           ctx.present.push_back(found->second.get());
@@ -349,11 +476,24 @@ class unwind_tables_state {
     m->bias = info->dlpi_addr;
     m->hdr = std::get<2>(k);
     m->file = file;
-    m->content_hash = hashed ? hash : content_hash(info, eh);
-    parse_module(info, eh, *m, ctx.notes);
+    m->content_hash = hash;
+    parse_module(info, bytes, why, *m, ctx.notes);
+    ctx.parse_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     ctx.present.push_back(m.get());
     ctx.self->modules_.emplace(k, std::move(m));
     return 0;
+  }
+
+  // The module's executable PT_LOAD segments at run time, sorted.
+  static std::vector<std::pair<std::uintptr_t, std::uintptr_t>> code_ranges(const dl_phdr_info* info) {
+    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> code;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+      const ElfW(Phdr)& p = info->dlpi_phdr[i];
+      if (p.p_type == PT_LOAD && (p.p_flags & PF_X) && p.p_memsz > 0)
+        code.emplace_back(info->dlpi_addr + p.p_vaddr, info->dlpi_addr + p.p_vaddr + p.p_memsz);
+    }
+    std::sort(code.begin(), code.end());
+    return code;
   }
 
   // The bytes of the loaded segment holding `address`: [address, segment end), or size 0.
@@ -368,29 +508,19 @@ class unwind_tables_state {
     return eh_frame_input{};
   }
 
-  static void parse_module(const dl_phdr_info* info, const ElfW(Phdr) * eh, module_unwind& m,
+  static void parse_module(const dl_phdr_info* info, const eh_bytes& bytes, const char* why, module_unwind& m,
                            std::vector<std::string>& notes) {
-    eh_frame_input hdr, frames;
-    const char* why = nullptr;
-    locate(info, eh, hdr, frames, why);
-    if (frames.size == 0) {
-      notes.push_back("unwind: " + m.name + ": " + why);
+    if (bytes.frames.size == 0) {
+      notes.push_back("unwind: " + m.name + ": " + (why ? why : "no .eh_frame"));
       return;
     }
-    m.table = parse_eh_frame(frames);
+    m.table = parse_eh_frame(bytes.frames);
     if (!m.table.error.empty())
       notes.push_back("unwind: " + m.name + ": " + std::to_string(m.table.skipped) +
                       " records skipped; first: " + m.table.error);
     // Only the module's own code: an FDE pointing elsewhere (broken input) must not shadow another module.
-    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> code;
-    for (int i = 0; i < info->dlpi_phnum; ++i) {
-      const ElfW(Phdr)& p = info->dlpi_phdr[i];
-      if (p.p_type == PT_LOAD && (p.p_flags & PF_X) && p.p_memsz > 0)
-        code.emplace_back(info->dlpi_addr + p.p_vaddr, info->dlpi_addr + p.p_vaddr + p.p_memsz);
-    }
-    std::sort(code.begin(), code.end());
     const std::size_t before = m.table.rows.size();
-    clip_unwind_rows(m.table, code);
+    clip_unwind_rows(m.table, code_ranges(info));
     if (before != 0 && m.table.rows.empty())
       notes.push_back("unwind: " + m.name + ": no FDE covers its executable segments");
     m.table.rows.shrink_to_fit();
@@ -400,6 +530,10 @@ class unwind_tables_state {
   std::map<key, std::unique_ptr<module_unwind>> modules_;
   std::vector<std::unique_ptr<module_unwind>> retired_;  // replaced while a set may point at them
   std::vector<std::unique_ptr<unwind_set_storage>> sets_;
+  std::vector<pending_span> pending_;  // by start address
+  std::vector<key> wanted_;            // modules want() asked a lazy build to parse
+  bool wanted_new_ = false;            // want() asked for one since the last build
+  std::uint64_t pending_generation_ = 0;
   counts counts_;
   bool have_counts_ = false;
   bool revalidate_ = false;  // the first build after release(): kept modules found count as reused
@@ -416,6 +550,11 @@ inline unwind_tables_state& unwind_tables() {
 // Builds and publishes the unwind tables of every loaded module; rebuilds only when modules were loaded
 // or unloaded since the last call (call it at start and from the collector's periodic check).
 inline status build_unwind_tables() { return detail::unwind_tables().build(false); }
+
+namespace detail {
+// The collector's build: modules are parsed once unwind_tables().want() asked for them.
+inline status build_unwind_tables_lazily() { return unwind_tables().build(false, true); }
+}  // namespace detail
 
 // Unpublishes the tables (the parsed rows of loaded modules are kept for the next start). Call only when
 // no sampling handler can run any more (after stop).
