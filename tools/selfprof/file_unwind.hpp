@@ -28,7 +28,14 @@ namespace selfprof_cli {
 struct file_unwind {
   std::vector<selfprof::detail::elf_segment> loads;  // PT_LOAD, in file order
   selfprof::detail::eh_frame_table table;            // start/end and rows by link-time address
+  std::vector<std::uint32_t> index;                  // unwind_module::index of `table`
   std::string error;                                 // why there are no rows (empty when there are)
+};
+
+// A file's rows clipped to what one mapping shows, with their index.
+struct clipped_rows {
+  selfprof::detail::eh_frame_table table;
+  std::vector<std::uint32_t> index;
 };
 
 class file_unwind_cache {
@@ -44,23 +51,31 @@ class file_unwind_cache {
     const std::uint64_t bias = selfprof::detail::elf_load_bias(f->loads, start, offset);
     const std::uint64_t lo = start - bias, hi = end - bias;  // the link-time range this mapping shows
     const selfprof::detail::eh_frame_table* t = &f->table;
+    const std::vector<std::uint32_t>* index = &f->index;
     if (t->start < lo || t->end > hi) {  // only part of the code is mapped here: its rows, clipped
       auto key = std::make_tuple(f, lo, hi);
       auto it = clipped_.find(key);
       if (it == clipped_.end()) {
-        auto c = std::make_unique<selfprof::detail::eh_frame_table>(f->table);
+        auto c = std::make_unique<clipped_rows>();
+        c->table = f->table;
         std::vector<std::pair<std::uintptr_t, std::uintptr_t>> code;
         code.emplace_back(static_cast<std::uintptr_t>(lo), static_cast<std::uintptr_t>(hi));
-        selfprof::detail::clip_unwind_rows(*c, code);
+        selfprof::detail::clip_unwind_rows(c->table, code);
+        if (!c->table.rows.empty())
+          selfprof::detail::build_row_index(c->table.rows.data(), c->table.rows.size(),
+                                            c->table.end - c->table.start, c->index);
         it = clipped_.emplace(key, std::move(c)).first;
       }
-      t = it->second.get();
+      t = &it->second->table;
+      index = &it->second->index;
       if (t->rows.empty()) return false;
     }
     out.start = static_cast<std::uintptr_t>(t->start + bias);
     out.end = static_cast<std::uintptr_t>(t->end + bias);
     out.rows = t->rows.data();
     out.count = t->rows.size();
+    out.index = index->empty() ? nullptr : index->data();
+    out.index_count = index->size();
     return true;
   }
 
@@ -125,12 +140,14 @@ class file_unwind_cache {
     std::sort(code.begin(), code.end());
     clip_unwind_rows(f.table, code);
     f.table.rows.shrink_to_fit();
-    if (f.table.rows.empty()) f.error = "no FDE covers its executable segments";
+    if (f.table.rows.empty())
+      f.error = "no FDE covers its executable segments";
+    else
+      build_row_index(f.table.rows.data(), f.table.rows.size(), f.table.end - f.table.start, f.index);
   }
 
   std::map<std::pair<std::string, std::uint64_t>, std::unique_ptr<file_unwind>> files_;
-  std::map<std::tuple<const file_unwind*, std::uint64_t, std::uint64_t>,
-           std::unique_ptr<selfprof::detail::eh_frame_table>>
+  std::map<std::tuple<const file_unwind*, std::uint64_t, std::uint64_t>, std::unique_ptr<clipped_rows>>
       clipped_;
   std::vector<std::string> notes_;
 };

@@ -203,7 +203,8 @@ struct frame_pointer_rows {
 // Row policy: the CFI rows of `set` where one covers the pc, the frame-pointer row elsewhere.
 struct cfi_rows {
   const unwind_table_set* set;
-  const unwind_row* find(std::uintptr_t pc) const { return find_unwind_row(set, pc); }
+  mutable std::size_t last_module = ~std::size_t{0};  // the module found last (a walk's own object)
+  const unwind_row* find(std::uintptr_t pc) const { return find_unwind_row(set, pc, &last_module); }
 };
 
 // One step of the walk: applies `row` at `s` and appends the caller's return address. The row gives the

@@ -37,12 +37,20 @@ static_assert(sizeof(unwind_row) == 12, "rows are packed: a libc has tens of tho
 // the pc, and for every frame when there are no tables.
 inline constexpr unwind_row kFramePointerRow{0, 16, -16, row_cfa_rbp, 0};
 
+// Blocks of 1 << kRowIndexShift bytes of code, each indexed to the rows that can be in effect in it: a
+// lookup searches a few rows instead of the module's tens of thousands.
+constexpr unsigned kRowIndexShift = 8;
+
 // The rows of one module, covering the runtime addresses [start, end).
 struct unwind_module {
   std::uintptr_t start;
   std::uintptr_t end;
   const unwind_row* rows;  // sorted by pc; the last one is row_no_info at `end - start`
   std::size_t count;
+  // Optional (null: search every row): index[b] = the number of rows whose pc <= b << kRowIndexShift,
+  // for b in [0, index_count); covers [start, end) with one entry to spare.
+  const std::uint32_t* index;
+  std::size_t index_count;
 };
 
 // Every module's rows, sorted by start and not overlapping. Immutable once published.
@@ -54,23 +62,53 @@ struct unwind_table_set {
 // The set the handler reads; published by unwind/tables.hpp, never freed while profiling runs.
 inline std::atomic<const unwind_table_set*> g_unwind_tables{nullptr};
 
+// The rows each index entry of `m` leads to, for a table of `count` rows: the number of rows whose pc is
+// at most each block's first offset (see unwind_module::index). `out` gets (end - start) >> shift + 2
+// entries. Built off the signal path.
+template <class Vector>
+inline void build_row_index(const unwind_row* rows, std::size_t count, std::uintptr_t size, Vector& out) {
+  const std::size_t blocks = static_cast<std::size_t>(size >> kRowIndexShift) + 2;
+  out.assign(blocks, 0);
+  std::size_t r = 0;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::uint64_t at = static_cast<std::uint64_t>(b) << kRowIndexShift;
+    while (r < count && rows[r].pc <= at) ++r;
+    out[b] = static_cast<std::uint32_t>(r);
+  }
+}
+
 // The row in effect at `pc`, or nullptr when no CFI covers it. Binary searches; reads only the set.
-inline const unwind_row* find_unwind_row(const unwind_table_set* set, std::uintptr_t pc) {
+// `hint` (may be null) holds the module found last: consecutive frames are mostly in one module.
+inline const unwind_row* find_unwind_row(const unwind_table_set* set, std::uintptr_t pc,
+                                         std::size_t* hint = nullptr) {
   if (set == nullptr || set->count == 0) return nullptr;
   std::size_t lo = 0, hi = set->count;  // first module with start > pc
-  while (lo < hi) {
-    std::size_t mid = lo + (hi - lo) / 2;
-    if (set->modules[mid].start <= pc)
-      lo = mid + 1;
-    else
-      hi = mid;
+  if (hint != nullptr && *hint < set->count && pc >= set->modules[*hint].start &&
+      pc < set->modules[*hint].end) {
+    lo = *hint + 1;
+  } else {
+    while (lo < hi) {
+      std::size_t mid = lo + (hi - lo) / 2;
+      if (set->modules[mid].start <= pc)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
   }
   if (lo == 0) return nullptr;
+  if (hint != nullptr) *hint = lo - 1;
   const unwind_module& m = set->modules[lo - 1];
   if (pc >= m.end || m.count == 0) return nullptr;
   const std::uint32_t off = static_cast<std::uint32_t>(pc - m.start);
   lo = 0;
   hi = m.count;  // first row with pc > off
+  const std::size_t block = static_cast<std::size_t>(off >> kRowIndexShift);
+  if (m.index != nullptr && block + 1 < m.index_count) {  // the answer lies in [index[b], index[b + 1]]
+    lo = m.index[block];
+    hi = m.index[block + 1];
+    if (hi > m.count) hi = m.count;
+    if (lo > hi) lo = hi;
+  }
   while (lo < hi) {
     std::size_t mid = lo + (hi - lo) / 2;
     if (m.rows[mid].pc <= off)

@@ -70,6 +70,7 @@ struct module_unwind {
   module_file_id file;
   std::uint64_t content_hash = 0;
   eh_frame_table table;
+  std::vector<std::uint32_t> index;  // unwind_module::index of the table
 };
 
 // Clips a table to the runtime address ranges `code` (sorted, not overlapping: the module's executable
@@ -165,7 +166,8 @@ class unwind_tables_state {
     for (module_unwind* m : ctx.present) {
       if (m->table.rows.empty()) continue;
       storage->modules.push_back(
-          unwind_module{m->table.start, m->table.end, m->table.rows.data(), m->table.rows.size()});
+          unwind_module{m->table.start, m->table.end, m->table.rows.data(), m->table.rows.size(),
+                        m->index.empty() ? nullptr : m->index.data(), m->index.size()});
     }
     std::sort(storage->modules.begin(), storage->modules.end(),
               [](const unwind_module& a, const unwind_module& b) { return a.start < b.start; });
@@ -254,7 +256,8 @@ class unwind_tables_state {
     i.parsed = modules_.size();
     i.bytes = 0;
     for (auto& m : modules_)
-      i.bytes += sizeof(module_unwind) + m.second->table.rows.capacity() * sizeof(unwind_row);
+      i.bytes += sizeof(module_unwind) + m.second->table.rows.capacity() * sizeof(unwind_row) +
+                 m.second->index.capacity() * sizeof(std::uint32_t);
     for (auto& m : retired_) i.bytes += sizeof(module_unwind) + m->table.rows.capacity() * sizeof(unwind_row);
     for (auto& s : sets_)
       i.bytes += sizeof(unwind_set_storage) + s->modules.capacity() * sizeof(unwind_module);
@@ -524,6 +527,8 @@ class unwind_tables_state {
     if (before != 0 && m.table.rows.empty())
       notes.push_back("unwind: " + m.name + ": no FDE covers its executable segments");
     m.table.rows.shrink_to_fit();
+    if (!m.table.rows.empty())
+      build_row_index(m.table.rows.data(), m.table.rows.size(), m.table.end - m.table.start, m.index);
   }
 
   std::mutex mu_;

@@ -43,7 +43,7 @@ const unwind_row kRows[] = {
     {0x300, 8, 0, row_cfa_plt, 11}, {0x400, 0, 0, row_outermost, 0}, {0x500, 0, 0, row_unknown, 0},
     {0x600, 0, 0, row_no_info, 0},  {0x800, 8, 0, row_cfa_rsp, 0},   {0x1000, 0, 0, row_no_info, 0},
 };
-const unwind_module kModule{kA, kA + 0x1000, kRows, sizeof kRows / sizeof kRows[0]};
+const unwind_module kModule{kA, kA + 0x1000, kRows, sizeof kRows / sizeof kRows[0], nullptr, 0};
 const unwind_table_set kSet{&kModule, 1};
 }  // namespace
 

@@ -193,7 +193,7 @@ const unwind_row kCopyRows[] = {
     {0x1000, 0, 0, row_no_info, 0},
 };
 const unwind_module kCopyModule{kCopyCfi, kCopyCfi + 0x1000, kCopyRows,
-                                sizeof kCopyRows / sizeof kCopyRows[0]};
+                                sizeof kCopyRows / sizeof kCopyRows[0], nullptr, 0};
 const unwind_table_set kCopySet{&kCopyModule, 1};
 
 struct fake_copy {

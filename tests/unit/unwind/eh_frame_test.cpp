@@ -102,11 +102,18 @@ struct eh_builder {
 };
 
 // Looks up rows of one parsed table through a one-module set, as the handler does.
+// A table as the handler reads it, with its block index (unwind_module::index).
 struct one_module {
+  std::vector<std::uint32_t> index;
   unwind_module m;
   unwind_table_set set;
-  explicit one_module(const eh_frame_table& t)
-      : m{t.start, t.end, t.rows.data(), t.rows.size()}, set{&m, 1} {}
+  explicit one_module(const eh_frame_table& t) : m{t.start, t.end, t.rows.data(), t.rows.size(), nullptr, 0} {
+    if (!t.rows.empty())
+      selfprof::detail::build_row_index(t.rows.data(), t.rows.size(), t.end - t.start, index);
+    m.index = index.empty() ? nullptr : index.data();
+    m.index_count = index.size();
+    set = unwind_table_set{&m, 1};
+  }
   const unwind_row* at(std::uintptr_t pc) const { return find_unwind_row(&set, pc); }
 };
 
@@ -499,4 +506,30 @@ TEST_CASE("eh_frame_hdr: the header of a real module leads to its .eh_frame") {
   REQUIRE(parse_eh_frame_hdr(eh_frame_input{good, 8, 0x1000}, hi));
   CHECK(hi.eh_frame == 0x1000 + 4 + 0x10);
   CHECK(hi.fde_count == 0);
+}
+
+TEST_CASE("row index: every pc of the published modules finds the row a full binary search finds") {
+  REQUIRE(selfprof::build_unwind_tables());
+  const unwind_table_set* set = g_unwind_tables.load();
+  REQUIRE(set != nullptr);
+  std::size_t pcs = 0, indexed = 0, differ = 0;
+  std::size_t hint = ~std::size_t{0};
+  for (std::size_t i = 0; i < set->count; ++i) {
+    const unwind_module& with = set->modules[i];
+    if (with.index != nullptr) ++indexed;
+    unwind_module without = with;
+    without.index = nullptr;
+    without.index_count = 0;
+    const unwind_table_set plain{&without, 1};
+    for (std::uintptr_t pc = with.start; pc < with.end + 16; pc += 3) {  // and past the end
+      ++pcs;
+      if (find_unwind_row(set, pc, &hint) != find_unwind_row(&plain, pc) &&
+          !(pc >= with.end && find_unwind_row(&plain, pc) == nullptr))
+        ++differ;
+    }
+  }
+  MESSAGE(pcs << " pcs in " << set->count << " modules (" << indexed << " indexed)");
+  CHECK(indexed == set->count);
+  CHECK(pcs > 100000);
+  CHECK(differ == 0);
 }
