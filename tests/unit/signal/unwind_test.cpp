@@ -192,8 +192,8 @@ const unwind_row kCopyRows[] = {
     {0x300, 0, 0, row_no_info, 0},  {0x400, 0, 0, row_outermost, 0}, {0x500, 0, 0, row_no_info, 0},
     {0x1000, 0, 0, row_no_info, 0},
 };
-const unwind_module kCopyModule{kCopyCfi, kCopyCfi + 0x1000, kCopyRows,
-                                sizeof kCopyRows / sizeof kCopyRows[0], nullptr, 0};
+const unwind_module kCopyModule{
+    kCopyCfi, kCopyCfi + 0x1000, kCopyRows, sizeof kCopyRows / sizeof kCopyRows[0], nullptr, 0};
 const unwind_table_set kCopySet{&kCopyModule, 1};
 
 struct fake_copy {
