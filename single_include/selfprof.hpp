@@ -6927,6 +6927,8 @@ struct module_unwind {
 inline void clip_unwind_rows(eh_frame_table& t,
                              const std::vector<std::pair<std::uintptr_t, std::uintptr_t>>& code) {
   if (t.rows.empty()) return;
+  for (const auto& c : code)  // one segment holds every row (the usual case): nothing to clip
+    if (c.first <= t.start && t.end <= c.second && t.rows.front().kind != row_no_info) return;
   struct abs_row {
     std::uintptr_t pc;
     unwind_row row;
