@@ -103,6 +103,14 @@ inline eh_frame_table parse_eh_frame(const eh_frame_input& in) {
     return cie;
   };
 
+  // Most FDEs of a module share one CIE: its state after the initial instructions is kept for the next.
+  std::size_t last_cie_at = ~std::size_t{0}, initial_cie_at = ~std::size_t{0};
+  const eh_cie* last_cie = nullptr;
+  cfa_state last_initial;
+  bool last_initial_ok = false;
+  // About one row per five bytes of .eh_frame (GCC's output): room for them at once, not by doubling.
+  all.reserve(std::min<std::size_t>(in.size / 4, std::size_t{1} << 24));
+  fdes.reserve(std::min<std::size_t>(in.size / 16, std::size_t{1} << 22));
   std::size_t pos = 0;
   while (pos < in.size) {
     const std::size_t at = pos;
@@ -132,7 +140,12 @@ inline eh_frame_table parse_eh_frame(const eh_frame_input& in) {
       note("FDE points before the input", at);
       continue;
     }
-    const eh_cie& cie = parse_cie(id_at - static_cast<std::size_t>(id));
+    const std::size_t cie_at = id_at - static_cast<std::size_t>(id);
+    if (cie_at != last_cie_at) {
+      last_cie = &parse_cie(cie_at);  // unordered_map: references stay valid
+      last_cie_at = cie_at;
+    }
+    const eh_cie& cie = *last_cie;
     if (!cie.valid) {
       note("FDE of an unusable CIE", at);
       continue;
@@ -159,17 +172,23 @@ inline eh_frame_table parse_eh_frame(const eh_frame_input& in) {
     }
     ++t.fdes;
     // Rows are relative to the FDE's begin for now; rebased once the module's start is known.
-    const cfa_state defaults;
-    cfa_state initial;
     std::uint64_t loc = begin;
     const std::size_t first = all.size();
-    eh_cursor cie_program{in.data, cie.insns, cie.insns_end, in.address};
-    if (!run_cfa_program(cie_program, cie.insns_end, cie, defaults, initial, loc, begin + range, begin,
-                         nullptr) ||
-        loc != begin) {
+    if (initial_cie_at != cie_at) {  // the initial instructions may not advance: the state is the CIE's
+      initial_cie_at = cie_at;
+      const cfa_state defaults;
+      last_initial = cfa_state();
+      eh_cursor cie_program{in.data, cie.insns, cie.insns_end, in.address};
+      last_initial_ok = run_cfa_program(cie_program, cie.insns_end, cie, defaults, last_initial, loc,
+                                        begin + range, begin, nullptr) &&
+                        loc == begin;
+      loc = begin;
+    }
+    if (!last_initial_ok) {
       note("CIE initial instructions are malformed or advance", at);
       continue;
     }
+    const cfa_state& initial = last_initial;
     cfa_state state = initial;
     bool good = run_cfa_program(c, rec_end, cie, initial, state, loc, begin + range, begin, &all);
     if (loc < begin + range) all.push_back(state.row(static_cast<std::uint32_t>(loc - begin)));
