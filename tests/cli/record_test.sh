@@ -305,6 +305,13 @@ SRC
     ok "perf_event refused: the preload library records instead, and says so" || bad "perf_event refused: $(cat fxn.err)"
   SELFPROF_PRELOAD=/nonexistent/lib.so "$bin" record -q --follow-exec -F 499 -o fxl.folded -- ./hot_c 0 50000000 > /dev/null
   grep -q "hot_c_function" fxl.folded && ok "--follow-exec by perf_event needs no preload library" || bad "no preload library: no profile"
+  # The raw-dump directory is made only for the preload way, and handed to the programs.
+  mkdir -m 700 tmpdir_perf tmpdir_preload
+  TMPDIR=$PWD/tmpdir_perf "$bin" record -q --follow-exec -o fxd.folded -- /bin/sh -c 'ls "$TMPDIR"' > perf_ls.out
+  SELFPROF_TEST_NO_PERF=1 TMPDIR=$PWD/tmpdir_preload "$bin" record -q --follow-exec -o fxd2.folded -- /bin/sh -c 'ls "$TMPDIR"; echo "$SELFPROF_OUT"' > preload_ls.out
+  [ ! -s perf_ls.out ] && grep -q '^selfprof-merge-' preload_ls.out && grep -q "tmpdir_preload/selfprof-merge-.*/%p" preload_ls.out &&
+    [ -z "$(ls -A tmpdir_perf)$(ls -A tmpdir_preload)" ] && ok "raw-dump directory: none on the perf way, one on the preload way, removed after" ||
+    bad "raw-dump directory: perf way saw '$(cat perf_ls.out)', preload way '$(cat preload_ls.out)', left '$(ls -A tmpdir_perf tmpdir_preload)'"
 elif grep -q "recording through the preload library" fx.err || [ -n "${SELFPROF_TEST_NO_PERF:-}" ]; then
   grep -q "nofp_leaf" fx.folded && ok "--follow-exec without perf_event: the preload library recorded" ||
     bad "--follow-exec without perf_event: $(cat fx.err)"

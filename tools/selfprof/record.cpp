@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -257,15 +258,9 @@ int run_record(int argc, char** argv) {
   std::string ld = preload;
   if (const char* old = std::getenv("LD_PRELOAD"); old && *old) ld += std::string(":") + old;
 
+  // The preload library's raw dumps of a merged recording go to a private directory, made once the
+  // preload way is taken (the perf way needs none) and passed to the child through the go pipe.
   std::string raw_dir;
-  if (merged) {
-    const char* t = std::getenv("TMPDIR");
-    std::string templ = std::string(t && *t ? t : "/tmp") + "/selfprof-merge-XXXXXX";
-    if (::mkdtemp(&templ[0]) == nullptr)
-      return fail("record",
-                  "cannot create a directory for the recording (" + templ + "): " + std::strerror(errno));
-    raw_dir = templ;
-  }
 
   // Where the preload library writes what the program exec'd (see preload.cpp), in a directory of our own.
   std::string note_dir, note;
@@ -292,11 +287,11 @@ int run_record(int argc, char** argv) {
   };
 
   // The child waits for one byte before it execs: 'p' to run as it is (the events are open on it), 'l'
-  // with the preload library, 'x' to give up.
+  // with the preload library (for a merged recording followed by the raw-dump directory: its length as
+  // 4 bytes, then the path), 'x' to give up.
   int go[2] = {-1, -1};
   if (::pipe2(go, O_CLOEXEC) != 0) {
     const int err = errno;
-    if (merged) ::rmdir(raw_dir.c_str());
     return fail("record", std::string("pipe: ") + std::strerror(err));
   }
 
@@ -313,7 +308,6 @@ int run_record(int argc, char** argv) {
     const int err = errno;
     ::sigaction(SIGINT, &old_int, nullptr);
     ::sigaction(SIGQUIT, &old_quit, nullptr);
-    if (merged) ::rmdir(raw_dir.c_str());
     ::close(go[0]);
     ::close(go[1]);
     return fail("record", std::string("fork: ") + std::strerror(err));
@@ -322,12 +316,28 @@ int run_record(int argc, char** argv) {
     ::sigaction(SIGINT, &old_int, nullptr);
     ::sigaction(SIGQUIT, &old_quit, nullptr);
     ::close(go[1]);
+    auto read_all = [&go](void* to, std::size_t n) {
+      std::size_t done = 0;
+      while (done < n) {
+        const ssize_t got = ::read(go[0], static_cast<char*>(to) + done, n - done);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return false;
+        done += static_cast<std::size_t>(got);
+      }
+      return true;
+    };
     char how = 0;
-    ssize_t got;
-    do got = ::read(go[0], &how, 1);
-    while (got < 0 && errno == EINTR);
+    bool ok = read_all(&how, 1);
+    if (ok && how == 'l' && merged) {
+      std::uint32_t len = 0;
+      ok = read_all(&len, sizeof len) && len < 4096;
+      if (ok) {
+        raw_dir.assign(len, '\0');
+        ok = read_all(&raw_dir[0], len);
+      }
+    }
     ::close(go[0]);
-    if (got != 1 || how == 'x') ::_exit(127);
+    if (!ok || how == 'x') ::_exit(127);
     if (how == 'l') {
       ::setenv("LD_PRELOAD", ld.c_str(), 1);
       ::setenv("SELFPROF_OUT",
@@ -369,17 +379,35 @@ int run_record(int argc, char** argv) {
     if (!perf_on && have_preload && !a.has("quiet"))
       std::fprintf(stderr, "selfprof record: %s; recording through the preload library\n", why_not.c_str());
   }
-  const char how = perf_on ? 'p' : have_preload ? 'l' : 'x';
-  ssize_t put;
-  do put = ::write(go[1], &how, 1);
-  while (put < 0 && errno == EINTR);
+  char how = perf_on ? 'p' : have_preload ? 'l' : 'x';
+  std::string message = why_not + ", and cannot find libselfprof-preload.so (tried: " + tried + ")";
+  std::string go_bytes(1, how);
+  if (how == 'l' && merged) {
+    const char* t = std::getenv("TMPDIR");
+    std::string templ = std::string(t && *t ? t : "/tmp") + "/selfprof-merge-XXXXXX";
+    if (::mkdtemp(&templ[0]) == nullptr) {
+      message = "cannot create a directory for the recording (" + templ + "): " + std::strerror(errno);
+      how = 'x';
+      go_bytes.assign(1, how);
+    } else {
+      raw_dir = templ;
+      const std::uint32_t len = static_cast<std::uint32_t>(raw_dir.size());
+      go_bytes.append(reinterpret_cast<const char*>(&len), sizeof len);
+      go_bytes += raw_dir;
+    }
+  }
+  for (std::size_t put = 0; put < go_bytes.size();) {
+    const ssize_t n = ::write(go[1], go_bytes.data() + put, go_bytes.size() - put);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the child is gone: waitpid tells
+    put += static_cast<std::size_t>(n);
+  }
   ::close(go[1]);
   if (how == 'x') {
     ::waitpid(child, nullptr, 0);
     ::sigaction(SIGINT, &old_int, nullptr);
     ::sigaction(SIGQUIT, &old_quit, nullptr);
-    if (merged) ::rmdir(raw_dir.c_str());
-    return fail("record", why_not + ", and cannot find libselfprof-preload.so (tried: " + tried + ")");
+    return fail("record", message);
   }
   int wstatus = 0;
   pid_t w;
@@ -401,7 +429,6 @@ int run_record(int argc, char** argv) {
   if (w < 0) return fail("record", std::string("waitpid: ") + std::strerror(errno));
   int rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : WIFSIGNALED(wstatus) ? 128 + WTERMSIG(wstatus) : 1;
   if (perf_on) {
-    ::rmdir(raw_dir.c_str());
     const double recorded_ms = own_cpu_ms();
     raw_merger merger(a.has("pid-roots"));
     for (const raw_process& p : recorder.take()) merger.add(p);
