@@ -134,9 +134,18 @@ class perf_recorder {
     std::size_t done = 0;
     for (; done < pending_.size(); ++done) {
       if (!all && pending_[done].time >= watermark_) break;
-      apply(pending_[done].bytes);
+      apply(bytes_.data() + pending_[done].at, pending_[done].size);
     }
     pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
+    // The records left for the next round move to the front of the other buffer (capacity kept).
+    spare_.clear();
+    for (pending& p : pending_) {
+      const std::size_t at = spare_.size();
+      spare_.insert(spare_.end(), bytes_.begin() + static_cast<std::ptrdiff_t>(p.at),
+                    bytes_.begin() + static_cast<std::ptrdiff_t>(p.at + p.size));
+      p.at = at;
+    }
+    bytes_.swap(spare_);
     watermark_ = now;
   }
 
@@ -194,9 +203,9 @@ class perf_recorder {
     void* base = nullptr;
     std::size_t map_bytes = 0, data_bytes = 0;
   };
-  struct pending {
+  struct pending {  // a record copied out of a ring: bytes_[at, at + size)
     std::uint64_t time;
-    std::vector<unsigned char> bytes;
+    std::size_t at, size;
   };
   struct image {
     pid_t pid = 0;
@@ -314,25 +323,26 @@ class perf_recorder {
         ++counts_.corrupt;
         break;
       }
-      pending p;
-      p.bytes.resize(h.size);
-      selfprof::detail::ring_copy_out(data, size, tail, p.bytes.data(), h.size);
+      pending p{0, bytes_.size(), h.size};
+      bytes_.resize(p.at + p.size);
+      unsigned char* rec = bytes_.data() + p.at;
+      selfprof::detail::ring_copy_out(data, size, tail, rec, h.size);
       // Every record ends with its time (sample_id_all with TID and TIME); a sample has it third.
       if (h.type == PERF_RECORD_SAMPLE && h.size >= sizeof h + 24)
-        std::memcpy(&p.time, p.bytes.data() + sizeof h + 16, 8);
+        std::memcpy(&p.time, rec + sizeof h + 16, 8);
       else
-        std::memcpy(&p.time, p.bytes.data() + h.size - 8, 8);
-      pending_.push_back(std::move(p));
+        std::memcpy(&p.time, rec + h.size - 8, 8);
+      pending_.push_back(p);
       ++counts_.records;
       tail += h.size;
     }
     __atomic_store_n(&meta->data_tail, head, __ATOMIC_RELEASE);
   }
 
-  void apply(const std::vector<unsigned char>& rec) {
+  void apply(const unsigned char* rec, std::size_t rec_size) {
     perf_event_header h;
-    std::memcpy(&h, rec.data(), sizeof h);
-    cursor c{rec.data() + sizeof h, rec.size() - sizeof h};
+    std::memcpy(&h, rec, sizeof h);
+    cursor c{rec + sizeof h, rec_size - sizeof h};
     switch (h.type) {
       case PERF_RECORD_SAMPLE:
         return on_sample(c);
@@ -475,14 +485,28 @@ class perf_recorder {
     raw_map n;
     n.e = e;
     // The file's identity now, when it is still the file mapped: the merger names it only if unchanged.
-    struct stat sb {};
-    if (!e.path.empty() && e.path[0] == '/' && !e.deleted && ::stat(e.path.c_str(), &sb) == 0 &&
-        static_cast<std::uint64_t>(sb.st_ino) == e.inode && major(sb.st_dev) == e.dev_major &&
-        minor(sb.st_dev) == e.dev_minor) {
-      n.identity = true;
-      n.size = static_cast<std::uint64_t>(sb.st_size);
-      n.mtime_ns = static_cast<std::uint64_t>(sb.st_mtim.tv_sec) * 1000000000u +
-                   static_cast<std::uint64_t>(sb.st_mtim.tv_nsec);
+    // Looked up once per read of the rings: the processes started meanwhile map the same libraries.
+    if (!e.path.empty() && e.path[0] == '/' && !e.deleted) {
+      file_seen& f = seen_[e.path];
+      if (f.round != round_ || f.inode != e.inode || f.dev_major != e.dev_major ||
+          f.dev_minor != e.dev_minor) {
+        struct stat sb {};
+        f = file_seen{};
+        f.round = round_;
+        f.inode = e.inode;
+        f.dev_major = e.dev_major;
+        f.dev_minor = e.dev_minor;
+        f.same = ::stat(e.path.c_str(), &sb) == 0 && static_cast<std::uint64_t>(sb.st_ino) == e.inode &&
+                 major(sb.st_dev) == e.dev_major && minor(sb.st_dev) == e.dev_minor;
+        if (f.same) {
+          f.size = static_cast<std::uint64_t>(sb.st_size);
+          f.mtime_ns = static_cast<std::uint64_t>(sb.st_mtim.tv_sec) * 1000000000u +
+                       static_cast<std::uint64_t>(sb.st_mtim.tv_nsec);
+        }
+      }
+      n.identity = f.same;
+      n.size = f.size;
+      n.mtime_ns = f.mtime_ns;
     }
     kept.push_back(n);
     std::sort(kept.begin(), kept.end(),
@@ -607,6 +631,13 @@ class perf_recorder {
   std::uint64_t round_ = 0;      // reads of the rings so far
   std::vector<ring> rings_;
   std::vector<pending> pending_;
+  struct file_seen {  // what stat() said of a mapped file's path in read round `round`
+    std::uint64_t round = 0, inode = 0, size = 0, mtime_ns = 0;
+    std::uint32_t dev_major = 0, dev_minor = 0;
+    bool same = false;  // the path still names the file mapped
+  };
+  std::unordered_map<std::string, file_seen> seen_;
+  std::vector<unsigned char> bytes_, spare_;  // the pending records' bytes, one buffer for a whole read
   std::vector<std::unique_ptr<image>> images_;
   std::unordered_map<pid_t, image*> current_;
   file_unwind_cache unwind_;
