@@ -118,6 +118,13 @@ inline std::uint64_t monotonic_ns() {
   return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
+// CPU time of the calling thread in nanoseconds (0 when the clock cannot be read).
+inline std::uint64_t this_thread_cpu_ns() {
+  struct timespec ts;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/signal/clock.hpp ----
@@ -2922,7 +2929,6 @@ SELFPROF_API status dump_diff(const profile& before, const profile& after, const
 // Context: setup only (start/stop, under the control lock), any thread for snapshots, dumps and stats.
 
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -7108,11 +7114,15 @@ class unwind_tables_state {
     return false;
   }
 
-  // The code of modules a lazy build left unparsed, by start address, and a number that changes with
-  // every build (so a caller copies the list only when it may differ).
-  std::vector<pending_code> pending(std::uint64_t* generation = nullptr) {
+  // A number that changes with every build: pending() may differ only when it did.
+  std::uint64_t pending_generation() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (generation) *generation = pending_generation_;
+    return pending_generation_;
+  }
+
+  // The code of modules a lazy build left unparsed, by start address.
+  std::vector<pending_code> pending() {
+    std::lock_guard<std::mutex> lock(mu_);
     std::vector<pending_code> out;
     out.reserve(pending_.size());
     for (const pending_span& p : pending_) out.push_back(p.code);
@@ -7124,10 +7134,12 @@ class unwind_tables_state {
     unwind_tables_info i = info_;
     i.parsed = modules_.size();
     i.bytes = 0;
-    for (auto& m : modules_)
-      i.bytes += sizeof(module_unwind) + m.second->table.rows.capacity() * sizeof(unwind_row) +
-                 m.second->index.capacity() * sizeof(std::uint32_t);
-    for (auto& m : retired_) i.bytes += sizeof(module_unwind) + m->table.rows.capacity() * sizeof(unwind_row);
+    auto bytes_of = [](const module_unwind& m) {
+      return sizeof(module_unwind) + m.table.rows.capacity() * sizeof(unwind_row) +
+             m.index.capacity() * sizeof(std::uint32_t);
+    };
+    for (auto& m : modules_) i.bytes += bytes_of(*m.second);
+    for (auto& m : retired_) i.bytes += bytes_of(*m);
     for (auto& s : sets_)
       i.bytes += sizeof(unwind_set_storage) + s->modules.capacity() * sizeof(unwind_module);
     return i;
@@ -11058,11 +11070,7 @@ class wall_sampler {
         code_.refresh();
       }
       tick(now);
-      struct timespec cpu;
-      if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
-        n_cpu_ns_.store(
-            static_cast<std::uint64_t>(cpu.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(cpu.tv_nsec),
-            std::memory_order_relaxed);
+      if (const std::uint64_t cpu = this_thread_cpu_ns()) n_cpu_ns_.store(cpu, std::memory_order_relaxed);
     }
   }
 
@@ -11534,12 +11542,10 @@ class collector {
       config_.session->note(st.message() + "; unwinding with frame pointers only", true);
     }
     if (!lazy) return;
-    std::uint64_t generation = 0;
-    std::vector<pending_code> pending = unwind_tables().pending(&generation);
-    if (generation != pending_generation_) {
-      pending_generation_ = generation;
-      config_.store->set_pending_rows(std::move(pending));
-    }
+    const std::uint64_t generation = unwind_tables().pending_generation();
+    if (generation == pending_generation_) return;  // the store has the list of this build
+    pending_generation_ = generation;
+    config_.store->set_pending_rows(unwind_tables().pending());
   }
 
   // Parses the rows of the modules the drained samples reached.
@@ -18606,9 +18612,9 @@ class profiler_core {
     if (running_) return status::ok();
     starting_threads_ = false;
     try {
-      const std::uint64_t cpu0 = thread_cpu_ns(), wall0 = monotonic_ns();
+      const std::uint64_t cpu0 = this_thread_cpu_ns(), wall0 = monotonic_ns();
       status st = start_locked(opts);
-      start_cpu_ms_ = static_cast<double>(thread_cpu_ns() - cpu0) / 1e6;
+      start_cpu_ms_ = static_cast<double>(this_thread_cpu_ns() - cpu0) / 1e6;
       start_wall_ms_ = static_cast<double>(monotonic_ns() - wall0) / 1e6;
       if (st && opts_.verbose)
         std::fprintf(stderr, "selfprof: start took %.2f ms of CPU (%.2f ms wall)\n", start_cpu_ms_,
@@ -18622,13 +18628,6 @@ class profiler_core {
   }
 
  private:
-  // CPU time of the calling thread in nanoseconds.
-  static std::uint64_t thread_cpu_ns() {
-    struct timespec ts {};
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
-    return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-  }
-
   status start_threw(const std::string& why) {
     if (starting_threads_) {
       running_ = true;  // stop_locked() undoes everything started so far

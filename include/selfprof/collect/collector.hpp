@@ -303,12 +303,10 @@ class collector {
       config_.session->note(st.message() + "; unwinding with frame pointers only", true);
     }
     if (!lazy) return;
-    std::uint64_t generation = 0;
-    std::vector<pending_code> pending = unwind_tables().pending(&generation);
-    if (generation != pending_generation_) {
-      pending_generation_ = generation;
-      config_.store->set_pending_rows(std::move(pending));
-    }
+    const std::uint64_t generation = unwind_tables().pending_generation();
+    if (generation == pending_generation_) return;  // the store has the list of this build
+    pending_generation_ = generation;
+    config_.store->set_pending_rows(unwind_tables().pending());
   }
 
   // Parses the rows of the modules the drained samples reached.

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -30,6 +29,7 @@
 #include "selfprof/dump/dump.hpp"
 #include "selfprof/dump/raw_dump.hpp"
 #include "selfprof/options.hpp"
+#include "selfprof/signal/clock.hpp"
 #include "selfprof/signal/handler.hpp"
 #include "selfprof/sources/select.hpp"
 #include "selfprof/sources/signal_setup.hpp"
@@ -75,9 +75,9 @@ class profiler_core {
     if (running_) return status::ok();
     starting_threads_ = false;
     try {
-      const std::uint64_t cpu0 = thread_cpu_ns(), wall0 = monotonic_ns();
+      const std::uint64_t cpu0 = this_thread_cpu_ns(), wall0 = monotonic_ns();
       status st = start_locked(opts);
-      start_cpu_ms_ = static_cast<double>(thread_cpu_ns() - cpu0) / 1e6;
+      start_cpu_ms_ = static_cast<double>(this_thread_cpu_ns() - cpu0) / 1e6;
       start_wall_ms_ = static_cast<double>(monotonic_ns() - wall0) / 1e6;
       if (st && opts_.verbose)
         std::fprintf(stderr, "selfprof: start took %.2f ms of CPU (%.2f ms wall)\n", start_cpu_ms_,
@@ -91,13 +91,6 @@ class profiler_core {
   }
 
  private:
-  // CPU time of the calling thread in nanoseconds.
-  static std::uint64_t thread_cpu_ns() {
-    struct timespec ts {};
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
-    return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-  }
-
   status start_threw(const std::string& why) {
     if (starting_threads_) {
       running_ = true;  // stop_locked() undoes everything started so far

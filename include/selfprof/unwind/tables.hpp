@@ -241,11 +241,15 @@ class unwind_tables_state {
     return false;
   }
 
-  // The code of modules a lazy build left unparsed, by start address, and a number that changes with
-  // every build (so a caller copies the list only when it may differ).
-  std::vector<pending_code> pending(std::uint64_t* generation = nullptr) {
+  // A number that changes with every build: pending() may differ only when it did.
+  std::uint64_t pending_generation() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (generation) *generation = pending_generation_;
+    return pending_generation_;
+  }
+
+  // The code of modules a lazy build left unparsed, by start address.
+  std::vector<pending_code> pending() {
+    std::lock_guard<std::mutex> lock(mu_);
     std::vector<pending_code> out;
     out.reserve(pending_.size());
     for (const pending_span& p : pending_) out.push_back(p.code);
@@ -257,10 +261,12 @@ class unwind_tables_state {
     unwind_tables_info i = info_;
     i.parsed = modules_.size();
     i.bytes = 0;
-    for (auto& m : modules_)
-      i.bytes += sizeof(module_unwind) + m.second->table.rows.capacity() * sizeof(unwind_row) +
-                 m.second->index.capacity() * sizeof(std::uint32_t);
-    for (auto& m : retired_) i.bytes += sizeof(module_unwind) + m->table.rows.capacity() * sizeof(unwind_row);
+    auto bytes_of = [](const module_unwind& m) {
+      return sizeof(module_unwind) + m.table.rows.capacity() * sizeof(unwind_row) +
+             m.index.capacity() * sizeof(std::uint32_t);
+    };
+    for (auto& m : modules_) i.bytes += bytes_of(*m.second);
+    for (auto& m : retired_) i.bytes += bytes_of(*m);
     for (auto& s : sets_)
       i.bytes += sizeof(unwind_set_storage) + s->modules.capacity() * sizeof(unwind_module);
     return i;

@@ -45,6 +45,7 @@
 #include "selfprof/detail/high_fd.hpp"
 #include "selfprof/detail/process.hpp"
 #include "selfprof/detail/worker.hpp"
+#include "selfprof/signal/clock.hpp"
 #include "selfprof/signal/raw_syscall.hpp"
 #include "selfprof/signal/ring.hpp"
 #include "selfprof/signal/unwind.hpp"
@@ -202,11 +203,7 @@ class wall_sampler {
         code_.refresh();
       }
       tick(now);
-      struct timespec cpu;
-      if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
-        n_cpu_ns_.store(
-            static_cast<std::uint64_t>(cpu.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(cpu.tv_nsec),
-            std::memory_order_relaxed);
+      if (const std::uint64_t cpu = this_thread_cpu_ns()) n_cpu_ns_.store(cpu, std::memory_order_relaxed);
     }
   }
 
