@@ -254,8 +254,7 @@ class raw_merger {
     o.maps_path = "/nonexistent";  // never read: the text is the process's
     o.shared_files = cache_;
     module_registry reg(o);
-    reg.apply_maps_text(text);
-    for (std::string& w : reg.take_warnings()) warnings_.push_back(std::move(w));
+    reg.apply_maps_text(text);  // a file's symbols are read at its first lookup below
 
     marker_frames marker(out_);
     const std::string root_name = pid_roots_ ? (p.comm + " [" + std::to_string(p.pid) + "]") : p.comm;
@@ -308,6 +307,7 @@ class raw_merger {
     const auto counts = stacks_from_table(
         p.raw.table, &root, [&](std::uint64_t lookup, stack& s) { s.frames.push_back(frame_for(lookup)); },
         marker, out_.stacks);
+    for (std::string& w : reg.take_warnings()) warnings_.push_back(std::move(w));
     const std::uint64_t samples = counts.first, truncated = counts.second;
     for (const auto& t : p.raw.thread_names) out_.threads.push_back(thread_info{t.first, t.second});
 

@@ -1,7 +1,15 @@
 // The module registry: executable mappings of this process from /proc/self/maps (files with their load
 // bias, the vdso read from memory, anonymous memory, memfd and deleted files), each file's symbols parsed
-// once when first seen, and unmapped modules kept so samples taken before a dlclose still get names.
+// once, and unmapped modules kept so samples taken before a dlclose still get names.
 // Context: collector thread (refresh ~every 100 ms) or setup; not thread-safe, never the signal handler.
+//
+// A file's symbols are read at the first lookup of an address in it (find), not when it is first seen:
+// a dump costs what its sampled modules weigh, not every mapped library (docs/measurements.md). So
+// that a late read never names one file's code with another's symbols, the path's stat (device, inode,
+// size, mtime) is noted when the file is first seen; a later read whose stat differs gives no symbols
+// and says why. Read at once instead: deleted files and memfds (they may be gone by the first lookup),
+// files whose path cannot be stat'ed, and a file whose mapping went away before any lookup (read when
+// the unmap is seen, so a dlclose'd library keeps its names).
 #pragma once
 
 #include <dirent.h>
@@ -44,13 +52,17 @@ struct module_symbols {
   std::vector<elf_segment> segments;  // for the load bias of each mapping
   symbol_table table;
   bool elf_ok = false;
+  // Not read yet (see the top of this file): the mapping it was first seen in, and its path's stat then.
+  bool pending = false;
+  maps_entry first_seen;
+  struct stat stamp {};
 };
 
 struct module {
   std::uint64_t start = 0;
   std::uint64_t end = 0;
   std::uint64_t offset = 0;  // file offset mapped at start
-  std::uint64_t bias = 0;    // run-time address minus ELF virtual address
+  std::uint64_t bias = 0;    // run-time address minus ELF virtual address (once bias_known)
   std::uint64_t inode = 0;
   std::uint32_t dev_major = 0;
   std::uint32_t dev_minor = 0;
@@ -58,6 +70,7 @@ struct module {
   std::string basename;  // for "[basename+0xoffset]" names
   module_kind kind = module_kind::file;
   bool deleted = false;
+  bool bias_known = false;                  // false while its file's symbols (and segments) are unread
   bool mapped = true;                       // false once unmapped; kept so earlier samples are still named
   std::uint64_t unmapped_seq = 0;           // orders unmapped modules: a later unmap wins an overlap
   std::shared_ptr<module_symbols> symbols;  // null for anonymous and special mappings
@@ -112,13 +125,34 @@ class module_registry {
     apply(text);
   }
 
-  // The module holding `address`: a mapped one first, else the most recently unmapped one.
-  // The pointer is valid until the next refresh()/rescan().
-  const module* find(std::uint64_t address) const {
+  // The module holding `address`: a mapped one first, else the most recently unmapped one; its file's
+  // symbols are read now if they were not yet. The pointer is valid until the next refresh()/rescan().
+  const module* find(std::uint64_t address) {
+    module* m = locate(address);
+    if (m != nullptr) load(*m);
+    return m;
+  }
+
+  // Reads the symbols of every module not read yet (tests; a caller that walks modules()).
+  void load_all() {
+    for (module& m : modules_) load(m);
+  }
+
+  // Every module; a file's `symbols` and `bias` are filled once it was looked up (see load_all).
+  const std::vector<module>& modules() const { return modules_; }
+  // Messages about modules whose symbols could not be read (one per file); cleared by this call.
+  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
+  std::uint64_t scans() const { return scans_; }               // times the maps text changed and was applied
+  std::uint64_t reads() const { return reads_; }               // times the maps file was read
+  std::size_t parsed_files() const { return parsed_.size(); }  // files seen (read or pending)
+  std::size_t loaded_files() const { return loaded_; }         // files whose symbols were read
+
+ private:
+  module* locate(std::uint64_t address) {
     auto it = std::upper_bound(mapped_.begin(), mapped_.end(), address,
                                [this](std::uint64_t a, std::size_t i) { return a < modules_[i].start; });
     if (it != mapped_.begin()) {
-      const module& m = modules_[*(it - 1)];
+      module& m = modules_[*(it - 1)];
       if (address < m.end) return &m;
     }
     for (std::size_t i : unmapped_)
@@ -126,14 +160,15 @@ class module_registry {
     return nullptr;
   }
 
-  const std::vector<module>& modules() const { return modules_; }
-  // Messages about modules whose symbols could not be read (one per file); cleared by this call.
-  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
-  std::uint64_t scans() const { return scans_; }  // times the maps text changed and was applied
-  std::uint64_t reads() const { return reads_; }  // times the maps file was read
-  std::size_t parsed_files() const { return parsed_.size(); }
+  // Reads the module's file symbols if still pending, then fixes its bias from the file's segments.
+  void load(module& m) {
+    if (m.bias_known) return;
+    if (m.symbols && m.symbols->pending) read_file_symbols(*m.symbols);
+    m.bias = m.symbols && m.symbols->elf_ok ? elf_load_bias(m.symbols->segments, m.start, m.offset)
+                                            : m.start - m.offset;
+    m.bias_known = true;
+  }
 
- private:
   // Keys are bytes: fixed-width numbers, then the path, so one string-keyed map type serves every index
   // (each distinct map type costs every including file its instantiation).
   static void append_key(std::string& key, std::uint64_t v) {
@@ -239,6 +274,7 @@ class module_registry {
       if (seen[i] || modules_[i].kind == module_kind::anonymous) continue;
       module m = modules_[i];
       if (m.mapped) m.unmapped_seq = ++unmapped_seq_;
+      load(m);  // the file's path may soon name another file (or none): read it while it is the same
       m.mapped = false;
       next.push_back(std::move(m));
     }
@@ -283,8 +319,7 @@ class module_registry {
       m.basename = m.path;
     if (m.kind == module_kind::file) m.symbols = file_symbols(e);
     if (m.kind == module_kind::vdso) m.symbols = vdso_symbols(e);
-    m.bias = m.symbols && m.symbols->elf_ok ? elf_load_bias(m.symbols->segments, m.start, m.offset)
-                                            : m.start - m.offset;
+    if (!m.symbols || !m.symbols->pending) load(m);  // the bias is known now
     return m;
   }
 
@@ -303,7 +338,30 @@ class module_registry {
       parsed_.push_back(std::make_shared<module_symbols>());
     }
     std::shared_ptr<module_symbols> result = parsed_.back();
+    result->first_seen = e;
+    const bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
+    result->pending = !hidden && ::stat(e.path.c_str(), &result->stamp) == 0;
+    if (!result->pending) read_file_symbols(*result);
+    return result;
+  }
 
+  static bool same_stamp(const struct stat& a, const struct stat& b) {
+    return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_size == b.st_size &&
+           a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec;
+  }
+
+  // Reads the symbols of the file first seen in `result->first_seen` into `result`.
+  void read_file_symbols(module_symbols& result) {
+    const bool was_pending = std::exchange(result.pending, false);
+    const maps_entry& e = result.first_seen;
+    ++loaded_;
+    if (was_pending) {
+      struct stat now {};
+      if (::stat(e.path.c_str(), &now) != 0 || !same_stamp(now, result.stamp)) {
+        warn_no_symbols(e.path, status::error(e.path + ": changed on disk since it was mapped"));
+        return;
+      }
+    }
     // Deleted files and memfds are reachable through /proc/self/map_files (opening its entries needs
     // CAP_SYS_ADMIN, or CAP_CHECKPOINT_RESTORE since Linux 5.9; see proc(5)), else through a descriptor
     // we still hold; map_files also serves a file replaced on disk since it was mapped.
@@ -311,7 +369,7 @@ class module_registry {
     std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
                   static_cast<unsigned long long>(e.start), static_cast<unsigned long long>(e.end));
     std::string via_map_files = buffer;
-    bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
+    const bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
     mapped_file file;
     status st = file.open(hidden ? via_map_files : e.path, e.inode);
     if (!st && hidden) st = open_through_fd(e, file);
@@ -320,18 +378,19 @@ class module_registry {
     if (!st && !hidden) st = file.open(e.path);
     if (!st) {
       warn_no_symbols(e.path, st);
-      return result;
+      return;
     }
     elf_image image;
     st = image.parse(file, e.path);
-    if (st) load_elf(image, e.path, hidden, *result);
+    if (st) load_elf(image, e.path, hidden, result);
     // Symbols of a file that changed while being read could mix two versions: none rather than wrong.
     if (status unchanged = file.check(); !unchanged) {
-      *result = module_symbols();
+      maps_entry keep = e;
+      result = module_symbols();
+      result.first_seen = std::move(keep);
       st = unchanged;
     }
     if (!st) warn_no_symbols(e.path, st);
-    return result;
   }
 
   // Without the rights map_files needs, a memfd or deleted file is still readable through a
@@ -409,6 +468,7 @@ class module_registry {
   std::uint64_t scans_ = 0;
   std::uint64_t reads_ = 0;
   std::uint64_t unmapped_seq_ = 0;
+  std::size_t loaded_ = 0;
 };
 
 }  // namespace detail

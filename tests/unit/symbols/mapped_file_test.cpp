@@ -261,6 +261,7 @@ TEST_CASE("mapped_file: a module file changed in place while the registry reads 
       });
       module_registry registry(options);
       registry.rescan();
+      registry.load_all();
       CHECK(changed);
       REQUIRE(registry.modules().size() == 1);
       const auto& m = registry.modules()[0];
@@ -277,6 +278,7 @@ TEST_CASE("mapped_file: a module file changed in place while the registry reads 
   REQUIRE(symbols_test::rewrite_in_place(module_path, original));
   module_registry registry(options);
   registry.rescan();
+  registry.load_all();
   CHECK(registry.take_warnings().empty());
   REQUIRE(registry.modules().size() == 1);
   REQUIRE(registry.modules()[0].symbols);
@@ -340,6 +342,7 @@ TEST_CASE("mapped_file: files changed over and over while registries read them: 
   for (int i = 0; i < 300; ++i) {
     module_registry registry(options);
     registry.rescan();
+    registry.load_all();
     REQUIRE(registry.modules().size() == 1);
     const auto& table = registry.modules()[0].symbols->table;
     if (table.size() != 0) {
@@ -367,6 +370,7 @@ struct dwarf_reader {
   dwarf_reader(const std::string& maps, std::vector<std::string> roots)
       : registry(selfprof::detail::module_registry_options{roots, maps, nullptr}), lines(roots) {
     registry.rescan();
+    registry.load_all();
   }
   std::string chain(std::uint64_t vaddr) {
     REQUIRE(registry.modules().size() == 1);

@@ -67,6 +67,7 @@ TEST_CASE("modules: maps lines with paths, spaces, deleted files, memfd and anon
 TEST_CASE("modules: load bias of every loaded object equals dl_iterate_phdr's dlpi_addr") {
   module_registry reg;
   reg.refresh();
+  reg.load_all();                               // a bias is known once its file was read
   std::map<std::string, std::uint64_t> loader;  // real path -> bias
   ::dl_iterate_phdr(
       [](struct dl_phdr_info* info, std::size_t, void* data) -> int {
@@ -163,6 +164,92 @@ TEST_CASE("modules: a dlclose'd library stays known with its symbols") {
   REQUIRE(m != nullptr);
   CHECK(m->mapped);
   CHECK(symbol_name(*m, add2) == "selfprof_fixture_add");
+}
+
+TEST_CASE("modules: a file's symbols are read at the first lookup in it, or when it is unmapped") {
+  std::string lib = selfprof_test::fixture_library();
+  REQUIRE(!lib.empty());
+  module_registry reg;
+  reg.refresh();
+  const std::size_t loaded_before = reg.loaded_files();
+  CHECK(loaded_before < reg.parsed_files());  // libc and the rest wait for a lookup
+  selfprof_test::library handle(lib);
+  REQUIRE(handle);
+  auto add = reinterpret_cast<std::uint64_t>(handle.symbol("selfprof_fixture_add"));
+  REQUIRE(add != 0);
+  reg.refresh();
+  CHECK(reg.loaded_files() == loaded_before);  // seen, not read
+  // Unmapped before any lookup: read when the unmap is seen, so its samples keep their names.
+  handle.close();
+  reg.refresh();
+  CHECK(reg.loaded_files() == loaded_before + 1);
+  const module* m = reg.find(add);
+  REQUIRE(m != nullptr);
+  CHECK_FALSE(m->mapped);
+  CHECK(symbol_name(*m, add) == "selfprof_fixture_add");
+  // A lookup reads that file only.
+  const std::size_t before_lookup = reg.loaded_files();
+  m = reg.find(reinterpret_cast<std::uint64_t>(&symbol_name));
+  REQUIRE(m != nullptr);
+  CHECK(reg.loaded_files() <= before_lookup + 1);
+  CHECK(symbol_name(*m, reinterpret_cast<std::uint64_t>(&symbol_name)) != "<none>");
+}
+
+TEST_CASE("modules: a file changed on disk between first seen and first lookup gives no symbols") {
+  std::string lib = selfprof_test::fixture_library();
+  REQUIRE(!lib.empty());
+  const std::string original = selfprof_test::read_file(lib);
+  const std::uint64_t add = selfprof_test::nm_symbols(lib)["selfprof_fixture_add"].address;
+  REQUIRE(add != 0);
+  selfprof_test::temp_dir dir;
+  selfprof::detail::module_registry_options options;
+  options.debug_roots = {};
+  options.maps_path = dir / "maps";
+  const std::string path = dir / "lib.so";
+  const std::uint64_t start = 0x7f0000000000;
+  struct case_ {
+    const char* what;
+    bool change;
+    bool replace;  // a new file (new inode) at the path, else rewritten in place
+  };
+  for (const case_ c : {case_{"unchanged", false, false}, case_{"rewritten in place", true, false},
+                        case_{"replaced", true, true}}) {
+    INFO(c.what);
+    ::unlink(path.c_str());
+    REQUIRE(selfprof_test::write_file(path, original));
+    REQUIRE(symbols_test::write_maps_for(options.maps_path, path, start));
+    module_registry reg(options);
+    reg.rescan();
+    REQUIRE(reg.modules().size() == 1);
+    CHECK(reg.loaded_files() == 0);
+    if (c.change) {
+      // Another build of the library: same length, different bytes at the end, a later mtime.
+      std::string other = original;
+      other.back() = static_cast<char>(other.back() ^ 0x5a);
+      struct timespec pause {
+        0, 20 * 1000 * 1000
+      };
+      ::nanosleep(&pause, nullptr);  // a different mtime on file systems with coarse timestamps
+      if (c.replace) {
+        REQUIRE(::unlink(path.c_str()) == 0);
+        REQUIRE(selfprof_test::write_file(path, other));
+      } else {
+        REQUIRE(symbols_test::rewrite_in_place(path, other));
+      }
+    }
+    const module* m = reg.find(start + add);
+    REQUIRE(m != nullptr);
+    CHECK(reg.loaded_files() == 1);
+    auto warnings = reg.take_warnings();
+    if (!c.change) {
+      CHECK(symbol_name(*m, start + add) == "selfprof_fixture_add");
+      CHECK(warnings.empty());
+    } else {
+      CHECK(symbol_name(*m, start + add) == "<none>");
+      REQUIRE(warnings.size() == 1);
+      CHECK(warnings[0].find(path + ": changed on disk since it was mapped") != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("modules: a library mapped twice (dlmopen) gets two biases and one parsed table") {
