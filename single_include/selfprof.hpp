@@ -3636,8 +3636,16 @@ class perf_map {
 // ---- begin selfprof/symbols/modules.hpp ----
 // The module registry: executable mappings of this process from /proc/self/maps (files with their load
 // bias, the vdso read from memory, anonymous memory, memfd and deleted files), each file's symbols parsed
-// once when first seen, and unmapped modules kept so samples taken before a dlclose still get names.
+// once, and unmapped modules kept so samples taken before a dlclose still get names.
 // Context: collector thread (refresh ~every 100 ms) or setup; not thread-safe, never the signal handler.
+//
+// A file's symbols are read at the first lookup of an address in it (find), not when it is first seen:
+// a dump costs what its sampled modules weigh, not every mapped library (docs/measurements.md). So
+// that a late read never names one file's code with another's symbols, the path's stat (device, inode,
+// size, mtime) is noted when the file is first seen; a later read whose stat differs gives no symbols
+// and says why. Read at once instead: deleted files and memfds (they may be gone by the first lookup),
+// files whose path cannot be stat'ed, and a file whose mapping went away before any lookup (read when
+// the unmap is seen, so a dlclose'd library keeps its names).
 
 #include <dirent.h>
 #include <link.h>
@@ -4701,13 +4709,17 @@ struct module_symbols {
   std::vector<elf_segment> segments;  // for the load bias of each mapping
   symbol_table table;
   bool elf_ok = false;
+  // Not read yet (see the top of this file): the mapping it was first seen in, and its path's stat then.
+  bool pending = false;
+  maps_entry first_seen;
+  struct stat stamp {};
 };
 
 struct module {
   std::uint64_t start = 0;
   std::uint64_t end = 0;
   std::uint64_t offset = 0;  // file offset mapped at start
-  std::uint64_t bias = 0;    // run-time address minus ELF virtual address
+  std::uint64_t bias = 0;    // run-time address minus ELF virtual address (once bias_known)
   std::uint64_t inode = 0;
   std::uint32_t dev_major = 0;
   std::uint32_t dev_minor = 0;
@@ -4715,6 +4727,7 @@ struct module {
   std::string basename;  // for "[basename+0xoffset]" names
   module_kind kind = module_kind::file;
   bool deleted = false;
+  bool bias_known = false;                  // false while its file's symbols (and segments) are unread
   bool mapped = true;                       // false once unmapped; kept so earlier samples are still named
   std::uint64_t unmapped_seq = 0;           // orders unmapped modules: a later unmap wins an overlap
   std::shared_ptr<module_symbols> symbols;  // null for anonymous and special mappings
@@ -4769,13 +4782,34 @@ class module_registry {
     apply(text);
   }
 
-  // The module holding `address`: a mapped one first, else the most recently unmapped one.
-  // The pointer is valid until the next refresh()/rescan().
-  const module* find(std::uint64_t address) const {
+  // The module holding `address`: a mapped one first, else the most recently unmapped one; its file's
+  // symbols are read now if they were not yet. The pointer is valid until the next refresh()/rescan().
+  const module* find(std::uint64_t address) {
+    module* m = locate(address);
+    if (m != nullptr) load(*m);
+    return m;
+  }
+
+  // Reads the symbols of every module not read yet (tests; a caller that walks modules()).
+  void load_all() {
+    for (module& m : modules_) load(m);
+  }
+
+  // Every module; a file's `symbols` and `bias` are filled once it was looked up (see load_all).
+  const std::vector<module>& modules() const { return modules_; }
+  // Messages about modules whose symbols could not be read (one per file); cleared by this call.
+  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
+  std::uint64_t scans() const { return scans_; }               // times the maps text changed and was applied
+  std::uint64_t reads() const { return reads_; }               // times the maps file was read
+  std::size_t parsed_files() const { return parsed_.size(); }  // files seen (read or pending)
+  std::size_t loaded_files() const { return loaded_; }         // files whose symbols were read
+
+ private:
+  module* locate(std::uint64_t address) {
     auto it = std::upper_bound(mapped_.begin(), mapped_.end(), address,
                                [this](std::uint64_t a, std::size_t i) { return a < modules_[i].start; });
     if (it != mapped_.begin()) {
-      const module& m = modules_[*(it - 1)];
+      module& m = modules_[*(it - 1)];
       if (address < m.end) return &m;
     }
     for (std::size_t i : unmapped_)
@@ -4783,14 +4817,15 @@ class module_registry {
     return nullptr;
   }
 
-  const std::vector<module>& modules() const { return modules_; }
-  // Messages about modules whose symbols could not be read (one per file); cleared by this call.
-  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
-  std::uint64_t scans() const { return scans_; }  // times the maps text changed and was applied
-  std::uint64_t reads() const { return reads_; }  // times the maps file was read
-  std::size_t parsed_files() const { return parsed_.size(); }
+  // Reads the module's file symbols if still pending, then fixes its bias from the file's segments.
+  void load(module& m) {
+    if (m.bias_known) return;
+    if (m.symbols && m.symbols->pending) read_file_symbols(*m.symbols);
+    m.bias = m.symbols && m.symbols->elf_ok ? elf_load_bias(m.symbols->segments, m.start, m.offset)
+                                            : m.start - m.offset;
+    m.bias_known = true;
+  }
 
- private:
   // Keys are bytes: fixed-width numbers, then the path, so one string-keyed map type serves every index
   // (each distinct map type costs every including file its instantiation).
   static void append_key(std::string& key, std::uint64_t v) {
@@ -4896,6 +4931,7 @@ class module_registry {
       if (seen[i] || modules_[i].kind == module_kind::anonymous) continue;
       module m = modules_[i];
       if (m.mapped) m.unmapped_seq = ++unmapped_seq_;
+      load(m);  // the file's path may soon name another file (or none): read it while it is the same
       m.mapped = false;
       next.push_back(std::move(m));
     }
@@ -4940,8 +4976,7 @@ class module_registry {
       m.basename = m.path;
     if (m.kind == module_kind::file) m.symbols = file_symbols(e);
     if (m.kind == module_kind::vdso) m.symbols = vdso_symbols(e);
-    m.bias = m.symbols && m.symbols->elf_ok ? elf_load_bias(m.symbols->segments, m.start, m.offset)
-                                            : m.start - m.offset;
+    if (!m.symbols || !m.symbols->pending) load(m);  // the bias is known now
     return m;
   }
 
@@ -4960,7 +4995,30 @@ class module_registry {
       parsed_.push_back(std::make_shared<module_symbols>());
     }
     std::shared_ptr<module_symbols> result = parsed_.back();
+    result->first_seen = e;
+    const bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
+    result->pending = !hidden && ::stat(e.path.c_str(), &result->stamp) == 0;
+    if (!result->pending) read_file_symbols(*result);
+    return result;
+  }
 
+  static bool same_stamp(const struct stat& a, const struct stat& b) {
+    return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_size == b.st_size &&
+           a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec;
+  }
+
+  // Reads the symbols of the file first seen in `result->first_seen` into `result`.
+  void read_file_symbols(module_symbols& result) {
+    const bool was_pending = std::exchange(result.pending, false);
+    const maps_entry& e = result.first_seen;
+    ++loaded_;
+    if (was_pending) {
+      struct stat now {};
+      if (::stat(e.path.c_str(), &now) != 0 || !same_stamp(now, result.stamp)) {
+        warn_no_symbols(e.path, status::error(e.path + ": changed on disk since it was mapped"));
+        return;
+      }
+    }
     // Deleted files and memfds are reachable through /proc/self/map_files (opening its entries needs
     // CAP_SYS_ADMIN, or CAP_CHECKPOINT_RESTORE since Linux 5.9; see proc(5)), else through a descriptor
     // we still hold; map_files also serves a file replaced on disk since it was mapped.
@@ -4968,7 +5026,7 @@ class module_registry {
     std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
                   static_cast<unsigned long long>(e.start), static_cast<unsigned long long>(e.end));
     std::string via_map_files = buffer;
-    bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
+    const bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
     mapped_file file;
     status st = file.open(hidden ? via_map_files : e.path, e.inode);
     if (!st && hidden) st = open_through_fd(e, file);
@@ -4977,18 +5035,19 @@ class module_registry {
     if (!st && !hidden) st = file.open(e.path);
     if (!st) {
       warn_no_symbols(e.path, st);
-      return result;
+      return;
     }
     elf_image image;
     st = image.parse(file, e.path);
-    if (st) load_elf(image, e.path, hidden, *result);
+    if (st) load_elf(image, e.path, hidden, result);
     // Symbols of a file that changed while being read could mix two versions: none rather than wrong.
     if (status unchanged = file.check(); !unchanged) {
-      *result = module_symbols();
+      maps_entry keep = e;
+      result = module_symbols();
+      result.first_seen = std::move(keep);
       st = unchanged;
     }
     if (!st) warn_no_symbols(e.path, st);
-    return result;
   }
 
   // Without the rights map_files needs, a memfd or deleted file is still readable through a
@@ -5066,6 +5125,7 @@ class module_registry {
   std::uint64_t scans_ = 0;
   std::uint64_t reads_ = 0;
   std::uint64_t unmapped_seq_ = 0;
+  std::size_t loaded_ = 0;
 };
 
 }  // namespace detail
@@ -5545,10 +5605,19 @@ class dwarf_lines {
 // lines, a few MB). Where the kernel hides its addresses (kptr_restrict: every address reads as 0) a
 // kernel frame is named "[kernel]".
 // Context: any thread (never the signal handler); not thread-safe (one per symbolizer).
+//
+// The file is streamed, never held whole. A dump that knows its kernel addresses first (prepare) keeps
+// only the symbol that names each of them, not 120,000: a short process's exit dump then pays little
+// more than the kernel's own formatting of the text (docs/measurements.md).
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -5714,12 +5783,41 @@ constexpr std::size_t kKallsymsMaxBytes = std::size_t{64} << 20;
 // A kernel address further than this past the nearest symbol below it is not named by that symbol.
 constexpr std::uint64_t kKernelSymbolReach = std::uint64_t{1} << 20;
 
+// Calls fn(line) for each line of the file at `path` (without its '\n'), reading at most `limit` bytes
+// through a 64 KiB buffer. False when the file cannot be opened.
+template <class F>
+bool for_each_file_line(const char* path, std::size_t limit, F&& fn) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::string buf(std::size_t{64} << 10, '\0');
+  std::size_t have = 0, total = 0;  // bytes in buf; bytes read
+  for (;;) {
+    if (have == buf.size()) buf.resize(buf.size() * 2);  // a line longer than the buffer
+    const ssize_t n = total >= limit ? 0 : ::read(fd, &buf[have], buf.size() - have);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    have += static_cast<std::size_t>(n);
+    total += static_cast<std::size_t>(n);
+    std::size_t pos = 0;
+    for (std::size_t eol; (eol = buf.find('\n', pos)) < have; pos = eol + 1)
+      fn(std::string_view(buf.data() + pos, eol - pos));
+    std::memmove(&buf[0], buf.data() + pos, have - pos);  // the partial last line to the front
+    have -= pos;
+  }
+  if (have > 0) fn(std::string_view(buf.data(), have));
+  ::close(fd);
+  return true;
+}
+
 class kernel_symbols {
  public:
+  explicit kernel_symbols(std::string path = "/proc/kallsyms") : path_(std::move(path)) {}
+
   // The frame of kernel address `address`: its symbol (kind kernel, module "[kernel.kallsyms]" or the
-  // module's "[name]"), else "[kernel]".
+  // module's "[name]"), else "[kernel]". An address prepare() was not given reads the whole table.
   frame resolve(std::uint64_t address) {
-    if (!loaded_) load("/proc/kallsyms");
+    if (!loaded_ || (!prepared_.empty() && !std::binary_search(prepared_.begin(), prepared_.end(), address)))
+      load(path_.c_str());
     frame f;
     f.kind = frame_kind::kernel;
     f.address = address;
@@ -5740,13 +5838,49 @@ class kernel_symbols {
   // Reads the text symbols of `path` (kallsyms format: "address type name [module]"); an unreadable file or
   // hidden addresses leave the table empty. Public for tests.
   void load(const char* path) {
-    loaded_ = true;
-    symbols_.clear();
-    names_.clear();
-    last_module_ = last_module_size_ = 0;
-    for_each_line(read_small_file(path, kKallsymsMaxBytes), [&](std::string_view line) { parse_line(line); });
+    reset();
+    for_each_file_line(path, kKallsymsMaxBytes, [&](std::string_view line) {
+      std::uint64_t address;
+      std::string_view name, module;
+      if (parse_line(line, address, name, module)) add(address, name, module);
+    });
     std::stable_sort(symbols_.begin(), symbols_.end(),
                      [](const symbol& a, const symbol& b) { return a.address < b.address; });
+  }
+
+  // Reads only what names `addresses` (kernel addresses of one dump): for each, the nearest text
+  // symbol at or below it, as load() would find it. resolve() of another address reads the whole file
+  // and keeps it: a process that dumps again and again reads the file twice, not at every dump. Does
+  // nothing once the file was read.
+  void prepare(std::vector<std::uint64_t> addresses) {
+    if (loaded_) return;
+    std::sort(addresses.begin(), addresses.end());
+    addresses.erase(std::unique(addresses.begin(), addresses.end()), addresses.end());
+    if (addresses.empty()) return;
+    reset();
+    // best[j]: the highest symbol in (addresses[j-1], addresses[j]], so the answer for addresses[j] is
+    // the last best[k] found for k <= j. One slot changes per line, whatever the order of the file.
+    struct slot {
+      bool set = false;
+      std::uint64_t address = 0;
+      std::string name, module;
+    };
+    std::vector<slot> best(addresses.size());
+    for_each_file_line(path_.c_str(), kKallsymsMaxBytes, [&](std::string_view line) {
+      std::uint64_t address;
+      std::string_view name, module;
+      if (!parse_line(line, address, name, module)) return;
+      const auto j = static_cast<std::size_t>(std::lower_bound(addresses.begin(), addresses.end(), address) -
+                                              addresses.begin());
+      if (j == best.size() || (best[j].set && address < best[j].address)) return;
+      best[j].set = true;  // an equal address replaces: the last one listed wins, as in load()
+      best[j].address = address;
+      best[j].name.assign(name);
+      best[j].module.assign(module);
+    });
+    for (const slot& b : best)  // in address order: the slots' ranges follow each other
+      if (b.set) add(b.address, b.name, b.module);
+    prepared_ = std::move(addresses);
   }
 
   std::size_t size() const { return symbols_.size(); }
@@ -5758,15 +5892,25 @@ class kernel_symbols {
     std::uint16_t name_size, module_size;
   };
 
-  void parse_line(std::string_view line) {
-    // "ffffffff81000000 T _text" or "ffffffffc0a01000 t fn\t[module]"
+  void reset() {
+    loaded_ = true;
+    prepared_.clear();
+    symbols_.clear();
+    names_.clear();
+    last_module_ = last_module_size_ = 0;
+  }
+
+  // A text symbol's line: "ffffffff81000000 T _text" or "ffffffffc0a01000 t fn\t[module]".
+  static bool parse_line(std::string_view line, std::uint64_t& address, std::string_view& rest,
+                         std::string_view& module) {
     std::size_t at = 0;  // past the address and its space
-    std::uint64_t address = 0;
-    if (!parse_hex_field(line, at, ' ', address) || line.size() < at + 3) return;
+    address = 0;
+    if (!parse_hex_field(line, at, ' ', address) || line.size() < at + 3) return false;
     const char type = line[at];
     if (address == 0 || line[at + 1] != ' ' || !(type == 't' || type == 'T' || type == 'w' || type == 'W'))
-      return;
-    std::string_view rest = line.substr(at + 2), module;
+      return false;
+    rest = line.substr(at + 2);
+    module = {};
     const std::size_t tab = rest.find('\t');
     if (tab != std::string_view::npos) {
       module = rest.substr(tab + 1);
@@ -5776,7 +5920,11 @@ class kernel_symbols {
       else
         module = {};
     }
-    if (rest.empty() || rest.size() > 0xffff || module.size() > 0xffff || names_.size() > 0xfffe0000u) return;
+    return !rest.empty() && rest.size() <= 0xffff && module.size() <= 0xffff;
+  }
+
+  void add(std::uint64_t address, std::string_view rest, std::string_view module) {
+    if (names_.size() > 0xfffe0000u) return;
     symbol s{address, static_cast<std::uint32_t>(names_.size()), 0, static_cast<std::uint16_t>(rest.size()),
              0};
     names_.append(rest);
@@ -5792,7 +5940,9 @@ class kernel_symbols {
     symbols_.push_back(s);
   }
 
+  std::string path_;
   bool loaded_ = false;
+  std::vector<std::uint64_t> prepared_;  // sorted: the addresses prepare() read for (empty: all)
   std::uint32_t last_module_ = 0;
   std::uint16_t last_module_size_ = 0;
   std::vector<symbol> symbols_;  // by address
@@ -5931,6 +6081,10 @@ class symbolizer {
     }
     out.push_back(std::move(f));
   }
+
+  // The kernel addresses a dump will resolve (before the first resolve): the first dump reads only
+  // what names them from /proc/kallsyms (kernel_symbols::prepare).
+  void prepare_kernel(std::vector<std::uint64_t> addresses) { kernel_.prepare(std::move(addresses)); }
 
   // Convenience for one frame: the real function holding the address (the outermost frame; with libdw
   // it carries the file:line of its call into the inline chain, which is dropped).
@@ -15829,6 +15983,17 @@ inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
     cache.emplace(lookup, range);
     return range;
   };
+  {
+    std::vector<std::uint64_t> kernel;
+    for (const auto& e : raw.table.entries()) {
+      const std::uint64_t* pcs = raw.table.pcs(e);
+      for (std::size_t i = 0; i < e.depth; ++i) {
+        const std::uint64_t lookup = i == 0 ? pcs[0] : pcs[i] - 1;  // as stacks_from_table looks them up
+        if (is_kernel_address(lookup)) kernel.push_back(lookup);
+      }
+    }
+    if (!kernel.empty()) sym.prepare_kernel(std::move(kernel));
+  }
   marker_frames marker(p);  // wall mode's leaves: where a thread waited, or time without a stack
   const auto counts = stacks_from_table(
       raw.table, nullptr,

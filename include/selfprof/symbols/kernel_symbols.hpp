@@ -4,11 +4,20 @@
 // lines, a few MB). Where the kernel hides its addresses (kptr_restrict: every address reads as 0) a
 // kernel frame is named "[kernel]".
 // Context: any thread (never the signal handler); not thread-safe (one per symbolizer).
+//
+// The file is streamed, never held whole. A dump that knows its kernel addresses first (prepare) keeps
+// only the symbol that names each of them, not 120,000: a short process's exit dump then pays little
+// more than the kernel's own formatting of the text (docs/measurements.md).
 #pragma once
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,12 +35,41 @@ constexpr std::size_t kKallsymsMaxBytes = std::size_t{64} << 20;
 // A kernel address further than this past the nearest symbol below it is not named by that symbol.
 constexpr std::uint64_t kKernelSymbolReach = std::uint64_t{1} << 20;
 
+// Calls fn(line) for each line of the file at `path` (without its '\n'), reading at most `limit` bytes
+// through a 64 KiB buffer. False when the file cannot be opened.
+template <class F>
+bool for_each_file_line(const char* path, std::size_t limit, F&& fn) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::string buf(std::size_t{64} << 10, '\0');
+  std::size_t have = 0, total = 0;  // bytes in buf; bytes read
+  for (;;) {
+    if (have == buf.size()) buf.resize(buf.size() * 2);  // a line longer than the buffer
+    const ssize_t n = total >= limit ? 0 : ::read(fd, &buf[have], buf.size() - have);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    have += static_cast<std::size_t>(n);
+    total += static_cast<std::size_t>(n);
+    std::size_t pos = 0;
+    for (std::size_t eol; (eol = buf.find('\n', pos)) < have; pos = eol + 1)
+      fn(std::string_view(buf.data() + pos, eol - pos));
+    std::memmove(&buf[0], buf.data() + pos, have - pos);  // the partial last line to the front
+    have -= pos;
+  }
+  if (have > 0) fn(std::string_view(buf.data(), have));
+  ::close(fd);
+  return true;
+}
+
 class kernel_symbols {
  public:
+  explicit kernel_symbols(std::string path = "/proc/kallsyms") : path_(std::move(path)) {}
+
   // The frame of kernel address `address`: its symbol (kind kernel, module "[kernel.kallsyms]" or the
-  // module's "[name]"), else "[kernel]".
+  // module's "[name]"), else "[kernel]". An address prepare() was not given reads the whole table.
   frame resolve(std::uint64_t address) {
-    if (!loaded_) load("/proc/kallsyms");
+    if (!loaded_ || (!prepared_.empty() && !std::binary_search(prepared_.begin(), prepared_.end(), address)))
+      load(path_.c_str());
     frame f;
     f.kind = frame_kind::kernel;
     f.address = address;
@@ -52,13 +90,49 @@ class kernel_symbols {
   // Reads the text symbols of `path` (kallsyms format: "address type name [module]"); an unreadable file or
   // hidden addresses leave the table empty. Public for tests.
   void load(const char* path) {
-    loaded_ = true;
-    symbols_.clear();
-    names_.clear();
-    last_module_ = last_module_size_ = 0;
-    for_each_line(read_small_file(path, kKallsymsMaxBytes), [&](std::string_view line) { parse_line(line); });
+    reset();
+    for_each_file_line(path, kKallsymsMaxBytes, [&](std::string_view line) {
+      std::uint64_t address;
+      std::string_view name, module;
+      if (parse_line(line, address, name, module)) add(address, name, module);
+    });
     std::stable_sort(symbols_.begin(), symbols_.end(),
                      [](const symbol& a, const symbol& b) { return a.address < b.address; });
+  }
+
+  // Reads only what names `addresses` (kernel addresses of one dump): for each, the nearest text
+  // symbol at or below it, as load() would find it. resolve() of another address reads the whole file
+  // and keeps it: a process that dumps again and again reads the file twice, not at every dump. Does
+  // nothing once the file was read.
+  void prepare(std::vector<std::uint64_t> addresses) {
+    if (loaded_) return;
+    std::sort(addresses.begin(), addresses.end());
+    addresses.erase(std::unique(addresses.begin(), addresses.end()), addresses.end());
+    if (addresses.empty()) return;
+    reset();
+    // best[j]: the highest symbol in (addresses[j-1], addresses[j]], so the answer for addresses[j] is
+    // the last best[k] found for k <= j. One slot changes per line, whatever the order of the file.
+    struct slot {
+      bool set = false;
+      std::uint64_t address = 0;
+      std::string name, module;
+    };
+    std::vector<slot> best(addresses.size());
+    for_each_file_line(path_.c_str(), kKallsymsMaxBytes, [&](std::string_view line) {
+      std::uint64_t address;
+      std::string_view name, module;
+      if (!parse_line(line, address, name, module)) return;
+      const auto j = static_cast<std::size_t>(std::lower_bound(addresses.begin(), addresses.end(), address) -
+                                              addresses.begin());
+      if (j == best.size() || (best[j].set && address < best[j].address)) return;
+      best[j].set = true;  // an equal address replaces: the last one listed wins, as in load()
+      best[j].address = address;
+      best[j].name.assign(name);
+      best[j].module.assign(module);
+    });
+    for (const slot& b : best)  // in address order: the slots' ranges follow each other
+      if (b.set) add(b.address, b.name, b.module);
+    prepared_ = std::move(addresses);
   }
 
   std::size_t size() const { return symbols_.size(); }
@@ -70,15 +144,25 @@ class kernel_symbols {
     std::uint16_t name_size, module_size;
   };
 
-  void parse_line(std::string_view line) {
-    // "ffffffff81000000 T _text" or "ffffffffc0a01000 t fn\t[module]"
+  void reset() {
+    loaded_ = true;
+    prepared_.clear();
+    symbols_.clear();
+    names_.clear();
+    last_module_ = last_module_size_ = 0;
+  }
+
+  // A text symbol's line: "ffffffff81000000 T _text" or "ffffffffc0a01000 t fn\t[module]".
+  static bool parse_line(std::string_view line, std::uint64_t& address, std::string_view& rest,
+                         std::string_view& module) {
     std::size_t at = 0;  // past the address and its space
-    std::uint64_t address = 0;
-    if (!parse_hex_field(line, at, ' ', address) || line.size() < at + 3) return;
+    address = 0;
+    if (!parse_hex_field(line, at, ' ', address) || line.size() < at + 3) return false;
     const char type = line[at];
     if (address == 0 || line[at + 1] != ' ' || !(type == 't' || type == 'T' || type == 'w' || type == 'W'))
-      return;
-    std::string_view rest = line.substr(at + 2), module;
+      return false;
+    rest = line.substr(at + 2);
+    module = {};
     const std::size_t tab = rest.find('\t');
     if (tab != std::string_view::npos) {
       module = rest.substr(tab + 1);
@@ -88,7 +172,11 @@ class kernel_symbols {
       else
         module = {};
     }
-    if (rest.empty() || rest.size() > 0xffff || module.size() > 0xffff || names_.size() > 0xfffe0000u) return;
+    return !rest.empty() && rest.size() <= 0xffff && module.size() <= 0xffff;
+  }
+
+  void add(std::uint64_t address, std::string_view rest, std::string_view module) {
+    if (names_.size() > 0xfffe0000u) return;
     symbol s{address, static_cast<std::uint32_t>(names_.size()), 0, static_cast<std::uint16_t>(rest.size()),
              0};
     names_.append(rest);
@@ -104,7 +192,9 @@ class kernel_symbols {
     symbols_.push_back(s);
   }
 
+  std::string path_;
   bool loaded_ = false;
+  std::vector<std::uint64_t> prepared_;  // sorted: the addresses prepare() read for (empty: all)
   std::uint32_t last_module_ = 0;
   std::uint16_t last_module_size_ = 0;
   std::vector<symbol> symbols_;  // by address

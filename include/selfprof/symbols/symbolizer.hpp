@@ -149,6 +149,10 @@ class symbolizer {
     out.push_back(std::move(f));
   }
 
+  // The kernel addresses a dump will resolve (before the first resolve): the first dump reads only
+  // what names them from /proc/kallsyms (kernel_symbols::prepare).
+  void prepare_kernel(std::vector<std::uint64_t> addresses) { kernel_.prepare(std::move(addresses)); }
+
   // Convenience for one frame: the real function holding the address (the outermost frame; with libdw
   // it carries the file:line of its call into the inline chain, which is dropped).
   frame resolve_one(std::uint64_t address) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "selfprof/detail/stack_table.hpp"
 #include "selfprof/jit/registry.hpp"
@@ -54,6 +55,60 @@ TEST_CASE("kernel symbols: text symbols by address, module names, reach") {
   CHECK(k.resolve(0xffffffffc0b00004ull).module == "[ext4]");
   CHECK(k.resolve(0xffffffff80000000ull).name == "[kernel]");  // below every symbol
   CHECK(k.resolve(0xffffffffc0b00000ull + (std::uint64_t{4} << 20)).name == "[kernel]");  // out of reach
+}
+
+TEST_CASE("kernel symbols: prepare() reads only what names the given addresses, as load() names them") {
+  // Core symbols in address order, then modules out of order, an alias, data, and a long line.
+  std::string text =
+      "ffffffff81000000 T _stext\n"
+      "ffffffff81001000 t do_syscall_64\n"
+      "ffffffff81001000 t do_syscall_64_alias\n"
+      "ffffffff81002000 D some_data\n"
+      "ffffffff81003000 W weak_fn\n";
+  for (int i = 0; i < 3000; ++i) {  // more than one 64 KiB read
+    char line[64];
+    std::snprintf(line, sizeof line, "%llx t filler_%d\n", 0xffffffff81100000ull + 0x40ull * i, i);
+    text += line;
+  }
+  text += "ffffffffc0b00000 T ext4_fn\t[ext4]\n";
+  text += "ffffffffc0a02000 t nf_other\t[nf_tables]\n";
+  text += "ffffffffc0a01000 t nf_hook_fn\t[nf_tables]\n";
+  text += "ffffffff81200000 t " + std::string(65530, 'x') + "\n";  // longer than the buffer
+  text += "ffffffff81300000 t last_no_newline";
+  const std::string path = kernel_symbols_test::write_kallsyms(text);
+  const std::vector<std::uint64_t> wanted = {0xffffffff81001234ull,
+                                             0xffffffff81002800ull,
+                                             0xffffffff81003010ull,
+                                             0xffffffff81100000ull + 0x40 * 1234 + 7,
+                                             0xffffffffc0a01010ull,
+                                             0xffffffffc0a02010ull,
+                                             0xffffffffc0b00004ull,
+                                             0xffffffff80000000ull,
+                                             0xffffffffc0b00000ull + (std::uint64_t{4} << 20),
+                                             0xffffffff81200010ull,
+                                             0xffffffff81300001ull,
+                                             0xffffffff81001234ull};
+  selfprof::detail::kernel_symbols whole(path);
+  whole.load(path.c_str());
+  CHECK(whole.size() == 3000 + 9);
+  selfprof::detail::kernel_symbols some(path);
+  some.prepare(wanted);
+  CHECK(some.size() <= 10);  // one symbol per distinct address at most
+  for (std::uint64_t a : wanted) {
+    INFO(std::hex << a);
+    const selfprof::frame w = whole.resolve(a), s = some.resolve(a);
+    CHECK(s.name == w.name);
+    CHECK(s.module == w.module);
+    CHECK(s.module_offset == w.module_offset);
+  }
+  CHECK(some.resolve(0xffffffff81001234ull).name == "do_syscall_64_alias");  // the last one listed
+  CHECK(some.resolve(0xffffffff81200010ull).name.size() == 65530);
+  CHECK(some.resolve(0xffffffff81300001ull).name == "last_no_newline");
+  CHECK(some.size() <= 10);
+  // An address it was not prepared for: the whole file is read, and kept.
+  CHECK(some.resolve(0xffffffff81100000ull + 0x40 * 17 + 1).name == "filler_17");
+  CHECK(some.size() == whole.size());
+  ::unlink(path.c_str());
 }
 
 TEST_CASE("kernel symbols: hidden addresses and a missing file name frames [kernel]") {
