@@ -104,5 +104,23 @@ else
   echo "skip unprivileged user (not root or no setpriv)"
 fi
 
+# As root, kernel frames are sampled, and the recorder names them from /proc/kallsyms: only the symbols
+# of the kernel addresses recorded are kept (kernel_symbols::prepare), named as the whole table names them.
+if [ "$(id -u)" -eq 0 ] && [ "$(head -c 16 /proc/kallsyms)" != 0000000000000000 ]; then
+  if "$bin" record -q --follow-exec -F 999 -o kernel.folded -- dd if=/dev/zero of=/dev/null bs=512 count=400000 2> /dev/null; then
+    kernel=$(grep -o '[^;]*_\[k\]' kernel.folded | wc -l)
+    unnamed=$(grep -o '\[kernel\]_\[k\]' kernel.folded | wc -l)
+    if [ "$kernel" -gt 0 ] && [ $((unnamed * 20)) -le "$kernel" ]; then
+      ok "root: $kernel kernel frames in the stacks, $unnamed not named"
+    else
+      bad "root: $kernel kernel frames, $unnamed not named: $(grep -m3 '_\[k\]' kernel.folded | cut -c1-200)"
+    fi
+  else
+    bad "root: record of dd failed"
+  fi
+else
+  echo "skip kernel frames (not root, or kallsyms hides addresses)"
+fi
+
 [ $fails -eq 0 ] && echo "PASS" || echo "$fails failure(s)"
 [ $fails -eq 0 ]

@@ -224,6 +224,21 @@ class raw_merger {
   explicit raw_merger(bool pid_roots)
       : pid_roots_(pid_roots), cache_(std::make_shared<selfprof::detail::shared_file_symbols>()) {}
 
+  // Before the first add(), the processes that will be added: /proc/kallsyms is then read only for
+  // their kernel addresses (kernel_symbols::prepare), not whole.
+  void prepare_kernel(const std::vector<raw_process>& processes) {
+    std::vector<std::uint64_t> kernel;
+    for (const raw_process& p : processes)
+      for (const auto& e : p.raw.table.entries()) {
+        const std::uint64_t* pcs = p.raw.table.pcs(e);
+        for (std::size_t i = 0; i < e.depth; ++i) {
+          const std::uint64_t lookup = i == 0 ? pcs[0] : pcs[i] - 1;  // as add() looks them up
+          if (selfprof::detail::is_kernel_address(lookup)) kernel.push_back(lookup);
+        }
+      }
+    kernel_.prepare(std::move(kernel));
+  }
+
   void add(const raw_process& p) {
     using namespace selfprof;
     using namespace selfprof::detail;

@@ -431,7 +431,9 @@ int run_record(int argc, char** argv) {
   if (perf_on) {
     const double recorded_ms = own_cpu_ms();
     raw_merger merger(a.has("pid-roots"));
-    for (const raw_process& p : recorder.take()) merger.add(p);
+    const std::vector<raw_process> processes = recorder.take();
+    merger.prepare_kernel(processes);
+    for (const raw_process& p : processes) merger.add(p);
     const double named_ms = own_cpu_ms();
     const perf_record_counts& c = recorder.counts();
     std::vector<std::string> notes;

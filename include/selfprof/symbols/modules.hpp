@@ -355,13 +355,6 @@ class module_registry {
     const bool was_pending = std::exchange(result.pending, false);
     const maps_entry& e = result.first_seen;
     ++loaded_;
-    if (was_pending) {
-      struct stat now {};
-      if (::stat(e.path.c_str(), &now) != 0 || !same_stamp(now, result.stamp)) {
-        warn_no_symbols(e.path, status::error(e.path + ": changed on disk since it was mapped"));
-        return;
-      }
-    }
     // Deleted files and memfds are reachable through /proc/self/map_files (opening its entries needs
     // CAP_SYS_ADMIN, or CAP_CHECKPOINT_RESTORE since Linux 5.9; see proc(5)), else through a descriptor
     // we still hold; map_files also serves a file replaced on disk since it was mapped.
@@ -369,8 +362,26 @@ class module_registry {
     std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
                   static_cast<unsigned long long>(e.start), static_cast<unsigned long long>(e.end));
     std::string via_map_files = buffer;
-    const bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
     mapped_file file;
+    if (was_pending) {
+      struct stat now {};
+      const bool same_path = ::stat(e.path.c_str(), &now) == 0;
+      if (!same_path || !same_stamp(now, result.stamp)) {
+        // Another file at the path now (an upgrade renames a new one over it): the mapped one may still
+        // be reached through map_files. The same file changed in place: its old bytes are gone.
+        const bool replaced =
+            !same_path || now.st_ino != result.stamp.st_ino || now.st_dev != result.stamp.st_dev;
+        status st = replaced ? file.open(via_map_files, e.inode) : status::error("rewritten in place");
+        if (!st) {
+          warn_no_symbols(
+              e.path, status::error(e.path + ": changed on disk since it was mapped (" + st.message() + ")"));
+          return;
+        }
+        load_from(file, e, false, result);
+        return;
+      }
+    }
+    const bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
     status st = file.open(hidden ? via_map_files : e.path, e.inode);
     if (!st && hidden) st = open_through_fd(e, file);
     if (!st && !hidden) st = file.open(via_map_files, e.inode);
@@ -380,8 +391,13 @@ class module_registry {
       warn_no_symbols(e.path, st);
       return;
     }
+    load_from(file, e, hidden, result);
+  }
+
+  // Parses the open `file` (the mapping `e`'s) into `result`.
+  void load_from(mapped_file& file, const maps_entry& e, bool hidden, module_symbols& result) {
     elf_image image;
-    st = image.parse(file, e.path);
+    status st = image.parse(file, e.path);
     if (st) load_elf(image, e.path, hidden, result);
     // Symbols of a file that changed while being read could mix two versions: none rather than wrong.
     if (status unchanged = file.check(); !unchanged) {

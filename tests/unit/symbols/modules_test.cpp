@@ -252,6 +252,44 @@ TEST_CASE("modules: a file changed on disk between first seen and first lookup g
   }
 }
 
+TEST_CASE("modules: a mapped library replaced on disk before its first lookup is read through map_files") {
+  std::string lib = selfprof_test::fixture_library();
+  REQUIRE(!lib.empty());
+  selfprof_test::temp_dir dir;
+  const std::string path = dir / "libfx_replaced.so";
+  const std::string original = selfprof_test::read_file(lib);
+  REQUIRE(selfprof_test::write_file(path, original));
+  selfprof_test::library handle(path);
+  REQUIRE(handle);
+  auto add = reinterpret_cast<std::uint64_t>(handle.symbol("selfprof_fixture_add"));
+  REQUIRE(add != 0);
+  module_registry reg;
+  reg.refresh();
+  // An upgrade: a new file renamed over the path (a new inode); the process still maps the old one.
+  const std::string next = dir / "libfx_replaced.so.new";
+  std::string other = original;
+  other.back() = static_cast<char>(other.back() ^ 0x5a);
+  REQUIRE(selfprof_test::write_file(next, other));
+  REQUIRE(::rename(next.c_str(), path.c_str()) == 0);
+  const module* m = reg.find(add);
+  REQUIRE(m != nullptr);
+  auto warnings = reg.take_warnings();
+  char range[80];
+  std::snprintf(range, sizeof range, "/proc/self/map_files/%llx-%llx",
+                static_cast<unsigned long long>(m->start), static_cast<unsigned long long>(m->end));
+  const int probe = ::open(range, O_RDONLY | O_CLOEXEC);
+  if (probe >= 0) {  // root (CAP_SYS_ADMIN): the mapped file's own symbols
+    ::close(probe);
+    CHECK(symbol_name(*m, add) == "selfprof_fixture_add");
+    CHECK(warnings.empty());
+  } else {  // no way to the old bytes: no symbols, and a warning that says why
+    MESSAGE("map_files not readable here: the replaced library is checked for its warning only");
+    CHECK(symbol_name(*m, add) == "<none>");
+    REQUIRE(warnings.size() == 1);
+    CHECK(warnings[0].find(path + ": changed on disk since it was mapped") != std::string::npos);
+  }
+}
+
 TEST_CASE("modules: a library mapped twice (dlmopen) gets two biases and one parsed table") {
   std::string lib = selfprof_test::fixture_library();
   REQUIRE(!lib.empty());
