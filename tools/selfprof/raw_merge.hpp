@@ -228,14 +228,7 @@ class raw_merger {
   // their kernel addresses (kernel_symbols::prepare), not whole.
   void prepare_kernel(const std::vector<raw_process>& processes) {
     std::vector<std::uint64_t> kernel;
-    for (const raw_process& p : processes)
-      for (const auto& e : p.raw.table.entries()) {
-        const std::uint64_t* pcs = p.raw.table.pcs(e);
-        for (std::size_t i = 0; i < e.depth; ++i) {
-          const std::uint64_t lookup = i == 0 ? pcs[0] : pcs[i] - 1;  // as add() looks them up
-          if (selfprof::detail::is_kernel_address(lookup)) kernel.push_back(lookup);
-        }
-      }
+    for (const raw_process& p : processes) selfprof::detail::append_kernel_lookups(p.raw.table, kernel);
     kernel_.prepare(std::move(kernel));
   }
 

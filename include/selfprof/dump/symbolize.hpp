@@ -85,13 +85,7 @@ inline profile build_profile(const raw_snapshot& raw, symbolizer& sym) {
   };
   {
     std::vector<std::uint64_t> kernel;
-    for (const auto& e : raw.table.entries()) {
-      const std::uint64_t* pcs = raw.table.pcs(e);
-      for (std::size_t i = 0; i < e.depth; ++i) {
-        const std::uint64_t lookup = i == 0 ? pcs[0] : pcs[i] - 1;  // as stacks_from_table looks them up
-        if (is_kernel_address(lookup)) kernel.push_back(lookup);
-      }
-    }
+    append_kernel_lookups(raw.table, kernel);
     if (!kernel.empty()) sym.prepare_kernel(std::move(kernel));
   }
   marker_frames marker(p);  // wall mode's leaves: where a thread waited, or time without a stack

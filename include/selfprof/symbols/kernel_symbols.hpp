@@ -61,6 +61,18 @@ bool for_each_file_line(const char* path, std::size_t limit, F&& fn) {
   return true;
 }
 
+// Appends the kernel addresses the stacks of `table` are looked up at: the interrupted pc as it is, a
+// return address less one (as dump/symbolize.hpp's stacks_from_table looks them up).
+inline void append_kernel_lookups(const stack_table& table, std::vector<std::uint64_t>& out) {
+  for (const auto& e : table.entries()) {
+    const std::uint64_t* pcs = table.pcs(e);
+    for (std::size_t i = 0; i < e.depth; ++i) {
+      const std::uint64_t lookup = i == 0 ? pcs[0] : pcs[i] - 1;
+      if (is_kernel_address(lookup)) out.push_back(lookup);
+    }
+  }
+}
+
 class kernel_symbols {
  public:
   explicit kernel_symbols(std::string path = "/proc/kallsyms") : path_(std::move(path)) {}

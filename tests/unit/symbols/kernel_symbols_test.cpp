@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -109,6 +110,20 @@ TEST_CASE("kernel symbols: prepare() reads only what names the given addresses, 
   CHECK(some.resolve(0xffffffff81100000ull + 0x40 * 17 + 1).name == "filler_17");
   CHECK(some.size() == whole.size());
   ::unlink(path.c_str());
+}
+
+TEST_CASE("kernel symbols: a table's kernel lookups are its kernel pcs, return addresses less one") {
+  selfprof::detail::stack_table table;
+  const std::uint64_t a[] = {0xffffffff81001234ull, 0xffffffff81002000ull, 0x401000ull};  // leaf first
+  const std::uint64_t b[] = {0x401234ull, 0x402000ull};
+  const std::uint64_t vsyscall[] = {0xffffffffff600400ull};  // the vsyscall page is not the kernel's code
+  REQUIRE(table.add(1, 0, a, 3, 1));
+  REQUIRE(table.add(1, 0, b, 2, 5));
+  REQUIRE(table.add(2, 0, vsyscall, 1, 1));
+  std::vector<std::uint64_t> out;
+  selfprof::detail::append_kernel_lookups(table, out);
+  std::sort(out.begin(), out.end());
+  CHECK(out == std::vector<std::uint64_t>{0xffffffff81001234ull, 0xffffffff81001fffull});
 }
 
 TEST_CASE("kernel symbols: hidden addresses and a missing file name frames [kernel]") {
