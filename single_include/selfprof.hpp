@@ -3642,10 +3642,12 @@ class perf_map {
 // A file's symbols are read at the first lookup of an address in it (find), not when it is first seen:
 // a dump costs what its sampled modules weigh, not every mapped library (docs/measurements.md). So
 // that a late read never names one file's code with another's symbols, the path's stat (device, inode,
-// size, mtime) is noted when the file is first seen; a later read whose stat differs gives no symbols
-// and says why. Read at once instead: deleted files and memfds (they may be gone by the first lookup),
-// files whose path cannot be stat'ed, and a file whose mapping went away before any lookup (read when
-// the unmap is seen, so a dlclose'd library keeps its names).
+// size, mtime) is noted when the file is first seen. If another file is at the path by the read (an
+// upgrade), the mapped one is read through map_files where the process may; if the file changed in
+// place, or map_files is closed to it, there are no symbols and a warning says why. Read at once
+// instead: deleted files and memfds (they may be gone by the first lookup), files whose path cannot be
+// stat'ed, and a file whose mapping went away before any lookup (read when the unmap is seen, so a
+// dlclose'd library keeps its names).
 
 #include <dirent.h>
 #include <link.h>
