@@ -43,9 +43,10 @@ namespace lifecycle_files_torture {
 
 // Total samples of a folded file; fails the test when it does not parse cleanly.
 inline std::uint64_t folded_total(const std::string& path) {
-  const std::string text = selfprof::detail::read_small_file(path);
+  const std::string text = selfprof::detail::read_small_file(path, std::size_t{256} << 20);  // whole: >1 MiB
   auto r = selfprof::parse_folded(text, path);
-  CHECK_MESSAGE(r.errors.empty(), path);
+  CHECK_MESSAGE(r.errors.empty(),
+                path << (r.errors.empty() ? std::string() : ": " + r.errors[0].to_string()));
   std::uint64_t n = 0;
   for (const auto& s : r.prof.stacks) n += s.count;
   return n;
