@@ -23,7 +23,7 @@ namespace {
 // The file's bytes with the one field that grows while sampling goes on (the duration, in the SVG's footer
 // and the top list's header) replaced by a placeholder.
 std::string triggers_normalized(const std::string& path) {
-  std::string text = selfprof::detail::read_small_file(path, ~std::size_t(0));
+  std::string text = wl::read_output(path);
   // The SVG footer's "| 1.23 s |" or "| 456.7 ms |", the top list's "duration: 1.234".
   for (std::size_t at = 0; (at = text.find("| ", at)) != std::string::npos; at += 2) {
     std::size_t end = at + 2;
@@ -150,6 +150,6 @@ TEST_CASE("a forked child's exit writes no profile; SELFPROF_STOP() then exit st
   REQUIRE(waitpid(child, &status, 0) == child);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-  const std::string text = selfprof::detail::read_small_file(dir + "/exit.folded");
+  const std::string text = wl::read_output(dir + "/exit.folded");
   CHECK(text.find("spin_units") != std::string::npos);
 }

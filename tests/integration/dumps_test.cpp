@@ -28,7 +28,7 @@ using wl::temp_dir;
 
 // Total samples of a folded file; fails the test when it does not parse cleanly.
 std::uint64_t folded_total(const std::string& path) {
-  std::string text = selfprof::detail::read_small_file(path);
+  std::string text = wl::read_output(path);
   auto r = selfprof::detail::parse_folded(text, path);
   CHECK(r.errors.empty());
   CHECK((text.empty() || text.back() == '\n'));

@@ -238,13 +238,13 @@ TEST_CASE("two threads mark frames of their own loops: render and sim") {
   REQUIRE(mkdtemp(dir) != nullptr);
   std::string top = std::string(dir) + "/cpu.txt";
   REQUIRE(selfprof::dump(top));
-  std::string text = selfprof::detail::read_small_file(top);
+  std::string text = wl::read_output(top);
   CHECK(text.find("# frames: render (tid " + std::to_string(render.tid) + "): 120 frames") !=
         std::string::npos);
   CHECK(text.find("# frames: sim (tid " + std::to_string(sim.tid) + "): 200 frames") != std::string::npos);
   std::string svg = std::string(dir) + "/cpu.svg";
   REQUIRE(selfprof::dump_slow_frames(svg));
-  std::string svg_text = selfprof::detail::read_small_file(svg);
+  std::string svg_text = wl::read_output(svg);
   CHECK(svg_text.find("render (tid ") != std::string::npos);
   CHECK(svg_text.find("view: slow frames") != std::string::npos);
   std::remove(top.c_str());
@@ -280,7 +280,7 @@ TEST_CASE("the worst frames, one file each, samples in time order") {
   REQUIRE(mkdtemp(dir) != nullptr);
   REQUIRE(selfprof::dump_worst_frames(std::string(dir) + "/frame.svg", 2));
   std::string f1 = std::string(dir) + "/frame-frame1.svg", f2 = std::string(dir) + "/frame-frame2.svg";
-  std::string text = selfprof::detail::read_small_file(f1);
+  std::string text = wl::read_output(f1);
   CHECK(text.find("Flame chart of frame ") != std::string::npos);
   CHECK(text.find("rebuild_broadphase") != std::string::npos);
   struct stat st {};

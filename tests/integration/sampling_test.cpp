@@ -138,7 +138,7 @@ TEST_CASE("the folded output of a run names the leaves and is well formed") {
   REQUIRE(mkdtemp(dir) != nullptr);
   std::string path = std::string(dir) + "/cpu.folded";
   REQUIRE(selfprof::dump(path));
-  std::string text = selfprof::detail::read_small_file(path);
+  std::string text = wl::read_output(path);
   CHECK(text.find("leaf_a") != std::string::npos);
   CHECK(text.find("wl::deep(int, long);wl::deep(int, long);") != std::string::npos);
   // Every line: frames, one space, an integer count.

@@ -168,6 +168,12 @@ struct temp_dir {
   }
 };
 
+// A file the profiler wrote, whole: read_small_file's default limit (1 MiB) would cut a dump of deep
+// stacks (under ASan, say), and the cut last line would fail the parse, not the profiler.
+inline std::string read_output(const std::string& path) {
+  return selfprof::detail::read_small_file(path, ~std::size_t(0));
+}
+
 inline int count_dir(const char* path) {
   int n = 0;
   if (DIR* d = opendir(path)) {

@@ -43,7 +43,7 @@ namespace lifecycle_files_torture {
 
 // Total samples of a folded file; fails the test when it does not parse cleanly.
 inline std::uint64_t folded_total(const std::string& path) {
-  const std::string text = selfprof::detail::read_small_file(path, std::size_t{256} << 20);  // whole: >1 MiB
+  const std::string text = wl::read_output(path);
   auto r = selfprof::parse_folded(text, path);
   CHECK_MESSAGE(r.errors.empty(),
                 path << (r.errors.empty() ? std::string() : ": " + r.errors[0].to_string()));
@@ -221,7 +221,7 @@ TEST_CASE("torture: stop() then exit with SELFPROF_OUT set writes what was colle
     MESSAGE(at_stop << " samples at stop(); the file existed at stop(): "
                     << std::string(written_at_stop ? "yes" : "no") << " (documented: written at exit)");
     REQUIRE(lft::exists(out));
-    const std::string text = selfprof::detail::read_small_file(out);
+    const std::string text = wl::read_output(out);
     CHECK(at_stop > 20);
     CHECK(lft::folded_total(out) == at_stop);  // everything collected, nothing after stop()
     CHECK(text.find("lifecycle_after_stop_spin") == std::string::npos);
@@ -309,8 +309,8 @@ TEST_CASE("torture: every file of one dump has its number, whatever triggered it
     if (!d.second.count("") || !d.second.count("-offcpu")) continue;
     // Same dump, same snapshot: the companion holds exactly the main file's off-CPU lines, counts
     // included (wall time grows from one snapshot to the next).
-    const auto main_lines = lft::lines_of(selfprof::detail::read_small_file(base + ".folded"));
-    const auto off_lines = lft::lines_of(selfprof::detail::read_small_file(base + "-offcpu.folded"));
+    const auto main_lines = lft::lines_of(wl::read_output(base + ".folded"));
+    const auto off_lines = lft::lines_of(wl::read_output(base + "-offcpu.folded"));
     std::size_t foreign = 0, missing = 0;
     for (const std::string& l : off_lines) foreign += main_lines.count(l) ? 0 : 1;
     for (const std::string& l : main_lines)

@@ -91,7 +91,7 @@ WL_NOINLINE double branch(int n, unsigned bits) {
 }
 
 std::uint64_t folded_total(const std::string& path) {
-  const std::string text = selfprof::detail::read_small_file(path);
+  const std::string text = wl::read_output(path);
   auto r = selfprof::detail::parse_folded(text, path);
   CHECK(r.errors.empty());
   std::uint64_t n = 0;
