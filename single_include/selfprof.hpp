@@ -4326,6 +4326,9 @@ struct maps_entry {
   bool executable = false;
   bool deleted = false;  // the path ended in " (deleted)" (removed file, or a memfd)
   std::string path;      // without the " (deleted)" suffix; empty for anonymous memory
+
+  // A file with no path to open again: deleted, or a memfd ("/memfd:NAME").
+  bool hidden_file() const { return deleted || path.compare(0, 7, "/memfd:") == 0; }
 };
 
 // Parses one hexadecimal field ending at `stop` (or the end); advances `pos`. False when empty or bad.
@@ -4998,7 +5001,7 @@ class module_registry {
     }
     std::shared_ptr<module_symbols> result = parsed_.back();
     result->first_seen = e;
-    const bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
+    const bool hidden = e.hidden_file();
     result->pending = !hidden && ::stat(e.path.c_str(), &result->stamp) == 0;
     if (!result->pending) read_file_symbols(*result);
     return result;
@@ -5040,7 +5043,7 @@ class module_registry {
         return;
       }
     }
-    const bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
+    const bool hidden = e.hidden_file();
     status st = file.open(hidden ? via_map_files : e.path, e.inode);
     if (!st && hidden) st = open_through_fd(e, file);
     if (!st && !hidden) st = file.open(via_map_files, e.inode);
@@ -5628,11 +5631,7 @@ class dwarf_lines {
 // only the symbol that names each of them, not 120,000: a short process's exit dump then pays little
 // more than the kernel's own formatting of the text (docs/measurements.md).
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -5644,6 +5643,7 @@ class dwarf_lines {
 // Facts about this process that several parts read: the dynamic loader's generation, the threads in
 // /proc/self/task (names, blocked signals, start times, scheduler statistics), the main thread's stack end
 // and the CPUs the process may use. Names, masks and start times are read through sys().read_task_file.
+// Also the two ways files are read here: a small file whole, a large one (/proc/kallsyms) line by line.
 // Context: any thread except the signal handler (dl_iterate_phdr takes the loader's lock).
 
 #include <dirent.h>
@@ -5653,11 +5653,14 @@ class dwarf_lines {
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 
@@ -5691,6 +5694,32 @@ inline std::string read_small_file(const std::string& path, std::size_t limit = 
   }
   ::close(fd);
   return out;
+}
+
+// Calls fn(line) for each line of the file at `path` (without its '\n'), reading at most `limit` bytes
+// through a 64 KiB buffer. False when the file cannot be opened.
+template <class F>
+bool for_each_file_line(const char* path, std::size_t limit, F&& fn) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::string buf(std::size_t{64} << 10, '\0');
+  std::size_t have = 0, total = 0;  // bytes in buf; bytes read
+  for (;;) {
+    if (have == buf.size()) buf.resize(buf.size() * 2);  // a line longer than the buffer
+    const ssize_t n = total >= limit ? 0 : ::read(fd, &buf[have], buf.size() - have);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    have += static_cast<std::size_t>(n);
+    total += static_cast<std::size_t>(n);
+    std::size_t pos = 0;
+    for (std::size_t eol; (eol = buf.find('\n', pos)) < have; pos = eol + 1)
+      fn(std::string_view(buf.data() + pos, eol - pos));
+    std::memmove(&buf[0], buf.data() + pos, have - pos);  // the partial last line to the front
+    have -= pos;
+  }
+  if (have > 0) fn(std::string_view(buf.data(), have));
+  ::close(fd);
+  return true;
 }
 
 // The threads of this process now (/proc/self/task).
@@ -5800,32 +5829,6 @@ namespace detail {
 constexpr std::size_t kKallsymsMaxBytes = std::size_t{64} << 20;
 // A kernel address further than this past the nearest symbol below it is not named by that symbol.
 constexpr std::uint64_t kKernelSymbolReach = std::uint64_t{1} << 20;
-
-// Calls fn(line) for each line of the file at `path` (without its '\n'), reading at most `limit` bytes
-// through a 64 KiB buffer. False when the file cannot be opened.
-template <class F>
-bool for_each_file_line(const char* path, std::size_t limit, F&& fn) {
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  std::string buf(std::size_t{64} << 10, '\0');
-  std::size_t have = 0, total = 0;  // bytes in buf; bytes read
-  for (;;) {
-    if (have == buf.size()) buf.resize(buf.size() * 2);  // a line longer than the buffer
-    const ssize_t n = total >= limit ? 0 : ::read(fd, &buf[have], buf.size() - have);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    have += static_cast<std::size_t>(n);
-    total += static_cast<std::size_t>(n);
-    std::size_t pos = 0;
-    for (std::size_t eol; (eol = buf.find('\n', pos)) < have; pos = eol + 1)
-      fn(std::string_view(buf.data() + pos, eol - pos));
-    std::memmove(&buf[0], buf.data() + pos, have - pos);  // the partial last line to the front
-    have -= pos;
-  }
-  if (have > 0) fn(std::string_view(buf.data(), have));
-  ::close(fd);
-  return true;
-}
 
 // Appends the kernel addresses the stacks of `table` are looked up at: the interrupted pc as it is, a
 // return address less one (as dump/symbolize.hpp's stacks_from_table looks them up).

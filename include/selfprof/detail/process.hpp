@@ -1,6 +1,7 @@
 // Facts about this process that several parts read: the dynamic loader's generation, the threads in
 // /proc/self/task (names, blocked signals, start times, scheduler statistics), the main thread's stack end
 // and the CPUs the process may use. Names, masks and start times are read through sys().read_task_file.
+// Also the two ways files are read here: a small file whole, a large one (/proc/kallsyms) line by line.
 // Context: any thread except the signal handler (dl_iterate_phdr takes the loader's lock).
 #pragma once
 
@@ -11,11 +12,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "selfprof/detail/sys.hpp"
@@ -51,6 +55,32 @@ inline std::string read_small_file(const std::string& path, std::size_t limit = 
   }
   ::close(fd);
   return out;
+}
+
+// Calls fn(line) for each line of the file at `path` (without its '\n'), reading at most `limit` bytes
+// through a 64 KiB buffer. False when the file cannot be opened.
+template <class F>
+bool for_each_file_line(const char* path, std::size_t limit, F&& fn) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::string buf(std::size_t{64} << 10, '\0');
+  std::size_t have = 0, total = 0;  // bytes in buf; bytes read
+  for (;;) {
+    if (have == buf.size()) buf.resize(buf.size() * 2);  // a line longer than the buffer
+    const ssize_t n = total >= limit ? 0 : ::read(fd, &buf[have], buf.size() - have);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    have += static_cast<std::size_t>(n);
+    total += static_cast<std::size_t>(n);
+    std::size_t pos = 0;
+    for (std::size_t eol; (eol = buf.find('\n', pos)) < have; pos = eol + 1)
+      fn(std::string_view(buf.data() + pos, eol - pos));
+    std::memmove(&buf[0], buf.data() + pos, have - pos);  // the partial last line to the front
+    have -= pos;
+  }
+  if (have > 0) fn(std::string_view(buf.data(), have));
+  ::close(fd);
+  return true;
 }
 
 // The threads of this process now (/proc/self/task).

@@ -10,11 +10,7 @@
 // more than the kernel's own formatting of the text (docs/measurements.md).
 #pragma once
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -34,32 +30,6 @@ namespace detail {
 constexpr std::size_t kKallsymsMaxBytes = std::size_t{64} << 20;
 // A kernel address further than this past the nearest symbol below it is not named by that symbol.
 constexpr std::uint64_t kKernelSymbolReach = std::uint64_t{1} << 20;
-
-// Calls fn(line) for each line of the file at `path` (without its '\n'), reading at most `limit` bytes
-// through a 64 KiB buffer. False when the file cannot be opened.
-template <class F>
-bool for_each_file_line(const char* path, std::size_t limit, F&& fn) {
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  std::string buf(std::size_t{64} << 10, '\0');
-  std::size_t have = 0, total = 0;  // bytes in buf; bytes read
-  for (;;) {
-    if (have == buf.size()) buf.resize(buf.size() * 2);  // a line longer than the buffer
-    const ssize_t n = total >= limit ? 0 : ::read(fd, &buf[have], buf.size() - have);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    have += static_cast<std::size_t>(n);
-    total += static_cast<std::size_t>(n);
-    std::size_t pos = 0;
-    for (std::size_t eol; (eol = buf.find('\n', pos)) < have; pos = eol + 1)
-      fn(std::string_view(buf.data() + pos, eol - pos));
-    std::memmove(&buf[0], buf.data() + pos, have - pos);  // the partial last line to the front
-    have -= pos;
-  }
-  if (have > 0) fn(std::string_view(buf.data(), have));
-  ::close(fd);
-  return true;
-}
 
 // Appends the kernel addresses the stacks of `table` are looked up at: the interrupted pc as it is, a
 // return address less one (as dump/symbolize.hpp's stacks_from_table looks them up).

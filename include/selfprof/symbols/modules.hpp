@@ -341,7 +341,7 @@ class module_registry {
     }
     std::shared_ptr<module_symbols> result = parsed_.back();
     result->first_seen = e;
-    const bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
+    const bool hidden = e.hidden_file();
     result->pending = !hidden && ::stat(e.path.c_str(), &result->stamp) == 0;
     if (!result->pending) read_file_symbols(*result);
     return result;
@@ -383,7 +383,7 @@ class module_registry {
         return;
       }
     }
-    const bool hidden = e.deleted || e.path.compare(0, 7, "/memfd:") == 0;
+    const bool hidden = e.hidden_file();
     status st = file.open(hidden ? via_map_files : e.path, e.inode);
     if (!st && hidden) st = open_through_fd(e, file);
     if (!st && !hidden) st = file.open(via_map_files, e.inode);

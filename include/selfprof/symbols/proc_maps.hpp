@@ -25,6 +25,9 @@ struct maps_entry {
   bool executable = false;
   bool deleted = false;  // the path ended in " (deleted)" (removed file, or a memfd)
   std::string path;      // without the " (deleted)" suffix; empty for anonymous memory
+
+  // A file with no path to open again: deleted, or a memfd ("/memfd:NAME").
+  bool hidden_file() const { return deleted || path.compare(0, 7, "/memfd:") == 0; }
 };
 
 // Parses one hexadecimal field ending at `stop` (or the end); advances `pos`. False when empty or bad.
