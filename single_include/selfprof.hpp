@@ -11963,6 +11963,7 @@ constexpr const char* kDefaultDumpTemplate = "selfprof-%p-%n.svg";
 
 // The values a template's fields take in one dump: every file of a dump gets the same number and time.
 struct path_fields {
+  long long pid = 0;  // %p; 0: this process (selfprof record names its children's profiles)
   unsigned long number = 0;
   long long unix_time = 0;
   std::string rank;  // %f: empty when the dump has no ranks
@@ -11984,7 +11985,7 @@ inline std::string expand_path_template(const std::string& tmpl, const path_fiel
     }
     const char c = tmpl[++i];
     if (c == 'p')
-      out += std::to_string(::getpid());
+      out += std::to_string(f.pid != 0 ? f.pid : static_cast<long long>(::getpid()));
     else if (c == 't')
       out += std::to_string(f.unix_time);
     else if (c == 'n')

@@ -264,6 +264,18 @@ if grep -q "perf_event rings" fx.err; then
   "$bin" record -q --follow-exec --pid-roots -F 499 -o fxp.folded -- /bin/sh -c '(./hot_c 0 50000000 > /dev/null; true); exec ./hot_c 0 50000000' > /dev/null
   [ "$(grep -o '^hot_c \[[0-9]*\]' fxp.folded | sort -u | wc -l)" -eq 2 ] && ok "--pid-roots: the fork and the exec are two processes" ||
     bad "--pid-roots: $(cut -d';' -f1 fxp.folded | sort -u | tr '\n' ' ')"
+  # A profile per process (%p) by perf_event too, written at the end: nothing loaded into the programs;
+  # each hot_c's own profile, unrooted; the script's pid holds its two images (sh, then the exec'd
+  # hot_c) under their names; and /usr/bin/true, which may get no sample, still gets its file.
+  mkdir fpp
+  "$bin" record -q --follow-exec -F 499 -o 'fpp/p-%p.folded' -- /bin/sh -c 'echo "[$LD_PRELOAD]"; ./hot_c 0 60000000 > /dev/null; /usr/bin/true; i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; exec ./hot_c 0 60000000' > fpp.out
+  rc=$?
+  n_pp=$(ls fpp | wc -l)
+  own=$(grep -l '^_start;.*hot_c_function' fpp/*.folded | wc -l)
+  both=$(grep -l '^sh;' fpp/*.folded | xargs -r grep -l '^hot_c;.*hot_c_function' | wc -l)
+  [ $rc -eq 0 ] && [ "$(head -1 fpp.out)" = "[]" ] && [ "$n_pp" -eq 3 ] && [ "$own" -eq 1 ] && [ "$both" -eq 1 ] &&
+    ok "--follow-exec with %p by perf_event: $n_pp profiles, hot_c's own unrooted, the exec under its name" ||
+    bad "--follow-exec with %p: rc $rc, LD_PRELOAD '$(head -1 fpp.out)', $n_pp files ($own unrooted hot_c, $both with sh and hot_c): $(head -2 fpp/*.folded | cut -c1-100)"
   # JIT code named from /tmp/perf-PID.map by the line current when each sample was taken: the same
   # address runs as jit_first, then (a second line for it) as jit_second.
   cat > jit.c << 'SRC'

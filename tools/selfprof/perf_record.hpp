@@ -163,15 +163,16 @@ class perf_recorder {
   const std::vector<std::string>& unwind_notes() const { return unwind_.notes(); }
   std::size_t unwind_files() const { return unwind_.files(); }
 
-  // The images with samples, as the merger reads them; the recorder keeps nothing of them.
-  std::vector<raw_process> take() {
+  // The images with samples (`with_empty`: every image, in the order they began), as the merger reads
+  // them; the recorder keeps nothing of them.
+  std::vector<raw_process> take(bool with_empty = false) {
     struct timespec ts {};
     ::clock_gettime(CLOCK_REALTIME, &ts);
     const std::uint64_t end_ns =
         static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
     std::vector<raw_process> out;
     for (auto& im : images_) {
-      if (im->table.total() == 0) continue;
+      if (im->table.total() == 0 && !with_empty) continue;
       raw_process p;
       p.file = "process " + std::to_string(im->pid) + " (" + im->comm + ")";
       p.pid = static_cast<std::uint32_t>(im->pid);

@@ -1,7 +1,8 @@
 // The recorder's side of `selfprof record --follow-exec`: reads the raw dumps the processes of a
-// recording wrote (format: include/selfprof/dump/raw_dump.hpp) and names them all into one profile,
-// the process name (or "name [pid]") as each stack's root frame. Each library's symbols are read once
-// for every process. A file changed since the process exited (other modification time or size) is not
+// recording wrote (format: include/selfprof/dump/raw_dump.hpp), or takes what the recorder sampled itself
+// (perf_record.hpp), and names them into one profile, the process name (or "name [pid]") as each stack's
+// root frame, or into a profile per process. Each library's symbols, and /proc/kallsyms, are read once
+// for the whole recording. A file changed since the process exited (other modification time or size) is not
 // read: its frames are named [module+0xoffset] (file offset), never by another file's symbols.
 // Context: setup only (the command-line tool).
 #pragma once
@@ -218,19 +219,33 @@ inline selfprof::status parse_raw_dump(const std::string& text, const std::strin
   return selfprof::status::ok();
 }
 
-// Names the processes of a recording into one profile.
+// What the profiles of one recording share while they are named: each file's symbols and the kernel's.
+struct raw_naming {
+  std::shared_ptr<selfprof::detail::shared_file_symbols> files =
+      std::make_shared<selfprof::detail::shared_file_symbols>();
+  selfprof::detail::kernel_symbols kernel;
+
+  // Before the first profile is named, the processes of the recording: /proc/kallsyms is then read only
+  // for their kernel addresses (kernel_symbols::prepare), not whole.
+  void prepare_kernel(const std::vector<raw_process>& processes) {
+    std::vector<std::uint64_t> addresses;
+    for (const raw_process& p : processes) selfprof::detail::append_kernel_lookups(p.raw.table, addresses);
+    kernel.prepare(std::move(addresses));
+  }
+};
+
+// The root frame of each process's stacks: its name, "name [pid]", or none (a profile of one image).
+enum class raw_roots { name, name_pid, none };
+
+// Names processes of a recording into one profile.
 class raw_merger {
  public:
   explicit raw_merger(bool pid_roots)
-      : pid_roots_(pid_roots), cache_(std::make_shared<selfprof::detail::shared_file_symbols>()) {}
+      : raw_merger(pid_roots ? raw_roots::name_pid : raw_roots::name, std::make_shared<raw_naming>()) {}
+  raw_merger(raw_roots roots, std::shared_ptr<raw_naming> naming)
+      : roots_(roots), naming_(std::move(naming)) {}
 
-  // Before the first add(), the processes that will be added: /proc/kallsyms is then read only for
-  // their kernel addresses (kernel_symbols::prepare), not whole.
-  void prepare_kernel(const std::vector<raw_process>& processes) {
-    std::vector<std::uint64_t> kernel;
-    for (const raw_process& p : processes) selfprof::detail::append_kernel_lookups(p.raw.table, kernel);
-    kernel_.prepare(std::move(kernel));
-  }
+  void prepare_kernel(const std::vector<raw_process>& processes) { naming_->prepare_kernel(processes); }
 
   void add(const raw_process& p) {
     using namespace selfprof;
@@ -260,13 +275,16 @@ class raw_merger {
     }
     module_registry_options o;
     o.maps_path = "/nonexistent";  // never read: the text is the process's
-    o.shared_files = cache_;
+    o.shared_files = naming_->files;
     module_registry reg(o);
     reg.apply_maps_text(text);  // a file's symbols are read at its first lookup below
 
     marker_frames marker(out_);
-    const std::string root_name = pid_roots_ ? (p.comm + " [" + std::to_string(p.pid) + "]") : p.comm;
-    const std::uint32_t root = marker(root_name.empty() ? std::string("[unknown process]") : root_name);
+    const std::string root_name =
+        roots_ == raw_roots::name_pid ? (p.comm + " [" + std::to_string(p.pid) + "]") : p.comm;
+    const std::uint32_t root = roots_ == raw_roots::none
+                                   ? 0
+                                   : marker(root_name.empty() ? std::string("[unknown process]") : root_name);
     std::unordered_map<std::uint64_t, std::uint32_t> named;  // lookup address -> frame index
     auto frame_for = [&](std::uint64_t lookup) -> std::uint32_t {
       auto it = named.find(lookup);
@@ -281,7 +299,7 @@ class raw_merger {
         f.name = "[selfprof: memory ceiling]";
         f.kind = frame_kind::marker;
       } else if (is_kernel_address(lookup)) {  // named from this machine's /proc/kallsyms, read once
-        f = kernel_.resolve(lookup);
+        f = naming_->kernel.resolve(lookup);
       } else {
         f.name = "[unknown]";
         for (std::size_t k = 0; k < p.maps.size(); ++k) {
@@ -313,8 +331,8 @@ class raw_merger {
     };
 
     const auto counts = stacks_from_table(
-        p.raw.table, &root, [&](std::uint64_t lookup, stack& s) { s.frames.push_back(frame_for(lookup)); },
-        marker, out_.stacks);
+        p.raw.table, roots_ == raw_roots::none ? nullptr : &root,
+        [&](std::uint64_t lookup, stack& s) { s.frames.push_back(frame_for(lookup)); }, marker, out_.stacks);
     for (std::string& w : reg.take_warnings()) warnings_.push_back(std::move(w));
     const std::uint64_t samples = counts.first, truncated = counts.second;
     for (const auto& t : p.raw.thread_names) out_.threads.push_back(thread_info{t.first, t.second});
@@ -343,12 +361,14 @@ class raw_merger {
     ++processes_;
   }
 
-  // The merged profile; `lost` raw dumps could not be read (counted in the notes).
-  selfprof::profile take(std::size_t lost) {
+  // The merged profile; `lost` raw dumps could not be read (counted in the notes). `merged`: say in the
+  // notes how many processes the profile holds (not for a profile of one process).
+  selfprof::profile take(std::size_t lost, bool merged = true) {
     out_.info.duration_s = end_s_ - static_cast<double>(out_.info.start_unix_ns) / 1e9;
     if (out_.info.duration_s < 0) out_.info.duration_s = 0;
-    out_.info.notes.push_back(std::to_string(processes_) +
-                              " processes merged (selfprof record --follow-exec)");
+    if (merged)
+      out_.info.notes.push_back(std::to_string(processes_) +
+                                " processes merged (selfprof record --follow-exec)");
     if (lost)
       out_.info.notes.push_back(std::to_string(lost) +
                                 " processes' raw dumps could not be read: not counted");
@@ -358,9 +378,8 @@ class raw_merger {
   std::size_t processes() const { return processes_; }
 
  private:
-  bool pid_roots_;
-  std::shared_ptr<selfprof::detail::shared_file_symbols> cache_;
-  selfprof::detail::kernel_symbols kernel_;
+  raw_roots roots_;
+  std::shared_ptr<raw_naming> naming_;
   selfprof::profile out_;
   std::size_t processes_ = 0;
   double end_s_ = 0;

@@ -13,7 +13,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <selfprof/dump/dump.hpp>
@@ -48,10 +51,11 @@ const char* const record_help =
     "                        stacks: sampled like perf record, by perf_event events that every process\n"
     "                        inherits and that this process reads, with nothing loaded into the\n"
     "                        programs (the preload library where perf_event is refused, or with\n"
-    "                        --preload). With %p in the path, one profile per process instead (children\n"
-    "                        that exec keep LD_PRELOAD). Default: the library removes itself from\n"
-    "                        LD_PRELOAD once loaded, so only CMD (and its forks that do not exec) are\n"
-    "                        profiled\n"
+    "                        --preload). With %p in the path, one profile per process instead, written\n"
+    "                        at the end (with --interval or the preload library, by each process at its\n"
+    "                        exit; children that exec keep LD_PRELOAD). Default: the library removes\n"
+    "                        itself from LD_PRELOAD once loaded, so only CMD (and its forks that do not\n"
+    "                        exec) are profiled\n"
     "  --preload             with --follow-exec: always through the preload library\n"
     "  --pid-roots           with --follow-exec: \"name [pid]\" roots, one per process, not per name\n"
     "  --interval=SECONDS    also write the profile every SECONDS (a SIGKILL loses at most one interval)\n"
@@ -142,6 +146,60 @@ bool read_private_file(int dir, const char* name, std::string& out) {
 int write_merged(raw_merger& merger, std::size_t lost, const std::vector<std::string>& notes,
                  std::uint64_t dropped, const std::string& out, bool quiet);
 
+// The subtitle and count name of a recording's profile.
+void describe_recording(const selfprof::profile& p, selfprof::output_options& oo) {
+  if (!p.info.kernel_time) oo.svg.subtitle = "time spent in the kernel is not sampled (user-only ticks)";
+  if (p.info.unit != "samples") oo.svg.count_name = p.info.unit;
+}
+
+// A profile per process of a recording this process sampled (--follow-exec with %p in the path), written
+// when the recording ends, %p its pid. The images of one process (it exec'd) go into its one profile, each
+// under its name when more than one was sampled; a process with no sample gets an empty profile, as the
+// preload library would write. `notes` are the recording's. Each file's symbols are read once for all.
+// Sets `named_ms` (this process's CPU when naming ended); returns 1 when a profile could not be written.
+int write_per_process(std::vector<raw_process> processes, const std::vector<std::string>& notes,
+                      const std::string& out, bool quiet, double& named_ms) {
+  std::vector<std::pair<std::uint32_t, std::vector<std::size_t>>> by_pid;  // in the order they began
+  std::unordered_map<std::uint32_t, std::size_t> slot;
+  for (std::size_t i = 0; i < processes.size(); ++i) {
+    const auto at = slot.emplace(processes[i].pid, by_pid.size());
+    if (at.second) by_pid.push_back({processes[i].pid, {}});
+    by_pid[at.first->second].second.push_back(i);
+  }
+  auto naming = std::make_shared<raw_naming>();
+  naming->prepare_kernel(processes);
+  std::vector<std::pair<std::uint32_t, selfprof::profile>> profiles;
+  for (const auto& [pid, images] : by_pid) {
+    std::vector<std::size_t> sampled;
+    for (std::size_t i : images)
+      if (processes[i].raw.table.total() > 0) sampled.push_back(i);
+    if (sampled.empty()) sampled.push_back(images.back());
+    raw_merger merger(sampled.size() > 1 ? raw_roots::name : raw_roots::none, naming);
+    for (std::size_t i : sampled) merger.add(processes[i]);
+    profiles.emplace_back(pid, merger.take(0, false));
+  }
+  named_ms = own_cpu_ms();
+  int rc = 0;
+  std::uint64_t samples = 0;
+  for (auto& [pid, p] : profiles) {
+    for (const std::string& n : notes) p.info.notes.push_back(n);
+    selfprof::output_options oo;
+    oo.svg.title = "CPU profile of process " + std::to_string(pid) + " (selfprof record --follow-exec)";
+    describe_recording(p, oo);
+    selfprof::detail::add_marker_frames(p, false);
+    selfprof::detail::path_fields f = selfprof::detail::fields_now(1);
+    f.pid = pid;
+    const selfprof::status st =
+        selfprof::detail::write_profile_paths(p, out, f, oo, selfprof::sink_options{});
+    if (!st) rc = fail("record", st.message());
+    samples += p.info.samples;
+  }
+  if (!quiet)
+    std::fprintf(stderr, "selfprof record: %zu profiles, one per process (%llu samples), written to %s\n",
+                 profiles.size(), static_cast<unsigned long long>(samples), out.c_str());
+  return rc;
+}
+
 // The raw dumps of a recording (see raw_merge.hpp) named into one profile written to `out`; the
 // directory is emptied and removed. Returns 0, or 1 when the profile could not be written.
 int merge_recording(const std::string& dir_path, const std::string& out, bool pid_roots, bool quiet) {
@@ -189,8 +247,7 @@ int write_merged(raw_merger& merger, std::size_t lost, const std::vector<std::st
   selfprof::output_options oo;
   oo.svg.title = std::string(p.info.mode == selfprof::profile_mode::wall ? "Wall-clock" : "CPU") +
                  " profile of " + std::to_string(processes) + " processes (selfprof record --follow-exec)";
-  if (!p.info.kernel_time) oo.svg.subtitle = "time spent in the kernel is not sampled (user-only ticks)";
-  if (p.info.unit != "samples") oo.svg.count_name = p.info.unit;
+  describe_recording(p, oo);
   selfprof::detail::add_marker_frames(p, false);
   selfprof::status st = selfprof::detail::write_profile_paths(p, out, selfprof::detail::fields_now(1), oo,
                                                               selfprof::sink_options{});
@@ -239,9 +296,10 @@ int run_record(int argc, char** argv) {
   if (a.has("pid-roots") && !merged)
     return fail("record", "--pid-roots needs --follow-exec and a path without %p", 2);
 
-  // The merged recording of a command and what it executes: perf_event events inherited by every
-  // process, read here (perf_record.hpp), where the kernel allows them; the preload library otherwise.
-  const bool by_perf = merged && mode == "cpu" && !a.has("preload");
+  // A command and what it executes, in one profile or a profile per process: perf_event events inherited
+  // by every process, read here (perf_record.hpp), where the kernel allows them; the preload library
+  // otherwise, and for what only a library in the process can do (wall time, periodic dumps).
+  const bool by_perf = a.has("follow-exec") && mode == "cpu" && !a.has("preload") && !a.has("interval");
   std::string preload, tried;
   const bool have_preload = find_preload(preload, tried);
   if (!have_preload && !by_perf)
@@ -430,20 +488,25 @@ int run_record(int argc, char** argv) {
   int rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : WIFSIGNALED(wstatus) ? 128 + WTERMSIG(wstatus) : 1;
   if (perf_on) {
     const double recorded_ms = own_cpu_ms();
-    raw_merger merger(a.has("pid-roots"));
-    const std::vector<raw_process> processes = recorder.take();
-    merger.prepare_kernel(processes);
-    for (const raw_process& p : processes) merger.add(p);
-    const double named_ms = own_cpu_ms();
     const perf_record_counts& c = recorder.counts();
     std::vector<std::string> notes;
     if (c.lost) notes.push_back(std::to_string(c.lost) + " samples lost: the kernel found a ring full");
     if (c.corrupt) notes.push_back(std::to_string(c.corrupt) + " malformed ring records skipped");
     if (c.no_room) notes.push_back(std::to_string(c.no_room) + " samples dropped: no room for new stacks");
     for (const std::string& n : recorder.unwind_notes()) notes.push_back(n);
-    if (merger.processes() == 0)  // an empty profile still says what was recorded
-      notes.push_back("no samples: the programs used less CPU than one sampling period");
-    (void)write_merged(merger, 0, notes, c.lost, out, a.has("quiet"));
+    double named_ms = 0;
+    if (merged) {
+      raw_merger merger(a.has("pid-roots"));
+      const std::vector<raw_process> processes = recorder.take();
+      merger.prepare_kernel(processes);
+      for (const raw_process& p : processes) merger.add(p);
+      named_ms = own_cpu_ms();
+      if (merger.processes() == 0)  // an empty profile still says what was recorded
+        notes.push_back("no samples: the programs used less CPU than one sampling period");
+      (void)write_merged(merger, 0, notes, c.lost, out, a.has("quiet"));
+    } else {
+      (void)write_per_process(recorder.take(true), notes, out, a.has("quiet"), named_ms);
+    }
     if (a.has("verbose")) {
       const double written_ms = own_cpu_ms();
       std::fprintf(stderr,

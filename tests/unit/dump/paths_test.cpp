@@ -20,6 +20,8 @@ TEST_CASE("paths: templates expand %p %t %n %f and %%, the same values for every
   CHECK(expand_path_template("w%f-%%f.svg", f) == "w2-%f.svg");
   CHECK(expand_path_template("odd%", f) == "odd%");
   CHECK(expand_path_template("%q.txt", f) == "%q.txt");
+  f.pid = 4242;  // another process's profile (selfprof record names its children's)
+  CHECK(expand_path_template("p-%p-%%p.folded", f) == "p-4242-%p.folded");
 }
 
 TEST_CASE("paths: lists split on commas, empty entries dropped") {

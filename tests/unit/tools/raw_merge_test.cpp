@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include <selfprof/dump/raw_dump.hpp>
@@ -73,6 +74,32 @@ TEST_CASE(
   pid_roots.add(p);
   selfprof::profile q = pid_roots.take(0);
   CHECK(folded_names(q, q.stacks[0]).find("tester [" + std::to_string(::getpid()) + "];") == 0);
+}
+
+TEST_CASE("raw merge: a profile per process has no root and no merge note; its mergers share one naming") {
+  selfprof::detail::shared_symbolizer sym;
+  const auto pc = reinterpret_cast<std::uint64_t>(&raw_merge_test_marker) + 1;
+  raw_process p;
+  selfprof::status st =
+      parse_raw_dump(selfprof::detail::raw_dump_bytes(one_stack(pc, 3), sym, "one"), "a", p);
+  REQUIRE_MESSAGE(st, st.message());
+  auto naming = std::make_shared<raw_naming>();
+  naming->prepare_kernel({p});
+  raw_merger first(raw_roots::none, naming), second(raw_roots::none, naming);
+  first.add(p);
+  const std::size_t files_after_first = naming->files->size();
+  second.add(p);
+  CHECK(naming->files->size() == files_after_first);  // the file's symbols were read once, for both
+  CHECK(files_after_first >= 1);
+  for (raw_merger* m : {&first, &second}) {
+    selfprof::profile out = m->take(0, false);
+    REQUIRE(out.stacks.size() == 1);
+    CHECK(out.info.samples == 3);
+    const std::string names = folded_names(out, out.stacks[0]);
+    CHECK_MESSAGE(names.find(';') == std::string::npos, names);  // the leaf alone: no root frame
+    CHECK_MESSAGE(names.find("raw_merge_test_marker") != std::string::npos, names);
+    for (const std::string& n : out.info.notes) CHECK(n.find("processes merged") == std::string::npos);
+  }
 }
 
 TEST_CASE("raw merge: bad input is refused with the file and the line") {
