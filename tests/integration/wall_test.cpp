@@ -177,8 +177,9 @@ TEST_CASE("wall: an idle thread pool shows as idle threads, each under its own r
   for (auto& t : pool) t.join();
 
   selfprof::profile p = selfprof::snapshot();
+  wl::temp_dir dir;
   const std::string folded = [&] {
-    const std::string path = "wall_pool.folded";
+    const std::string path = dir.path + "/wall_pool.folded";
     REQUIRE(selfprof::dump(path));
     return read_file(path);
   }();
@@ -197,8 +198,6 @@ TEST_CASE("wall: an idle thread pool shows as idle threads, each under its own r
     CHECK(static_cast<double>(b.second) > 0.8 * duration_us);  // the first look only sets a baseline
     CHECK(static_cast<double>(b.second) <= 1.01 * duration_us);
   }
-  std::remove("wall_pool.folded");
-  std::remove("wall_pool-offcpu.folded");
 }
 
 TEST_CASE("wall: SVGs draw off-CPU time in the io palette, counts in microseconds") {
@@ -207,12 +206,15 @@ TEST_CASE("wall: SVGs draw off-CPU time in the io palette, counts in microsecond
   wall_scenario::requests r;
   r.run(1);
   REQUIRE(selfprof::stop());
-  REQUIRE(selfprof::dump("wall_out.svg,wall_out.folded"));  // also writes the -offcpu companions
-  REQUIRE(selfprof::dump_offcpu("wall_api-offcpu.svg"));
-  const std::string svg = read_file("wall_out.svg");
-  const std::string off = read_file("wall_out-offcpu.svg");
-  CHECK(off == read_file("wall_api-offcpu.svg"));  // the companion is what dump_offcpu() writes
-  CHECK_FALSE(read_file("wall_out-offcpu.folded").empty());
+  wl::temp_dir dir;
+  const std::string at = dir.path + "/";
+  REQUIRE(
+      selfprof::dump(at + "wall_out.svg," + at + "wall_out.folded"));  // also writes the -offcpu companions
+  REQUIRE(selfprof::dump_offcpu(at + "wall_api-offcpu.svg"));
+  const std::string svg = read_file(at + "wall_out.svg");
+  const std::string off = read_file(at + "wall_out-offcpu.svg");
+  CHECK(off == read_file(at + "wall_api-offcpu.svg"));  // the companion is what dump_offcpu() writes
+  CHECK_FALSE(read_file(at + "wall_out-offcpu.folded").empty());
   CHECK(svg.find("Wall-clock profile of") != std::string::npos);
   CHECK(off.find("Off-CPU time of") != std::string::npos);
   CHECK(svg.find(" us") != std::string::npos);
@@ -232,14 +234,11 @@ TEST_CASE("wall: SVGs draw off-CPU time in the io palette, counts in microsecond
   const int blocked_frames = static_cast<int>(blocked.size());
   CHECK(blocked_frames >= 2);
   // Folded counts are microseconds: the process's threads add up to about their wall time.
-  const std::string folded = read_file("wall_out.folded");
+  const std::string folded = read_file(at + "wall_out.folded");
   std::uint64_t total = 0;
   std::istringstream lines(folded);
   for (std::string line; std::getline(lines, line);) total += std::stoull(line.substr(line.rfind(' ') + 1));
   CHECK(total > 2 * 1000 * 1000);  // main, request, worker, timer: ~1 s each
-  for (const char* f : {"wall_out.svg", "wall_out.folded", "wall_out-offcpu.svg", "wall_out-offcpu.folded",
-                        "wall_api-offcpu.svg"})
-    std::remove(f);
 }
 
 TEST_CASE("wall: CPU timers and the itimer are refused (they can interrupt a blocking call)") {
