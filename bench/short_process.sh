@@ -5,7 +5,7 @@
 # exit profile, symbolized in the process), under `perf record -g` (when perf works), and N runs inside one
 # `selfprof record --follow-exec` (inherited perf_event rings, nothing loaded). Then the script of
 # tests/cli/src/pipelines.sh plain, under `selfprof record --follow-exec` (perf_event rings; the preload
-# library; a profile per process) and under `perf record -g`. Prints CPU (user+system of everything started), per
+# library; a profile per process, each way) and under `perf record -g`. Prints CPU (user+system of everything started), per
 # process and the difference against alone. CPU, not wall time: the machine may be shared.
 # Usage: bench/short_process.sh SELFPROF_BINARY [N] [ITERATIONS]  (the preload library next to the
 # binary, or SELFPROF_PRELOAD). The rate is SELFPROF_HZ (499 unless set), as in issue 20.
@@ -71,10 +71,12 @@ merged_pre=$(cpu_ms "$bin" record -q --follow-exec --preload -o "$tmp/all2.folde
 mkdir "$tmp/per"
 per=$(cpu_ms "$bin" record -q --follow-exec -o "$tmp/per/p-%p.folded" -- bash "$script" "$iterations" 2000)
 procs=$(ls "$tmp/per" | wc -l)
+mkdir "$tmp/per2"
+per_pre=$(cpu_ms "$bin" record -q --follow-exec --preload -o "$tmp/per2/p-%p.folded" -- bash "$script" "$iterations" 2000)
 perf_ms=
 [ $perf_ok = 1 ] && perf_ms=$(cpu_ms perf record -q -g -F "$SELFPROF_HZ" -o "$tmp/perf.data" -- bash "$script" "$iterations" 2000)
-awk -v it="$iterations" -v procs="$procs" -v a="$plain" -v m="$merged" -v mp="$merged_pre" -v q="$per" -v p="$perf_ms" 'BEGIN {
-  printf "pipelines.sh %d iterations (%d processes): plain %.2f s | record --follow-exec (perf_event rings) %.2f s (x%.2f) | the same --preload %.2f s (x%.2f) | a profile per process %.2f s (x%.2f)",
-    it, procs, a / 1000, m / 1000, m / a, mp / 1000, mp / a, q / 1000, q / a
+awk -v it="$iterations" -v procs="$procs" -v a="$plain" -v m="$merged" -v mp="$merged_pre" -v q="$per" -v qp="$per_pre" -v p="$perf_ms" 'BEGIN {
+  printf "pipelines.sh %d iterations (%d processes): plain %.2f s | record --follow-exec (perf_event rings) %.2f s (x%.2f) | the same --preload %.2f s (x%.2f) | a profile per process (%%p) %.2f s (x%.2f) | the same --preload %.2f s (x%.2f)",
+    it, procs, a / 1000, m / 1000, m / a, mp / 1000, mp / a, q / 1000, q / a, qp / 1000, qp / a
   if (p != "") printf " | perf record -g %.2f s (x%.2f)", p / 1000, p / a
   printf "\n" }'
