@@ -987,28 +987,33 @@ class worker {
   int wake_fd() const { return wake_fd_; }
 
   // The worker's own thread: sleeps until woken, stopped or `timeout_ms` passed (-1: no timeout). Returns
-  // false once stop() was asked. `extra_fd` (optional) also ends the wait when readable; `*extra_ready`
-  // then says so.
-  bool wait(int timeout_ms, int extra_fd = -1, bool* extra_ready = nullptr) {
+  // false once stop() was asked. `extra_fd` and `extra_fd2` (optional, -1 for none) also end the wait when
+  // readable; `*extra_ready` and `*extra_ready2` then say so.
+  bool wait(int timeout_ms, int extra_fd = -1, bool* extra_ready = nullptr, int extra_fd2 = -1,
+            bool* extra_ready2 = nullptr) {
     return wait_ns(timeout_ms < 0 ? -1 : static_cast<std::int64_t>(timeout_ms) * 1000000, extra_fd,
-                   extra_ready);
+                   extra_ready, extra_fd2, extra_ready2);
   }
-  bool wait_ns(std::int64_t timeout_ns, int extra_fd = -1, bool* extra_ready = nullptr) {
-    struct pollfd p[2] = {};
-    p[0].fd = wake_fd_;
-    p[0].events = POLLIN;
-    p[1].fd = extra_fd;
-    p[1].events = POLLIN;
+  bool wait_ns(std::int64_t timeout_ns, int extra_fd = -1, bool* extra_ready = nullptr, int extra_fd2 = -1,
+               bool* extra_ready2 = nullptr) {
+    struct pollfd p[3] = {};
+    nfds_t used = 0;
+    p[used++] = {wake_fd_, POLLIN, 0};
+    const nfds_t at1 = used;
+    if (extra_fd >= 0) p[used++] = {extra_fd, POLLIN, 0};
+    const nfds_t at2 = used;
+    if (extra_fd2 >= 0) p[used++] = {extra_fd2, POLLIN, 0};
     struct timespec ts {
       static_cast<time_t>(timeout_ns / 1000000000), static_cast<long>(timeout_ns % 1000000000)
     };
-    const int n = ::ppoll(p, extra_fd >= 0 ? 2 : 1, timeout_ns < 0 ? nullptr : &ts, nullptr);
+    const int n = ::ppoll(p, used, timeout_ns < 0 ? nullptr : &ts, nullptr);
     if (n > 0 && (p[0].revents & POLLIN)) {
       std::uint64_t v;
       ssize_t r = ::read(wake_fd_, &v, sizeof v);
       (void)r;
     }
-    if (extra_ready) *extra_ready = n > 0 && extra_fd >= 0 && (p[1].revents & POLLIN);
+    if (extra_ready) *extra_ready = n > 0 && extra_fd >= 0 && (p[at1].revents & POLLIN);
+    if (extra_ready2) *extra_ready2 = n > 0 && extra_fd2 >= 0 && (p[at2].revents & POLLIN);
     return !stopping();
   }
 
@@ -11883,8 +11888,11 @@ struct handler_counts {
 // Dumps the program does not ask for itself: on the dump signal (SIGUSR2 by default) and every
 // SELFPROF_INTERVAL seconds, written by the dumper thread ("selfprof-dump") through the one dump path
 // (dump/dump.hpp), so the collector keeps draining while a dump is symbolized and written. Requests that
-// arrive while a dump is being written are answered together by the next one.
-// Context: setup only (start/stop); the dumper thread; flush() from any thread; fork child.
+// arrive while a dump is being written are answered together by the next one. The dumper also watches
+// the control socket (`selfprof dump PID`, another way to ask for a dump) until its first client, and
+// then has the server start its thread (serve/server.hpp: a process nobody asks runs no server thread).
+// Context: setup only (start/stop, serve_on_demand); the dumper thread; flush() from any thread; fork
+// child.
 //
 // The dump signal is taken by the dumper thread, not by an application thread. A process-directed signal
 // goes to some thread that does not block it, and a handler run there cuts that thread's blocking call
@@ -16198,382 +16206,59 @@ class snapshot_maker {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/core/snapshots.hpp ----
-// ---- begin selfprof/signal/dump_request.hpp ----
-// Signal-handler code: the dump signal (SIGUSR2 by default) only counts a request and wakes the dumper
-// thread through its eventfd; that thread does the work (a handler that opens files and allocates, as
-// some profilers' dump signals do, deadlocks when it interrupts malloc).
-// Context: signal handler (async-signal-safe: atomic adds and one raw write(2), not libc's interposable
-// wrapper).
-
-#include <signal.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <errno.h>
-#include <atomic>
-#include <cstdint>
-
-
-namespace selfprof {
-namespace detail {
-
-struct dump_request_globals {
-  std::atomic<std::uint64_t> requests{0};  // dump signals received
-  std::atomic<int> wake_fd{-1};            // the dumper's eventfd, -1 when no dumper runs
-  std::atomic<int> in_flight{0};           // handlers running now: the eventfd closes only at zero
-  std::atomic<int> dumper_tid{0};          // the dumper thread, 0 when none runs
-  std::atomic<int> exit_requested{0};      // the process is ending: write the exit dump, then set exit_done
-  std::atomic<int> exit_done{0};
-  // The dump signal while selfprof routes it to the dumper (blocked in the starting thread and so in every
-  // thread it creates later), 0 otherwise: a fork child and an exec take the block off (core/auto_dumps.hpp).
-  std::atomic<int> routed_signal{0};
-};
-
-inline dump_request_globals g_dump_requests;
-
-// in_flight and wake_fd are seq_cst, as the sampling handler's in_flight and active: stop() stores -1 in
-// wake_fd and then waits for in_flight to be zero, so a handler either sees -1 or is waited for, and
-// never writes into a descriptor number that was closed and reused.
-inline void dump_signal_handler(int, siginfo_t*, void*) {
-  const int saved_errno = errno;
-  g_dump_requests.in_flight.fetch_add(1, std::memory_order_seq_cst);
-  g_dump_requests.requests.fetch_add(1, std::memory_order_acq_rel);
-  const int fd = g_dump_requests.wake_fd.load(std::memory_order_seq_cst);
-  if (fd >= 0) {
-    const std::uint64_t one = 1;
-    raw_syscall3(SYS_write, fd, reinterpret_cast<long>(&one), sizeof one);
-  }
-  g_dump_requests.in_flight.fetch_sub(1, std::memory_order_release);
-  errno = saved_errno;
-}
-
-// The exit dump, asked of the dumper thread by a thread that is ending the process (the preload library's
-// _exit: possibly inside a signal handler, or with a libc lock held by the thread it interrupted). No
-// dump work happens on the calling thread; it waits for the dumper while the dumper makes progress (its
-// CPU time grows) and gives up after `stall_ms` without any, or after `limit_ms` in all: a dumper blocked
-// on a lock the caller holds cannot make it wait longer. True when the dump was written.
-// Async-signal-safe: atomics, raw write(2), clock_gettime(2) and nanosleep(2).
-inline bool exit_dump_by_dumper(unsigned stall_ms = 500, unsigned limit_ms = 60000) {
-  const int tid = g_dump_requests.dumper_tid.load(std::memory_order_acquire);
-  if (tid <= 0) return false;
-  g_dump_requests.in_flight.fetch_add(1, std::memory_order_seq_cst);
-  g_dump_requests.exit_requested.store(1, std::memory_order_seq_cst);
-  const int fd = g_dump_requests.wake_fd.load(std::memory_order_seq_cst);
-  if (fd >= 0) {
-    const std::uint64_t one = 1;
-    raw_syscall3(SYS_write, fd, reinterpret_cast<long>(&one), sizeof one);
-  }
-  g_dump_requests.in_flight.fetch_sub(1, std::memory_order_release);
-  if (fd < 0) return false;
-  // The thread's CPU clock (clock_getcpuclockid's encoding for a thread: ~tid << 3 | CPUCLOCK_SCHED |
-  // CPUCLOCK_PERTHREAD); reading it fails once the thread is gone.
-  const clockid_t cpu = static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
-  long long last_cpu = -1;
-  unsigned still_ms = 0;
-  for (unsigned waited_ms = 0; waited_ms < limit_ms; ++waited_ms) {
-    if (g_dump_requests.exit_done.load(std::memory_order_acquire)) return true;
-    struct timespec t {};
-    if (raw_syscall3(SYS_clock_gettime, cpu, reinterpret_cast<long>(&t), 0) != 0) return false;
-    const long long now_cpu = static_cast<long long>(t.tv_sec) * 1000000000 + t.tv_nsec;
-    still_ms = now_cpu == last_cpu ? still_ms + 1 : 0;
-    if (still_ms >= stall_ms) return false;
-    last_cpu = now_cpu;
-    struct timespec step {
-      0, 1000 * 1000
-    };
-    raw_syscall3(SYS_nanosleep, reinterpret_cast<long>(&step), 0, 0);
-  }
-  return false;
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/signal/dump_request.hpp ----
-
-namespace selfprof {
-namespace detail {
-
-class auto_dumps {
- public:
-  // `exit_dump` writes the exit profile; run on this thread when the process ends through _exit() (see
-  // exit_dump_by_dumper in signal/dump_request.hpp).
-  auto_dumps(snapshot_maker& snapshots, void (*exit_dump)()) : snapshots_(snapshots), exit_dump_(exit_dump) {}
-
-  // Starts the dumper thread and takes the dump signal when no one else handles it (else a note says so).
-  status start(const options& o, session_info& session) {
-    opts_ = o;
-    settings_.paths = o.out.empty() ? kDefaultDumpTemplate : o.out;
-    settings_.sink.allow_shared_dir = o.allow_shared_dir;
-    settings_.thread_roots = o.thread_roots;
-    settings_.frame_budget_ms = o.frame_budget_ms;
-    written_.store(0);
-    failed_.store(0);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      handled_ = g_dump_requests.requests.load();
-      done_ = handled_;
-      busy_ = false;
-    }
-    take_signal(o.dump_signal, session);
-    status st = worker_.start("selfprof-dump", &auto_dumps::main, this);
-    if (!st) {
-      give_signal_back();
-      return st;
-    }
-    g_dump_requests.exit_requested.store(0, std::memory_order_relaxed);
-    g_dump_requests.exit_done.store(0, std::memory_order_relaxed);
-    g_dump_requests.wake_fd.store(worker_.wake_fd(), std::memory_order_release);
-    g_dump_requests.dumper_tid.store(static_cast<int>(worker_.tid()), std::memory_order_release);
-    worker_.wake();  // a request counted by the handler before wake_fd was set
-    return status::ok();
-  }
-
-  // Answers what was requested, stops the thread, and gives the dump signal back to the application —
-  // unless `keep_signal` (the exit dump: a late request must not meet the default action, terminate,
-  // while the last profile is written; the handler then only counts it).
-  void stop(bool keep_signal = false) {
-    g_dump_requests.dumper_tid.store(0, std::memory_order_release);
-    g_dump_requests.wake_fd.store(-1, std::memory_order_seq_cst);
-    // A handler that read the descriptor before the store writes it before the thread closes it.
-    for (int waited_us = 0;
-         g_dump_requests.in_flight.load(std::memory_order_seq_cst) != 0 && waited_us < 1000000;
-         waited_us += 100) {
-      struct timespec step {
-        0, 100 * 1000
-      };
-      ::nanosleep(&step, nullptr);
-    }
-    worker_.stop();
-    if (!keep_signal) give_signal_back();
-  }
-
-  // Waits until every dump requested so far is written (tests, exit); at most `limit`.
-  void flush(std::chrono::milliseconds limit = std::chrono::milliseconds(30000)) {
-    std::unique_lock<std::mutex> lock(mu_);
-    const std::uint64_t want = g_dump_requests.requests.load();
-    worker_.wake();
-    done_cv_.wait_for(lock, limit, [&] { return !worker_.running() || (done_ >= want && !busy_); });
-  }
-
-  void abandon_after_fork() {
-    g_dump_requests.dumper_tid.store(0, std::memory_order_release);
-    g_dump_requests.wake_fd.store(-1, std::memory_order_release);
-    worker_.abandon_after_fork();
-    new (&mu_) std::mutex();
-    new (&done_cv_) std::condition_variable();
-    if (signal_ != 0) {
-      sys().sigaction(signal_, &previous_, nullptr);
-      if (sfd_ >= 0) ::close(sfd_);
-      sfd_ = -1;
-      // The child's only thread is a copy of the forking one: it blocks the signal only because of
-      // selfprof (start() never takes a signal its thread blocks), and an exec'd program must not inherit
-      // that. routed_signal stays: a child that puts its saved mask back before exec (shells do) gets the
-      // block off again from the preload library's exec hooks.
-      if (blocked_) unblock_here(signal_);
-    }
-    signal_ = 0;
-    blocked_ = false;
-  }
-
-  int signal_number() const { return signal_; }
-  pid_t tid() const { return worker_.tid(); }
-  unsigned long written() const { return written_.load(); }
-  unsigned long failed() const { return failed_.load(); }
-  const dump_settings& settings() const { return settings_; }
-
- private:
-  static void main(void* self) { static_cast<auto_dumps*>(self)->loop(); }
-
-  static sigset_t only(int sig) {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, sig);
-    return set;
-  }
-  static void unblock_here(int sig) {
-    const sigset_t set = only(sig);
-    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
-  }
-
-  // Installs the dump handler when the signal is free (no handler of the program's, not blocked by the
-  // calling thread), and blocks it in the calling thread so that only the dumper takes it.
-  void take_signal(int sig, session_info& session) {
-    if (sig <= 0) return;
-    struct sigaction cur {};
-    sys().sigaction(sig, nullptr, &cur);
-    sigset_t mask;
-    pthread_sigmask(SIG_BLOCK, nullptr, &mask);
-    const char* why = nullptr;
-    if ((cur.sa_flags & SA_SIGINFO) || (cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN))
-      why = "already has a handler installed by the application";
-    else if (sigismember(&mask, sig) == 1)
-      why =
-          "is blocked by the thread that starts selfprof (the program may wait for it with sigwait or "
-          "signalfd)";
-    if (why) {
-      std::string n = "signal " + std::to_string(sig) + " " + why +
-                      ": dumps on that signal are off (set SELFPROF_SIGNAL to another one)";
-      session.note(n);
-      std::fprintf(stderr, "selfprof: %s\n", n.c_str());
-      return;
-    }
-    struct sigaction act {};
-    act.sa_sigaction = &dump_signal_handler;
-    act.sa_flags = SA_SIGINFO | SA_RESTART;
-    sigfillset(&act.sa_mask);  // no application handler runs inside it (and jumps out)
-    sigdelset(&act.sa_mask, SIGSYS);
-    if (sys().sigaction(sig, &act, &previous_) != 0) return;
-    signal_ = sig;
-    const sigset_t set = only(sig);
-    sfd_ = keep_fd_high(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
-    if (sfd_ < 0) return;  // the handler alone then: a request may land on any thread
-    blocked_ = pthread_sigmask(SIG_BLOCK, &set, nullptr) == 0;
-    blocker_tid_ = static_cast<pid_t>(raw_gettid());
-    if (blocked_) g_dump_requests.routed_signal.store(sig, std::memory_order_release);
-  }
-
-  // Counts the dump signals waiting in the signalfd as requests.
-  void read_signalfd() {
-    struct signalfd_siginfo info[8];
-    for (;;) {
-      const ssize_t n = ::read(sfd_, info, sizeof info);
-      if (n <= 0) return;
-      g_dump_requests.requests.fetch_add(static_cast<std::uint64_t>(n) / sizeof info[0],
-                                         std::memory_order_acq_rel);
-    }
-  }
-
-  // Gives the signal back: requests already pending for blocked threads are taken here (counted, as the
-  // handler would) so none meets the program's action, then the action is restored and, on the thread
-  // that blocked it, the block is taken off. Another thread cannot change the starting thread's mask:
-  // there the block stays (README.md says so).
-  void give_signal_back() {
-    if (signal_ == 0) return;
-    const sigset_t set = only(signal_);
-    sigset_t mask;
-    pthread_sigmask(SIG_BLOCK, nullptr, &mask);
-    if (sfd_ >= 0) {
-      read_signalfd();
-      ::close(sfd_);
-      sfd_ = -1;
-    }
-    if (sigismember(&mask, signal_) == 1) {
-      const struct timespec zero {};
-      while (sigtimedwait(&set, nullptr, &zero) == signal_) g_dump_requests.requests.fetch_add(1);
-    }
-    sys().sigaction(signal_, &previous_, nullptr);
-    if (blocked_ && blocker_tid_ == static_cast<pid_t>(raw_gettid())) {
-      unblock_here(signal_);
-      g_dump_requests.routed_signal.store(0, std::memory_order_release);
-    }
-    signal_ = 0;
-    blocked_ = false;
-  }
-
-  std::chrono::steady_clock::duration interval() const {
-    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(opts_.interval_s));
-  }
-
-  void loop() {
-    auto next = std::chrono::steady_clock::now() + interval();
-    for (;;) {
-      int timeout = -1;
-      if (opts_.interval_s > 0) {
-        const auto left = next - std::chrono::steady_clock::now();
-        timeout =
-            left <= std::chrono::steady_clock::duration::zero()
-                ? 0
-                : static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(left).count()) + 1;
-      }
-      bool signalled = false;
-      const bool stopping = !worker_.wait(timeout, sfd_, &signalled);
-      if (signalled) read_signalfd();
-      if (g_dump_requests.exit_requested.load(std::memory_order_acquire)) {
-        exit_dump_();  // the process ends when this is written; nothing after it matters
-        g_dump_requests.exit_done.store(1, std::memory_order_release);
-        return;
-      }
-      const auto now = std::chrono::steady_clock::now();
-      const bool due = !stopping && opts_.interval_s > 0 && now >= next;
-      if (due) next = now + interval();
-      const std::uint64_t requests = g_dump_requests.requests.load(std::memory_order_acquire);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (requests == handled_ && !due) {
-          if (stopping) return;
-          continue;
-        }
-        handled_ = requests;
-        busy_ = true;
-      }
-      write();
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        done_ = requests;
-        busy_ = false;
-      }
-      done_cv_.notify_all();
-      if (stopping) return;  // a request that came before stop() was answered
-    }
-  }
-
-  void write() {
-    std::uint64_t window_seq = 0;
-    const bool windowed = opts_.window_s > 0;
-    dump_contents c = snapshots_.contents(windowed, &window_seq);
-    status st = write_dump(c, settings_);
-    if (st) {
-      ++written_;
-      if (windowed) snapshots_.window_written(window_seq);
-    } else {
-      ++failed_;  // the cumulative profile is intact, and an unwritten window stays for the next dump
-      std::fprintf(stderr, "%s\n", st.message().c_str());
-    }
-  }
-
-  snapshot_maker& snapshots_;
-  void (*exit_dump_)();
-  options opts_;
-  dump_settings settings_;
-  worker worker_;
-  int signal_ = 0;
-  int sfd_ = -1;           // signalfd of signal_, read by the dumper
-  bool blocked_ = false;   // the starting thread's block of signal_ is selfprof's
-  pid_t blocker_tid_ = 0;  // that thread
-  struct sigaction previous_ {};
-  std::mutex mu_;
-  std::condition_variable done_cv_;
-  std::uint64_t handled_ = 0, done_ = 0;
-  bool busy_ = false;
-  std::atomic<unsigned long> written_{0}, failed_{0};
-};
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/core/auto_dumps.hpp ----
-// ---- begin selfprof/core/endpoint.hpp ----
-// The routes of the profile endpoint and the control socket (serve/server.hpp): Go's
-// /debug/pprof/profile and index, and selfprof's flame graph, folded and top forms, each either of the
-// next N seconds or (since=start) of everything collected so far. Also the bearer token file.
-// Context: the server thread (routes: quick copies only) and the render thread (the jobs); setup reads
-// the token file.
+// ---- begin selfprof/serve/server.hpp ----
+// The profile endpoint's server: one poll loop over every listening socket and connection (thread
+// "selfprof-http"), and the responses that take work — a profile of the next N seconds, symbolized and
+// rendered — made off that loop on a second thread ("selfprof-render"), so a slow render or a slow
+// client never holds up another client. That thread starts at the first such request; with only the
+// control socket open, so does the loop's (start_on_demand). Both at nice 19, both detail::worker threads.
+// Context: setup only (start, stop, abandon_after_fork); the two server threads; counters(),
+// lazy_listener() and start_on_demand() from any thread.
 //
-// A profile of the next N seconds is the difference of two snapshots of the one running session, taken
-// when the request arrives and N seconds later: concurrent requests share the same sampling (no second
-// profiler) and each costs a copy of the stack table while it waits. A thread that ends meanwhile under
-// the memory ceiling's thread merge may move a few of its earlier samples into the window under thread 0.
+// Threads start when needed: a process nobody asks for a profile runs no server thread when only the
+// control socket listens (a thread costs a short-lived process a noticeable share of its CPU); another
+// thread (the dumper) watches lazy_listener() and calls start_on_demand() at the first connection. The
+// threads run at nice 19, so serving takes only CPU the application leaves; signals are blocked in them.
+//
+// Listeners, all speaking the same protocol (serve/http.hpp), one request per connection:
+//  - the endpoint (options::http, SELFPROF_HTTP): "HOST:PORT" with a numeric IPv4 address or
+//    "localhost", "[IPV6]:PORT", or "unix:/path". Loopback unless told otherwise; a non-loopback address
+//    needs a bearer token (start() refuses it without one). A unix socket is made 0600 and the peer's uid
+//    is checked (SO_PEERCRED: ours or root).
+//  - the control socket (options::control, on by default): the abstract unix socket "@selfprof-<pid>",
+//    peer uid checked the same way; `selfprof dump PID` is an HTTP client of it. No signal is sent, so no
+//    thread of the application sees EINTR because of a dump.
+// Bounds: connections open at once (over it, a 503 and close), the head's size and the time to receive it
+// (slowloris), the time a response may go without progress, the profiles in the making (503 past it).
+// A bad endpoint address, or a non-loopback one without a token, fails start(); an address in use is a
+// note (sampling goes on without the endpoint). Every descriptor is
+// non-blocking, close-on-exec and above the application's range (detail/high_fd.hpp). Failures are
+// counted, never raised: nothing here can stop or stall the application.
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <new>
 #include <string>
 #include <utility>
+#include <vector>
 
 // ---- begin selfprof/serve/http.hpp ----
 // The HTTP/1.1 request parser and response heads of selfprof's profile endpoint (serve/server.hpp): GET
@@ -16885,55 +16570,6 @@ inline bool http_equal_constant_time(std::string_view given, std::string_view ex
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/serve/http.hpp ----
-// ---- begin selfprof/serve/server.hpp ----
-// The profile endpoint's server: one poll loop over every listening socket and connection (thread
-// "selfprof-http"), and the responses that take work — a profile of the next N seconds, symbolized and
-// rendered — made off that loop on a second thread ("selfprof-render"), so a slow render or a slow
-// client never holds up another client. That thread starts at the first such request (a process nobody
-// asks for a profile runs one server thread). Both run at nice 19, so serving takes only CPU the
-// application leaves, and both are detail::worker threads (signals blocked, named).
-// Context: setup only (start, stop, abandon_after_fork); the two server threads; counters() from any.
-//
-// Listeners, all speaking the same protocol (serve/http.hpp), one request per connection:
-//  - the endpoint (options::http, SELFPROF_HTTP): "HOST:PORT" with a numeric IPv4 address or
-//    "localhost", "[IPV6]:PORT", or "unix:/path". Loopback unless told otherwise; a non-loopback address
-//    needs a bearer token (start() refuses it without one). A unix socket is made 0600 and the peer's uid
-//    is checked (SO_PEERCRED: ours or root).
-//  - the control socket (options::control, on by default): the abstract unix socket "@selfprof-<pid>",
-//    peer uid checked the same way; `selfprof dump PID` is an HTTP client of it. No signal is sent, so no
-//    thread of the application sees EINTR because of a dump.
-// Bounds: connections open at once (over it, a 503 and close), the head's size and the time to receive it
-// (slowloris), the time a response may go without progress, the profiles in the making (503 past it).
-// A bad endpoint address, or a non-loopback one without a token, fails start(); an address in use is a
-// note (sampling goes on without the endpoint). Every descriptor is
-// non-blocking, close-on-exec and above the application's range (detail/high_fd.hpp). Failures are
-// counted, never raised: nothing here can stop or stall the application.
-
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <chrono>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <functional>
-#include <memory>
-#include <mutex>
-#include <new>
-#include <string>
-#include <utility>
-#include <vector>
-
 
 namespace selfprof {
 namespace detail {
@@ -17082,8 +16718,10 @@ class http_server {
 
   // Opens the listeners and starts the loop's thread. A bad endpoint address, or a non-loopback one without
   // a token, is an error; an endpoint address in use or a control socket that cannot be bound is only a
-  // note (`notes`), the rest runs.
-  status start(const server_config& cfg, http_route route, std::vector<std::string>& notes) {
+  // note (`notes`), the rest runs. `on_demand`: with the control socket alone, the thread is left to
+  // start_on_demand().
+  status start(const server_config& cfg, http_route route, std::vector<std::string>& notes,
+               bool on_demand = false) {
     stop();
     cfg_ = cfg;
     route_ = std::move(route);
@@ -17115,14 +16753,38 @@ class http_server {
       }
     }
     if (listeners_.empty()) return status::ok();
+    std::lock_guard<std::mutex> lazy(lazy_mu_);
+    closed_ = false;
+    if (on_demand && listeners_.size() == 1 && listeners_[0].kind == kind_control) {
+      lazy_fd_.store(listeners_[0].fd, std::memory_order_release);
+      return status::ok();
+    }
     status st = io_.start("selfprof-http", &http_server::io_main, this);
     if (!st) close_listeners();
     return st;
   }
 
+  // The control socket while its loop's thread is not started (else -1): readable when a client
+  // connects. The watcher then calls start_on_demand().
+  int lazy_listener() const { return lazy_fd_.load(std::memory_order_acquire); }
+
+  // Any thread: starts the loop's thread if start() left it to this and stop() has not come since. A
+  // failure is counted; the watcher then stops watching (lazy_listener() is -1 either way).
+  void start_on_demand() {
+    std::lock_guard<std::mutex> lazy(lazy_mu_);
+    if (closed_ || lazy_fd_.load(std::memory_order_relaxed) < 0) return;
+    lazy_fd_.store(-1, std::memory_order_release);
+    if (!io_.start("selfprof-http", &http_server::io_main, this)) ++n_.failures;
+  }
+
   // Stops the threads and closes every socket; a client waiting for a profile sees its connection
   // closed.
   void stop() {
+    {
+      std::lock_guard<std::mutex> lazy(lazy_mu_);
+      closed_ = true;
+      lazy_fd_.store(-1, std::memory_order_release);
+    }
     io_.stop();
     render_.stop();
     for (auto& c : conns_) close_conn(c);
@@ -17138,6 +16800,9 @@ class http_server {
   void abandon_after_fork() {
     io_.abandon_after_fork();
     render_.abandon_after_fork();
+    new (&lazy_mu_) std::mutex();
+    closed_ = true;
+    lazy_fd_.store(-1, std::memory_order_relaxed);
     for (auto& c : conns_)
       if (c.fd >= 0) ::close(c.fd);
     conns_.clear();
@@ -17561,6 +17226,9 @@ class http_server {
   http_route route_;
   std::vector<listener> listeners_;
   std::string unix_path_, address_, control_;
+  std::mutex lazy_mu_;  // start_on_demand() against stop()
+  bool closed_ = true;  // stop() came after start(): no thread starts on demand
+  std::atomic<int> lazy_fd_{-1};
   std::vector<conn> conns_;  // the io thread's
   std::uint64_t next_id_ = 0;
   std::mutex mu_;  // jobs_ and done_
@@ -17573,6 +17241,396 @@ class http_server {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/serve/server.hpp ----
+// ---- begin selfprof/signal/dump_request.hpp ----
+// Signal-handler code: the dump signal (SIGUSR2 by default) only counts a request and wakes the dumper
+// thread through its eventfd; that thread does the work (a handler that opens files and allocates, as
+// some profilers' dump signals do, deadlocks when it interrupts malloc).
+// Context: signal handler (async-signal-safe: atomic adds and one raw write(2), not libc's interposable
+// wrapper).
+
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <errno.h>
+#include <atomic>
+#include <cstdint>
+
+
+namespace selfprof {
+namespace detail {
+
+struct dump_request_globals {
+  std::atomic<std::uint64_t> requests{0};  // dump signals received
+  std::atomic<int> wake_fd{-1};            // the dumper's eventfd, -1 when no dumper runs
+  std::atomic<int> in_flight{0};           // handlers running now: the eventfd closes only at zero
+  std::atomic<int> dumper_tid{0};          // the dumper thread, 0 when none runs
+  std::atomic<int> exit_requested{0};      // the process is ending: write the exit dump, then set exit_done
+  std::atomic<int> exit_done{0};
+  // The dump signal while selfprof routes it to the dumper (blocked in the starting thread and so in every
+  // thread it creates later), 0 otherwise: a fork child and an exec take the block off (core/auto_dumps.hpp).
+  std::atomic<int> routed_signal{0};
+};
+
+inline dump_request_globals g_dump_requests;
+
+// in_flight and wake_fd are seq_cst, as the sampling handler's in_flight and active: stop() stores -1 in
+// wake_fd and then waits for in_flight to be zero, so a handler either sees -1 or is waited for, and
+// never writes into a descriptor number that was closed and reused.
+inline void dump_signal_handler(int, siginfo_t*, void*) {
+  const int saved_errno = errno;
+  g_dump_requests.in_flight.fetch_add(1, std::memory_order_seq_cst);
+  g_dump_requests.requests.fetch_add(1, std::memory_order_acq_rel);
+  const int fd = g_dump_requests.wake_fd.load(std::memory_order_seq_cst);
+  if (fd >= 0) {
+    const std::uint64_t one = 1;
+    raw_syscall3(SYS_write, fd, reinterpret_cast<long>(&one), sizeof one);
+  }
+  g_dump_requests.in_flight.fetch_sub(1, std::memory_order_release);
+  errno = saved_errno;
+}
+
+// The exit dump, asked of the dumper thread by a thread that is ending the process (the preload library's
+// _exit: possibly inside a signal handler, or with a libc lock held by the thread it interrupted). No
+// dump work happens on the calling thread; it waits for the dumper while the dumper makes progress (its
+// CPU time grows) and gives up after `stall_ms` without any, or after `limit_ms` in all: a dumper blocked
+// on a lock the caller holds cannot make it wait longer. True when the dump was written.
+// Async-signal-safe: atomics, raw write(2), clock_gettime(2) and nanosleep(2).
+inline bool exit_dump_by_dumper(unsigned stall_ms = 500, unsigned limit_ms = 60000) {
+  const int tid = g_dump_requests.dumper_tid.load(std::memory_order_acquire);
+  if (tid <= 0) return false;
+  g_dump_requests.in_flight.fetch_add(1, std::memory_order_seq_cst);
+  g_dump_requests.exit_requested.store(1, std::memory_order_seq_cst);
+  const int fd = g_dump_requests.wake_fd.load(std::memory_order_seq_cst);
+  if (fd >= 0) {
+    const std::uint64_t one = 1;
+    raw_syscall3(SYS_write, fd, reinterpret_cast<long>(&one), sizeof one);
+  }
+  g_dump_requests.in_flight.fetch_sub(1, std::memory_order_release);
+  if (fd < 0) return false;
+  // The thread's CPU clock (clock_getcpuclockid's encoding for a thread: ~tid << 3 | CPUCLOCK_SCHED |
+  // CPUCLOCK_PERTHREAD); reading it fails once the thread is gone.
+  const clockid_t cpu = static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
+  long long last_cpu = -1;
+  unsigned still_ms = 0;
+  for (unsigned waited_ms = 0; waited_ms < limit_ms; ++waited_ms) {
+    if (g_dump_requests.exit_done.load(std::memory_order_acquire)) return true;
+    struct timespec t {};
+    if (raw_syscall3(SYS_clock_gettime, cpu, reinterpret_cast<long>(&t), 0) != 0) return false;
+    const long long now_cpu = static_cast<long long>(t.tv_sec) * 1000000000 + t.tv_nsec;
+    still_ms = now_cpu == last_cpu ? still_ms + 1 : 0;
+    if (still_ms >= stall_ms) return false;
+    last_cpu = now_cpu;
+    struct timespec step {
+      0, 1000 * 1000
+    };
+    raw_syscall3(SYS_nanosleep, reinterpret_cast<long>(&step), 0, 0);
+  }
+  return false;
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/signal/dump_request.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+class auto_dumps {
+ public:
+  // `exit_dump` writes the exit profile; run on this thread when the process ends through _exit() (see
+  // exit_dump_by_dumper in signal/dump_request.hpp).
+  auto_dumps(snapshot_maker& snapshots, void (*exit_dump)()) : snapshots_(snapshots), exit_dump_(exit_dump) {}
+
+  // Starts the dumper thread and takes the dump signal when no one else handles it (else a note says so).
+  status start(const options& o, session_info& session) {
+    opts_ = o;
+    settings_.paths = o.out.empty() ? kDefaultDumpTemplate : o.out;
+    settings_.sink.allow_shared_dir = o.allow_shared_dir;
+    settings_.thread_roots = o.thread_roots;
+    settings_.frame_budget_ms = o.frame_budget_ms;
+    written_.store(0);
+    failed_.store(0);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      handled_ = g_dump_requests.requests.load();
+      done_ = handled_;
+      busy_ = false;
+    }
+    on_demand_.store(nullptr, std::memory_order_relaxed);  // serve_on_demand() after this, if at all
+    take_signal(o.dump_signal, session);
+    status st = worker_.start("selfprof-dump", &auto_dumps::main, this);
+    if (!st) {
+      give_signal_back();
+      return st;
+    }
+    g_dump_requests.exit_requested.store(0, std::memory_order_relaxed);
+    g_dump_requests.exit_done.store(0, std::memory_order_relaxed);
+    g_dump_requests.wake_fd.store(worker_.wake_fd(), std::memory_order_release);
+    g_dump_requests.dumper_tid.store(static_cast<int>(worker_.tid()), std::memory_order_release);
+    worker_.wake();  // a request counted by the handler before wake_fd was set
+    return status::ok();
+  }
+
+  // Answers what was requested, stops the thread, and gives the dump signal back to the application —
+  // unless `keep_signal` (the exit dump: a late request must not meet the default action, terminate,
+  // while the last profile is written; the handler then only counts it).
+  void stop(bool keep_signal = false) {
+    g_dump_requests.dumper_tid.store(0, std::memory_order_release);
+    g_dump_requests.wake_fd.store(-1, std::memory_order_seq_cst);
+    // A handler that read the descriptor before the store writes it before the thread closes it.
+    for (int waited_us = 0;
+         g_dump_requests.in_flight.load(std::memory_order_seq_cst) != 0 && waited_us < 1000000;
+         waited_us += 100) {
+      struct timespec step {
+        0, 100 * 1000
+      };
+      ::nanosleep(&step, nullptr);
+    }
+    worker_.stop();
+    if (!keep_signal) give_signal_back();
+  }
+
+  // Waits until every dump requested so far is written (tests, exit); at most `limit`.
+  void flush(std::chrono::milliseconds limit = std::chrono::milliseconds(30000)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const std::uint64_t want = g_dump_requests.requests.load();
+    worker_.wake();
+    done_cv_.wait_for(lock, limit, [&] { return !worker_.running() || (done_ >= want && !busy_); });
+  }
+
+  void abandon_after_fork() {
+    on_demand_.store(nullptr, std::memory_order_relaxed);
+    g_dump_requests.dumper_tid.store(0, std::memory_order_release);
+    g_dump_requests.wake_fd.store(-1, std::memory_order_release);
+    worker_.abandon_after_fork();
+    new (&mu_) std::mutex();
+    new (&done_cv_) std::condition_variable();
+    if (signal_ != 0) {
+      sys().sigaction(signal_, &previous_, nullptr);
+      if (sfd_ >= 0) ::close(sfd_);
+      sfd_ = -1;
+      // The child's only thread is a copy of the forking one: it blocks the signal only because of
+      // selfprof (start() never takes a signal its thread blocks), and an exec'd program must not inherit
+      // that. routed_signal stays: a child that puts its saved mask back before exec (shells do) gets the
+      // block off again from the preload library's exec hooks.
+      if (blocked_) unblock_here(signal_);
+    }
+    signal_ = 0;
+    blocked_ = false;
+  }
+
+  // Watch `server`'s lazy_listener() and call its start_on_demand() when a client connects (null: stop
+  // watching). The server may stop meanwhile: it then starts nothing.
+  void serve_on_demand(http_server* server) {
+    on_demand_.store(server, std::memory_order_release);
+    worker_.wake();  // the next wait watches it
+  }
+
+  int signal_number() const { return signal_; }
+  pid_t tid() const { return worker_.tid(); }
+  unsigned long written() const { return written_.load(); }
+  unsigned long failed() const { return failed_.load(); }
+  const dump_settings& settings() const { return settings_; }
+
+ private:
+  static void main(void* self) { static_cast<auto_dumps*>(self)->loop(); }
+
+  static sigset_t only(int sig) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    return set;
+  }
+  static void unblock_here(int sig) {
+    const sigset_t set = only(sig);
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  }
+
+  // Installs the dump handler when the signal is free (no handler of the program's, not blocked by the
+  // calling thread), and blocks it in the calling thread so that only the dumper takes it.
+  void take_signal(int sig, session_info& session) {
+    if (sig <= 0) return;
+    struct sigaction cur {};
+    sys().sigaction(sig, nullptr, &cur);
+    sigset_t mask;
+    pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+    const char* why = nullptr;
+    if ((cur.sa_flags & SA_SIGINFO) || (cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN))
+      why = "already has a handler installed by the application";
+    else if (sigismember(&mask, sig) == 1)
+      why =
+          "is blocked by the thread that starts selfprof (the program may wait for it with sigwait or "
+          "signalfd)";
+    if (why) {
+      std::string n = "signal " + std::to_string(sig) + " " + why +
+                      ": dumps on that signal are off (set SELFPROF_SIGNAL to another one)";
+      session.note(n);
+      std::fprintf(stderr, "selfprof: %s\n", n.c_str());
+      return;
+    }
+    struct sigaction act {};
+    act.sa_sigaction = &dump_signal_handler;
+    act.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigfillset(&act.sa_mask);  // no application handler runs inside it (and jumps out)
+    sigdelset(&act.sa_mask, SIGSYS);
+    if (sys().sigaction(sig, &act, &previous_) != 0) return;
+    signal_ = sig;
+    const sigset_t set = only(sig);
+    sfd_ = keep_fd_high(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
+    if (sfd_ < 0) return;  // the handler alone then: a request may land on any thread
+    blocked_ = pthread_sigmask(SIG_BLOCK, &set, nullptr) == 0;
+    blocker_tid_ = static_cast<pid_t>(raw_gettid());
+    if (blocked_) g_dump_requests.routed_signal.store(sig, std::memory_order_release);
+  }
+
+  // Counts the dump signals waiting in the signalfd as requests.
+  void read_signalfd() {
+    struct signalfd_siginfo info[8];
+    for (;;) {
+      const ssize_t n = ::read(sfd_, info, sizeof info);
+      if (n <= 0) return;
+      g_dump_requests.requests.fetch_add(static_cast<std::uint64_t>(n) / sizeof info[0],
+                                         std::memory_order_acq_rel);
+    }
+  }
+
+  // Gives the signal back: requests already pending for blocked threads are taken here (counted, as the
+  // handler would) so none meets the program's action, then the action is restored and, on the thread
+  // that blocked it, the block is taken off. Another thread cannot change the starting thread's mask:
+  // there the block stays (README.md says so).
+  void give_signal_back() {
+    if (signal_ == 0) return;
+    const sigset_t set = only(signal_);
+    sigset_t mask;
+    pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+    if (sfd_ >= 0) {
+      read_signalfd();
+      ::close(sfd_);
+      sfd_ = -1;
+    }
+    if (sigismember(&mask, signal_) == 1) {
+      const struct timespec zero {};
+      while (sigtimedwait(&set, nullptr, &zero) == signal_) g_dump_requests.requests.fetch_add(1);
+    }
+    sys().sigaction(signal_, &previous_, nullptr);
+    if (blocked_ && blocker_tid_ == static_cast<pid_t>(raw_gettid())) {
+      unblock_here(signal_);
+      g_dump_requests.routed_signal.store(0, std::memory_order_release);
+    }
+    signal_ = 0;
+    blocked_ = false;
+  }
+
+  std::chrono::steady_clock::duration interval() const {
+    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(opts_.interval_s));
+  }
+
+  void loop() {
+    auto next = std::chrono::steady_clock::now() + interval();
+    for (;;) {
+      int timeout = -1;
+      if (opts_.interval_s > 0) {
+        const auto left = next - std::chrono::steady_clock::now();
+        timeout =
+            left <= std::chrono::steady_clock::duration::zero()
+                ? 0
+                : static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(left).count()) + 1;
+      }
+      bool signalled = false, connecting = false;
+      http_server* server = on_demand_.load(std::memory_order_acquire);
+      const int lazy = server ? server->lazy_listener() : -1;
+      const bool stopping = !worker_.wait(timeout, sfd_, &signalled, lazy, &connecting);
+      if (signalled) read_signalfd();
+      if (connecting) server->start_on_demand();
+      if (g_dump_requests.exit_requested.load(std::memory_order_acquire)) {
+        exit_dump_();  // the process ends when this is written; nothing after it matters
+        g_dump_requests.exit_done.store(1, std::memory_order_release);
+        return;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      const bool due = !stopping && opts_.interval_s > 0 && now >= next;
+      if (due) next = now + interval();
+      const std::uint64_t requests = g_dump_requests.requests.load(std::memory_order_acquire);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (requests == handled_ && !due) {
+          if (stopping) return;
+          continue;
+        }
+        handled_ = requests;
+        busy_ = true;
+      }
+      write();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_ = requests;
+        busy_ = false;
+      }
+      done_cv_.notify_all();
+      if (stopping) return;  // a request that came before stop() was answered
+    }
+  }
+
+  void write() {
+    std::uint64_t window_seq = 0;
+    const bool windowed = opts_.window_s > 0;
+    dump_contents c = snapshots_.contents(windowed, &window_seq);
+    status st = write_dump(c, settings_);
+    if (st) {
+      ++written_;
+      if (windowed) snapshots_.window_written(window_seq);
+    } else {
+      ++failed_;  // the cumulative profile is intact, and an unwritten window stays for the next dump
+      std::fprintf(stderr, "%s\n", st.message().c_str());
+    }
+  }
+
+  snapshot_maker& snapshots_;
+  void (*exit_dump_)();
+  std::atomic<http_server*> on_demand_{nullptr};
+  options opts_;
+  dump_settings settings_;
+  worker worker_;
+  int signal_ = 0;
+  int sfd_ = -1;           // signalfd of signal_, read by the dumper
+  bool blocked_ = false;   // the starting thread's block of signal_ is selfprof's
+  pid_t blocker_tid_ = 0;  // that thread
+  struct sigaction previous_ {};
+  std::mutex mu_;
+  std::condition_variable done_cv_;
+  std::uint64_t handled_ = 0, done_ = 0;
+  bool busy_ = false;
+  std::atomic<unsigned long> written_{0}, failed_{0};
+};
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/core/auto_dumps.hpp ----
+// ---- begin selfprof/core/endpoint.hpp ----
+// The routes of the profile endpoint and the control socket (serve/server.hpp): Go's
+// /debug/pprof/profile and index, and selfprof's flame graph, folded and top forms, each either of the
+// next N seconds or (since=start) of everything collected so far. Also the bearer token file.
+// Context: the server thread (routes: quick copies only) and the render thread (the jobs); setup reads
+// the token file.
+//
+// A profile of the next N seconds is the difference of two snapshots of the one running session, taken
+// when the request arrives and N seconds later: concurrent requests share the same sampling (no second
+// profiler) and each costs a copy of the stack table while it waits. A thread that ends meanwhile under
+// the memory ceiling's thread merge may move a few of its earlier samples into the window under thread 0.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+
 
 namespace selfprof {
 namespace detail {
@@ -19253,8 +19311,11 @@ class profiler_core {
     }
     if (sc.http.empty() && !sc.control) return status::ok();
     const options o = opts_;
-    return server_.start(
-        sc, [this, o](const http_request& r) { return answer_request(snapshots_, o, r); }, notes_);
+    // The control socket alone: its thread starts at the first client, the dumper watching the socket.
+    status st = server_.start(
+        sc, [this, o](const http_request& r) { return answer_request(snapshots_, o, r); }, notes_, true);
+    if (st) dumps_.serve_on_demand(server_.lazy_listener() >= 0 ? &server_ : nullptr);
+    return st;
   }
 
   status stop_locked(bool keep_dump_signal = false, bool on_dumper = false) {

@@ -1,6 +1,7 @@
 // The profile endpoint and the control socket against a profiled, busy process: profiles of the next N
 // seconds hold only those seconds, every form and content type, the errors (404, 405, 400, 414, 431,
-// 401, 403), slow and many clients, non-loopback binds refused without a token, an address in use.
+// 401, 403), slow and many clients, non-loopback binds refused without a token, an address in use, and
+// the control socket's thread started by its first client.
 // ctest-labels: no_tsan smoke
 // Not under TSan: like the other sampling tests, it defers the sampling signal to a safe point, where the
 // handler walks a stack that is no longer the interrupted one.
@@ -358,6 +359,49 @@ TEST_CASE("endpoint: a unix socket is 0600 and removed at stop; the control sock
   CHECK(!selfprof::detail::http_get(reinterpret_cast<const sockaddr*>(&un), len, "/debug/pprof/", 2, r));
   REQUIRE(selfprof::stop());
   CHECK(::stat(path.c_str(), &sb) != 0);
+}
+
+TEST_CASE("endpoint: with the control socket alone, its thread starts at the first client") {
+  wl::apply_test_environment();
+  auto threads_named = [](const char* name) {
+    int n = 0;
+    for (pid_t tid : selfprof::detail::list_threads())
+      if (selfprof::detail::task_file(tid, "comm") == std::string(name) + "\n") ++n;
+    return n;
+  };
+  // A joined thread may still be listed for a moment after pthread_join returns: look for up to 2 s.
+  auto no_server_thread = [&] {
+    for (int i = 0; i < 200 && threads_named("selfprof-http") != 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return threads_named("selfprof-http") == 0;
+  };
+  selfprof::options o;
+  o.hz = 200;  // the control socket is on by default; no HTTP endpoint
+  REQUIRE(selfprof::start(o));
+  CHECK(selfprof::get_stats().http.control == "@selfprof-" + std::to_string(::getpid()));
+  CHECK(threads_named("selfprof-dump") == 1);
+  CHECK(threads_named("selfprof-http") == 0);  // nobody asked yet: no server thread
+  spin_cpu(before_window, 200 * 1000 * 1000);
+  socklen_t len = 0;
+  const sockaddr_un un = selfprof::detail::control_socket_address(::getpid(), len);
+  for (int round = 0; round < 2; ++round) {  // the first client starts the thread, the second finds it
+    http_reply ctl;
+    const selfprof::status st = selfprof::detail::http_get(reinterpret_cast<const sockaddr*>(&un), len,
+                                                           "/debug/selfprof/folded?since=start", 20, ctl);
+    REQUIRE_MESSAGE(st, st.message());
+    CHECK(ctl.status == 200);
+    CHECK(folded_samples_with(ctl.body, "before_window", nullptr) >= 10);
+    CHECK(threads_named("selfprof-http") == 1);
+  }
+  REQUIRE(selfprof::stop());
+  CHECK(no_server_thread());
+  // Started again, the socket is watched again; stopped before any client, no thread was started.
+  REQUIRE(selfprof::start(o));
+  CHECK(threads_named("selfprof-http") == 0);
+  REQUIRE(selfprof::stop());
+  http_reply gone;
+  CHECK(!selfprof::detail::http_get(reinterpret_cast<const sockaddr*>(&un), len, "/debug/pprof/", 2, gone));
+  CHECK(no_server_thread());
 }
 
 TEST_CASE("endpoint: an address in use leaves sampling on, without the endpoint, and says so") {

@@ -1,8 +1,11 @@
 // Dumps the program does not ask for itself: on the dump signal (SIGUSR2 by default) and every
 // SELFPROF_INTERVAL seconds, written by the dumper thread ("selfprof-dump") through the one dump path
 // (dump/dump.hpp), so the collector keeps draining while a dump is symbolized and written. Requests that
-// arrive while a dump is being written are answered together by the next one.
-// Context: setup only (start/stop); the dumper thread; flush() from any thread; fork child.
+// arrive while a dump is being written are answered together by the next one. The dumper also watches
+// the control socket (`selfprof dump PID`, another way to ask for a dump) until its first client, and
+// then has the server start its thread (serve/server.hpp: a process nobody asks runs no server thread).
+// Context: setup only (start/stop, serve_on_demand); the dumper thread; flush() from any thread; fork
+// child.
 //
 // The dump signal is taken by the dumper thread, not by an application thread. A process-directed signal
 // goes to some thread that does not block it, and a handler run there cuts that thread's blocking call
@@ -39,6 +42,7 @@
 #include "selfprof/detail/worker.hpp"
 #include "selfprof/dump/dump.hpp"
 #include "selfprof/options.hpp"
+#include "selfprof/serve/server.hpp"
 #include "selfprof/signal/dump_request.hpp"
 #include "selfprof/signal/raw_syscall.hpp"
 
@@ -66,6 +70,7 @@ class auto_dumps {
       done_ = handled_;
       busy_ = false;
     }
+    on_demand_.store(nullptr, std::memory_order_relaxed);  // serve_on_demand() after this, if at all
     take_signal(o.dump_signal, session);
     status st = worker_.start("selfprof-dump", &auto_dumps::main, this);
     if (!st) {
@@ -108,6 +113,7 @@ class auto_dumps {
   }
 
   void abandon_after_fork() {
+    on_demand_.store(nullptr, std::memory_order_relaxed);
     g_dump_requests.dumper_tid.store(0, std::memory_order_release);
     g_dump_requests.wake_fd.store(-1, std::memory_order_release);
     worker_.abandon_after_fork();
@@ -125,6 +131,13 @@ class auto_dumps {
     }
     signal_ = 0;
     blocked_ = false;
+  }
+
+  // Watch `server`'s lazy_listener() and call its start_on_demand() when a client connects (null: stop
+  // watching). The server may stop meanwhile: it then starts nothing.
+  void serve_on_demand(http_server* server) {
+    on_demand_.store(server, std::memory_order_release);
+    worker_.wake();  // the next wait watches it
   }
 
   int signal_number() const { return signal_; }
@@ -238,9 +251,12 @@ class auto_dumps {
                 ? 0
                 : static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(left).count()) + 1;
       }
-      bool signalled = false;
-      const bool stopping = !worker_.wait(timeout, sfd_, &signalled);
+      bool signalled = false, connecting = false;
+      http_server* server = on_demand_.load(std::memory_order_acquire);
+      const int lazy = server ? server->lazy_listener() : -1;
+      const bool stopping = !worker_.wait(timeout, sfd_, &signalled, lazy, &connecting);
       if (signalled) read_signalfd();
+      if (connecting) server->start_on_demand();
       if (g_dump_requests.exit_requested.load(std::memory_order_acquire)) {
         exit_dump_();  // the process ends when this is written; nothing after it matters
         g_dump_requests.exit_done.store(1, std::memory_order_release);
@@ -286,6 +302,7 @@ class auto_dumps {
 
   snapshot_maker& snapshots_;
   void (*exit_dump_)();
+  std::atomic<http_server*> on_demand_{nullptr};
   options opts_;
   dump_settings settings_;
   worker worker_;

@@ -523,8 +523,11 @@ class profiler_core {
     }
     if (sc.http.empty() && !sc.control) return status::ok();
     const options o = opts_;
-    return server_.start(
-        sc, [this, o](const http_request& r) { return answer_request(snapshots_, o, r); }, notes_);
+    // The control socket alone: its thread starts at the first client, the dumper watching the socket.
+    status st = server_.start(
+        sc, [this, o](const http_request& r) { return answer_request(snapshots_, o, r); }, notes_, true);
+    if (st) dumps_.serve_on_demand(server_.lazy_listener() >= 0 ? &server_ : nullptr);
+    return st;
   }
 
   status stop_locked(bool keep_dump_signal = false, bool on_dumper = false) {

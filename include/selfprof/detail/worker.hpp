@@ -132,28 +132,33 @@ class worker {
   int wake_fd() const { return wake_fd_; }
 
   // The worker's own thread: sleeps until woken, stopped or `timeout_ms` passed (-1: no timeout). Returns
-  // false once stop() was asked. `extra_fd` (optional) also ends the wait when readable; `*extra_ready`
-  // then says so.
-  bool wait(int timeout_ms, int extra_fd = -1, bool* extra_ready = nullptr) {
+  // false once stop() was asked. `extra_fd` and `extra_fd2` (optional, -1 for none) also end the wait when
+  // readable; `*extra_ready` and `*extra_ready2` then say so.
+  bool wait(int timeout_ms, int extra_fd = -1, bool* extra_ready = nullptr, int extra_fd2 = -1,
+            bool* extra_ready2 = nullptr) {
     return wait_ns(timeout_ms < 0 ? -1 : static_cast<std::int64_t>(timeout_ms) * 1000000, extra_fd,
-                   extra_ready);
+                   extra_ready, extra_fd2, extra_ready2);
   }
-  bool wait_ns(std::int64_t timeout_ns, int extra_fd = -1, bool* extra_ready = nullptr) {
-    struct pollfd p[2] = {};
-    p[0].fd = wake_fd_;
-    p[0].events = POLLIN;
-    p[1].fd = extra_fd;
-    p[1].events = POLLIN;
+  bool wait_ns(std::int64_t timeout_ns, int extra_fd = -1, bool* extra_ready = nullptr, int extra_fd2 = -1,
+               bool* extra_ready2 = nullptr) {
+    struct pollfd p[3] = {};
+    nfds_t used = 0;
+    p[used++] = {wake_fd_, POLLIN, 0};
+    const nfds_t at1 = used;
+    if (extra_fd >= 0) p[used++] = {extra_fd, POLLIN, 0};
+    const nfds_t at2 = used;
+    if (extra_fd2 >= 0) p[used++] = {extra_fd2, POLLIN, 0};
     struct timespec ts {
       static_cast<time_t>(timeout_ns / 1000000000), static_cast<long>(timeout_ns % 1000000000)
     };
-    const int n = ::ppoll(p, extra_fd >= 0 ? 2 : 1, timeout_ns < 0 ? nullptr : &ts, nullptr);
+    const int n = ::ppoll(p, used, timeout_ns < 0 ? nullptr : &ts, nullptr);
     if (n > 0 && (p[0].revents & POLLIN)) {
       std::uint64_t v;
       ssize_t r = ::read(wake_fd_, &v, sizeof v);
       (void)r;
     }
-    if (extra_ready) *extra_ready = n > 0 && extra_fd >= 0 && (p[1].revents & POLLIN);
+    if (extra_ready) *extra_ready = n > 0 && extra_fd >= 0 && (p[at1].revents & POLLIN);
+    if (extra_ready2) *extra_ready2 = n > 0 && extra_fd2 >= 0 && (p[at2].revents & POLLIN);
     return !stopping();
   }
 

@@ -1,10 +1,15 @@
 // The profile endpoint's server: one poll loop over every listening socket and connection (thread
 // "selfprof-http"), and the responses that take work — a profile of the next N seconds, symbolized and
 // rendered — made off that loop on a second thread ("selfprof-render"), so a slow render or a slow
-// client never holds up another client. That thread starts at the first such request (a process nobody
-// asks for a profile runs one server thread). Both run at nice 19, so serving takes only CPU the
-// application leaves, and both are detail::worker threads (signals blocked, named).
-// Context: setup only (start, stop, abandon_after_fork); the two server threads; counters() from any.
+// client never holds up another client. That thread starts at the first such request; with only the
+// control socket open, so does the loop's (start_on_demand). Both at nice 19, both detail::worker threads.
+// Context: setup only (start, stop, abandon_after_fork); the two server threads; counters(),
+// lazy_listener() and start_on_demand() from any thread.
+//
+// Threads start when needed: a process nobody asks for a profile runs no server thread when only the
+// control socket listens (a thread costs a short-lived process a noticeable share of its CPU); another
+// thread (the dumper) watches lazy_listener() and calls start_on_demand() at the first connection. The
+// threads run at nice 19, so serving takes only CPU the application leaves; signals are blocked in them.
 //
 // Listeners, all speaking the same protocol (serve/http.hpp), one request per connection:
 //  - the endpoint (options::http, SELFPROF_HTTP): "HOST:PORT" with a numeric IPv4 address or
@@ -200,8 +205,10 @@ class http_server {
 
   // Opens the listeners and starts the loop's thread. A bad endpoint address, or a non-loopback one without
   // a token, is an error; an endpoint address in use or a control socket that cannot be bound is only a
-  // note (`notes`), the rest runs.
-  status start(const server_config& cfg, http_route route, std::vector<std::string>& notes) {
+  // note (`notes`), the rest runs. `on_demand`: with the control socket alone, the thread is left to
+  // start_on_demand().
+  status start(const server_config& cfg, http_route route, std::vector<std::string>& notes,
+               bool on_demand = false) {
     stop();
     cfg_ = cfg;
     route_ = std::move(route);
@@ -233,14 +240,38 @@ class http_server {
       }
     }
     if (listeners_.empty()) return status::ok();
+    std::lock_guard<std::mutex> lazy(lazy_mu_);
+    closed_ = false;
+    if (on_demand && listeners_.size() == 1 && listeners_[0].kind == kind_control) {
+      lazy_fd_.store(listeners_[0].fd, std::memory_order_release);
+      return status::ok();
+    }
     status st = io_.start("selfprof-http", &http_server::io_main, this);
     if (!st) close_listeners();
     return st;
   }
 
+  // The control socket while its loop's thread is not started (else -1): readable when a client
+  // connects. The watcher then calls start_on_demand().
+  int lazy_listener() const { return lazy_fd_.load(std::memory_order_acquire); }
+
+  // Any thread: starts the loop's thread if start() left it to this and stop() has not come since. A
+  // failure is counted; the watcher then stops watching (lazy_listener() is -1 either way).
+  void start_on_demand() {
+    std::lock_guard<std::mutex> lazy(lazy_mu_);
+    if (closed_ || lazy_fd_.load(std::memory_order_relaxed) < 0) return;
+    lazy_fd_.store(-1, std::memory_order_release);
+    if (!io_.start("selfprof-http", &http_server::io_main, this)) ++n_.failures;
+  }
+
   // Stops the threads and closes every socket; a client waiting for a profile sees its connection
   // closed.
   void stop() {
+    {
+      std::lock_guard<std::mutex> lazy(lazy_mu_);
+      closed_ = true;
+      lazy_fd_.store(-1, std::memory_order_release);
+    }
     io_.stop();
     render_.stop();
     for (auto& c : conns_) close_conn(c);
@@ -256,6 +287,9 @@ class http_server {
   void abandon_after_fork() {
     io_.abandon_after_fork();
     render_.abandon_after_fork();
+    new (&lazy_mu_) std::mutex();
+    closed_ = true;
+    lazy_fd_.store(-1, std::memory_order_relaxed);
     for (auto& c : conns_)
       if (c.fd >= 0) ::close(c.fd);
     conns_.clear();
@@ -679,6 +713,9 @@ class http_server {
   http_route route_;
   std::vector<listener> listeners_;
   std::string unix_path_, address_, control_;
+  std::mutex lazy_mu_;  // start_on_demand() against stop()
+  bool closed_ = true;  // stop() came after start(): no thread starts on demand
+  std::atomic<int> lazy_fd_{-1};
   std::vector<conn> conns_;  // the io thread's
   std::uint64_t next_id_ = 0;
   std::mutex mu_;  // jobs_ and done_
