@@ -16211,7 +16211,7 @@ class snapshot_maker {
 // "selfprof-http"), and the responses that take work — a profile of the next N seconds, symbolized and
 // rendered — made off that loop on a second thread ("selfprof-render"), so a slow render or a slow
 // client never holds up another client. That thread starts at the first such request; with only the
-// control socket open, so does the loop's (start_on_demand). Both at nice 19, both detail::worker threads.
+// control socket open, so does the loop's (start_on_demand). Both are detail::worker threads.
 // Context: setup only (start, stop, abandon_after_fork); the two server threads; counters(),
 // lazy_listener() and start_on_demand() from any thread.
 //
