@@ -1688,6 +1688,13 @@ enum class unwind_mode { automatic, fp, dwarf };
 // The mechanism that delivers ticks (sources/). `none`: wall mode without on-CPU ticks.
 enum class source_kind { automatic, perf, timer, itimer, none, ring };
 
+// Which DWARF a dump reads for file:line and inline frames (with libdw). `automatic`: DWARF stored as
+// is; DWARF whose sections are compressed (as Debian's -dbg and -dbgsym packages ship libraries' debug
+// files) is skipped, because libdw inflates every section whole before the first lookup, about 100 ms
+// for libc's whatever was sampled; those modules are named from their symbols. `all` reads it too;
+// `none` reads no DWARF.
+enum class lines_mode { automatic, all, none };
+
 inline const char* mode_name(profile_mode m) {
   switch (m) {
     case profile_mode::cpu:
@@ -1708,6 +1715,18 @@ inline const char* unwind_name(unwind_mode u) {
       return "fp";
     case unwind_mode::dwarf:
       return "dwarf";
+  }
+  return "?";
+}
+
+inline const char* lines_name(lines_mode l) {
+  switch (l) {
+    case lines_mode::automatic:
+      return "auto";
+    case lines_mode::all:
+      return "all";
+    case lines_mode::none:
+      return "none";
   }
   return "?";
 }
@@ -2457,6 +2476,7 @@ struct options {
   unsigned max_depth = 128;               // SELFPROF_MAX_DEPTH: frames kept per sample (2..1024)
   int sample_signal = 0;                  // SELFPROF_SAMPLE_SIGNAL: 0 picks SIGPROF or a free RT signal
   unwind_mode unwind = unwind_mode::automatic;  // SELFPROF_UNWIND: fp|dwarf|auto
+  lines_mode lines = lines_mode::automatic;     // SELFPROF_LINES: auto|all|none (modes.hpp)
   bool thread_roots = false;                    // SELFPROF_THREAD_ROOTS: per-thread root frames in output
   bool verbose = false;                         // SELFPROF_VERBOSE: echo the configuration once on start
   std::size_t ring_slots = 0;                   // sample ring capacity (0: sized from hz)
@@ -2669,6 +2689,17 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
       o.unwind = unwind_mode::automatic;
     else
       bad("SELFPROF_UNWIND", v, "fp, dwarf or auto");
+  }
+  if (const char* v = std::getenv("SELFPROF_LINES")) {
+    std::string s = v;
+    if (s == "auto")
+      o.lines = lines_mode::automatic;
+    else if (s == "all")
+      o.lines = lines_mode::all;
+    else if (s == "none")
+      o.lines = lines_mode::none;
+    else
+      bad("SELFPROF_LINES", v, "auto, all or none");
   }
   if (const char* v = std::getenv("SELFPROF_THREAD_ROOTS")) {
     if (detail::parse_bool(v, b))
@@ -3630,6 +3661,8 @@ class perf_map {
 // the symbolizer; each address's answer is cached. DWARF comes from the module file itself, else from
 // the separate debug file the module registry found (build-id or .gnu_debuglink), else from a search of
 // the same debug roots. No debuginfod and no other network access: only local files are read.
+// lines_mode (modes.hpp) says which files are read: by default not those whose DWARF is compressed
+// (libdw inflates it whole before the first lookup); each file skipped so gives one warning.
 // With SELFPROF_HAS_LIBDW=0 this header holds a stub whose lookups find nothing; with SELFPROF_LIBDW_DLOPEN=1
 // libdw is loaded at the first lookup, and lookups find nothing where it cannot be (libdw_api.hpp).
 
@@ -4280,26 +4313,45 @@ inline bool find_debug_file(const std::vector<std::string>& roots, const std::st
   return false;
 }
 
+// True when `image`'s DWARF is stored compressed: a .debug_info with SHF_COMPRESSED (objcopy
+// --compress-debug-sections, as distributions ship debug files) or the older GNU .zdebug_info.
+inline bool dwarf_compressed(const elf_image& image) {
+  const elf_section* info = image.find_section(".debug_info");
+  return (info != nullptr && (info->flags & SHF_COMPRESSED) != 0) ||
+         image.find_section(".zdebug_info") != nullptr;
+}
+
 // The file holding the DWARF of the module file at `path` (inode `inode` when non-zero): `path` itself
 // when it has .debug_info, else `known_debug` when set (the registry's pick), else the debug file found
 // under `roots` (by build-id, and by .gnu_debuglink next to `module_path` unless that is empty). Empty
-// when there is none; `readable` says whether `path` could be read as ELF at all.
+// when there is none; `readable` says whether `path` could be read as ELF at all, `compressed` whether
+// the file returned stores its DWARF compressed (dwarf_compressed).
 inline std::string dwarf_source_path(const std::vector<std::string>& roots, const std::string& path,
                                      std::uint64_t inode, const std::string& module_path,
-                                     const std::string& known_debug, bool& readable) {
+                                     const std::string& known_debug, bool& readable, bool& compressed) {
+  compressed = false;
   mapped_file file;
   elf_image image;
   readable = file.open(path, inode) && image.parse(file, path);
   if (!readable) return {};
   for (const char* name : {".debug_info", ".zdebug_info"}) {
     const elf_section* s = image.find_section(name);
-    if (s != nullptr && s->type != SHT_NOBITS) return path;
+    if (s != nullptr && s->type != SHT_NOBITS) {
+      compressed = dwarf_compressed(image);
+      return path;
+    }
   }
-  if (!known_debug.empty()) return known_debug;
+  std::string found = known_debug;
   // The registry looks for a debug file only when a module lacks .symtab: a module stripped of DWARF
   // alone (strip -g) gets its debug file found here.
   debug_file debug;
-  return find_debug_file(roots, module_path, image, debug) ? debug.path : std::string();
+  if (found.empty() && find_debug_file(roots, module_path, image, debug)) found = debug.path;
+  if (found.empty()) return {};
+  mapped_file debug_mapped;
+  elf_image debug_image;
+  compressed =
+      debug_mapped.open(found, 0) && debug_image.parse(debug_mapped, found) && dwarf_compressed(debug_image);
+  return found;
 }
 
 }  // namespace detail
@@ -5381,13 +5433,19 @@ class dwarf_lines {
   static constexpr bool enabled = true;
 
   dwarf_lines() = default;
-  explicit dwarf_lines(std::vector<std::string> debug_roots) : debug_roots_(std::move(debug_roots)) {}
+  explicit dwarf_lines(std::vector<std::string> debug_roots, lines_mode mode = lines_mode::automatic)
+      : debug_roots_(std::move(debug_roots)), mode_(mode) {}
+
+  // Which files later lookups read (files already opened or skipped stay so).
+  void set_mode(lines_mode mode) { mode_ = mode; }
 
   // The source chain of `vaddr` (an ELF virtual address of module `m`'s file, i.e. the run-time
   // address minus the module's bias), or nullptr when no DWARF covers it. The pointer stays valid for
   // the lifetime of this object.
   const source_chain* lookup(const module& m, std::uint64_t vaddr) {
-    if (m.kind != module_kind::file || !m.symbols || !m.symbols->elf_ok || !libdw().ok) return nullptr;
+    if (mode_ == lines_mode::none || m.kind != module_kind::file || !m.symbols || !m.symbols->elf_ok ||
+        !libdw().ok)
+      return nullptr;
     dwarf_file* file = file_for(m);  // heap-allocated: Dwfl keeps pointers to its callbacks and userdata
     if (file == nullptr) return nullptr;
     auto cached = file->chains.find(vaddr);
@@ -5400,7 +5458,10 @@ class dwarf_lines {
 
   std::size_t files_opened() const { return files_opened_; }  // module files given a Dwfl session
   std::size_t files_with_dwarf() const { return files_with_dwarf_; }
-  std::size_t queries() const { return queries_; }  // lookups that reached libdw (cache misses)
+  std::size_t queries() const { return queries_; }              // lookups that reached libdw (cache misses)
+  std::size_t files_skipped() const { return files_skipped_; }  // compressed DWARF left unread
+  // One line per file skipped since the last call, for a profile's notes.
+  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
 
  private:
   struct dwarf_file {
@@ -5441,13 +5502,22 @@ class dwarf_lines {
     std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
                   static_cast<unsigned long long>(m.start), static_cast<unsigned long long>(m.end));
     std::string path = hidden ? std::string(buffer) : m.path, search = hidden ? std::string() : m.path;
+    bool compressed = false;
     std::string from =
-        dwarf_source_path(debug_roots_, path, m.inode, search, m.symbols->debug_path, readable);
+        dwarf_source_path(debug_roots_, path, m.inode, search, m.symbols->debug_path, readable, compressed);
     if (!readable && !hidden) {
       path = buffer;
-      from = dwarf_source_path(debug_roots_, path, m.inode, search, m.symbols->debug_path, readable);
+      from =
+          dwarf_source_path(debug_roots_, path, m.inode, search, m.symbols->debug_path, readable, compressed);
     }
     if (!readable) return file;
+    if (compressed && mode_ == lines_mode::automatic) {
+      ++files_skipped_;
+      warnings_.push_back(
+          "no file:line or inline frames for " + m.basename + ": its DWARF (" + from +
+          ") is compressed, and libdw inflates all of it first (SELFPROF_LINES=all reads it)");
+      return file;
+    }
     ++files_opened_;
     // libdwfl would map the file itself (ELF_C_READ_MMAP_PRIVATE), and a mapped file truncated in place
     // raises SIGBUS: the file with the DWARF is opened here with ELF_C_READ (pread) and given to Dwfl as
@@ -5599,7 +5669,10 @@ class dwarf_lines {
   }
 
   std::vector<std::string> debug_roots_{"/usr/lib/debug"};
+  lines_mode mode_ = lines_mode::automatic;
   std::map<const module_symbols*, std::unique_ptr<dwarf_file>> files_;
+  std::vector<std::string> warnings_;
+  std::size_t files_skipped_ = 0;
   std::size_t files_opened_ = 0;
   std::size_t files_with_dwarf_ = 0;
   std::size_t queries_ = 0;
@@ -5612,8 +5685,11 @@ class dwarf_lines {
  public:
   static constexpr bool enabled = false;
   dwarf_lines() = default;
-  explicit dwarf_lines(const std::vector<std::string>&) {}
+  explicit dwarf_lines(const std::vector<std::string>&, lines_mode = lines_mode::automatic) {}
+  void set_mode(lines_mode) {}
   const source_chain* lookup(const module&, std::uint64_t) { return nullptr; }
+  std::size_t files_skipped() const { return 0; }
+  std::vector<std::string> take_warnings() { return {}; }
   std::size_t files_opened() const { return 0; }
   std::size_t files_with_dwarf() const { return 0; }
   std::size_t queries() const { return 0; }
@@ -6006,6 +6082,8 @@ struct symbolizer_options {
   std::string perf_map_path;
   bool use_perf_map = true;
   std::string maps_path = "/proc/self/maps";
+  // Which DWARF gives file:line and inline frames (modes.hpp): by default not compressed DWARF.
+  lines_mode lines = lines_mode::automatic;
 };
 
 class symbolizer {
@@ -6015,7 +6093,7 @@ class symbolizer {
       : modules_(detail::module_registry_options{options.debug_roots, options.maps_path, nullptr}),
         perf_map_(options.perf_map_path),
         use_perf_map_(options.use_perf_map),
-        dwarf_(options.debug_roots) {}
+        dwarf_(options.debug_roots, options.lines) {}
 
   // Snapshots the modules mapped now (parsing the symbols of new ones); keeps unmapped ones. Cheap when
   // no library was loaded or unloaded since the last call: meant to run every ~100 ms while profiling.
@@ -6134,7 +6212,13 @@ class symbolizer {
 
   // One message per module whose symbols could not be read (truncated ELF, unreadable file, ...);
   // the caller decides where they go (profile notes, stderr). Cleared by this call.
-  std::vector<std::string> take_warnings() { return modules_.take_warnings(); }
+  std::vector<std::string> take_warnings() {
+    std::vector<std::string> out = modules_.take_warnings();
+    for (std::string& w : dwarf_.take_warnings()) out.push_back(std::move(w));
+    return out;
+  }
+  // Which DWARF later lookups read (SELFPROF_LINES).
+  void set_lines(lines_mode mode) { dwarf_.set_mode(mode); }
 
   const detail::module_registry& modules() const { return modules_; }
   const detail::perf_map& jit_map() const { return perf_map_; }
@@ -10823,6 +10907,11 @@ constexpr int kForkWaitMs = 100;
 
 class shared_symbolizer {
  public:
+  // Which DWARF later dumps read for file:line and inline frames (SELFPROF_LINES).
+  void set_lines(lines_mode mode) {
+    std::lock_guard<std::mutex> lock(mu_);
+    sym_.set_lines(mode);
+  }
   // Re-reads the mapped modules (parsing the new ones).
   void refresh() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -18900,6 +18989,7 @@ class profiler_core {
     if (opts_.max_depth > 1024) opts_.max_depth = 1024;
     session_.clear();
     registry_.clear_names();
+    symbols_.set_lines(opts_.lines);
     if (opts_.max_memory < kMinMaxMemory) {
       notes_.push_back("max_memory raised to the smallest ceiling, " + std::to_string(kMinMaxMemory >> 20) +
                        " MiB");

@@ -16,6 +16,13 @@ enum class unwind_mode { automatic, fp, dwarf };
 // The mechanism that delivers ticks (sources/). `none`: wall mode without on-CPU ticks.
 enum class source_kind { automatic, perf, timer, itimer, none, ring };
 
+// Which DWARF a dump reads for file:line and inline frames (with libdw). `automatic`: DWARF stored as
+// is; DWARF whose sections are compressed (as Debian's -dbg and -dbgsym packages ship libraries' debug
+// files) is skipped, because libdw inflates every section whole before the first lookup, about 100 ms
+// for libc's whatever was sampled; those modules are named from their symbols. `all` reads it too;
+// `none` reads no DWARF.
+enum class lines_mode { automatic, all, none };
+
 inline const char* mode_name(profile_mode m) {
   switch (m) {
     case profile_mode::cpu:
@@ -36,6 +43,18 @@ inline const char* unwind_name(unwind_mode u) {
       return "fp";
     case unwind_mode::dwarf:
       return "dwarf";
+  }
+  return "?";
+}
+
+inline const char* lines_name(lines_mode l) {
+  switch (l) {
+    case lines_mode::automatic:
+      return "auto";
+    case lines_mode::all:
+      return "all";
+    case lines_mode::none:
+      return "none";
   }
   return "?";
 }

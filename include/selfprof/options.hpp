@@ -28,6 +28,7 @@ struct options {
   unsigned max_depth = 128;               // SELFPROF_MAX_DEPTH: frames kept per sample (2..1024)
   int sample_signal = 0;                  // SELFPROF_SAMPLE_SIGNAL: 0 picks SIGPROF or a free RT signal
   unwind_mode unwind = unwind_mode::automatic;  // SELFPROF_UNWIND: fp|dwarf|auto
+  lines_mode lines = lines_mode::automatic;     // SELFPROF_LINES: auto|all|none (modes.hpp)
   bool thread_roots = false;                    // SELFPROF_THREAD_ROOTS: per-thread root frames in output
   bool verbose = false;                         // SELFPROF_VERBOSE: echo the configuration once on start
   std::size_t ring_slots = 0;                   // sample ring capacity (0: sized from hz)
@@ -240,6 +241,17 @@ inline options options_from_env(std::vector<std::string>* warnings = nullptr) {
       o.unwind = unwind_mode::automatic;
     else
       bad("SELFPROF_UNWIND", v, "fp, dwarf or auto");
+  }
+  if (const char* v = std::getenv("SELFPROF_LINES")) {
+    std::string s = v;
+    if (s == "auto")
+      o.lines = lines_mode::automatic;
+    else if (s == "all")
+      o.lines = lines_mode::all;
+    else if (s == "none")
+      o.lines = lines_mode::none;
+    else
+      bad("SELFPROF_LINES", v, "auto, all or none");
   }
   if (const char* v = std::getenv("SELFPROF_THREAD_ROOTS")) {
     if (detail::parse_bool(v, b))

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <selfprof/options.hpp>
@@ -134,4 +135,23 @@ TEST_CASE("SELFPROF_MAX_MEMORY: sizes with K, M, G suffixes; bad or too small va
     CHECK(warnings[0].find("SELFPROF_MAX_MEMORY") != std::string::npos);
     CHECK(o.max_memory == (std::size_t{64} << 20));
   }
+}
+
+TEST_CASE("SELFPROF_LINES: auto by default, all and none taken, anything else named and refused") {
+  unsetenv("SELFPROF_LINES");
+  CHECK(selfprof::options_from_env().lines == selfprof::lines_mode::automatic);
+  for (auto [text, mode] : {std::pair<const char*, selfprof::lines_mode>{"all", selfprof::lines_mode::all},
+                            {"none", selfprof::lines_mode::none},
+                            {"auto", selfprof::lines_mode::automatic}}) {
+    env_guard g("SELFPROF_LINES", text);
+    std::vector<std::string> warnings;
+    CHECK(selfprof::options_from_env(&warnings).lines == mode);
+    CHECK(warnings.empty());
+    CHECK(std::string(selfprof::lines_name(mode)) == text);
+  }
+  env_guard g("SELFPROF_LINES", "some");
+  std::vector<std::string> warnings;
+  CHECK(selfprof::options_from_env(&warnings).lines == selfprof::lines_mode::automatic);
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("SELFPROF_LINES=\"some\"") != std::string::npos);
 }

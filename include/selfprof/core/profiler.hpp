@@ -112,6 +112,7 @@ class profiler_core {
     if (opts_.max_depth > 1024) opts_.max_depth = 1024;
     session_.clear();
     registry_.clear_names();
+    symbols_.set_lines(opts_.lines);
     if (opts_.max_memory < kMinMaxMemory) {
       notes_.push_back("max_memory raised to the smallest ceiling, " + std::to_string(kMinMaxMemory >> 20) +
                        " MiB");

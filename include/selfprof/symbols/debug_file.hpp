@@ -107,26 +107,45 @@ inline bool find_debug_file(const std::vector<std::string>& roots, const std::st
   return false;
 }
 
+// True when `image`'s DWARF is stored compressed: a .debug_info with SHF_COMPRESSED (objcopy
+// --compress-debug-sections, as distributions ship debug files) or the older GNU .zdebug_info.
+inline bool dwarf_compressed(const elf_image& image) {
+  const elf_section* info = image.find_section(".debug_info");
+  return (info != nullptr && (info->flags & SHF_COMPRESSED) != 0) ||
+         image.find_section(".zdebug_info") != nullptr;
+}
+
 // The file holding the DWARF of the module file at `path` (inode `inode` when non-zero): `path` itself
 // when it has .debug_info, else `known_debug` when set (the registry's pick), else the debug file found
 // under `roots` (by build-id, and by .gnu_debuglink next to `module_path` unless that is empty). Empty
-// when there is none; `readable` says whether `path` could be read as ELF at all.
+// when there is none; `readable` says whether `path` could be read as ELF at all, `compressed` whether
+// the file returned stores its DWARF compressed (dwarf_compressed).
 inline std::string dwarf_source_path(const std::vector<std::string>& roots, const std::string& path,
                                      std::uint64_t inode, const std::string& module_path,
-                                     const std::string& known_debug, bool& readable) {
+                                     const std::string& known_debug, bool& readable, bool& compressed) {
+  compressed = false;
   mapped_file file;
   elf_image image;
   readable = file.open(path, inode) && image.parse(file, path);
   if (!readable) return {};
   for (const char* name : {".debug_info", ".zdebug_info"}) {
     const elf_section* s = image.find_section(name);
-    if (s != nullptr && s->type != SHT_NOBITS) return path;
+    if (s != nullptr && s->type != SHT_NOBITS) {
+      compressed = dwarf_compressed(image);
+      return path;
+    }
   }
-  if (!known_debug.empty()) return known_debug;
+  std::string found = known_debug;
   // The registry looks for a debug file only when a module lacks .symtab: a module stripped of DWARF
   // alone (strip -g) gets its debug file found here.
   debug_file debug;
-  return find_debug_file(roots, module_path, image, debug) ? debug.path : std::string();
+  if (found.empty() && find_debug_file(roots, module_path, image, debug)) found = debug.path;
+  if (found.empty()) return {};
+  mapped_file debug_mapped;
+  elf_image debug_image;
+  compressed =
+      debug_mapped.open(found, 0) && debug_image.parse(debug_mapped, found) && dwarf_compressed(debug_image);
+  return found;
 }
 
 }  // namespace detail

@@ -6,6 +6,8 @@
 // the symbolizer; each address's answer is cached. DWARF comes from the module file itself, else from
 // the separate debug file the module registry found (build-id or .gnu_debuglink), else from a search of
 // the same debug roots. No debuginfod and no other network access: only local files are read.
+// lines_mode (modes.hpp) says which files are read: by default not those whose DWARF is compressed
+// (libdw inflates it whole before the first lookup); each file skipped so gives one warning.
 // With SELFPROF_HAS_LIBDW=0 this header holds a stub whose lookups find nothing; with SELFPROF_LIBDW_DLOPEN=1
 // libdw is loaded at the first lookup, and lookups find nothing where it cannot be (libdw_api.hpp).
 #pragma once
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "selfprof/config.hpp"
+#include "selfprof/modes.hpp"
 #include "selfprof/symbols/modules.hpp"
 
 #if SELFPROF_HAS_LIBDW
@@ -168,13 +171,19 @@ class dwarf_lines {
   static constexpr bool enabled = true;
 
   dwarf_lines() = default;
-  explicit dwarf_lines(std::vector<std::string> debug_roots) : debug_roots_(std::move(debug_roots)) {}
+  explicit dwarf_lines(std::vector<std::string> debug_roots, lines_mode mode = lines_mode::automatic)
+      : debug_roots_(std::move(debug_roots)), mode_(mode) {}
+
+  // Which files later lookups read (files already opened or skipped stay so).
+  void set_mode(lines_mode mode) { mode_ = mode; }
 
   // The source chain of `vaddr` (an ELF virtual address of module `m`'s file, i.e. the run-time
   // address minus the module's bias), or nullptr when no DWARF covers it. The pointer stays valid for
   // the lifetime of this object.
   const source_chain* lookup(const module& m, std::uint64_t vaddr) {
-    if (m.kind != module_kind::file || !m.symbols || !m.symbols->elf_ok || !libdw().ok) return nullptr;
+    if (mode_ == lines_mode::none || m.kind != module_kind::file || !m.symbols || !m.symbols->elf_ok ||
+        !libdw().ok)
+      return nullptr;
     dwarf_file* file = file_for(m);  // heap-allocated: Dwfl keeps pointers to its callbacks and userdata
     if (file == nullptr) return nullptr;
     auto cached = file->chains.find(vaddr);
@@ -187,7 +196,10 @@ class dwarf_lines {
 
   std::size_t files_opened() const { return files_opened_; }  // module files given a Dwfl session
   std::size_t files_with_dwarf() const { return files_with_dwarf_; }
-  std::size_t queries() const { return queries_; }  // lookups that reached libdw (cache misses)
+  std::size_t queries() const { return queries_; }              // lookups that reached libdw (cache misses)
+  std::size_t files_skipped() const { return files_skipped_; }  // compressed DWARF left unread
+  // One line per file skipped since the last call, for a profile's notes.
+  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
 
  private:
   struct dwarf_file {
@@ -228,13 +240,22 @@ class dwarf_lines {
     std::snprintf(buffer, sizeof buffer, "/proc/self/map_files/%llx-%llx",
                   static_cast<unsigned long long>(m.start), static_cast<unsigned long long>(m.end));
     std::string path = hidden ? std::string(buffer) : m.path, search = hidden ? std::string() : m.path;
+    bool compressed = false;
     std::string from =
-        dwarf_source_path(debug_roots_, path, m.inode, search, m.symbols->debug_path, readable);
+        dwarf_source_path(debug_roots_, path, m.inode, search, m.symbols->debug_path, readable, compressed);
     if (!readable && !hidden) {
       path = buffer;
-      from = dwarf_source_path(debug_roots_, path, m.inode, search, m.symbols->debug_path, readable);
+      from =
+          dwarf_source_path(debug_roots_, path, m.inode, search, m.symbols->debug_path, readable, compressed);
     }
     if (!readable) return file;
+    if (compressed && mode_ == lines_mode::automatic) {
+      ++files_skipped_;
+      warnings_.push_back(
+          "no file:line or inline frames for " + m.basename + ": its DWARF (" + from +
+          ") is compressed, and libdw inflates all of it first (SELFPROF_LINES=all reads it)");
+      return file;
+    }
     ++files_opened_;
     // libdwfl would map the file itself (ELF_C_READ_MMAP_PRIVATE), and a mapped file truncated in place
     // raises SIGBUS: the file with the DWARF is opened here with ELF_C_READ (pread) and given to Dwfl as
@@ -386,7 +407,10 @@ class dwarf_lines {
   }
 
   std::vector<std::string> debug_roots_{"/usr/lib/debug"};
+  lines_mode mode_ = lines_mode::automatic;
   std::map<const module_symbols*, std::unique_ptr<dwarf_file>> files_;
+  std::vector<std::string> warnings_;
+  std::size_t files_skipped_ = 0;
   std::size_t files_opened_ = 0;
   std::size_t files_with_dwarf_ = 0;
   std::size_t queries_ = 0;
@@ -399,8 +423,11 @@ class dwarf_lines {
  public:
   static constexpr bool enabled = false;
   dwarf_lines() = default;
-  explicit dwarf_lines(const std::vector<std::string>&) {}
+  explicit dwarf_lines(const std::vector<std::string>&, lines_mode = lines_mode::automatic) {}
+  void set_mode(lines_mode) {}
   const source_chain* lookup(const module&, std::uint64_t) { return nullptr; }
+  std::size_t files_skipped() const { return 0; }
+  std::vector<std::string> take_warnings() { return {}; }
   std::size_t files_opened() const { return 0; }
   std::size_t files_with_dwarf() const { return 0; }
   std::size_t queries() const { return 0; }

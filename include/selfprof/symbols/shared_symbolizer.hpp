@@ -19,6 +19,11 @@ constexpr int kForkWaitMs = 100;
 
 class shared_symbolizer {
  public:
+  // Which DWARF later dumps read for file:line and inline frames (SELFPROF_LINES).
+  void set_lines(lines_mode mode) {
+    std::lock_guard<std::mutex> lock(mu_);
+    sym_.set_lines(mode);
+  }
   // Re-reads the mapped modules (parsing the new ones).
   void refresh() {
     std::lock_guard<std::mutex> lock(mu_);

@@ -35,6 +35,8 @@ struct symbolizer_options {
   std::string perf_map_path;
   bool use_perf_map = true;
   std::string maps_path = "/proc/self/maps";
+  // Which DWARF gives file:line and inline frames (modes.hpp): by default not compressed DWARF.
+  lines_mode lines = lines_mode::automatic;
 };
 
 class symbolizer {
@@ -44,7 +46,7 @@ class symbolizer {
       : modules_(detail::module_registry_options{options.debug_roots, options.maps_path, nullptr}),
         perf_map_(options.perf_map_path),
         use_perf_map_(options.use_perf_map),
-        dwarf_(options.debug_roots) {}
+        dwarf_(options.debug_roots, options.lines) {}
 
   // Snapshots the modules mapped now (parsing the symbols of new ones); keeps unmapped ones. Cheap when
   // no library was loaded or unloaded since the last call: meant to run every ~100 ms while profiling.
@@ -163,7 +165,13 @@ class symbolizer {
 
   // One message per module whose symbols could not be read (truncated ELF, unreadable file, ...);
   // the caller decides where they go (profile notes, stderr). Cleared by this call.
-  std::vector<std::string> take_warnings() { return modules_.take_warnings(); }
+  std::vector<std::string> take_warnings() {
+    std::vector<std::string> out = modules_.take_warnings();
+    for (std::string& w : dwarf_.take_warnings()) out.push_back(std::move(w));
+    return out;
+  }
+  // Which DWARF later lookups read (SELFPROF_LINES).
+  void set_lines(lines_mode mode) { dwarf_.set_mode(mode); }
 
   const detail::module_registry& modules() const { return modules_; }
   const detail::perf_map& jit_map() const { return perf_map_; }

@@ -370,6 +370,103 @@ TEST_CASE("symbols libdw: each module file is opened once and each address is lo
   }
 }
 
+// The frames of every address of inline_fixture_outer in the loaded `lib`: with `lines`, the chains
+// addr2line -i gives on the unstripped, uncompressed fixture `reference` (returns the deepest, 3);
+// without, the one symbol-table frame and no file:line (returns 1).
+std::size_t check_outer(selfprof::symbolizer& sym, const selfprof_test::library& lib,
+                        const std::string& reference, bool lines) {
+  std::vector<std::uint64_t> offsets;
+  std::vector<std::vector<selfprof::frame>> ours;
+  std::uint64_t base = address_of(lib.symbol("inline_fixture_outer"));
+  std::uint64_t size = symbol_size(reference, "inline_fixture_outer");
+  REQUIRE(size > 0);
+  std::size_t deepest = 0;
+  for (std::uint64_t a = base; a < base + size; ++a) {
+    std::vector<selfprof::frame> frames;
+    sym.resolve(a, frames);
+    REQUIRE(!frames.empty());
+    offsets.push_back(frames[0].module_offset);
+    deepest = std::max(deepest, frames.size());
+    if (!lines) {
+      CHECK(frames.size() == 1);
+      CHECK(frames[0].name == "inline_fixture_outer");
+      CHECK(frames[0].file.empty());
+      CHECK(frames[0].line == 0);
+    }
+    ours.push_back(frames);
+  }
+  if (!lines) return deepest;
+  auto theirs = addr2line_inline(reference, offsets);
+  REQUIRE(theirs.size() == ours.size());
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    INFO("address ", symbols_test::hex(offsets[i]), " ours: ", describe(ours[i]),
+         "   addr2line: ", describe(theirs[i]));
+    REQUIRE(ours[i].size() == theirs[i].size());
+    for (std::size_t k = 0; k < ours[i].size(); ++k) {
+      const a2l_frame& r = theirs[i][theirs[i].size() - 1 - k];
+      CHECK(ours[i][k].name == r.function);
+      CHECK(ours[i][k].file == r.file);
+      CHECK(ours[i][k].line == r.line);
+    }
+  }
+  return deepest;
+}
+
+TEST_CASE("symbols libdw: compressed DWARF skipped by default with one note, read with lines all") {
+  const auto& fx = fixtures();
+  if (fx.c_lib.empty() || !have_binutils()) {
+    MESSAGE("skipped: no C compiler or binutils to build the fixture");
+    return;
+  }
+  std::string id = selfprof_test::readelf_build_id(fx.c_lib);
+  REQUIRE(id.size() > 2);
+  selfprof_test::temp_dir dir;
+  const std::string root = dir / "root";
+  const std::string debug = root + "/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug";
+  const std::string in_place = dir / "libzdwarf.so";     // its own DWARF, compressed (gcc -gz, objcopy)
+  const std::string stripped = dir / "libzstripped.so";  // as distributions ship: stripped + a .debug
+  REQUIRE(run_command("mkdir -p '" + root + "/.build-id/" + id.substr(0, 2) +
+                      "' && objcopy --only-keep-debug " + "--compress-debug-sections=zlib '" + fx.c_lib +
+                      "' '" + debug + "' && objcopy " + "--compress-debug-sections=zlib '" + fx.c_lib +
+                      "' '" + in_place + "' && cp '" + fx.c_lib + "' '" + stripped + "' && strip -s '" +
+                      stripped + "'") == 0);
+  for (const std::string& path : {in_place, stripped}) {
+    INFO(path);
+    selfprof_test::library lib(path);
+    REQUIRE(lib);
+    const std::string base = path.substr(path.rfind('/') + 1);
+    {  // auto: named from symbols, one note naming the module and the way to read it
+      selfprof::symbolizer sym(symbols_test::options_with_roots({root}));
+      CHECK(check_outer(sym, lib, fx.c_lib, false) == 1);
+      CHECK(sym.source_lines().files_skipped() == 1);
+      CHECK(sym.source_lines().files_with_dwarf() == 0);
+      auto notes = sym.take_warnings();
+      REQUIRE(notes.size() == 1);
+      CHECK(notes[0].find(base) != std::string::npos);
+      CHECK(notes[0].find("SELFPROF_LINES=all") != std::string::npos);
+      CHECK(sym.take_warnings().empty());
+    }
+    {  // all: the same chains as the uncompressed fixture's
+      selfprof::symbolizer_options o = symbols_test::options_with_roots({root});
+      o.lines = selfprof::lines_mode::all;
+      selfprof::symbolizer sym(o);
+      CHECK(check_outer(sym, lib, fx.c_lib, true) == 3);
+      CHECK(sym.source_lines().files_skipped() == 0);
+      CHECK(sym.source_lines().files_with_dwarf() == 1);
+      CHECK(sym.take_warnings().empty());
+    }
+  }
+  {  // none: not even uncompressed DWARF is read; set_lines changes a symbolizer before its first lookup
+    selfprof_test::library lib(fx.c_lib);
+    REQUIRE(lib);
+    selfprof::symbolizer sym(symbols_test::options_with_roots({}));
+    sym.set_lines(selfprof::lines_mode::none);
+    CHECK(check_outer(sym, lib, fx.c_lib, false) == 1);
+    CHECK(sym.source_lines().files_opened() == 0);
+    CHECK(sym.take_warnings().empty());
+  }
+}
+
 #else  // !SELFPROF_HAS_LIBDW
 
 TEST_CASE("symbols libdw: without libdw, addresses inside inlined code give the one symbol-table frame") {
