@@ -6,13 +6,14 @@
 # bash's `times`, so neither recorder's own CPU is in it), the excess against alone in the same round,
 # and selfprof's own CPU split as `selfprof record -v` reports it (start, reading the rings and
 # unwinding, naming, writing). perf record's own CPU is the whole run less the programs'.
-# Usage: bench/big_program.sh SELFPROF_BINARY [ROUNDS] [N]   (499 Hz, as in the issue)
+# Usage: bench/big_program.sh SELFPROF_BINARY [ROUNDS] [N]   (499 Hz, as in the issue; HZ=... to change:
+# a higher rate magnifies the per-sample cost the two recorders put on the programs)
 set -u
 bin=${1:?usage: big_program.sh SELFPROF_BINARY [ROUNDS] [N]}
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 rounds=${2:-3}
 n=${3:-100}
-hz=499
+hz=${HZ:-499}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"

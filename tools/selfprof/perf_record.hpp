@@ -257,8 +257,9 @@ class perf_recorder {
     attr.sample_id_all = 1;
     attr.use_clockid = 1;
     attr.clockid = CLOCK_MONOTONIC;
-    attr.watermark = 1;
-    attr.wakeup_watermark = 64 * 1024;
+    // Neither watermark nor wakeup_events: the kernel wakes the poller when a ring is half full. Each
+    // wake-up is an interrupt on the sampled program's CPU; with 8 KiB stack copies a 64 KiB mark cost
+    // the programs more than the samples themselves at high rates (docs/measurements.md, issue 19).
     const long fd = selfprof::detail::sys().perf_event_open(&attr, pid, cpu, -1, PERF_FLAG_FD_CLOEXEC);
     return fd < 0 ? -1 : static_cast<int>(fd);
   }
