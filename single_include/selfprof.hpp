@@ -546,8 +546,10 @@ SELFPROF_API std::string perf_map_path();
 // The one kind of background thread selfprof runs (collector, dumper, JIT flusher, wall sampler): created
 // with every asynchronous signal blocked, named, its tid known before start() returns, woken through an
 // eventfd, joined by stop(), forgotten without a join in a forked child.
-// Context: setup only (start, stop, abandon_after_fork); wait() on the worker's own thread; wake() from
-// any thread (wake_fd() may be written from a signal handler).
+// Context: start and stop from setup or from another worker (the server's loop starts at its first
+// client, its render thread at the first profile asked for), never from the worker itself;
+// abandon_after_fork in the child; wait() on the worker's own thread; wake() from any thread (wake_fd()
+// may be written from a signal handler).
 
 #include <poll.h>
 #include <pthread.h>
@@ -16843,7 +16845,6 @@ class http_server {
     }
     if (listeners_.empty()) return status::ok();
     std::lock_guard<std::mutex> lazy(lazy_mu_);
-    closed_ = false;
     if (on_demand && listeners_.size() == 1 && listeners_[0].kind == kind_control) {
       lazy_fd_.store(listeners_[0].fd, std::memory_order_release);
       return status::ok();
@@ -16861,7 +16862,7 @@ class http_server {
   // failure is counted; the watcher then stops watching (lazy_listener() is -1 either way).
   void start_on_demand() {
     std::lock_guard<std::mutex> lazy(lazy_mu_);
-    if (closed_ || lazy_fd_.load(std::memory_order_relaxed) < 0) return;
+    if (lazy_fd_.load(std::memory_order_relaxed) < 0) return;  // started, stopped, or not on demand
     lazy_fd_.store(-1, std::memory_order_release);
     if (!io_.start("selfprof-http", &http_server::io_main, this)) ++n_.failures;
   }
@@ -16871,7 +16872,6 @@ class http_server {
   void stop() {
     {
       std::lock_guard<std::mutex> lazy(lazy_mu_);
-      closed_ = true;
       lazy_fd_.store(-1, std::memory_order_release);
     }
     io_.stop();
@@ -16890,7 +16890,6 @@ class http_server {
     io_.abandon_after_fork();
     render_.abandon_after_fork();
     new (&lazy_mu_) std::mutex();
-    closed_ = true;
     lazy_fd_.store(-1, std::memory_order_relaxed);
     for (auto& c : conns_)
       if (c.fd >= 0) ::close(c.fd);
@@ -17315,10 +17314,9 @@ class http_server {
   http_route route_;
   std::vector<listener> listeners_;
   std::string unix_path_, address_, control_;
-  std::mutex lazy_mu_;  // start_on_demand() against stop()
-  bool closed_ = true;  // stop() came after start(): no thread starts on demand
-  std::atomic<int> lazy_fd_{-1};
-  std::vector<conn> conns_;  // the io thread's
+  std::mutex lazy_mu_;            // start_on_demand() against stop()
+  std::atomic<int> lazy_fd_{-1};  // -1 once stopped: no thread starts on demand after stop()
+  std::vector<conn> conns_;       // the io thread's
   std::uint64_t next_id_ = 0;
   std::mutex mu_;  // jobs_ and done_
   std::vector<job> jobs_;

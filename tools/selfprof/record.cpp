@@ -110,6 +110,8 @@ bool find_preload(std::string& out, std::string& tried) {
   return false;
 }
 
+// `tmpl` with %p as `pid`, and nothing else expanded: the child chose its own %t and %n, so the caller
+// names the path only when no '%' is left (expand_path_template would put this process's values there).
 std::string expand_pid(const std::string& tmpl, pid_t pid) {
   std::string out;
   for (std::size_t i = 0; i < tmpl.size(); ++i) {

@@ -1,8 +1,10 @@
 // The one kind of background thread selfprof runs (collector, dumper, JIT flusher, wall sampler): created
 // with every asynchronous signal blocked, named, its tid known before start() returns, woken through an
 // eventfd, joined by stop(), forgotten without a join in a forked child.
-// Context: setup only (start, stop, abandon_after_fork); wait() on the worker's own thread; wake() from
-// any thread (wake_fd() may be written from a signal handler).
+// Context: start and stop from setup or from another worker (the server's loop starts at its first
+// client, its render thread at the first profile asked for), never from the worker itself;
+// abandon_after_fork in the child; wait() on the worker's own thread; wake() from any thread (wake_fd()
+// may be written from a signal handler).
 #pragma once
 
 #include <poll.h>
