@@ -259,7 +259,7 @@ class perf_recorder {
     attr.clockid = CLOCK_MONOTONIC;
     // Neither watermark nor wakeup_events: the kernel wakes the poller when a ring is half full. Each
     // wake-up is an interrupt on the sampled program's CPU; with 8 KiB stack copies a 64 KiB mark cost
-    // the programs more than the samples themselves at high rates (docs/measurements.md, issue 19).
+    // the programs about as much as the samples themselves (docs/measurements.md, issue 19).
     const long fd = selfprof::detail::sys().perf_event_open(&attr, pid, cpu, -1, PERF_FLAG_FD_CLOEXEC);
     return fd < 0 ? -1 : static_cast<int>(fd);
   }

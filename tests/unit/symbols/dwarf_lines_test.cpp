@@ -283,93 +283,6 @@ TEST_CASE("symbols libdw: a function without inlined code gets its own file:line
   CHECK(frames[0].kind == selfprof::frame_kind::native);
 }
 
-TEST_CASE("symbols libdw: DWARF in a separate debug file found by build-id (stripped, and strip -g)") {
-  const auto& fx = fixtures();
-  if (fx.c_lib.empty() || !have_binutils()) {
-    MESSAGE("skipped: no C compiler or binutils to build the fixture");
-    return;
-  }
-  std::string id = selfprof_test::readelf_build_id(fx.c_lib);
-  REQUIRE(id.size() > 2);
-  selfprof_test::temp_dir dir;
-  const std::string root = dir / "root";
-  const std::string debug = root + "/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug";
-  const std::string stripped =
-      dir / "libstripped.so";                          // no .symtab: the module registry finds the debug file
-  const std::string no_dwarf = dir / "libnodwarf.so";  // .symtab kept: dwarf_lines finds the debug file
-  REQUIRE(run_command("mkdir -p '" + root + "/.build-id/" + id.substr(0, 2) +
-                      "' && objcopy --only-keep-debug '" + fx.c_lib + "' '" + debug + "' && cp '" + fx.c_lib +
-                      "' '" + stripped + "' && strip -s '" + stripped + "' && cp '" + fx.c_lib + "' '" +
-                      no_dwarf + "' && strip -g '" + no_dwarf + "'") == 0);
-  for (const std::string& path : {stripped, no_dwarf}) {
-    INFO(path);
-    selfprof_test::library lib(path);
-    REQUIRE(lib);
-    selfprof::symbolizer sym(symbols_test::options_with_roots({root}));
-    // addr2line reads the unstripped original: the same offsets must give the same chains.
-    std::vector<std::uint64_t> offsets;
-    std::vector<std::vector<selfprof::frame>> ours;
-    std::uint64_t base = address_of(lib.symbol("inline_fixture_outer"));
-    std::uint64_t size = symbol_size(fx.c_lib, "inline_fixture_outer");
-    REQUIRE(size > 0);
-    for (std::uint64_t a = base; a < base + size; ++a) {
-      std::vector<selfprof::frame> frames;
-      sym.resolve(a, frames);
-      REQUIRE(!frames.empty());
-      offsets.push_back(frames[0].module_offset);
-      ours.push_back(frames);
-    }
-    auto theirs = addr2line_inline(fx.c_lib, offsets);
-    REQUIRE(theirs.size() == ours.size());
-    std::size_t deepest = 0;
-    for (std::size_t i = 0; i < ours.size(); ++i) {
-      INFO("address ", symbols_test::hex(offsets[i]), " ours: ", describe(ours[i]),
-           "   addr2line: ", describe(theirs[i]));
-      REQUIRE(ours[i].size() == theirs[i].size());
-      for (std::size_t k = 0; k < ours[i].size(); ++k) {
-        const a2l_frame& r = theirs[i][theirs[i].size() - 1 - k];
-        CHECK(ours[i][k].name == r.function);
-        CHECK(ours[i][k].file == r.file);
-        CHECK(ours[i][k].line == r.line);
-      }
-      deepest = std::max(deepest, ours[i].size());
-    }
-    CHECK(deepest == 3);
-    CHECK(sym.source_lines().files_with_dwarf() == 1);
-  }
-}
-
-TEST_CASE("symbols libdw: each module file is opened once and each address is looked up once") {
-  const auto& fx = fixtures();
-  if (fx.c_lib.empty() || fx.cpp_lib.empty()) {
-    MESSAGE("skipped: no compiler to build the fixtures");
-    return;
-  }
-  selfprof_test::library c(fx.c_lib);
-  selfprof_test::library cpp(fx.cpp_lib);
-  REQUIRE(c);
-  REQUIRE(cpp);
-  selfprof::symbolizer sym(symbols_test::options_with_roots({}));
-  std::uint64_t outer = address_of(c.symbol("inline_fixture_outer"));
-  std::uint64_t plain = address_of(c.symbol("inline_fixture_plain"));
-  std::uint64_t cpp_outer = address_of(cpp.symbol("inline_fixture_cpp_outer"));
-  std::vector<selfprof::frame> first, again;
-  for (std::uint64_t a : {outer, outer + 4, plain, cpp_outer}) sym.resolve(a, first);
-  CHECK(sym.source_lines().files_opened() == 2);
-  CHECK(sym.source_lines().files_with_dwarf() == 2);
-  CHECK(sym.source_lines().queries() == 4);
-  for (std::uint64_t a : {outer, outer + 4, plain, cpp_outer}) sym.resolve(a, again);
-  CHECK(sym.source_lines().files_opened() == 2);
-  CHECK(sym.source_lines().queries() == 4);  // answered from the cache
-  REQUIRE(first.size() == again.size());
-  for (std::size_t i = 0; i < first.size(); ++i) {
-    CHECK(first[i].name == again[i].name);
-    CHECK(first[i].file == again[i].file);
-    CHECK(first[i].line == again[i].line);
-    CHECK(first[i].kind == again[i].kind);
-  }
-}
-
 // The frames of every address of inline_fixture_outer in the loaded `lib`: with `lines`, the chains
 // addr2line -i gives on the unstripped, uncompressed fixture `reference` (returns the deepest, 3);
 // without, the one symbol-table frame and no file:line (returns 1).
@@ -410,6 +323,66 @@ std::size_t check_outer(selfprof::symbolizer& sym, const selfprof_test::library&
     }
   }
   return deepest;
+}
+
+TEST_CASE("symbols libdw: DWARF in a separate debug file found by build-id (stripped, and strip -g)") {
+  const auto& fx = fixtures();
+  if (fx.c_lib.empty() || !have_binutils()) {
+    MESSAGE("skipped: no C compiler or binutils to build the fixture");
+    return;
+  }
+  std::string id = selfprof_test::readelf_build_id(fx.c_lib);
+  REQUIRE(id.size() > 2);
+  selfprof_test::temp_dir dir;
+  const std::string root = dir / "root";
+  const std::string debug = root + "/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug";
+  const std::string stripped =
+      dir / "libstripped.so";                          // no .symtab: the module registry finds the debug file
+  const std::string no_dwarf = dir / "libnodwarf.so";  // .symtab kept: dwarf_lines finds the debug file
+  REQUIRE(run_command("mkdir -p '" + root + "/.build-id/" + id.substr(0, 2) +
+                      "' && objcopy --only-keep-debug '" + fx.c_lib + "' '" + debug + "' && cp '" + fx.c_lib +
+                      "' '" + stripped + "' && strip -s '" + stripped + "' && cp '" + fx.c_lib + "' '" +
+                      no_dwarf + "' && strip -g '" + no_dwarf + "'") == 0);
+  for (const std::string& path : {stripped, no_dwarf}) {
+    INFO(path);
+    selfprof_test::library lib(path);
+    REQUIRE(lib);
+    selfprof::symbolizer sym(symbols_test::options_with_roots({root}));
+    // addr2line reads the unstripped original: the same offsets must give the same chains.
+    CHECK(check_outer(sym, lib, fx.c_lib, true) == 3);
+    CHECK(sym.source_lines().files_with_dwarf() == 1);
+  }
+}
+
+TEST_CASE("symbols libdw: each module file is opened once and each address is looked up once") {
+  const auto& fx = fixtures();
+  if (fx.c_lib.empty() || fx.cpp_lib.empty()) {
+    MESSAGE("skipped: no compiler to build the fixtures");
+    return;
+  }
+  selfprof_test::library c(fx.c_lib);
+  selfprof_test::library cpp(fx.cpp_lib);
+  REQUIRE(c);
+  REQUIRE(cpp);
+  selfprof::symbolizer sym(symbols_test::options_with_roots({}));
+  std::uint64_t outer = address_of(c.symbol("inline_fixture_outer"));
+  std::uint64_t plain = address_of(c.symbol("inline_fixture_plain"));
+  std::uint64_t cpp_outer = address_of(cpp.symbol("inline_fixture_cpp_outer"));
+  std::vector<selfprof::frame> first, again;
+  for (std::uint64_t a : {outer, outer + 4, plain, cpp_outer}) sym.resolve(a, first);
+  CHECK(sym.source_lines().files_opened() == 2);
+  CHECK(sym.source_lines().files_with_dwarf() == 2);
+  CHECK(sym.source_lines().queries() == 4);
+  for (std::uint64_t a : {outer, outer + 4, plain, cpp_outer}) sym.resolve(a, again);
+  CHECK(sym.source_lines().files_opened() == 2);
+  CHECK(sym.source_lines().queries() == 4);  // answered from the cache
+  REQUIRE(first.size() == again.size());
+  for (std::size_t i = 0; i < first.size(); ++i) {
+    CHECK(first[i].name == again[i].name);
+    CHECK(first[i].file == again[i].file);
+    CHECK(first[i].line == again[i].line);
+    CHECK(first[i].kind == again[i].kind);
+  }
 }
 
 TEST_CASE("symbols libdw: compressed DWARF skipped by default with one note, read with lines all") {
