@@ -3664,7 +3664,8 @@ class perf_map {
 // the separate debug file the module registry found (build-id or .gnu_debuglink), else from a search of
 // the same debug roots. No debuginfod and no other network access: only local files are read.
 // lines_mode (modes.hpp) says which files are read: by default not those whose DWARF is compressed
-// (libdw inflates it whole before the first lookup); each file skipped so gives one warning.
+// (libdw inflates it whole before the first lookup); each such file a lookup reached gives a warning,
+// once per take_warnings() (once per profile).
 // With SELFPROF_HAS_LIBDW=0 this header holds a stub whose lookups find nothing; with SELFPROF_LIBDW_DLOPEN=1
 // libdw is loaded at the first lookup, and lookups find nothing where it cannot be (libdw_api.hpp).
 
@@ -5449,7 +5450,14 @@ class dwarf_lines {
         !libdw().ok)
       return nullptr;
     dwarf_file* file = file_for(m);  // heap-allocated: Dwfl keeps pointers to its callbacks and userdata
-    if (file == nullptr) return nullptr;
+    if (file == nullptr || !file->has_dwarf) {
+      if (file != nullptr && !file->skipped.empty() && !file->noted) {
+        file->noted = true;
+        noted_.push_back(file);
+        warnings_.push_back(file->skipped);
+      }
+      return nullptr;
+    }
     auto cached = file->chains.find(vaddr);
     if (cached != file->chains.end()) return cached->second.empty() ? nullptr : &cached->second;
     ++queries_;
@@ -5462,8 +5470,12 @@ class dwarf_lines {
   std::size_t files_with_dwarf() const { return files_with_dwarf_; }
   std::size_t queries() const { return queries_; }              // lookups that reached libdw (cache misses)
   std::size_t files_skipped() const { return files_skipped_; }  // compressed DWARF left unread
-  // One line per file skipped since the last call, for a profile's notes.
-  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
+  // One line per skipped file that lookups reached since the last call, for a profile's notes.
+  std::vector<std::string> take_warnings() {
+    for (dwarf_file* f : noted_) f->noted = false;
+    noted_.clear();
+    return std::exchange(warnings_, {});
+  }
 
  private:
   struct dwarf_file {
@@ -5474,6 +5486,8 @@ class dwarf_lines {
     Dwfl* dwfl = nullptr;
     Dwfl_Module* mod = nullptr;
     bool has_dwarf = false;
+    std::string skipped;  // why its DWARF was left unread (lines_mode), else empty
+    bool noted = false;   // `skipped` is in the warnings not yet taken
     std::unordered_map<std::uint64_t, source_chain> chains;
     std::unordered_map<Dwarf_Off, dwarf_cu_index> units;  // by the compile unit DIE's offset
 
@@ -5487,12 +5501,12 @@ class dwarf_lines {
     }
   };
 
-  // The Dwfl session of m's file, opened on first use; nullptr when the file cannot be read or has no
-  // DWARF anywhere (remembered, so a module without debug info costs one attempt).
+  // The Dwfl session of m's file, opened on first use (remembered, so a module without debug info
+  // costs one attempt); has_dwarf is false when the file cannot be read, has no DWARF or was skipped.
   dwarf_file* file_for(const module& m) {
     auto it = files_.find(m.symbols.get());
     if (it == files_.end()) it = files_.emplace(m.symbols.get(), open_file(m)).first;
-    return it->second && it->second->has_dwarf ? it->second.get() : nullptr;
+    return it->second.get();
   }
 
   std::unique_ptr<dwarf_file> open_file(const module& m) {
@@ -5515,9 +5529,8 @@ class dwarf_lines {
     if (!readable) return file;
     if (compressed && mode_ == lines_mode::automatic) {
       ++files_skipped_;
-      warnings_.push_back(
-          "no file:line or inline frames for " + m.basename + ": its DWARF (" + from +
-          ") is compressed, and libdw inflates all of it first (SELFPROF_LINES=all reads it)");
+      file->skipped = "no file:line or inline frames for " + m.basename + ": its DWARF (" + from +
+                      ") is compressed, and libdw inflates all of it first (SELFPROF_LINES=all reads it)";
       return file;
     }
     ++files_opened_;
@@ -5674,6 +5687,7 @@ class dwarf_lines {
   lines_mode mode_ = lines_mode::automatic;
   std::map<const module_symbols*, std::unique_ptr<dwarf_file>> files_;
   std::vector<std::string> warnings_;
+  std::vector<dwarf_file*> noted_;  // files whose `noted` is set
   std::size_t files_skipped_ = 0;
   std::size_t files_opened_ = 0;
   std::size_t files_with_dwarf_ = 0;
@@ -8549,6 +8563,17 @@ struct pulled_stats {
   std::uint64_t throttles = 0;  // PERF_RECORD_THROTTLE records
 };
 
+// What a pulling source may ask of the collector while it unwinds the samples it read, when rows are
+// parsed lazily: whether a pc lies in code whose rows were never parsed (such a walk went on by frame
+// pointers, which code without them does not keep), and to parse them now. Collector thread only.
+class row_requests {
+ public:
+  virtual ~row_requests() = default;
+  virtual bool unparsed(std::uint64_t pc) const = 0;
+  // True when the rows of the module holding `pc` were parsed now (and published for the next walk).
+  virtual bool parse(std::uint64_t pc) = 0;
+};
+
 class tick_source {
  public:
   virtual ~tick_source() = default;
@@ -8573,11 +8598,14 @@ class tick_source {
   virtual bool counts_kernel_time() const = 0;
   // Samples one armed thread at `hz` instead (SELFPROF_FRAME_HZ on threads that mark game frames).
   // Sources that send no signal (sources/perf_ring.hpp): the collector reads their samples into the
-  // sample ring (`skip`: selfprof's own threads, dropped), every collect_period_ms().
+  // sample ring (`skip`: selfprof's own threads, dropped), every collect_period_ms(). With `rows`, a
+  // sample whose walk met code with unparsed rows has them parsed and is walked again.
   virtual bool pulls_samples() const { return false; }
-  virtual std::size_t collect(sample_ring& out, const std::vector<pid_t>& skip) {
+  virtual std::size_t collect(sample_ring& out, const std::vector<pid_t>& skip,
+                              row_requests* rows = nullptr) {
     (void)out;
     (void)skip;
+    (void)rows;
     return 0;
   }
   virtual std::size_t collect_again(sample_ring& out) {  // with the last `skip` (at stop)
@@ -11725,13 +11753,16 @@ class collector {
     while (worker_.wait(wait_ms(ticks_arrive, boosting))) {
       wakes_.fetch_add(1, std::memory_order_relaxed);
       config_.symbols->poll_jit_map();  // lines written before these samples were taken name them
+      // Before the pull and the drain: the ring source walks its samples with the rows of now (and has
+      // the rows of modules it reaches parsed, see ring_rows), the drain notes samples in unparsed ones.
+      if (config_.unwind_rows) build_rows();
       if (config_.pull) {
         std::uint64_t asked;
         {
           std::lock_guard<std::mutex> lock(pull_mu_);
           asked = pull_asked_;
         }
-        config_.pull->collect(*config_.ring, running_worker_tids());
+        config_.pull->collect(*config_.ring, running_worker_tids(), pull_rows());
         if (config_.pulled) config_.pulled->update(*config_.pull);
         {
           std::lock_guard<std::mutex> lock(pull_mu_);
@@ -11739,7 +11770,6 @@ class collector {
         }
         pull_cv_.notify_all();
       }
-      if (config_.unwind_rows) build_rows();  // before the drain: it notes samples in unparsed modules
       config_.store->drain(*config_.ring);
       if (config_.lazy_rows) parse_reached_rows();
       watch_sample_signal();
@@ -11774,7 +11804,8 @@ class collector {
                                                             std::memory_order_relaxed);
       }
       if (config_.pull)
-        config_.pull->collect(*config_.ring, running_worker_tids());  // the first build is long
+        config_.pull->collect(*config_.ring, running_worker_tids(),
+                              pull_rows());  // the thread scan may be long
       // A library loaded while profiling, or code mapped without the loader that samples landed in, is
       // parsed while it is still mapped, so its samples keep their names after it is unmapped. Nothing to
       // do while no library comes or goes and every sample lands in known code.
@@ -11813,7 +11844,8 @@ class collector {
   // The handler's CFI rows: built at the first wake (start() leaves them to the collector unless
   // SELFPROF_UNWIND=dwarf), rebuilt when modules come and go; nearly free when none did. Lazily (the
   // automatic choice), a module's rows are parsed only once a sample reached its code: until the next
-  // wake after that, samples there are walked by frame pointers. A failure is noted once; the handler
+  // wake after that, the signal sources' samples there are walked by frame pointers (the ring source's
+  // are walked after the parse, see ring_rows). A failure is noted once; the handler
   // walks frame pointers where no row covers a pc. Under the lock fork() takes.
   void build_rows() {
     status st;
@@ -11828,8 +11860,32 @@ class collector {
     const std::uint64_t generation = unwind_tables().pending_generation();
     if (generation == pending_generation_) return;  // the store has the list of this build
     pending_generation_ = generation;
-    config_.store->set_pending_rows(unwind_tables().pending());
+    pending_rows_ = unwind_tables().pending();
+    config_.store->set_pending_rows(pending_rows_);
   }
+
+  // What the ring source may ask while it walks the samples it read (lazy rows): is a pc in code whose
+  // rows were never parsed, and parse them now. So a module's first samples, which reached it before its
+  // rows existed, are walked by its rows and not by frame pointers it may not keep.
+  class ring_rows final : public row_requests {
+   public:
+    explicit ring_rows(collector& c) : c_(c) {}
+    bool unparsed(std::uint64_t pc) const override {
+      const std::vector<pending_code>& p = c_.pending_rows_;
+      auto it = std::upper_bound(p.begin(), p.end(), pc,
+                                 [](std::uint64_t v, const pending_code& s) { return v < s.start; });
+      return it != p.begin() && pc < (it - 1)->end;
+    }
+    bool parse(std::uint64_t pc) override {
+      if (!unwind_tables().want(static_cast<std::uintptr_t>(pc))) return false;
+      c_.build_rows();
+      return true;
+    }
+
+   private:
+    collector& c_;
+  };
+  row_requests* pull_rows() { return config_.unwind_rows && config_.lazy_rows ? &ring_rows_ : nullptr; }
 
   // Parses the rows of the modules the drained samples reached.
   void parse_reached_rows() {
@@ -11922,6 +11978,8 @@ class collector {
   bool pulling_ = false;
   bool rows_failed_ = false;                              // collector thread only
   std::uint64_t pending_generation_ = ~std::uint64_t{0};  // of the pending rows the store was given
+  std::vector<pending_code> pending_rows_;                // those rows (collector thread only)
+  ring_rows ring_rows_{*this};
 };
 
 }  // namespace detail
@@ -18199,6 +18257,8 @@ constexpr std::uint32_t kStackCopyBytes = 8192;
 // unprivileged user per CPU, and what 99 Hz asks for: the kernel allocates and zeroes every page at
 // mmap, which a short-lived process pays for.
 constexpr unsigned kRingPagesMax = 512, kRingPagesMin = 8;
+// Modules whose rows one sample may have parsed before it is walked again (collect() with row_requests).
+constexpr int kRowParsesPerSample = 4;
 constexpr double kPerfRingSeconds = 0.4;
 inline unsigned ring_pages_for(double hz, std::size_t page) {
   const double want = hz * kPerfRingSeconds * double(kStackCopyBytes + 1024) / double(page);
@@ -18451,9 +18511,11 @@ class perf_ring_source final : public tick_source {
 
   // Reads every ring into `out` (selfprof's threads `skip` dropped). Returns the records read. A thread's
   // own ring goes once its thread has ended and the ring is read empty.
-  std::size_t collect(sample_ring& out, const std::vector<pid_t>& skip) override {
+  std::size_t collect(sample_ring& out, const std::vector<pid_t>& skip,
+                      row_requests* rows = nullptr) override {
     std::lock_guard<std::mutex> lock(mu_);
     skip_ = skip;
+    rows_ = rows;
     std::size_t n = 0;
     for (auto& c : rings_)
       if (c.base) n += read_ring(c, out);
@@ -18467,6 +18529,7 @@ class perf_ring_source final : public tick_source {
       release_ring(rings_[i]);
       rings_.erase(rings_.begin() + static_cast<std::ptrdiff_t>(i));
     }
+    rows_ = nullptr;
     return n;
   }
 
@@ -18743,11 +18806,24 @@ class perf_ring_source final : public tick_source {
     const std::size_t kernel = std::min(kernel_chain_.size(), out.max_depth() / 2);
     std::copy(kernel_chain_.begin(), kernel_chain_.begin() + static_cast<std::ptrdiff_t>(kernel),
               slot->pcs());
-    const std::size_t depth =
-        kernel + unwind_sample(g_unwind_tables.load(std::memory_order_acquire), smp.uip, smp.sp, smp.bp,
-                               smp.stack, static_cast<std::size_t>(smp.dyn), user_chain_.data(),
-                               user_chain_.size(), slot->pcs() + kernel, out.max_depth() - kernel, truncated,
-                               spliced);
+    auto walk = [&] {
+      truncated = spliced = false;
+      return unwind_sample(g_unwind_tables.load(std::memory_order_acquire), smp.uip, smp.sp, smp.bp,
+                           smp.stack, static_cast<std::size_t>(smp.dyn), user_chain_.data(),
+                           user_chain_.size(), slot->pcs() + kernel, out.max_depth() - kernel, truncated,
+                           spliced);
+    };
+    std::size_t user = walk();
+    // The walk goes on by frame pointers from the first pc without rows: when that pc's module has rows
+    // not parsed yet, they are parsed now and the sample walked again, so a module's first samples get
+    // the stacks its later ones get. Each round parses one module; a few cover the modules one stack
+    // crosses before its rows exist.
+    for (int round = 0; rows_ != nullptr && round < kRowParsesPerSample; ++round) {
+      const std::uint64_t pc = first_pc_without_rows(slot->pcs() + kernel, user, kernel > 0);
+      if (pc == 0 || !rows_->unparsed(pc) || !rows_->parse(pc)) break;
+      user = walk();
+    }
+    const std::size_t depth = kernel + user;
     truncated = truncated || kernel < kernel_chain_.size();
     if (spliced) ++counts_.spliced;
     slot->header.tid = static_cast<std::uint32_t>(tid);
@@ -18759,6 +18835,17 @@ class perf_ring_source final : public tick_source {
     ++counts_.stored;
     if (truncated) ++counts_.truncated;
     sample_ring::publish(slot, pos);
+  }
+
+  // The first pc of a walked user stack that no published row covers (return addresses looked up less
+  // one; the first too when the sample is in the kernel), or 0.
+  static std::uint64_t first_pc_without_rows(const std::uint64_t* pcs, std::size_t n, bool first_returns) {
+    const unwind_table_set* set = g_unwind_tables.load(std::memory_order_acquire);
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::uint64_t pc = k > 0 || first_returns ? pcs[k] - 1 : pcs[k];
+      if (find_unwind_row(set, static_cast<std::uintptr_t>(pc)) == nullptr) return pc;
+    }
+    return 0;
   }
 
   bool has_own_ring(pid_t tid, std::uint64_t time) const {
@@ -18774,6 +18861,7 @@ class perf_ring_source final : public tick_source {
   std::vector<cpu_ring> rings_;
   mutable std::mutex mu_;  // collect() and the counters: the collector, and stop()
   std::vector<pid_t> skip_;
+  row_requests* rows_ = nullptr;  // during collect() only
   std::vector<unsigned char> record_;
   std::vector<std::uint64_t> user_chain_, kernel_chain_;
   ring_counts counts_;

@@ -2,7 +2,8 @@
 // code. A library with a large .eh_frame (30,000 FDEs, tests/fixtures/big_eh_frame.S) is loaded while
 // sampling; the program calls back through its one frameless function, which leaves %rbp holding no
 // frame record. Stacks through it reach the caller once its rows are parsed (frame pointers alone stop
-// there), other modules' rows are never parsed, and the stats report what start() cost.
+// there), other modules' rows are never parsed, and the stats report what start() cost. With the ring
+// source, the first samples through it are complete too: their walk waits for the rows.
 // ctest-labels: no_tsan
 // Not under TSan: where the ring source cannot open, the signal sources run its handler late.
 #include <doctest/doctest.h>
@@ -111,4 +112,41 @@ TEST_CASE("lazy rows: a library with 30,000 FDEs loaded while sampling is parsed
 #if !defined(SELFPROF_BIG_EH_FIXTURE_LIB)
   std::remove(path.c_str());
 #endif
+}
+
+// The ring source walks its samples on the collector thread, after the kernel copied them: a sample that
+// reached a module whose rows were never parsed has them parsed there and is walked again. So the very
+// first samples through the frameless function reach its caller, where the signal sources (which walk
+// in the handler) walk them by frame pointers until the collector's next wake.
+TEST_CASE("lazy rows: with the ring source, a module's first samples are walked by its rows") {
+  wl::apply_test_environment();
+  const std::string built = lrt::fixture_path();
+  REQUIRE_MESSAGE(!built.empty(), "could not build tests/fixtures/big_eh_frame.S");
+  // A copy under a name of its own: rows parsed for the fixture by an earlier test stay kept while it
+  // is loaded, and this test needs a module no sample reached yet.
+  wl::temp_dir dir;
+  const std::string path = dir.path + "/libselfprof_big_eh_first.so";
+  REQUIRE(std::system(("cp '" + built + "' '" + path + "'").c_str()) == 0);
+  selfprof::options o;
+  o.hz = 250;
+  o.source = selfprof::source_kind::ring;
+  o.unwind = selfprof::unwind_mode::automatic;
+  if (!selfprof::start(o)) {
+    MESSAGE("skipped: the ring source does not open here");
+    return;
+  }
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(lib != nullptr);
+  auto call = reinterpret_cast<lrt::call_fn>(dlsym(lib, "selfprof_big_eh_call"));
+  REQUIRE(reinterpret_cast<void*>(call) != nullptr);
+  lrt::lazy_rows_driver(call, 400000000);  // 0.4 s of CPU: its first samples come before any parse
+  const lrt::through t = lrt::count_through(selfprof::snapshot());
+  const selfprof::stats st = selfprof::get_stats();
+  REQUIRE(selfprof::stop());
+  dlclose(lib);
+  MESSAGE(t.leaf << " samples through the fixture, " << t.complete << " complete; rows of "
+                 << st.unwind_modules_parsed << " modules parsed");
+  CHECK(st.source == selfprof::source_kind::ring);
+  CHECK(t.leaf >= 40);  // ~100 at 250 Hz
+  CHECK(t.complete >= t.leaf * 98 / 100);
 }

@@ -203,13 +203,16 @@ class collector {
     while (worker_.wait(wait_ms(ticks_arrive, boosting))) {
       wakes_.fetch_add(1, std::memory_order_relaxed);
       config_.symbols->poll_jit_map();  // lines written before these samples were taken name them
+      // Before the pull and the drain: the ring source walks its samples with the rows of now (and has
+      // the rows of modules it reaches parsed, see ring_rows), the drain notes samples in unparsed ones.
+      if (config_.unwind_rows) build_rows();
       if (config_.pull) {
         std::uint64_t asked;
         {
           std::lock_guard<std::mutex> lock(pull_mu_);
           asked = pull_asked_;
         }
-        config_.pull->collect(*config_.ring, running_worker_tids());
+        config_.pull->collect(*config_.ring, running_worker_tids(), pull_rows());
         if (config_.pulled) config_.pulled->update(*config_.pull);
         {
           std::lock_guard<std::mutex> lock(pull_mu_);
@@ -217,7 +220,6 @@ class collector {
         }
         pull_cv_.notify_all();
       }
-      if (config_.unwind_rows) build_rows();  // before the drain: it notes samples in unparsed modules
       config_.store->drain(*config_.ring);
       if (config_.lazy_rows) parse_reached_rows();
       watch_sample_signal();
@@ -252,7 +254,8 @@ class collector {
                                                             std::memory_order_relaxed);
       }
       if (config_.pull)
-        config_.pull->collect(*config_.ring, running_worker_tids());  // the first build is long
+        config_.pull->collect(*config_.ring, running_worker_tids(),
+                              pull_rows());  // the thread scan may be long
       // A library loaded while profiling, or code mapped without the loader that samples landed in, is
       // parsed while it is still mapped, so its samples keep their names after it is unmapped. Nothing to
       // do while no library comes or goes and every sample lands in known code.
@@ -291,7 +294,8 @@ class collector {
   // The handler's CFI rows: built at the first wake (start() leaves them to the collector unless
   // SELFPROF_UNWIND=dwarf), rebuilt when modules come and go; nearly free when none did. Lazily (the
   // automatic choice), a module's rows are parsed only once a sample reached its code: until the next
-  // wake after that, samples there are walked by frame pointers. A failure is noted once; the handler
+  // wake after that, the signal sources' samples there are walked by frame pointers (the ring source's
+  // are walked after the parse, see ring_rows). A failure is noted once; the handler
   // walks frame pointers where no row covers a pc. Under the lock fork() takes.
   void build_rows() {
     status st;
@@ -306,8 +310,32 @@ class collector {
     const std::uint64_t generation = unwind_tables().pending_generation();
     if (generation == pending_generation_) return;  // the store has the list of this build
     pending_generation_ = generation;
-    config_.store->set_pending_rows(unwind_tables().pending());
+    pending_rows_ = unwind_tables().pending();
+    config_.store->set_pending_rows(pending_rows_);
   }
+
+  // What the ring source may ask while it walks the samples it read (lazy rows): is a pc in code whose
+  // rows were never parsed, and parse them now. So a module's first samples, which reached it before its
+  // rows existed, are walked by its rows and not by frame pointers it may not keep.
+  class ring_rows final : public row_requests {
+   public:
+    explicit ring_rows(collector& c) : c_(c) {}
+    bool unparsed(std::uint64_t pc) const override {
+      const std::vector<pending_code>& p = c_.pending_rows_;
+      auto it = std::upper_bound(p.begin(), p.end(), pc,
+                                 [](std::uint64_t v, const pending_code& s) { return v < s.start; });
+      return it != p.begin() && pc < (it - 1)->end;
+    }
+    bool parse(std::uint64_t pc) override {
+      if (!unwind_tables().want(static_cast<std::uintptr_t>(pc))) return false;
+      c_.build_rows();
+      return true;
+    }
+
+   private:
+    collector& c_;
+  };
+  row_requests* pull_rows() { return config_.unwind_rows && config_.lazy_rows ? &ring_rows_ : nullptr; }
 
   // Parses the rows of the modules the drained samples reached.
   void parse_reached_rows() {
@@ -400,6 +428,8 @@ class collector {
   bool pulling_ = false;
   bool rows_failed_ = false;                              // collector thread only
   std::uint64_t pending_generation_ = ~std::uint64_t{0};  // of the pending rows the store was given
+  std::vector<pending_code> pending_rows_;                // those rows (collector thread only)
+  ring_rows ring_rows_{*this};
 };
 
 }  // namespace detail

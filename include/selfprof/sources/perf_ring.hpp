@@ -57,6 +57,8 @@ constexpr std::uint32_t kStackCopyBytes = 8192;
 // unprivileged user per CPU, and what 99 Hz asks for: the kernel allocates and zeroes every page at
 // mmap, which a short-lived process pays for.
 constexpr unsigned kRingPagesMax = 512, kRingPagesMin = 8;
+// Modules whose rows one sample may have parsed before it is walked again (collect() with row_requests).
+constexpr int kRowParsesPerSample = 4;
 constexpr double kPerfRingSeconds = 0.4;
 inline unsigned ring_pages_for(double hz, std::size_t page) {
   const double want = hz * kPerfRingSeconds * double(kStackCopyBytes + 1024) / double(page);
@@ -309,9 +311,11 @@ class perf_ring_source final : public tick_source {
 
   // Reads every ring into `out` (selfprof's threads `skip` dropped). Returns the records read. A thread's
   // own ring goes once its thread has ended and the ring is read empty.
-  std::size_t collect(sample_ring& out, const std::vector<pid_t>& skip) override {
+  std::size_t collect(sample_ring& out, const std::vector<pid_t>& skip,
+                      row_requests* rows = nullptr) override {
     std::lock_guard<std::mutex> lock(mu_);
     skip_ = skip;
+    rows_ = rows;
     std::size_t n = 0;
     for (auto& c : rings_)
       if (c.base) n += read_ring(c, out);
@@ -325,6 +329,7 @@ class perf_ring_source final : public tick_source {
       release_ring(rings_[i]);
       rings_.erase(rings_.begin() + static_cast<std::ptrdiff_t>(i));
     }
+    rows_ = nullptr;
     return n;
   }
 
@@ -601,11 +606,24 @@ class perf_ring_source final : public tick_source {
     const std::size_t kernel = std::min(kernel_chain_.size(), out.max_depth() / 2);
     std::copy(kernel_chain_.begin(), kernel_chain_.begin() + static_cast<std::ptrdiff_t>(kernel),
               slot->pcs());
-    const std::size_t depth =
-        kernel + unwind_sample(g_unwind_tables.load(std::memory_order_acquire), smp.uip, smp.sp, smp.bp,
-                               smp.stack, static_cast<std::size_t>(smp.dyn), user_chain_.data(),
-                               user_chain_.size(), slot->pcs() + kernel, out.max_depth() - kernel, truncated,
-                               spliced);
+    auto walk = [&] {
+      truncated = spliced = false;
+      return unwind_sample(g_unwind_tables.load(std::memory_order_acquire), smp.uip, smp.sp, smp.bp,
+                           smp.stack, static_cast<std::size_t>(smp.dyn), user_chain_.data(),
+                           user_chain_.size(), slot->pcs() + kernel, out.max_depth() - kernel, truncated,
+                           spliced);
+    };
+    std::size_t user = walk();
+    // The walk goes on by frame pointers from the first pc without rows: when that pc's module has rows
+    // not parsed yet, they are parsed now and the sample walked again, so a module's first samples get
+    // the stacks its later ones get. Each round parses one module; a few cover the modules one stack
+    // crosses before its rows exist.
+    for (int round = 0; rows_ != nullptr && round < kRowParsesPerSample; ++round) {
+      const std::uint64_t pc = first_pc_without_rows(slot->pcs() + kernel, user, kernel > 0);
+      if (pc == 0 || !rows_->unparsed(pc) || !rows_->parse(pc)) break;
+      user = walk();
+    }
+    const std::size_t depth = kernel + user;
     truncated = truncated || kernel < kernel_chain_.size();
     if (spliced) ++counts_.spliced;
     slot->header.tid = static_cast<std::uint32_t>(tid);
@@ -617,6 +635,17 @@ class perf_ring_source final : public tick_source {
     ++counts_.stored;
     if (truncated) ++counts_.truncated;
     sample_ring::publish(slot, pos);
+  }
+
+  // The first pc of a walked user stack that no published row covers (return addresses looked up less
+  // one; the first too when the sample is in the kernel), or 0.
+  static std::uint64_t first_pc_without_rows(const std::uint64_t* pcs, std::size_t n, bool first_returns) {
+    const unwind_table_set* set = g_unwind_tables.load(std::memory_order_acquire);
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::uint64_t pc = k > 0 || first_returns ? pcs[k] - 1 : pcs[k];
+      if (find_unwind_row(set, static_cast<std::uintptr_t>(pc)) == nullptr) return pc;
+    }
+    return 0;
   }
 
   bool has_own_ring(pid_t tid, std::uint64_t time) const {
@@ -632,6 +661,7 @@ class perf_ring_source final : public tick_source {
   std::vector<cpu_ring> rings_;
   mutable std::mutex mu_;  // collect() and the counters: the collector, and stop()
   std::vector<pid_t> skip_;
+  row_requests* rows_ = nullptr;  // during collect() only
   std::vector<unsigned char> record_;
   std::vector<std::uint64_t> user_chain_, kernel_chain_;
   ring_counts counts_;

@@ -37,6 +37,17 @@ struct pulled_stats {
   std::uint64_t throttles = 0;  // PERF_RECORD_THROTTLE records
 };
 
+// What a pulling source may ask of the collector while it unwinds the samples it read, when rows are
+// parsed lazily: whether a pc lies in code whose rows were never parsed (such a walk went on by frame
+// pointers, which code without them does not keep), and to parse them now. Collector thread only.
+class row_requests {
+ public:
+  virtual ~row_requests() = default;
+  virtual bool unparsed(std::uint64_t pc) const = 0;
+  // True when the rows of the module holding `pc` were parsed now (and published for the next walk).
+  virtual bool parse(std::uint64_t pc) = 0;
+};
+
 class tick_source {
  public:
   virtual ~tick_source() = default;
@@ -61,11 +72,14 @@ class tick_source {
   virtual bool counts_kernel_time() const = 0;
   // Samples one armed thread at `hz` instead (SELFPROF_FRAME_HZ on threads that mark game frames).
   // Sources that send no signal (sources/perf_ring.hpp): the collector reads their samples into the
-  // sample ring (`skip`: selfprof's own threads, dropped), every collect_period_ms().
+  // sample ring (`skip`: selfprof's own threads, dropped), every collect_period_ms(). With `rows`, a
+  // sample whose walk met code with unparsed rows has them parsed and is walked again.
   virtual bool pulls_samples() const { return false; }
-  virtual std::size_t collect(sample_ring& out, const std::vector<pid_t>& skip) {
+  virtual std::size_t collect(sample_ring& out, const std::vector<pid_t>& skip,
+                              row_requests* rows = nullptr) {
     (void)out;
     (void)skip;
+    (void)rows;
     return 0;
   }
   virtual std::size_t collect_again(sample_ring& out) {  // with the last `skip` (at stop)

@@ -7,7 +7,8 @@
 // the separate debug file the module registry found (build-id or .gnu_debuglink), else from a search of
 // the same debug roots. No debuginfod and no other network access: only local files are read.
 // lines_mode (modes.hpp) says which files are read: by default not those whose DWARF is compressed
-// (libdw inflates it whole before the first lookup); each file skipped so gives one warning.
+// (libdw inflates it whole before the first lookup); each such file a lookup reached gives a warning,
+// once per take_warnings() (once per profile).
 // With SELFPROF_HAS_LIBDW=0 this header holds a stub whose lookups find nothing; with SELFPROF_LIBDW_DLOPEN=1
 // libdw is loaded at the first lookup, and lookups find nothing where it cannot be (libdw_api.hpp).
 #pragma once
@@ -185,7 +186,14 @@ class dwarf_lines {
         !libdw().ok)
       return nullptr;
     dwarf_file* file = file_for(m);  // heap-allocated: Dwfl keeps pointers to its callbacks and userdata
-    if (file == nullptr) return nullptr;
+    if (file == nullptr || !file->has_dwarf) {
+      if (file != nullptr && !file->skipped.empty() && !file->noted) {
+        file->noted = true;
+        noted_.push_back(file);
+        warnings_.push_back(file->skipped);
+      }
+      return nullptr;
+    }
     auto cached = file->chains.find(vaddr);
     if (cached != file->chains.end()) return cached->second.empty() ? nullptr : &cached->second;
     ++queries_;
@@ -198,8 +206,12 @@ class dwarf_lines {
   std::size_t files_with_dwarf() const { return files_with_dwarf_; }
   std::size_t queries() const { return queries_; }              // lookups that reached libdw (cache misses)
   std::size_t files_skipped() const { return files_skipped_; }  // compressed DWARF left unread
-  // One line per file skipped since the last call, for a profile's notes.
-  std::vector<std::string> take_warnings() { return std::exchange(warnings_, {}); }
+  // One line per skipped file that lookups reached since the last call, for a profile's notes.
+  std::vector<std::string> take_warnings() {
+    for (dwarf_file* f : noted_) f->noted = false;
+    noted_.clear();
+    return std::exchange(warnings_, {});
+  }
 
  private:
   struct dwarf_file {
@@ -210,6 +222,8 @@ class dwarf_lines {
     Dwfl* dwfl = nullptr;
     Dwfl_Module* mod = nullptr;
     bool has_dwarf = false;
+    std::string skipped;  // why its DWARF was left unread (lines_mode), else empty
+    bool noted = false;   // `skipped` is in the warnings not yet taken
     std::unordered_map<std::uint64_t, source_chain> chains;
     std::unordered_map<Dwarf_Off, dwarf_cu_index> units;  // by the compile unit DIE's offset
 
@@ -223,12 +237,12 @@ class dwarf_lines {
     }
   };
 
-  // The Dwfl session of m's file, opened on first use; nullptr when the file cannot be read or has no
-  // DWARF anywhere (remembered, so a module without debug info costs one attempt).
+  // The Dwfl session of m's file, opened on first use (remembered, so a module without debug info
+  // costs one attempt); has_dwarf is false when the file cannot be read, has no DWARF or was skipped.
   dwarf_file* file_for(const module& m) {
     auto it = files_.find(m.symbols.get());
     if (it == files_.end()) it = files_.emplace(m.symbols.get(), open_file(m)).first;
-    return it->second && it->second->has_dwarf ? it->second.get() : nullptr;
+    return it->second.get();
   }
 
   std::unique_ptr<dwarf_file> open_file(const module& m) {
@@ -251,9 +265,8 @@ class dwarf_lines {
     if (!readable) return file;
     if (compressed && mode_ == lines_mode::automatic) {
       ++files_skipped_;
-      warnings_.push_back(
-          "no file:line or inline frames for " + m.basename + ": its DWARF (" + from +
-          ") is compressed, and libdw inflates all of it first (SELFPROF_LINES=all reads it)");
+      file->skipped = "no file:line or inline frames for " + m.basename + ": its DWARF (" + from +
+                      ") is compressed, and libdw inflates all of it first (SELFPROF_LINES=all reads it)";
       return file;
     }
     ++files_opened_;
@@ -410,6 +423,7 @@ class dwarf_lines {
   lines_mode mode_ = lines_mode::automatic;
   std::map<const module_symbols*, std::unique_ptr<dwarf_file>> files_;
   std::vector<std::string> warnings_;
+  std::vector<dwarf_file*> noted_;  // files whose `noted` is set
   std::size_t files_skipped_ = 0;
   std::size_t files_opened_ = 0;
   std::size_t files_with_dwarf_ = 0;

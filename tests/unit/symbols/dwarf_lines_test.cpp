@@ -417,7 +417,13 @@ TEST_CASE("symbols libdw: compressed DWARF skipped by default with one note, rea
       REQUIRE(notes.size() == 1);
       CHECK(notes[0].find(base) != std::string::npos);
       CHECK(notes[0].find("SELFPROF_LINES=all") != std::string::npos);
-      CHECK(sym.take_warnings().empty());
+      CHECK(sym.take_warnings().empty());  // nothing looked up since
+      // The next profile that reaches the module says it again (each profile carries its own notes).
+      CHECK(check_outer(sym, lib, fx.c_lib, false) == 1);
+      auto again = sym.take_warnings();
+      REQUIRE(again.size() == 1);
+      CHECK(again[0] == notes[0]);
+      CHECK(sym.source_lines().files_skipped() == 1);  // not opened again
     }
     {  // all: the same chains as the uncompressed fixture's
       selfprof::symbolizer_options o = symbols_test::options_with_roots({root});
