@@ -8102,6 +8102,7 @@ class sample_ring {
       for (std::size_t i = 0; i < capacity; ++i) slot(i)->seq.store(0, std::memory_order_relaxed);
     head_.store(0, std::memory_order_relaxed);
     tail_ = 0;
+    mapped_ = zeroed ? 0 : capacity;
   }
 
   std::size_t capacity() const { return capacity_; }
@@ -8138,6 +8139,16 @@ class sample_ring {
     s->seq.store(tail_ + capacity_ + 1, std::memory_order_release);
     ++tail_;
   }
+  // Consumer: maps the pages of the slots up to a quarter of the ring past the producers by writing each
+  // slot's word (a locked no-op), once in the ring's life. A fresh page whose first access is a read
+  // (claim() reads the word) maps the shared zero page, and the producer's write that follows replaces
+  // it: a copy-on-write fault that flushes the TLB of every CPU the process runs on, an interrupt in
+  // each running application thread, page after page. Written first, a page is mapped once, here.
+  void map_ahead() {
+    const std::uint64_t ahead = head_.load(std::memory_order_relaxed) + capacity_ / 4;
+    const std::uint64_t until = ahead < capacity_ ? ahead : capacity_;
+    for (; mapped_ < until; ++mapped_) slot(mapped_)->seq.fetch_or(0, std::memory_order_relaxed);
+  }
 
  private:
   // A slot's stored word is its sequence number plus one; 0 is the initial state, sequence = the slot's
@@ -8152,6 +8163,7 @@ class sample_ring {
   std::size_t capacity_ = 0, mask_ = 0, max_depth_ = 0, stride_ = 0;
   alignas(64) std::atomic<std::uint64_t> head_{0};
   alignas(64) std::uint64_t tail_ = 0;
+  std::uint64_t mapped_ = 0;  // slots below it have been written (consumer only)
 };
 
 }  // namespace detail
@@ -8870,6 +8882,7 @@ class sample_store {
       }
       ring.release(s);
     }
+    ring.map_ahead();
     games_.process_closed();
   }
 
@@ -11750,6 +11763,7 @@ class collector {
     config_.store->set_code({}, config_.symbols->jit_map());  // JIT samples are named from the first drain
     auto last_code_scan = start;  // the first scan waits one interval: a short-lived process never pays it
     auto last_wake = start;
+    config_.store->drain(*config_.ring);  // maps the ring's first pages (sample_ring::map_ahead)
     while (worker_.wait(wait_ms(ticks_arrive, boosting))) {
       wakes_.fetch_add(1, std::memory_order_relaxed);
       config_.symbols->poll_jit_map();  // lines written before these samples were taken name them
@@ -18814,13 +18828,13 @@ class perf_ring_source final : public tick_source {
                            spliced);
     };
     std::size_t user = walk();
-    // The walk goes on by frame pointers from the first pc without rows: when that pc's module has rows
-    // not parsed yet, they are parsed now and the sample walked again, so a module's first samples get
-    // the stacks its later ones get. Each round parses one module; a few cover the modules one stack
-    // crosses before its rows exist.
+    // The walk goes on by frame pointers where a pc has no rows: when a walked pc lies in a module whose
+    // rows were not parsed yet, they are parsed now and the sample walked again, so a module's first
+    // samples get the stacks its later ones get. Each round parses one module; a few cover the modules
+    // one stack crosses before its rows exist.
     for (int round = 0; rows_ != nullptr && round < kRowParsesPerSample; ++round) {
-      const std::uint64_t pc = first_pc_without_rows(slot->pcs() + kernel, user, kernel > 0);
-      if (pc == 0 || !rows_->unparsed(pc) || !rows_->parse(pc)) break;
+      const std::uint64_t pc = first_unparsed_pc(*rows_, slot->pcs() + kernel, user, kernel > 0);
+      if (pc == 0 || !rows_->parse(pc)) break;
       user = walk();
     }
     const std::size_t depth = kernel + user;
@@ -18837,13 +18851,14 @@ class perf_ring_source final : public tick_source {
     sample_ring::publish(slot, pos);
   }
 
-  // The first pc of a walked user stack that no published row covers (return addresses looked up less
-  // one; the first too when the sample is in the kernel), or 0.
-  static std::uint64_t first_pc_without_rows(const std::uint64_t* pcs, std::size_t n, bool first_returns) {
-    const unwind_table_set* set = g_unwind_tables.load(std::memory_order_acquire);
+  // The first pc of a walked user stack in code whose rows were not parsed (return addresses looked up
+  // less one; the first too when the sample is in the kernel), or 0. The list of such code is short and
+  // searched without the row tables: this runs for every sample.
+  static std::uint64_t first_unparsed_pc(const row_requests& rows, const std::uint64_t* pcs, std::size_t n,
+                                         bool first_returns) {
     for (std::size_t k = 0; k < n; ++k) {
       const std::uint64_t pc = k > 0 || first_returns ? pcs[k] - 1 : pcs[k];
-      if (find_unwind_row(set, static_cast<std::uintptr_t>(pc)) == nullptr) return pc;
+      if (rows.unparsed(pc)) return pc;
     }
     return 0;
   }

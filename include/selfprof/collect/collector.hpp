@@ -200,6 +200,7 @@ class collector {
     config_.store->set_code({}, config_.symbols->jit_map());  // JIT samples are named from the first drain
     auto last_code_scan = start;  // the first scan waits one interval: a short-lived process never pays it
     auto last_wake = start;
+    config_.store->drain(*config_.ring);  // maps the ring's first pages (sample_ring::map_ahead)
     while (worker_.wait(wait_ms(ticks_arrive, boosting))) {
       wakes_.fetch_add(1, std::memory_order_relaxed);
       config_.symbols->poll_jit_map();  // lines written before these samples were taken name them

@@ -258,6 +258,7 @@ class sample_store {
       }
       ring.release(s);
     }
+    ring.map_ahead();
     games_.process_closed();
   }
 

@@ -68,6 +68,7 @@ class sample_ring {
       for (std::size_t i = 0; i < capacity; ++i) slot(i)->seq.store(0, std::memory_order_relaxed);
     head_.store(0, std::memory_order_relaxed);
     tail_ = 0;
+    mapped_ = zeroed ? 0 : capacity;
   }
 
   std::size_t capacity() const { return capacity_; }
@@ -104,6 +105,16 @@ class sample_ring {
     s->seq.store(tail_ + capacity_ + 1, std::memory_order_release);
     ++tail_;
   }
+  // Consumer: maps the pages of the slots up to a quarter of the ring past the producers by writing each
+  // slot's word (a locked no-op), once in the ring's life. A fresh page whose first access is a read
+  // (claim() reads the word) maps the shared zero page, and the producer's write that follows replaces
+  // it: a copy-on-write fault that flushes the TLB of every CPU the process runs on, an interrupt in
+  // each running application thread, page after page. Written first, a page is mapped once, here.
+  void map_ahead() {
+    const std::uint64_t ahead = head_.load(std::memory_order_relaxed) + capacity_ / 4;
+    const std::uint64_t until = ahead < capacity_ ? ahead : capacity_;
+    for (; mapped_ < until; ++mapped_) slot(mapped_)->seq.fetch_or(0, std::memory_order_relaxed);
+  }
 
  private:
   // A slot's stored word is its sequence number plus one; 0 is the initial state, sequence = the slot's
@@ -118,6 +129,7 @@ class sample_ring {
   std::size_t capacity_ = 0, mask_ = 0, max_depth_ = 0, stride_ = 0;
   alignas(64) std::atomic<std::uint64_t> head_{0};
   alignas(64) std::uint64_t tail_ = 0;
+  std::uint64_t mapped_ = 0;  // slots below it have been written (consumer only)
 };
 
 }  // namespace detail

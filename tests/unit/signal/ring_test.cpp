@@ -1,5 +1,8 @@
-// The sample ring: order, full-ring drops, and many producers against one consumer without loss.
+// The sample ring: order, full-ring drops, many producers against one consumer without loss, and fresh
+// pages mapped by the consumer ahead of the producers.
 #include <doctest/doctest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <thread>
@@ -18,6 +21,7 @@ struct ring_fixture {
     memory.assign(capacity * sample_ring::stride_for(depth) / 8, 0);
     ring.init(memory.data(), capacity, depth);
   }
+  ring_fixture() = default;
   bool push(std::uint32_t tid, std::uint64_t value) {
     std::uint64_t pos;
     ring_slot* s = ring.claim(pos);
@@ -83,4 +87,53 @@ TEST_CASE("ring: four producers, one consumer: every record arrives once, or is 
     for (std::size_t i = 1; i < g.size(); ++i) CHECK(g[i] > g[i - 1]);  // per producer order kept
   }
   CHECK(received + dropped.load() == long(kProducers) * kEach);
+}
+
+TEST_CASE("ring: a fresh ring's pages are mapped by the consumer's writes, a quarter of the ring ahead") {
+  // A page the producers read first would map the shared zero page, then be replaced at their write (a
+  // copy-on-write fault that flushes the TLB of every CPU the process runs on). map_ahead() writes first.
+  const std::size_t capacity = 64, depth = 127, stride = sample_ring::stride_for(depth);
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t bytes = (capacity * stride + page - 1) / page * page;
+  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(mem != MAP_FAILED);
+  auto* base = static_cast<unsigned char*>(mem);
+  auto resident = [&](std::size_t slot) {  // the page holding the slot's first byte
+    unsigned char v = 0;
+    const std::size_t at = slot * stride / page * page;
+    REQUIRE(::mincore(base + at, page, &v) == 0);
+    return (v & 1) != 0;
+  };
+  ring_fixture f;
+  f.ring.init(mem, capacity, depth, true);  // fresh anonymous pages: nothing touched
+  for (std::size_t i = 0; i < capacity; i += 4) CHECK_FALSE(resident(i));
+  f.ring.map_ahead();
+  for (std::size_t i = 0; i < capacity / 4; ++i) CHECK(resident(i));
+  CHECK_FALSE(resident(capacity / 4 + 4));
+  CHECK_FALSE(resident(capacity - 1));
+  // Producers and the consumer work as before; the next map_ahead() follows the producers.
+  for (std::uint64_t i = 0; i < 20; ++i) REQUIRE(f.push(1, 1000 + i));
+  for (std::uint64_t i = 0; i < 20; ++i) {
+    ring_slot* s = f.ring.peek();
+    REQUIRE(s != nullptr);
+    CHECK(s->pcs()[0] == 1000 + i);
+    f.ring.release(s);
+  }
+  f.ring.map_ahead();
+  for (std::size_t i = 20; i < 20 + capacity / 4; ++i) CHECK(resident(i));
+  CHECK_FALSE(resident(capacity - 1));
+  // A word a producer wrote is left as it is (the write is a locked no-op): published records stay.
+  for (std::uint64_t i = 0; i < capacity - 4; ++i) REQUIRE(f.push(2, 2000 + i));
+  f.ring.map_ahead();
+  for (std::size_t i = 0; i < capacity; i += 4) CHECK(resident(i));
+  for (std::uint64_t i = 0; i < capacity - 4; ++i) {
+    ring_slot* s = f.ring.peek();
+    REQUIRE(s != nullptr);
+    CHECK(s->header.tid == 2);
+    CHECK(s->pcs()[0] == 2000 + i);
+    f.ring.release(s);
+  }
+  CHECK(f.ring.peek() == nullptr);
+  f.ring.map_ahead();  // every slot mapped: nothing left to do, nothing past the end touched
+  ::munmap(mem, bytes);
 }
