@@ -614,13 +614,13 @@ class perf_ring_source final : public tick_source {
                            spliced);
     };
     std::size_t user = walk();
-    // The walk goes on by frame pointers from the first pc without rows: when that pc's module has rows
-    // not parsed yet, they are parsed now and the sample walked again, so a module's first samples get
-    // the stacks its later ones get. Each round parses one module; a few cover the modules one stack
-    // crosses before its rows exist.
+    // The walk goes on by frame pointers where a pc has no rows: when a walked pc lies in a module whose
+    // rows were not parsed yet, they are parsed now and the sample walked again, so a module's first
+    // samples get the stacks its later ones get. Each round parses one module; a few cover the modules
+    // one stack crosses before its rows exist.
     for (int round = 0; rows_ != nullptr && round < kRowParsesPerSample; ++round) {
-      const std::uint64_t pc = first_pc_without_rows(slot->pcs() + kernel, user, kernel > 0);
-      if (pc == 0 || !rows_->unparsed(pc) || !rows_->parse(pc)) break;
+      const std::uint64_t pc = first_unparsed_pc(*rows_, slot->pcs() + kernel, user, kernel > 0);
+      if (pc == 0 || !rows_->parse(pc)) break;
       user = walk();
     }
     const std::size_t depth = kernel + user;
@@ -637,13 +637,14 @@ class perf_ring_source final : public tick_source {
     sample_ring::publish(slot, pos);
   }
 
-  // The first pc of a walked user stack that no published row covers (return addresses looked up less
-  // one; the first too when the sample is in the kernel), or 0.
-  static std::uint64_t first_pc_without_rows(const std::uint64_t* pcs, std::size_t n, bool first_returns) {
-    const unwind_table_set* set = g_unwind_tables.load(std::memory_order_acquire);
+  // The first pc of a walked user stack in code whose rows were not parsed (return addresses looked up
+  // less one; the first too when the sample is in the kernel), or 0. The list of such code is short and
+  // searched without the row tables: this runs for every sample.
+  static std::uint64_t first_unparsed_pc(const row_requests& rows, const std::uint64_t* pcs, std::size_t n,
+                                         bool first_returns) {
     for (std::size_t k = 0; k < n; ++k) {
       const std::uint64_t pc = k > 0 || first_returns ? pcs[k] - 1 : pcs[k];
-      if (find_unwind_row(set, static_cast<std::uintptr_t>(pc)) == nullptr) return pc;
+      if (rows.unparsed(pc)) return pc;
     }
     return 0;
   }
