@@ -286,8 +286,8 @@ TEST_CASE("symbols libdw: a function without inlined code gets its own file:line
 // The frames of every address of inline_fixture_outer in the loaded `lib`: with `lines`, the chains
 // addr2line -i gives on the unstripped, uncompressed fixture `reference` (returns the deepest, 3);
 // without, the one symbol-table frame and no file:line (returns 1).
-std::size_t check_outer(selfprof::symbolizer& sym, const selfprof_test::library& lib,
-                        const std::string& reference, bool lines) {
+static std::size_t check_outer(selfprof::symbolizer& sym, const selfprof_test::library& lib,
+                               const std::string& reference, bool lines) {
   std::vector<std::uint64_t> offsets;
   std::vector<std::vector<selfprof::frame>> ours;
   std::uint64_t base = address_of(lib.symbol("inline_fixture_outer"));
@@ -325,22 +325,29 @@ std::size_t check_outer(selfprof::symbolizer& sym, const selfprof_test::library&
   return deepest;
 }
 
+// Where a debugger looks under `root` for `lib`'s separate debug file by its build-id
+// (.build-id/<first two hex digits>/<the rest>.debug); the directory is created.
+static std::string build_id_debug_path(const std::string& lib, const std::string& root) {
+  const std::string id = selfprof_test::readelf_build_id(lib);
+  REQUIRE(id.size() > 2);
+  const std::string dir = root + "/.build-id/" + id.substr(0, 2);
+  REQUIRE(run_command("mkdir -p '" + dir + "'") == 0);
+  return dir + "/" + id.substr(2) + ".debug";
+}
+
 TEST_CASE("symbols libdw: DWARF in a separate debug file found by build-id (stripped, and strip -g)") {
   const auto& fx = fixtures();
   if (fx.c_lib.empty() || !have_binutils()) {
     MESSAGE("skipped: no C compiler or binutils to build the fixture");
     return;
   }
-  std::string id = selfprof_test::readelf_build_id(fx.c_lib);
-  REQUIRE(id.size() > 2);
   selfprof_test::temp_dir dir;
   const std::string root = dir / "root";
-  const std::string debug = root + "/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug";
+  const std::string debug = build_id_debug_path(fx.c_lib, root);
   const std::string stripped =
       dir / "libstripped.so";                          // no .symtab: the module registry finds the debug file
   const std::string no_dwarf = dir / "libnodwarf.so";  // .symtab kept: dwarf_lines finds the debug file
-  REQUIRE(run_command("mkdir -p '" + root + "/.build-id/" + id.substr(0, 2) +
-                      "' && objcopy --only-keep-debug '" + fx.c_lib + "' '" + debug + "' && cp '" + fx.c_lib +
+  REQUIRE(run_command("objcopy --only-keep-debug '" + fx.c_lib + "' '" + debug + "' && cp '" + fx.c_lib +
                       "' '" + stripped + "' && strip -s '" + stripped + "' && cp '" + fx.c_lib + "' '" +
                       no_dwarf + "' && strip -g '" + no_dwarf + "'") == 0);
   for (const std::string& path : {stripped, no_dwarf}) {
@@ -391,18 +398,14 @@ TEST_CASE("symbols libdw: compressed DWARF skipped by default with one note, rea
     MESSAGE("skipped: no C compiler or binutils to build the fixture");
     return;
   }
-  std::string id = selfprof_test::readelf_build_id(fx.c_lib);
-  REQUIRE(id.size() > 2);
   selfprof_test::temp_dir dir;
   const std::string root = dir / "root";
-  const std::string debug = root + "/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug";
+  const std::string debug = build_id_debug_path(fx.c_lib, root);
   const std::string in_place = dir / "libzdwarf.so";     // its own DWARF, compressed (gcc -gz, objcopy)
   const std::string stripped = dir / "libzstripped.so";  // as distributions ship: stripped + a .debug
-  REQUIRE(run_command("mkdir -p '" + root + "/.build-id/" + id.substr(0, 2) +
-                      "' && objcopy --only-keep-debug " + "--compress-debug-sections=zlib '" + fx.c_lib +
-                      "' '" + debug + "' && objcopy " + "--compress-debug-sections=zlib '" + fx.c_lib +
-                      "' '" + in_place + "' && cp '" + fx.c_lib + "' '" + stripped + "' && strip -s '" +
-                      stripped + "'") == 0);
+  REQUIRE(run_command("objcopy --only-keep-debug --compress-debug-sections=zlib '" + fx.c_lib + "' '" +
+                      debug + "' && objcopy --compress-debug-sections=zlib '" + fx.c_lib + "' '" + in_place +
+                      "' && cp '" + fx.c_lib + "' '" + stripped + "' && strip -s '" + stripped + "'") == 0);
   for (const std::string& path : {in_place, stripped}) {
     INFO(path);
     selfprof_test::library lib(path);
