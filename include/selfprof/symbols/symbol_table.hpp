@@ -58,7 +58,7 @@ class symbol_table {
       std::uint64_t section_end = 0;
       if (in != nullptr && in->size != 0 && sym.st_value >= in->addr && sym.st_value - in->addr < in->size)
         section_end = in->addr + in->size;
-      unsigned rank = bind == STB_GLOBAL ? 3 : bind == STB_WEAK ? 2 : 1;
+      unsigned rank = bind == STB_GLOBAL ? 3 : bind == STB_WEAK ? 1 : 2;
       if (type != STT_NOTYPE) rank += 4;
       add(sym.st_value, sym.st_size, section_end, name, rank);
       ++added;
@@ -209,8 +209,11 @@ class symbol_table {
     return n;
   }
 
-  // Which of two symbols at one address names it: sized, FUNC over NOTYPE, global over weak over
-  // local, fewer leading underscores (malloc over __libc_malloc), shorter, then alphabetical.
+  // Which of two symbols at one address names it, as perf chooses (so both tools give one name to
+  // aliases such as glibc's __memcpy_avx512_unaligned_erms and __memmove_avx512_unaligned_erms): sized,
+  // FUNC over NOTYPE, global over local over weak, fewer leading underscores (malloc over
+  // __libc_malloc), longer, then alphabetical. Unlike perf, a symbol version (a .symtab's
+  // `__libc_start_main@@GLIBC_2.34`) does not make a name longer: the plain name wins.
   bool better(const entry& a, const entry& b) const {
     if ((a.size != 0) != (b.size != 0)) return a.size != 0;
     if (a.rank != b.rank) return a.rank > b.rank;
@@ -218,6 +221,8 @@ class symbol_table {
     std::string_view nb = std::string_view(names_).substr(b.name_offset, b.name_size);
     std::size_t ua = leading_underscores(na), ub = leading_underscores(nb);
     if (ua != ub) return ua < ub;
+    std::string_view ba = na.substr(0, na.find('@')), bb = nb.substr(0, nb.find('@'));
+    if (ba.size() != bb.size()) return ba.size() > bb.size();
     if (na.size() != nb.size()) return na.size() < nb.size();
     return na < nb;
   }

@@ -93,10 +93,17 @@ TEST_CASE("elf: symbol sizes, a gap after a function, zero-size and static symbo
   CHECK(name_at(table, label + 31) == "selfprof_fixture_with_inner");
   auto stat = nm["fixture_static_fn"];
   CHECK(name_at(table, stat.address + stat.size - 1) == "fixture_static_fn");
+  // Aliases at one address get perf's choice: the longer of two globals, a local over a weak symbol.
+  auto copy = nm["selfprof_fixture_copy_alias"].address;
+  CHECK(nm["selfprof_fixture_move_alias_longer"].address == copy);
+  CHECK(name_at(table, copy) == "selfprof_fixture_move_alias_longer");
+  CHECK(nm["fixture_local_alias"].address == nm["selfprof_fixture_weak_alias"].address);
+  CHECK(name_at(table, nm["selfprof_fixture_weak_alias"].address + 8) == "fixture_local_alias");
   for (const auto& entry : nm) {
     const std::string& name = entry.first;
     const auto& sym = entry.second;
     if (sym.size == 0 || name == "_init" || name == "_fini") continue;
+    if (name == "selfprof_fixture_copy_alias" || name == "selfprof_fixture_weak_alias") continue;
     if (name.rfind("selfprof_fixture", 0) == 0 || name == "fixture_static_fn") {
       INFO(name);
       CHECK(name_at(table, sym.address + sym.size / 2) == name);
