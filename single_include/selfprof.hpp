@@ -4360,132 +4360,21 @@ inline std::string dwarf_source_path(const std::vector<std::string>& roots, cons
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/symbols/debug_file.hpp ----
-// ---- begin selfprof/symbols/proc_maps.hpp ----
-// Reading and parsing /proc/<pid>/maps lines (address range, permissions, offset, device, inode, path).
-// Context: collector thread or setup (never the signal handler).
+// ---- begin selfprof/symbols/minidebuginfo.hpp ----
+// MiniDebugInfo: a .gnu_debugdata section holding an xz-compressed ELF file whose .symtab names the
+// functions a stripped binary's .dynsym lacks (local and static functions). Fedora, CentOS and others ship
+// their binaries this way. The section is decompressed with liblzma, loaded with dlopen("liblzma.so.5")
+// at the first such section: no build or link dependency, and a process whose modules have none
+// (Debian's) never loads it.
+// Context: collector or dump thread (dlopen takes the loader lock; never the signal handler).
 
-#include <unistd.h>
+#include <dlfcn.h>
 
-#include <cerrno>
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
-#include <string_view>
 
-
-namespace selfprof {
-namespace detail {
-
-struct maps_entry {
-  std::uint64_t start = 0;
-  std::uint64_t end = 0;
-  std::uint64_t offset = 0;
-  std::uint64_t inode = 0;
-  std::uint32_t dev_major = 0;
-  std::uint32_t dev_minor = 0;
-  bool readable = false;
-  bool executable = false;
-  bool deleted = false;  // the path ended in " (deleted)" (removed file, or a memfd)
-  std::string path;      // without the " (deleted)" suffix; empty for anonymous memory
-
-  // A file with no path to open again: deleted, or a memfd ("/memfd:NAME").
-  bool hidden_file() const { return deleted || path.compare(0, 7, "/memfd:") == 0; }
-};
-
-// Parses one hexadecimal field ending at `stop` (or the end); advances `pos`. False when empty or bad.
-inline bool parse_hex_field(std::string_view line, std::size_t& pos, char stop, std::uint64_t& out) {
-  out = 0;
-  std::size_t begin = pos;
-  while (pos < line.size() && line[pos] != stop) {
-    char c = line[pos];
-    unsigned digit;
-    if (c >= '0' && c <= '9')
-      digit = static_cast<unsigned>(c - '0');
-    else if (c >= 'a' && c <= 'f')
-      digit = static_cast<unsigned>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F')
-      digit = static_cast<unsigned>(c - 'A' + 10);
-    else
-      return false;
-    if (pos - begin >= 16) return false;
-    out = (out << 4) | digit;
-    ++pos;
-  }
-  if (pos == begin) return false;
-  if (pos < line.size()) ++pos;  // the stop character
-  return true;
-}
-
-// Parses "start-end perms offset major:minor inode   path" (path optional, may hold spaces).
-inline bool parse_maps_line(std::string_view line, maps_entry& out) {
-  out = maps_entry();
-  std::size_t pos = 0;
-  if (!parse_hex_field(line, pos, '-', out.start) || !parse_hex_field(line, pos, ' ', out.end)) return false;
-  if (pos + 5 > line.size() || line[pos + 4] != ' ') return false;
-  out.readable = line[pos] == 'r';
-  out.executable = line[pos + 2] == 'x';
-  pos += 5;
-  std::uint64_t major = 0, minor = 0;
-  if (!parse_hex_field(line, pos, ' ', out.offset) || !parse_hex_field(line, pos, ':', major) ||
-      !parse_hex_field(line, pos, ' ', minor))
-    return false;
-  out.dev_major = static_cast<std::uint32_t>(major);
-  out.dev_minor = static_cast<std::uint32_t>(minor);
-  std::size_t begin = pos;
-  while (pos < line.size() && line[pos] >= '0' && line[pos] <= '9')
-    out.inode = out.inode * 10 + (line[pos++] - '0');
-  if (pos == begin || out.end < out.start) return false;
-  while (pos < line.size() && line[pos] == ' ') ++pos;
-  std::string_view path = line.substr(pos);
-  constexpr std::string_view deleted = " (deleted)";
-  if (path.size() > deleted.size() && path.substr(path.size() - deleted.size()) == deleted) {
-    out.deleted = true;
-    path.remove_suffix(deleted.size());
-  }
-  out.path = std::string(path);
-  return true;
-}
-
-// Calls fn(line) for each line of `text` (without its '\n'), the last one also when unterminated.
-template <class F>
-void for_each_line(std::string_view text, F&& fn) {
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    std::size_t eol = text.find('\n', pos);
-    if (eol == std::string_view::npos) eol = text.size();
-    fn(text.substr(pos, eol - pos));
-    pos = eol + 1;
-  }
-}
-
-// Calls fn(entry) for each executable mapping in maps text; lines that do not parse are skipped.
-template <class F>
-void for_each_executable_mapping(std::string_view text, F&& fn) {
-  for_each_line(text, [&](std::string_view line) {
-    maps_entry e;
-    if (parse_maps_line(line, e) && e.executable) fn(e);
-  });
-}
-
-// Reads a whole (proc) file into `out`; false on failure.
-inline bool read_text_file(const char* path, std::string& out) {
-  out.clear();
-  int fd = sys().open(path, O_RDONLY | O_CLOEXEC, 0);
-  if (fd < 0) return false;
-  char buffer[16384];
-  for (;;) {
-    ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      sys().close(fd);
-      return n == 0;
-    }
-    out.append(buffer, static_cast<std::size_t>(n));
-  }
-}
-
-}  // namespace detail
-}  // namespace selfprof
-// ---- end selfprof/symbols/proc_maps.hpp ----
 // ---- begin selfprof/symbols/symbol_table.hpp ----
 // A per-module table of function symbols (.symtab, .dynsym, synthesized PLT stubs) sorted by address,
 // with sizes respected and zero-size symbols extended to the next one, plus cached demangled names.
@@ -4584,7 +4473,7 @@ class symbol_table {
       std::uint64_t section_end = 0;
       if (in != nullptr && in->size != 0 && sym.st_value >= in->addr && sym.st_value - in->addr < in->size)
         section_end = in->addr + in->size;
-      unsigned rank = bind == STB_GLOBAL ? 3 : bind == STB_WEAK ? 2 : 1;
+      unsigned rank = bind == STB_GLOBAL ? 3 : bind == STB_WEAK ? 1 : 2;
       if (type != STT_NOTYPE) rank += 4;
       add(sym.st_value, sym.st_size, section_end, name, rank);
       ++added;
@@ -4735,8 +4624,11 @@ class symbol_table {
     return n;
   }
 
-  // Which of two symbols at one address names it: sized, FUNC over NOTYPE, global over weak over
-  // local, fewer leading underscores (malloc over __libc_malloc), shorter, then alphabetical.
+  // Which of two symbols at one address names it, as perf chooses (so both tools give one name to
+  // aliases such as glibc's __memcpy_avx512_unaligned_erms and __memmove_avx512_unaligned_erms): sized,
+  // FUNC over NOTYPE, global over local over weak, fewer leading underscores (malloc over
+  // __libc_malloc), longer, then alphabetical. Unlike perf, a symbol version (a .symtab's
+  // `__libc_start_main@@GLIBC_2.34`) does not make a name longer: the plain name wins.
   bool better(const entry& a, const entry& b) const {
     if ((a.size != 0) != (b.size != 0)) return a.size != 0;
     if (a.rank != b.rank) return a.rank > b.rank;
@@ -4744,6 +4636,8 @@ class symbol_table {
     std::string_view nb = std::string_view(names_).substr(b.name_offset, b.name_size);
     std::size_t ua = leading_underscores(na), ub = leading_underscores(nb);
     if (ua != ub) return ua < ub;
+    std::string_view ba = na.substr(0, na.find('@')), bb = nb.substr(0, nb.find('@'));
+    if (ba.size() != bb.size()) return ba.size() > bb.size();
     if (na.size() != nb.size()) return na.size() < nb.size();
     return na < nb;
   }
@@ -4756,6 +4650,218 @@ class symbol_table {
 }  // namespace detail
 }  // namespace selfprof
 // ---- end selfprof/symbols/symbol_table.hpp ----
+
+namespace selfprof {
+namespace detail {
+
+// Bounds on what a section may cost: its decompressed size, and the memory liblzma's decoder may use.
+constexpr std::size_t minidebuginfo_max_bytes = std::size_t{64} << 20;
+constexpr std::uint64_t minidebuginfo_memlimit = std::uint64_t{256} << 20;
+
+// liblzma's one-call decoder, lzma_stream_buffer_decode, by its stable ABI (soname 5): lzma_ret is an
+// int-sized enum; LZMA_OK (0) is success and LZMA_BUF_ERROR (10) an output buffer too small, in which
+// case nothing was written and the call may be repeated with a larger one.
+using lzma_buffer_decode_fn = int (*)(std::uint64_t* memlimit, std::uint32_t flags, const void* allocator,
+                                      const std::uint8_t* in, std::size_t* in_pos, std::size_t in_size,
+                                      std::uint8_t* out, std::size_t* out_pos, std::size_t out_size);
+constexpr int lzma_ok = 0;
+constexpr int lzma_buf_error = 10;
+
+// Loaded once; null when liblzma.so.5 is missing. The handle is never closed: the symbolizer may need it
+// again at any time.
+inline lzma_buffer_decode_fn lzma_decoder() {
+  static const lzma_buffer_decode_fn fn = [] {
+    void* handle = ::dlopen("liblzma.so.5", RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) return lzma_buffer_decode_fn{nullptr};
+    return reinterpret_cast<lzma_buffer_decode_fn>(::dlsym(handle, "lzma_stream_buffer_decode"));
+  }();
+  return fn;
+}
+
+// Decompresses one .xz stream into `out`; the error says what failed.
+inline status xz_decompress(byte_view in, std::string& out) {
+  out.clear();
+  lzma_buffer_decode_fn decode = lzma_decoder();
+  if (decode == nullptr) return status::error("liblzma.so.5 cannot be loaded (Debian: liblzma5)");
+  // Symbol tables compress about 4:1; each too-small buffer costs one decode, so start near the end.
+  std::size_t size = std::min(std::max<std::size_t>(in.size * 6, 4096), minidebuginfo_max_bytes);
+  for (;;) {
+    out.resize(size);
+    std::uint64_t memlimit = minidebuginfo_memlimit;
+    std::size_t in_pos = 0, out_pos = 0;
+    int r = decode(&memlimit, 0, nullptr, in.data, &in_pos, in.size, reinterpret_cast<std::uint8_t*>(&out[0]),
+                   &out_pos, out.size());
+    if (r == lzma_ok) {
+      out.resize(out_pos);
+      return status::ok();
+    }
+    if (r == lzma_buf_error && size < minidebuginfo_max_bytes) {
+      size = std::min(size * 2, minidebuginfo_max_bytes);
+      continue;
+    }
+    out.clear();
+    if (r == lzma_buf_error) return status::error("larger than 64 MiB decompressed");
+    return status::error("not a valid xz stream (liblzma error " + std::to_string(r) + ")");
+  }
+}
+
+// Adds the function symbols of `image`'s MiniDebugInfo to `table`; returns how many (0 without a
+// .gnu_debugdata section). `why` is set when the section is there but could not be read.
+inline std::size_t add_minidebuginfo(const elf_image& image, const std::string& path, symbol_table& table,
+                                     std::string& why) {
+  why.clear();
+  const elf_section* section = image.find_section(".gnu_debugdata");
+  if (section == nullptr || section->type == SHT_NOBITS) return 0;
+  std::string bytes;
+  status st = xz_decompress(image.section_bytes(*section), bytes);
+  if (!st) {
+    why = st.message();
+    return 0;
+  }
+  elf_image inner;
+  byte_view view{reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()};
+  st = inner.parse(view, path + " (.gnu_debugdata)");
+  if (!st) {
+    why = st.message();
+    return 0;
+  }
+  const elf_section* symtab = inner.find_section_type(SHT_SYMTAB);
+  if (symtab == nullptr) {
+    why = "no .symtab in the decompressed file";
+    return 0;
+  }
+  return table.add_symbols(inner, *symtab);  // names are copied: `bytes` may go
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/minidebuginfo.hpp ----
+// ---- begin selfprof/symbols/proc_maps.hpp ----
+// Reading and parsing /proc/<pid>/maps lines (address range, permissions, offset, device, inode, path).
+// Context: collector thread or setup (never the signal handler).
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+
+namespace selfprof {
+namespace detail {
+
+struct maps_entry {
+  std::uint64_t start = 0;
+  std::uint64_t end = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t inode = 0;
+  std::uint32_t dev_major = 0;
+  std::uint32_t dev_minor = 0;
+  bool readable = false;
+  bool executable = false;
+  bool deleted = false;  // the path ended in " (deleted)" (removed file, or a memfd)
+  std::string path;      // without the " (deleted)" suffix; empty for anonymous memory
+
+  // A file with no path to open again: deleted, or a memfd ("/memfd:NAME").
+  bool hidden_file() const { return deleted || path.compare(0, 7, "/memfd:") == 0; }
+};
+
+// Parses one hexadecimal field ending at `stop` (or the end); advances `pos`. False when empty or bad.
+inline bool parse_hex_field(std::string_view line, std::size_t& pos, char stop, std::uint64_t& out) {
+  out = 0;
+  std::size_t begin = pos;
+  while (pos < line.size() && line[pos] != stop) {
+    char c = line[pos];
+    unsigned digit;
+    if (c >= '0' && c <= '9')
+      digit = static_cast<unsigned>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      digit = static_cast<unsigned>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      digit = static_cast<unsigned>(c - 'A' + 10);
+    else
+      return false;
+    if (pos - begin >= 16) return false;
+    out = (out << 4) | digit;
+    ++pos;
+  }
+  if (pos == begin) return false;
+  if (pos < line.size()) ++pos;  // the stop character
+  return true;
+}
+
+// Parses "start-end perms offset major:minor inode   path" (path optional, may hold spaces).
+inline bool parse_maps_line(std::string_view line, maps_entry& out) {
+  out = maps_entry();
+  std::size_t pos = 0;
+  if (!parse_hex_field(line, pos, '-', out.start) || !parse_hex_field(line, pos, ' ', out.end)) return false;
+  if (pos + 5 > line.size() || line[pos + 4] != ' ') return false;
+  out.readable = line[pos] == 'r';
+  out.executable = line[pos + 2] == 'x';
+  pos += 5;
+  std::uint64_t major = 0, minor = 0;
+  if (!parse_hex_field(line, pos, ' ', out.offset) || !parse_hex_field(line, pos, ':', major) ||
+      !parse_hex_field(line, pos, ' ', minor))
+    return false;
+  out.dev_major = static_cast<std::uint32_t>(major);
+  out.dev_minor = static_cast<std::uint32_t>(minor);
+  std::size_t begin = pos;
+  while (pos < line.size() && line[pos] >= '0' && line[pos] <= '9')
+    out.inode = out.inode * 10 + (line[pos++] - '0');
+  if (pos == begin || out.end < out.start) return false;
+  while (pos < line.size() && line[pos] == ' ') ++pos;
+  std::string_view path = line.substr(pos);
+  constexpr std::string_view deleted = " (deleted)";
+  if (path.size() > deleted.size() && path.substr(path.size() - deleted.size()) == deleted) {
+    out.deleted = true;
+    path.remove_suffix(deleted.size());
+  }
+  out.path = std::string(path);
+  return true;
+}
+
+// Calls fn(line) for each line of `text` (without its '\n'), the last one also when unterminated.
+template <class F>
+void for_each_line(std::string_view text, F&& fn) {
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos) eol = text.size();
+    fn(text.substr(pos, eol - pos));
+    pos = eol + 1;
+  }
+}
+
+// Calls fn(entry) for each executable mapping in maps text; lines that do not parse are skipped.
+template <class F>
+void for_each_executable_mapping(std::string_view text, F&& fn) {
+  for_each_line(text, [&](std::string_view line) {
+    maps_entry e;
+    if (parse_maps_line(line, e) && e.executable) fn(e);
+  });
+}
+
+// Reads a whole (proc) file into `out`; false on failure.
+inline bool read_text_file(const char* path, std::string& out) {
+  out.clear();
+  int fd = sys().open(path, O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return false;
+  char buffer[16384];
+  for (;;) {
+    ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      sys().close(fd);
+      return n == 0;
+    }
+    out.append(buffer, static_cast<std::size_t>(n));
+  }
+}
+
+}  // namespace detail
+}  // namespace selfprof
+// ---- end selfprof/symbols/proc_maps.hpp ----
 
 namespace selfprof {
 namespace detail {
@@ -5166,7 +5272,8 @@ class module_registry {
     return result;
   }
 
-  // Fills `out` from a parsed image: its .symtab (else the debug file's), .dynsym and PLT stubs.
+  // Fills `out` from a parsed image: its .symtab (else the debug file's, else its MiniDebugInfo's),
+  // .dynsym and PLT stubs.
   void load_elf(const elf_image& image, const std::string& path, bool no_debug_search, module_symbols& out) {
     out.elf_ok = true;
     out.segments = image.segments();
@@ -5187,6 +5294,11 @@ class module_registry {
           warn("selfprof: debug file not used: " + unchanged.message());
         }
       }
+      // No debug file: the MiniDebugInfo some distributions embed names the local functions.
+      std::string why;
+      if (out.debug_path.empty() && add_minidebuginfo(image, path, out.table, why) == 0 && !why.empty())
+        warn("selfprof: MiniDebugInfo (.gnu_debugdata) of " + path + " not read: " + why +
+             "; its local functions are named [module+0xoffset]");
     }
     if (const elf_section* dynsym = image.find_section_type(SHT_DYNSYM))
       out.table.add_symbols(image, *dynsym);

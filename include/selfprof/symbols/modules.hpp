@@ -34,6 +34,7 @@
 #include "selfprof/symbols/debug_file.hpp"
 #include "selfprof/symbols/elf.hpp"
 #include "selfprof/symbols/mapped_file.hpp"
+#include "selfprof/symbols/minidebuginfo.hpp"
 #include "selfprof/symbols/proc_maps.hpp"
 #include "selfprof/symbols/symbol_table.hpp"
 
@@ -446,7 +447,8 @@ class module_registry {
     return result;
   }
 
-  // Fills `out` from a parsed image: its .symtab (else the debug file's), .dynsym and PLT stubs.
+  // Fills `out` from a parsed image: its .symtab (else the debug file's, else its MiniDebugInfo's),
+  // .dynsym and PLT stubs.
   void load_elf(const elf_image& image, const std::string& path, bool no_debug_search, module_symbols& out) {
     out.elf_ok = true;
     out.segments = image.segments();
@@ -467,6 +469,11 @@ class module_registry {
           warn("selfprof: debug file not used: " + unchanged.message());
         }
       }
+      // No debug file: the MiniDebugInfo some distributions embed names the local functions.
+      std::string why;
+      if (out.debug_path.empty() && add_minidebuginfo(image, path, out.table, why) == 0 && !why.empty())
+        warn("selfprof: MiniDebugInfo (.gnu_debugdata) of " + path + " not read: " + why +
+             "; its local functions are named [module+0xoffset]");
     }
     if (const elf_section* dynsym = image.find_section_type(SHT_DYNSYM))
       out.table.add_symbols(image, *dynsym);
