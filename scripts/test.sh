@@ -15,6 +15,10 @@
 #                 (tests labelled slow run in the gcc stage only)
 #   meson         meson setup -Dcompiled=true, everything built; unit + smoke tests (the tool is left to
 #                 the CMake stages)
+#   realworld     unmodified programs from Debian (python3, node, sqlite3, xz, perl, g++, a pipeline, zstd)
+#                 under the gcc build's `selfprof record` and, as root, perf record --call-graph dwarf in
+#                 the same run: names, top functions, complete stacks and output compared
+#                 (tests/realworld/realworld.py)
 #   unprivileged  the gcc build's integration and torture tests as a throwaway system user (setpriv)
 #   fuzz          libFuzzer targets (ELF reader, perf-script and folded parsers, HTTP requests), 10 s each (SELFPROF_FUZZ_SECONDS)
 # Environment: SELFPROF_SKIP_APT=1 skips apt-get; SELFPROF_JOBS (default 2) parallel jobs;
@@ -26,10 +30,11 @@ build_root=$root_dir/build  # the presets' binaryDir is build/<preset>
 jobs=${SELFPROF_JOBS:-2}
 # Not in the default list (each is covered by one above; run them by name): single (g++ against
 # single_include/, the smoke tests) and no_perf (the gcc build's tests with SELFPROF_TEST_NO_PERF=1).
-stages=${SELFPROF_TEST_STAGES:-gcc clang asan tsan meson unprivileged fuzz}
+stages=${SELFPROF_TEST_STAGES:-gcc realworld clang asan tsan meson unprivileged fuzz}
 test_user=${SELFPROF_TEST_USER:-selfprof-test}
 packages=(g++ clang clang-format cmake ninja-build meson pkg-config doctest-dev python3 libdw-dev
-  zlib1g-dev linux-perf util-linux passwd binutils git golang-go chromium libclang-rt-14-dev)
+  zlib1g-dev linux-perf util-linux passwd binutils git golang-go chromium libclang-rt-14-dev
+  sqlite3 xz-utils zstd nodejs perl)
 
 passed=0
 failed=0
@@ -203,6 +208,21 @@ stage_fuzz() {
     fi
   done
   count "$ok" "$bad" "fuzz"
+}
+stage_realworld() {
+  local rc=0
+  note "realworld: unmodified programs under selfprof record and perf record --call-graph dwarf"
+  if [ ! -x "$build_root/gcc/selfprof" ]; then
+    echo "test.sh: no $build_root/gcc/selfprof (stage gcc not run?)"
+    count 0 1 "realworld: no selfprof binary"
+    return
+  fi
+  python3 "$root_dir/tests/realworld/realworld.py" "$build_root/gcc/selfprof" --markdown || rc=$?
+  case $rc in
+    0) count 1 0 "realworld" ;;
+    77) echo "test.sh: realworld skipped" ;;
+    *) count 0 1 "realworld" ;;
+  esac
 }
 stage_no_perf() { run_ctest no_perf; }
 
