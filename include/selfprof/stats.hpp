@@ -57,6 +57,10 @@ struct stats {
   // rows published, and the wall time spent parsing them.
   std::size_t unwind_modules_parsed = 0, unwind_modules_pending = 0, unwind_rows = 0;
   double unwind_parse_ms = 0;
+  // CPU time since start() (until stop()): the whole process's, and selfprof's own threads' (collector,
+  // dumper, server, wall sampler, JIT flusher; never sampled). In cpu mode, samples / ((process_cpu_ns -
+  // own_cpu_ns) * hz / 1e9) is the share of the requested samples that were taken.
+  std::uint64_t process_cpu_ns = 0, own_cpu_ns = 0;
   std::uint64_t samples = 0;  // sample weight folded into the table
   std::uint64_t records = 0;  // records written by the handler, or read from the kernel's rings
   std::uint64_t dropped_full = 0, dropped_inactive = 0, foreign_signals = 0, truncated = 0;

@@ -80,7 +80,7 @@ TEST_CASE("one thread: the known split and full-depth stacks at 250 Hz") {
   REQUIRE(selfprof::stop());
   selfprof::profile p = selfprof::snapshot();
   selfprof::stats st = selfprof::get_stats();
-  MESSAGE("source " << selfprof::source_name(st.source) << ": " << st.source_reason);
+  MESSAGE("source " << std::string(selfprof::source_name(st.source)) << ": " << st.source_reason);
   check_split(p, t, 5.0);
   check_deep_stacks(p);
   // ~250 samples per CPU-second (±15%: tick jitter, and the clock reads in the workload).
@@ -89,6 +89,19 @@ TEST_CASE("one thread: the known split and full-depth stacks at 250 Hz") {
   CHECK(rate > 250 * 0.85);
   CHECK(rate < 250 * 1.15);
   CHECK(st.dropped_full == 0);
+  // The stats' CPU times: the session's covers the workload's; selfprof's own threads used some, not
+  // most; and the samples are what the application's CPU time (without selfprof's) asked for.
+  MESSAGE("process " << st.process_cpu_ns / 1e6 << " ms of CPU, selfprof's threads " << st.own_cpu_ns / 1e6
+                     << " ms");
+  CHECK(st.process_cpu_ns >= static_cast<std::uint64_t>(cpu));
+  CHECK(st.own_cpu_ns > 0);
+  CHECK(st.own_cpu_ns < st.process_cpu_ns / 4);
+  double asked = double(st.process_cpu_ns - st.own_cpu_ns) / 1e9 * 250;
+  CHECK(double(st.samples) > asked * 0.85);
+  CHECK(double(st.samples) < asked * 1.15);
+  selfprof::stats later = selfprof::get_stats();  // frozen at stop()
+  CHECK(later.process_cpu_ns == st.process_cpu_ns);
+  CHECK(later.own_cpu_ns == st.own_cpu_ns);
 }
 
 TEST_CASE("four threads: the split holds on every thread, samples follow each thread's CPU time") {

@@ -76,6 +76,8 @@ class profiler_core {
     starting_threads_ = false;
     try {
       const std::uint64_t cpu0 = this_thread_cpu_ns(), wall0 = monotonic_ns();
+      process_cpu0_ = process_cpu_ns();
+      own_cpu0_ = workers_cpu_ns();
       status st = start_locked(opts);
       start_cpu_ms_ = static_cast<double>(this_thread_cpu_ns() - cpu0) / 1e6;
       start_wall_ms_ = static_cast<double>(monotonic_ns() - wall0) / 1e6;
@@ -251,6 +253,8 @@ class profiler_core {
     s.collector_wakes = collector_.wakes();
     s.start_cpu_ms = start_cpu_ms_;
     s.start_wall_ms = start_wall_ms_;
+    s.process_cpu_ns = (running_ ? process_cpu_ns() : process_cpu_end_) - process_cpu0_;
+    s.own_cpu_ns = (running_ ? workers_cpu_ns() : own_cpu_end_) - own_cpu0_;
     if (unwind_ == unwind_mode::dwarf) {
       const unwind_tables_info u = get_unwind_tables_info();
       s.unwind_modules_parsed = u.parsed;
@@ -552,6 +556,8 @@ class profiler_core {
     store_.drain(ring_);
     g_handler.ring.store(nullptr, std::memory_order_release);
     snapshots_.end();
+    process_cpu_end_ = process_cpu_ns();
+    own_cpu_end_ = workers_cpu_ns();
     running_ = false;
     return status::ok();
   }
@@ -618,6 +624,8 @@ class profiler_core {
   status unwind_error_;
   unwind_mode unwind_ = unwind_mode::fp;
   double start_cpu_ms_ = 0, start_wall_ms_ = 0;  // what the last start() cost its caller
+  // The process's and selfprof's threads' CPU clocks at the last start() and stop() (stats).
+  std::uint64_t process_cpu0_ = 0, own_cpu0_ = 0, process_cpu_end_ = 0, own_cpu_end_ = 0;
   options opts_;
   std::vector<std::string> notes_;  // remarks made while starting, given to the session once it runs
   installed_signal signal_;

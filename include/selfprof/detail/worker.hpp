@@ -25,6 +25,8 @@
 #include <vector>
 
 #include "selfprof/detail/high_fd.hpp"
+#include "selfprof/detail/process.hpp"
+#include "selfprof/signal/clock.hpp"
 #include "selfprof/signal/raw_syscall.hpp"
 #include "selfprof/status.hpp"
 
@@ -61,6 +63,9 @@ inline void forget_worker_tid(pid_t tid) {
     if (slot.compare_exchange_strong(was, 0, std::memory_order_release)) return;
   }
 }
+// CPU time of the workers that have returned from their body, added as each one ends (see workers_cpu_ns).
+inline std::atomic<std::uint64_t> g_ended_workers_cpu_ns{0};
+
 // Every running worker's tid: selfprof's own threads (collector, dumper, JIT flusher, wall sampler, the
 // server's), whenever each started. They are never armed, and their samples are dropped.
 inline std::vector<pid_t> running_worker_tids() {
@@ -68,6 +73,20 @@ inline std::vector<pid_t> running_worker_tids() {
   for (auto& slot : g_worker_tids)
     if (const pid_t t = slot.load(std::memory_order_acquire)) out.push_back(t);
   return out;
+}
+
+// CPU time selfprof's own threads have used since the process started: the ended workers', and each
+// running worker's thread clock. A worker that returns between the two reads may be counted twice for the
+// moment until stop() forgets its tid: a statistic, never a decision.
+inline std::uint64_t workers_cpu_ns() {
+  std::uint64_t total = g_ended_workers_cpu_ns.load(std::memory_order_relaxed);
+  for (auto& slot : g_worker_tids) {
+    const pid_t tid = slot.load(std::memory_order_acquire);
+    struct timespec ts;
+    if (tid != 0 && ::clock_gettime(thread_cpu_clock(tid), &ts) == 0)
+      total += static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
+  }
+  return total;
 }
 
 class worker {
@@ -201,6 +220,7 @@ class worker {
     }
     w.started_.notify_all();
     w.body_(w.context_);
+    g_ended_workers_cpu_ns.fetch_add(this_thread_cpu_ns(), std::memory_order_relaxed);
     return nullptr;
   }
 

@@ -24,5 +24,12 @@ inline std::uint64_t this_thread_cpu_ns() {
   return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
+// CPU time of the whole process, every thread, in nanoseconds (0 when the clock cannot be read).
+inline std::uint64_t process_cpu_ns() {
+  struct timespec ts;
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0;
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
 }  // namespace detail
 }  // namespace selfprof
