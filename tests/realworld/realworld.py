@@ -27,6 +27,7 @@ Usage: realworld.py SELFPROF_BINARY [--only NAME,...] [--keep DIR] [--hz N] [--m
 Exit status: 0 all passed, 1 a check failed, 77 nothing could run.
 """
 import argparse
+import glob
 import os
 import re
 import shutil
@@ -305,6 +306,9 @@ def main():
     os.makedirs(work, exist_ok=True)
     make_inputs(work)
     only = set(x for x in args.only.split(",") if x)
+    # node --perf-basic-prof writes /tmp/perf-PID.map for both profilers to read; the ones made by this
+    # run are removed at the end.
+    maps_before = set(glob.glob("/tmp/perf-*.map"))
     rows, fails, ran = [], [], 0
     for name, argv, follow, needs in corpus(work):
         if only and name not in only:
@@ -354,6 +358,11 @@ def main():
         print_table(rows, args.hz)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
+        for path in set(glob.glob("/tmp/perf-*.map")) - maps_before:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
     if ran == 0:
         print("SKIP: none of the corpus programs is installed")
         return 77
