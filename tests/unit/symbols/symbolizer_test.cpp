@@ -141,23 +141,6 @@ TEST_CASE("symbolizer: [module+0xoffset] past a function's end, [unknown] outsid
   CHECK(nowhere.address == 0x10);
 }
 
-TEST_CASE("symbolizer: aliases at one address are named as perf names them") {
-  std::string lib = selfprof_test::fixture_library();
-  REQUIRE(!lib.empty());
-  selfprof_test::library handle(lib);
-  REQUIRE(handle);
-  selfprof::symbolizer sym(symbols_test::options_with_roots({}));
-  sym.refresh();
-  std::uint64_t copy = addr(handle.symbol("selfprof_fixture_copy_alias"));
-  std::uint64_t weak = addr(handle.symbol("selfprof_fixture_weak_alias"));
-  REQUIRE(copy != 0);
-  REQUIRE(weak != 0);
-  CHECK(addr(handle.symbol("selfprof_fixture_move_alias_longer")) == copy);
-  // Two globals: the longer name. A weak and a local symbol: the local one.
-  CHECK(sym.resolve_one(copy + 3).name == "selfprof_fixture_move_alias_longer");
-  CHECK(sym.resolve_one(weak + 3).name == "fixture_local_alias");
-}
-
 TEST_CASE("symbolizer: kernel-provided mappings: vdso functions named, [vsyscall+0x...] fallback") {
   selfprof::symbolizer sym(symbols_test::options_with_roots({}));
   sym.refresh();
