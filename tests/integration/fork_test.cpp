@@ -53,6 +53,7 @@ TEST_CASE("fork while four threads are sampled: the child is stopped, clean, and
     std::int64_t c0 = wl::thread_cpu_ns();
     while (wl::thread_cpu_ns() - c0 < 200000000LL) wl::spin_units(5);
     if (selfprof::get_stats().samples != 0) _exit(3);
+    if (selfprof::get_stats().process_cpu_ns != 0 || selfprof::get_stats().own_cpu_ns != 0) _exit(8);
     selfprof::options again;
     again.hz = 250;
     if (!selfprof::start(again)) _exit(4);

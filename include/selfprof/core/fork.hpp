@@ -39,6 +39,8 @@ inline void profiler_core::fork_child() {
     g_handler.ring.store(nullptr, std::memory_order_release);
     running_ = false;
   }
+  // The child's CPU clocks start at zero and the parent's session is not its own: no CPU times.
+  process_cpu0_ = own_cpu0_ = process_cpu_end_ = own_cpu_end_ = 0;
   registry_.abandon_after_fork();
   store_.abandon_after_fork();
   session_.abandon_after_fork();

@@ -253,8 +253,10 @@ class profiler_core {
     s.collector_wakes = collector_.wakes();
     s.start_cpu_ms = start_cpu_ms_;
     s.start_wall_ms = start_wall_ms_;
-    s.process_cpu_ns = (running_ ? process_cpu_ns() : process_cpu_end_) - process_cpu0_;
-    s.own_cpu_ns = (running_ ? workers_cpu_ns() : own_cpu_end_) - own_cpu0_;
+    const std::uint64_t process_now = running_ ? process_cpu_ns() : process_cpu_end_;
+    const std::uint64_t own_now = running_ ? workers_cpu_ns() : own_cpu_end_;
+    s.process_cpu_ns = process_now > process_cpu0_ ? process_now - process_cpu0_ : 0;
+    s.own_cpu_ns = own_now > own_cpu0_ ? own_now - own_cpu0_ : 0;
     if (unwind_ == unwind_mode::dwarf) {
       const unwind_tables_info u = get_unwind_tables_info();
       s.unwind_modules_parsed = u.parsed;
