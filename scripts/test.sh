@@ -115,7 +115,7 @@ stage_meson() {
     rm -rf "$dir"
     meson setup "$dir" "$root_dir" --buildtype=debugoptimized -Dtools=false -Dcompiled=true
   fi || { count 0 1 "meson setup"; return; }
-  meson compile -C "$dir" -j "$jobs" selfprof_integration_tests integration_handler_safety ||
+  meson compile -C "$dir" -j "$jobs" selfprof_smoke_tests integration_handler_safety ||
     count 0 1 "meson compile"
   log=$(mktemp)
   # The meson build is proven by building the library and the smoke tests and running them; the other
