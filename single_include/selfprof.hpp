@@ -9619,7 +9619,11 @@ SELFPROF_DETAIL_ALWAYS_INLINE bool apply_row(Memory& mem, const unwind_row& row,
   }
   const std::uintptr_t ra_at = cfa + static_cast<std::uintptr_t>(kReturnAddressAtCfa);
   std::uint64_t ra = 0, next_fp = s.fp;
-  if (row.fp_off == 0) {
+  // A leaf in its epilogue: rbp was popped back already, but GCC's CFI keeps saying where it was saved
+  // (it emits no DW_CFA_restore), so the slot lies below sp. rbp holds the caller's value again.
+  const bool popped = row.fp_off != 0 && s.leaf &&
+                      cfa + static_cast<std::uintptr_t>(static_cast<std::intptr_t>(row.fp_off)) < s.sp;
+  if (row.fp_off == 0 || popped) {
     if (!mem.read(ra_at, ra)) {
       r.end = mem.past_end(ra_at) ? walk_end::ran_off_copy : walk_end::bad_frame;
       return false;

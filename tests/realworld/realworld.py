@@ -38,11 +38,6 @@ import subprocess
 import sys
 import tempfile
 
-# Gaps known and open, each checked against a floor of its own instead of perf's share, so the stage
-# still catches a regression. perl: about 3% of its stacks stop at the leaf or run into [unknown] frames
-# (selfprof 96-97% in every run); perf --call-graph dwarf reached 88-100% of them depending on the run,
-# so in a run where perf unwinds them all the comparison fails on a real but small gap.
-KNOWN_ENTRY_FLOOR = {"perl": 95.0}
 TOP_FLOOR = 0.5  # percent of samples
 RANK_SLACK = 0.5  # points
 ENTRY = {"_start", "main", "clone", "clone3", "start_thread", "__libc_start_main",
@@ -442,11 +437,7 @@ def check_against_perf(sp_stacks, pf_stacks, hz, row, name):
             problems.append("self of %s differs by %.2f points > %.2f (2 points + noise): selfprof %.2f%%, "
                             "perf %.2f%%" % (fn, abs(a - b), allowed, a, b))
     allowed = 1.0 + noise(sp["entry"], n_sp, pf["entry"], n_pf)
-    if name in KNOWN_ENTRY_FLOOR:
-        if sp["entry"] < KNOWN_ENTRY_FLOOR[name]:
-            problems.append("stacks reaching the entry %.1f%% < %.1f%% (the known gap's floor)" % (
-                sp["entry"], KNOWN_ENTRY_FLOOR[name]))
-    elif sp["entry"] < pf["entry"] - allowed:
+    if sp["entry"] < pf["entry"] - allowed:
         problems.append("stacks reaching the entry %.1f%% < perf's %.1f%% - %.1f (1 point + noise)" % (
             sp["entry"], pf["entry"], allowed))
     return problems

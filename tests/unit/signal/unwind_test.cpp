@@ -176,6 +176,32 @@ TEST_CASE("frame pointers only is the one walker with no rows, whatever says the
   CHECK(regs.fp == s.at(40));
 }
 
+TEST_CASE("a leaf in its epilogue: rbp's save slot below sp means rbp holds the caller's value again") {
+  // Rows over [kCode, kCode + 0x1000): 0x000 an epilogue that popped rbp (CFA = rsp+16, and the CFI
+  // still says rbp was saved at CFA-32, now below sp), 0x100 rbp-based, 0x200 outermost, 0x300 a
+  // frameless leaf.
+  const unwind_row rows[] = {
+      {0x000, 16, -32, row_cfa_rsp, 0}, {0x100, 16, -16, row_cfa_rbp, 0}, {0x200, 0, 0, row_outermost, 0},
+      {0x300, 8, 0, row_cfa_rsp, 0},    {0x400, 0, 0, row_no_info, 0},    {0x1000, 0, 0, row_no_info, 0},
+  };
+  const unwind_module module{kCode, kCode + 0x1000, rows, sizeof rows / sizeof rows[0], nullptr, 0};
+  const unwind_table_set set{&module, 1};
+  fp_fake_stack s;
+  s.words[1] = kCode + 0x101;      // the leaf's return address (CFA = sp+16), into the rbp-based caller
+  s.record(10, 0, kCode + 0x201);  // the caller's record at rbp, returning into the outermost function
+  std::uint64_t out[16];
+  unwind_result r = unwind_live(&set, kCode + 0x10, s.at(0), s.at(10), 0, out, 16);
+  REQUIRE(r.depth == 3);
+  CHECK(out[1] == kCode + 0x101);
+  CHECK(out[2] == kCode + 0x201);
+  CHECK(r.end == walk_end::outermost);
+  // Past the leaf a frame stands at a call, never in an epilogue: a slot below sp there is a bad frame.
+  s.words[0] = kCode + 0x11;  // a frameless leaf returns into the epilogue rows
+  r = unwind_live(&set, kCode + 0x310, s.at(0), s.at(10), 0, out, 16);
+  CHECK(r.depth == 2);
+  CHECK(r.end == walk_end::bad_frame);
+}
+
 namespace {
 // A copied stack at a made-up address: the walker reads only the copy, never that address.
 const std::uintptr_t kCopyBase = 0x7f0000100000;
