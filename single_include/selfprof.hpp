@@ -718,11 +718,10 @@ inline void* default_mmap(void* addr, std::size_t len, int prot, int flags, int 
   return ::mmap(addr, len, prot, flags, fd, off);
 }
 inline int default_munmap(void* addr, std::size_t len) { return ::munmap(addr, len); }
-// process_vm_readv on our own pid, a page per remote element: a fault ends the copy at a page boundary
+// process_vm_readv of process `pid`, a page per remote element: a fault ends the copy at a page boundary
 // (the kernel does not split an element), where a plain read would raise SIGBUS.
-inline long default_read_own_memory(void* out, std::uintptr_t address, std::size_t size) {
+inline long read_process_memory(pid_t pid, void* out, std::uintptr_t address, std::size_t size) {
   constexpr std::size_t kPage = 4096, kElements = 256;
-  const pid_t self = ::getpid();
   std::size_t done = 0;
   while (done < size) {
     struct iovec local {
@@ -738,13 +737,16 @@ inline long default_read_own_memory(void* out, std::uintptr_t address, std::size
       at = end;
       ++n;
     }
-    const ssize_t got = ::process_vm_readv(self, &local, 1, remote, n, 0);
+    const ssize_t got = ::process_vm_readv(pid, &local, 1, remote, n, 0);
     if (got < 0 && errno == EFAULT) break;  // the first page asked for is not there
     if (got < 0) return done > 0 ? static_cast<long>(done) : -1;
     done += static_cast<std::size_t>(got);
     if (static_cast<std::size_t>(got) < local.iov_len) break;
   }
   return static_cast<long>(done);
+}
+inline long default_read_own_memory(void* out, std::uintptr_t address, std::size_t size) {
+  return read_process_memory(::getpid(), out, address, size);
 }
 
 inline syscall_table default_syscalls() {
@@ -18381,8 +18383,9 @@ class itimer_source final : public tick_source {
 //
 // A sample: TID, TIME (CLOCK_MONOTONIC), IP, CALLCHAIN (the kernel's frame-pointer chain), REGS_USER (bp,
 // sp, ip) and STACK_USER (a copy of kStackCopyBytes above the user sp). The copy is unwound with the CFI
-// rows the signal handler uses (signal/unwind.hpp); where the walk runs off the copy, the kernel's chain
-// continues it from the frame where both agree, so deep frame-pointer stacks keep their full depth.
+// rows the signal handler uses (signal/unwind.hpp); where the walk runs off the copy, it goes on over the
+// thread's live stack while that still holds the sampled frames (live_stack_reader), else the kernel's
+// chain continues it from the frame where both agree, so deep frame-pointer stacks keep their full depth.
 // Where kernel sampling is permitted, the chain's kernel part comes first in the stored stack (kernel
 // addresses, named from /proc/kallsyms when a profile is written: symbols/kernel_symbols.hpp).
 
@@ -18445,6 +18448,7 @@ struct ring_counts {
   std::uint64_t samples = 0, foreign = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, full = 0;
   std::uint64_t replaced = 0;  // a CPU ring's samples of a thread that has its own ring since then
   std::uint64_t stored = 0, truncated = 0;  // written into the sample ring; of them, cut by the depth limit
+  std::uint64_t continued = 0;              // samples whose walk went on past the copy, on the live stack
 };
 
 // Copies `len` bytes at ring position `at` out of a ring's data area of `size` bytes (a power of two),
@@ -18535,15 +18539,92 @@ inline bool parse_ring_sample(ring_cursor c, bool keep_kernel, ring_sample& s,
   return true;
 }
 
+// The sampled thread's stack as it is now, where a walk ran off its copy: a frame larger than the copy
+// (a `main` with 6 KiB of locals and a few library frames under it) would otherwise end every stack
+// there in code without frame pointers. `read` copies up to `len` bytes of the sampled process at `addr`
+// into `out` and returns how many it copied (fewer where the memory ends; 0 when it cannot read: the
+// thread or process is gone, or reading is not permitted). The stack has moved on since the sample, so
+// the walk goes on only while the thread shows it is still inside the frame where the copy ended: the
+// bytes the copy and the live stack share (at least kLiveVerifyBytes) agree, and the first return
+// address read past the copy follows a direct call to that frame's function. A thread that returned
+// from it and called something else, or a `main` that returned into `exit`, fails the second test even
+// where its dead frame's bytes were left as they were. The frames above a live frame are older and
+// live too. (A direct call into another function placed below that one within kMaxCallSpan passes as
+// well: rare, and then mostly a newer call from the same caller.) Reads reach at most kLiveMaxBytes past
+// the copy.
+struct live_stack_reader {
+  std::size_t (*read)(void* ctx, std::uintptr_t addr, void* out, std::size_t len) = nullptr;
+  void* ctx = nullptr;
+  std::vector<unsigned char> buffer;  // reused between samples (the collector's or recorder's thread)
+  std::uint64_t continued = 0;        // walks that went on past their copy
+};
+constexpr std::size_t kLiveVerifyBytes = 64, kLiveFirstBytes = 4096, kLiveMaxBytes = 131072;
+// A direct call's target lies at most this far below the pc of the function it called.
+constexpr std::uintptr_t kMaxCallSpan = 1024 * 1024;
+
+// Does return address `ra` follow a direct call (x86-64 `call rel32`) into the function holding `callee`?
+inline bool called_directly(live_stack_reader& live, std::uintptr_t ra, std::uintptr_t callee) {
+  unsigned char call[5];
+  if (ra < kMinCodeAddress || live.read(live.ctx, ra - 5, call, 5) != 5 || call[0] != 0xe8) return false;
+  std::int32_t rel;
+  std::memcpy(&rel, call + 1, 4);
+  const std::uintptr_t target = ra + static_cast<std::uintptr_t>(static_cast<std::intptr_t>(rel));
+  return target <= callee && callee - target < kMaxCallSpan;
+}
+
+// Goes on with a walk that ran off `copy` (at `s`), on the live stack `live` reads: the first read reaches
+// kLiveFirstBytes past the copy, each next one twice as far, from the frame where the walk stopped. Returns
+// the walk's result, `r` itself when it could not go on.
+template <class Memory, class Rows>
+inline unwind_result continue_live(const Memory& copy, const Rows& rows, walk_regs& s, unwind_result r,
+                                   std::uint64_t* out, std::size_t max_depth, live_stack_reader& live) {
+  const std::uintptr_t copy_end = copy.base + copy.size;
+  if (copy.size < kLiveVerifyBytes || s.sp < copy.base || s.sp > copy_end) return r;
+  // The first read starts at the stopped frame's sp, or at the copy's last kLiveVerifyBytes when sp is
+  // closer to its end: what it shares with the copy must not have changed.
+  std::uintptr_t lo = std::min<std::uintptr_t>(s.sp, copy_end - kLiveVerifyBytes) & ~std::uintptr_t(7);
+  const walk_regs stopped_at = s;  // where the copy ended: the walk ends there if the thread left it
+  const unwind_result stopped = r;
+  bool checked = false;
+  for (std::size_t reach = kLiveFirstBytes;; reach *= 2) {
+    const std::uintptr_t end = copy_end + reach;
+    const std::size_t len = end - lo;
+    live.buffer.resize(len);
+    const std::size_t got = live.read(live.ctx, lo, live.buffer.data(), len);
+    const bool first = reach == kLiveFirstBytes;
+    if (first && (got < (copy_end - lo) + 8 ||
+                  std::memcmp(live.buffer.data(), copy.data + (lo - copy.base), copy_end - lo) != 0))
+      return r;
+    Memory mem;
+    mem.base = lo;
+    mem.data = live.buffer.data();
+    mem.size = got;
+    r = walk_frames(mem, rows, s, r, out, max_depth);
+    if (!checked && r.depth > stopped.depth) {  // the first frame read past the copy
+      if (!called_directly(live, static_cast<std::uintptr_t>(out[stopped.depth]), stopped_at.pc)) {
+        s = stopped_at;
+        return stopped;
+      }
+      checked = true;
+      ++live.continued;
+    }
+    // Done where the stack ended, the walk did, or the budget is spent.
+    if (r.end != walk_end::ran_off_copy || got < len || reach >= kLiveMaxBytes) return r;
+    lo = s.sp & ~std::uintptr_t(7);
+  }
+}
+
 // Unwinds one sample into out[0..): the copy walked with `set`'s rows (frame pointers where none, or
-// with no set), continued with the kernel's user chain `chain[0..n)` where the walk left the copy.
-// Returns the depth; `truncated` when frames were left out for lack of room. `Memory` is the copy's
-// policy: sampled_stack for this process's own threads (the leaf's code bytes may be read).
+// with no set), on the live stack where the walk left the copy and `live` (may be null) may read it,
+// else continued with the kernel's user chain `chain[0..n)`. Returns the depth; `truncated` when frames
+// were left out for lack of room. `Memory` is the copy's policy: sampled_stack for this process's own
+// threads (the leaf's code bytes may be read).
 template <class Memory = sampled_stack>
 inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, std::uint64_t sp,
                                  std::uint64_t bp, const unsigned char* stack, std::size_t stack_size,
                                  const std::uint64_t* chain, std::size_t n, std::uint64_t* out,
-                                 std::size_t max_depth, bool& truncated, bool& spliced) {
+                                 std::size_t max_depth, bool& truncated, bool& spliced,
+                                 live_stack_reader* live = nullptr) {
   truncated = spliced = false;
   if (max_depth == 0) return 0;
   unwind_result r;
@@ -18554,9 +18635,15 @@ inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, 
   mem.size = stack_size;
   walk_regs s{static_cast<std::uintptr_t>(ip), static_cast<std::uintptr_t>(sp),
               static_cast<std::uintptr_t>(bp), true, true};
-  if (stack_size > 0)
-    r = set ? walk_frames(mem, cfi_rows{set}, s, r, out, max_depth)
-            : walk_frames(mem, frame_pointer_rows{}, s, r, out, max_depth);
+  if (stack_size > 0) {
+    if (set) {
+      r = walk_frames(mem, cfi_rows{set}, s, r, out, max_depth);
+      if (r.end == walk_end::ran_off_copy && live != nullptr && live->read != nullptr)
+        r = continue_live(mem, cfi_rows{set}, s, r, out, max_depth, *live);
+    } else {
+      r = walk_frames(mem, frame_pointer_rows{}, s, r, out, max_depth);
+    }
+  }
   truncated = r.truncated;
   if (r.end == walk_end::outermost || r.end == walk_end::zero_return || r.end == walk_end::depth_limit)
     return r.depth;
@@ -18970,8 +19057,9 @@ class perf_ring_source final : public tick_source {
       return unwind_sample(g_unwind_tables.load(std::memory_order_acquire), smp.uip, smp.sp, smp.bp,
                            smp.stack, static_cast<std::size_t>(smp.dyn), user_chain_.data(),
                            user_chain_.size(), slot->pcs() + kernel, out.max_depth() - kernel, truncated,
-                           spliced);
+                           spliced, &live_);
     };
+    const std::uint64_t continued = live_.continued;
     std::size_t user = walk();
     // The walk goes on by frame pointers where a pc has no rows: when a walked pc lies in a module whose
     // rows were not parsed yet, they are parsed now and the sample walked again, so a module's first
@@ -18985,6 +19073,7 @@ class perf_ring_source final : public tick_source {
     const std::size_t depth = kernel + user;
     truncated = truncated || kernel < kernel_chain_.size();
     if (spliced) ++counts_.spliced;
+    if (live_.continued != continued) ++counts_.continued;
     slot->header.tid = static_cast<std::uint32_t>(tid);
     slot->header.depth = static_cast<std::uint16_t>(depth);
     slot->header.flags = truncated ? sample_truncated : 0;
@@ -19024,6 +19113,15 @@ class perf_ring_source final : public tick_source {
   row_requests* rows_ = nullptr;  // during collect() only
   std::vector<unsigned char> record_;
   std::vector<std::uint64_t> user_chain_, kernel_chain_;
+  // This process's stacks as they are now, where a walk runs off its copy (read through the seam, which
+  // never faults: the thread may have exited and unmapped its stack).
+  live_stack_reader live_{[](void*, std::uintptr_t addr, void* out, std::size_t len) -> std::size_t {
+                            const long got = sys().read_own_memory(out, addr, len);
+                            return got > 0 ? static_cast<std::size_t>(got) : 0;
+                          },
+                          nullptr,
+                          {},
+                          0};
   ring_counts counts_;
 };
 

@@ -9,7 +9,9 @@
 // the same ring), `enable_on_exec`, with records of exec (COMM), fork (FORK) and executable mappings
 // (MMAP2). A sample holds TID, TIME (CLOCK_MONOTONIC), the kernel's frame-pointer chain, the user bp/sp/ip
 // and 8 KiB of user stack, unwound here with the CFI rows of the files the process mapped
-// (file_unwind.hpp) and continued with the kernel's chain where the copy ends, as the in-process ring does.
+// (file_unwind.hpp) and, where the copy ends, continued on the process's live stack (read with
+// process_vm_readv while it still holds the sampled frames) or with the kernel's chain, as the in-process
+// ring does.
 // A file's rows are parsed when a sample first reaches its code (the sample is then unwound again), so
 // what is never sampled is never parsed.
 //
@@ -72,8 +74,9 @@ struct perf_record_options {
 // What the recording met, for the profile's notes.
 struct perf_record_counts {
   std::uint64_t samples = 0, stored = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, truncated = 0;
-  std::uint64_t no_room = 0;  // stacks a full table could not take
-  std::uint64_t unknown = 0;  // samples of a process whose start was never seen (maps read late)
+  std::uint64_t continued = 0;  // samples whose walk went on past the copy, on the live stack
+  std::uint64_t no_room = 0;    // stacks a full table could not take
+  std::uint64_t unknown = 0;    // samples of a process whose start was never seen (maps read late)
   std::uint64_t records = 0, images = 0, forks = 0, execs = 0, mappings = 0;
 };
 
@@ -560,6 +563,8 @@ class perf_recorder {
     }
     const auto pid = static_cast<pid_t>(smp.pid());
     const std::uint32_t tid = smp.tid();
+    live_pid_ = pid;
+    const std::uint64_t continued = live_.continued;
     const std::uint64_t time = smp.time;
     ++counts_.samples;
     image& im = image_of(pid);
@@ -576,7 +581,7 @@ class perf_recorder {
         user = selfprof::detail::unwind_sample<foreign_stack>(
             im.set.count ? &im.set : nullptr, smp.uip, smp.sp, smp.bp, smp.stack,
             static_cast<std::size_t>(smp.dyn), user_chain_.data(), user_chain_.size(), pcs_.data() + kernel,
-            opts_.max_depth - kernel, cut, spliced);
+            opts_.max_depth - kernel, cut, spliced, &live_);
       while (!im.unparsed.empty() && parse_reached(im, pcs_.data() + kernel, user));
       depth += user;
     }
@@ -585,6 +590,7 @@ class perf_recorder {
       if (maybe_jit(im, pcs_[k])) tag_jit(im, pcs_[k], time);
     truncated = truncated || cut;
     if (spliced) ++counts_.spliced;
+    if (live_.continued != continued) ++counts_.continued;
     if (truncated) ++counts_.truncated;
     if (im.table.add(tid, truncated ? selfprof::detail::sample_truncated : 0, pcs_.data(), depth, 1))
       ++counts_.stored;
@@ -645,6 +651,17 @@ class perf_recorder {
   file_unwind_cache unwind_;
   std::vector<std::uint64_t> user_chain_, kernel_chain_, pcs_;
   perf_record_counts counts_;
+  // The sampled process's stack as it is now, where a walk ran off its copy (the recorder is the
+  // programs' ancestor, so ptrace's access check lets it read them; a process gone reads nothing).
+  pid_t live_pid_ = 0;
+  selfprof::detail::live_stack_reader live_{
+      [](void* ctx, std::uintptr_t addr, void* out, std::size_t len) -> std::size_t {
+        const long got = selfprof::detail::read_process_memory(*static_cast<pid_t*>(ctx), out, addr, len);
+        return got > 0 ? static_cast<std::size_t>(got) : 0;
+      },
+      &live_pid_,
+      {},
+      0};
 };
 
 }  // namespace selfprof_cli

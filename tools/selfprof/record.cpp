@@ -513,14 +513,16 @@ int run_record(int argc, char** argv) {
       const double written_ms = own_cpu_ms();
       std::fprintf(stderr,
                    "selfprof record: %llu samples (%llu stored, %llu lost, %llu spliced with the kernel's "
-                   "chain), %llu processes started, %llu execs, %llu executable mappings; unwind rows of "
+                   "chain, %llu continued on the live stack), %llu processes started, %llu execs, %llu "
+                   "executable mappings; unwind rows of "
                    "%zu files. The recorder's own CPU: %.1f ms to start, %.1f ms reading and unwinding, "
                    "%.1f ms naming, %.1f ms writing\n",
                    static_cast<unsigned long long>(c.samples), static_cast<unsigned long long>(c.stored),
                    static_cast<unsigned long long>(c.lost), static_cast<unsigned long long>(c.spliced),
-                   static_cast<unsigned long long>(c.forks), static_cast<unsigned long long>(c.execs),
-                   static_cast<unsigned long long>(c.mappings), recorder.unwind_files(), started_ms,
-                   recorded_ms - started_ms, named_ms - recorded_ms, written_ms - named_ms);
+                   static_cast<unsigned long long>(c.continued), static_cast<unsigned long long>(c.forks),
+                   static_cast<unsigned long long>(c.execs), static_cast<unsigned long long>(c.mappings),
+                   recorder.unwind_files(), started_ms, recorded_ms - started_ms, named_ms - recorded_ms,
+                   written_ms - named_ms);
     }
     return rc;
   }

@@ -105,11 +105,10 @@ inline void* default_mmap(void* addr, std::size_t len, int prot, int flags, int 
   return ::mmap(addr, len, prot, flags, fd, off);
 }
 inline int default_munmap(void* addr, std::size_t len) { return ::munmap(addr, len); }
-// process_vm_readv on our own pid, a page per remote element: a fault ends the copy at a page boundary
+// process_vm_readv of process `pid`, a page per remote element: a fault ends the copy at a page boundary
 // (the kernel does not split an element), where a plain read would raise SIGBUS.
-inline long default_read_own_memory(void* out, std::uintptr_t address, std::size_t size) {
+inline long read_process_memory(pid_t pid, void* out, std::uintptr_t address, std::size_t size) {
   constexpr std::size_t kPage = 4096, kElements = 256;
-  const pid_t self = ::getpid();
   std::size_t done = 0;
   while (done < size) {
     struct iovec local {
@@ -125,13 +124,16 @@ inline long default_read_own_memory(void* out, std::uintptr_t address, std::size
       at = end;
       ++n;
     }
-    const ssize_t got = ::process_vm_readv(self, &local, 1, remote, n, 0);
+    const ssize_t got = ::process_vm_readv(pid, &local, 1, remote, n, 0);
     if (got < 0 && errno == EFAULT) break;  // the first page asked for is not there
     if (got < 0) return done > 0 ? static_cast<long>(done) : -1;
     done += static_cast<std::size_t>(got);
     if (static_cast<std::size_t>(got) < local.iov_len) break;
   }
   return static_cast<long>(done);
+}
+inline long default_read_own_memory(void* out, std::uintptr_t address, std::size_t size) {
+  return read_process_memory(::getpid(), out, address, size);
 }
 
 inline syscall_table default_syscalls() {

@@ -1,13 +1,22 @@
 // The ring source's unwinding of one sample (unwind_sample): the copied stack walked with frame records,
 // continued with the kernel's frame-pointer chain where the copy ends, at the position where both agree
-// (so repeated return addresses of a recursion are not taken twice), and never past max_depth.
+// (so repeated return addresses of a recursion are not taken twice), and never past max_depth; a frame
+// larger than the copy walked on over the live stack while the bytes both hold agree.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include <selfprof/sources/perf_ring.hpp>
+
+using selfprof::detail::row_cfa_rsp;
+using selfprof::detail::row_no_info;
+using selfprof::detail::row_outermost;
+using selfprof::detail::unwind_module;
+using selfprof::detail::unwind_row;
+using selfprof::detail::unwind_table_set;
 
 namespace {
 
@@ -85,4 +94,129 @@ TEST_CASE("unwind_sample: no copy (a sample without user stack) keeps the leaf a
                                                         3, out, 8, truncated, spliced);
   CHECK(d == 3);
   CHECK(out[2] == 0x402000);
+}
+
+namespace {
+
+// A thread's whole stack at a made-up address, of which a sample copied the first `copy_words`; the
+// reader gives what is there "now" (`now`, a copy the test may change after the sample), and the code
+// bytes of [kLiveCode, kLiveCode + 0x1000) (`code`).
+constexpr std::uintptr_t kLiveBase = 0x7f0000100000, kLiveCode = 0x500000;
+struct live_fake_stack {
+  std::vector<std::uint64_t> then, now;
+  std::vector<unsigned char> code = std::vector<unsigned char>(0x1000, 0x90);
+  std::size_t reads = 0;
+  explicit live_fake_stack(std::size_t words) : then(words, 0x1111) {}
+  void publish() { now = then; }
+  // A `call rel32` that ends at `ret` (kLiveCode-relative) and calls `target`.
+  void call(std::uint32_t ret, std::uint32_t target) {
+    code[ret - 5] = 0xe8;
+    const std::int32_t rel = static_cast<std::int32_t>(target) - static_cast<std::int32_t>(ret);
+    std::memcpy(&code[ret - 4], &rel, 4);
+  }
+  static std::size_t read(void* ctx, std::uintptr_t addr, void* out, std::size_t len) {
+    auto* self = static_cast<live_fake_stack*>(ctx);
+    if (addr >= kLiveCode && addr + len <= kLiveCode + self->code.size()) {
+      std::memcpy(out, &self->code[addr - kLiveCode], len);
+      return len;
+    }
+    ++self->reads;
+    const std::uintptr_t end = kLiveBase + self->now.size() * 8;
+    if (addr < kLiveBase || addr >= end) return 0;
+    const std::size_t n = std::min<std::size_t>(len, end - addr);
+    std::memcpy(out, reinterpret_cast<const unsigned char*>(self->now.data()) + (addr - kLiveBase), n);
+    return n;
+  }
+};
+
+// Rows: 0x000 a frameless leaf (rsp+8), 0x100 a frame of `big` bytes (rsp+big), 0x200 rsp+16, 0x300
+// outermost.
+struct live_fake_code {
+  unwind_row rows[6];
+  unwind_module module;
+  unwind_table_set set;
+  explicit live_fake_code(std::int32_t big)
+      : rows{{0x000, 8, 0, row_cfa_rsp, 0},  {0x100, big, 0, row_cfa_rsp, 0},
+             {0x200, 16, 0, row_cfa_rsp, 0}, {0x300, 0, 0, row_outermost, 0},
+             {0x400, 0, 0, row_no_info, 0},  {0x1000, 0, 0, row_no_info, 0}},
+        module{kLiveCode, kLiveCode + 0x1000, rows, 6, nullptr, 0},
+        set{&module, 1} {}
+};
+
+// The stack of leaf -> big frame -> rsp+16 frame -> outermost, its frames laid out as the rows say.
+live_fake_stack big_frame_stack(std::size_t big) {
+  live_fake_stack s(big / 8 + 64);
+  s.then[0] = kLiveCode + 0x101;            // the leaf's return address, into the big frame
+  s.then[big / 8] = kLiveCode + 0x201;      // the big frame's, at sp+8 + big - 8
+  s.then[big / 8 + 2] = kLiveCode + 0x301;  // the rsp+16 frame's, into the outermost function
+  s.call(0x201, 0x100);                     // the rsp+16 function called the big frame's function
+  s.publish();
+  return s;
+}
+
+std::size_t walk_live(const live_fake_code& code, live_fake_stack& s, std::size_t copy_bytes,
+                      selfprof::detail::live_stack_reader* live, std::uint64_t* out) {
+  bool truncated = false, spliced = false;
+  return selfprof::detail::unwind_sample(&code.set, kLiveCode + 0x10, kLiveBase, 0,
+                                         reinterpret_cast<const unsigned char*>(s.then.data()), copy_bytes,
+                                         nullptr, 0, out, 16, truncated, spliced, live);
+}
+
+}  // namespace
+
+TEST_CASE("unwind_sample: a frame larger than the copy is walked on over the live stack while it agrees") {
+  const live_fake_code code(0x3000);  // a 12 KiB frame: the copy of 8 KiB ends inside it
+  live_fake_stack s = big_frame_stack(0x3000);
+  selfprof::detail::live_stack_reader live;
+  live.read = live_fake_stack::read;
+  live.ctx = &s;
+  std::uint64_t out[16];
+  // Without a reader the walk stops at the big frame, as it did before.
+  CHECK(walk_live(code, s, 8192, nullptr, out) == 2);
+  REQUIRE(walk_live(code, s, 8192, &live, out) == 4);
+  CHECK(out[1] == kLiveCode + 0x101);
+  CHECK(out[2] == kLiveCode + 0x201);
+  CHECK(out[3] == kLiveCode + 0x301);
+  CHECK(live.continued == 1);
+  // The thread left the frame since: a word the copy and the live stack share differs. Not walked on.
+  s.now[1000] = 0x2222;
+  CHECK(walk_live(code, s, 8192, &live, out) == 2);
+  CHECK(live.continued == 1);
+  // The thread returned from the big frame and called another function from elsewhere: the return
+  // address past the copy is not a call into the big frame's function, though the dead frame's bytes
+  // stayed. Not walked on.
+  s.publish();
+  s.now[0x3000 / 8] = kLiveCode + 0x281;
+  s.call(0x281, 0x380);
+  CHECK(walk_live(code, s, 8192, &live, out) == 2);
+  CHECK(live.continued == 1);
+  // Nothing to read (the thread is gone): not walked on either.
+  s.now.clear();
+  CHECK(walk_live(code, s, 8192, &live, out) == 2);
+  // A copy shorter than the bytes to compare is never continued.
+  s.publish();
+  CHECK(walk_live(code, s, 56, &live, out) == 2);
+}
+
+TEST_CASE("unwind_sample: each read of the live stack reaches twice as far, within kLiveMaxBytes") {
+  using selfprof::detail::kLiveFirstBytes;
+  using selfprof::detail::kLiveMaxBytes;
+  // A 40 KiB frame: its return address lies 32 KiB past the 8 KiB copy.
+  const live_fake_code code(0xa000);
+  live_fake_stack s = big_frame_stack(0xa000);
+  selfprof::detail::live_stack_reader live;
+  live.read = live_fake_stack::read;
+  live.ctx = &s;
+  std::uint64_t out[16];
+  REQUIRE(walk_live(code, s, 8192, &live, out) == 4);
+  CHECK(out[3] == kLiveCode + 0x301);
+  CHECK(s.reads == 5);  // reaching 4, 8, 16, 32 and 64 KiB past the copy
+  // A frame beyond the budget: the walk stops there, after a bounded number of reads.
+  const std::size_t huge = 8192 + kLiveMaxBytes + 0x1000;
+  const live_fake_code far(static_cast<std::int32_t>(huge));
+  live_fake_stack t = big_frame_stack(huge);
+  live.ctx = &t;
+  CHECK(walk_live(far, t, 8192, &live, out) == 2);
+  CHECK(t.reads == 6);  // 4 KiB to kLiveMaxBytes (128 KiB)
+  static_assert(kLiveFirstBytes << 5 == kLiveMaxBytes, "the reads counted above");
 }
