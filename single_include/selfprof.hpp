@@ -111,26 +111,21 @@
 namespace selfprof {
 namespace detail {
 
-// CLOCK_MONOTONIC in nanoseconds.
-inline std::uint64_t monotonic_ns() {
+// Clock `id` in nanoseconds (0 when it cannot be read: a thread's clock after the thread ended).
+inline std::uint64_t clock_ns(clockid_t id) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  if (clock_gettime(id, &ts) != 0) return 0;
   return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
+
+// CLOCK_MONOTONIC in nanoseconds.
+inline std::uint64_t monotonic_ns() { return clock_ns(CLOCK_MONOTONIC); }
 
 // CPU time of the calling thread in nanoseconds (0 when the clock cannot be read).
-inline std::uint64_t this_thread_cpu_ns() {
-  struct timespec ts;
-  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+inline std::uint64_t this_thread_cpu_ns() { return clock_ns(CLOCK_THREAD_CPUTIME_ID); }
 
 // CPU time of the whole process, every thread, in nanoseconds (0 when the clock cannot be read).
-inline std::uint64_t process_cpu_ns() {
-  struct timespec ts;
-  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0;
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+inline std::uint64_t process_cpu_ns() { return clock_ns(CLOCK_PROCESS_CPUTIME_ID); }
 
 }  // namespace detail
 }  // namespace selfprof
@@ -1126,9 +1121,7 @@ inline std::uint64_t workers_cpu_ns() {
   std::uint64_t total = g_ended_workers_cpu_ns.load(std::memory_order_relaxed);
   for (auto& slot : g_worker_tids) {
     const pid_t tid = slot.load(std::memory_order_acquire);
-    struct timespec ts;
-    if (tid != 0 && ::clock_gettime(thread_cpu_clock(tid), &ts) == 0)
-      total += static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
+    if (tid != 0) total += clock_ns(thread_cpu_clock(tid));
   }
   return total;
 }

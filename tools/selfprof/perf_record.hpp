@@ -48,6 +48,7 @@
 #include <selfprof/detail/process.hpp>
 #include <selfprof/detail/stack_table.hpp>
 #include <selfprof/detail/sys.hpp>
+#include <selfprof/signal/clock.hpp>
 #include <selfprof/sources/perf_ring.hpp>
 #include <selfprof/status.hpp>
 #include <selfprof/symbols/perf_map.hpp>
@@ -108,10 +109,7 @@ class perf_recorder {
       close();
       return st;
     }
-    struct timespec ts {};
-    ::clock_gettime(CLOCK_REALTIME, &ts);
-    start_unix_ns_ =
-        static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
+    start_unix_ns_ = selfprof::detail::clock_ns(CLOCK_REALTIME);
     new_image(pid, "", nullptr);  // the child as forked: its exec starts the image that is sampled
     return st;
   }
@@ -169,10 +167,7 @@ class perf_recorder {
   // The images with samples (`with_empty`: every image, in the order they began), as the merger reads
   // them; the recorder keeps nothing of them.
   std::vector<raw_process> take(bool with_empty = false) {
-    struct timespec ts {};
-    ::clock_gettime(CLOCK_REALTIME, &ts);
-    const std::uint64_t end_ns =
-        static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
+    const std::uint64_t end_ns = selfprof::detail::clock_ns(CLOCK_REALTIME);
     std::vector<raw_process> out;
     for (auto& im : images_) {
       if (im->table.total() == 0 && !with_empty) continue;

@@ -82,9 +82,7 @@ inline std::uint64_t workers_cpu_ns() {
   std::uint64_t total = g_ended_workers_cpu_ns.load(std::memory_order_relaxed);
   for (auto& slot : g_worker_tids) {
     const pid_t tid = slot.load(std::memory_order_acquire);
-    struct timespec ts;
-    if (tid != 0 && ::clock_gettime(thread_cpu_clock(tid), &ts) == 0)
-      total += static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
+    if (tid != 0) total += clock_ns(thread_cpu_clock(tid));
   }
   return total;
 }
