@@ -89,9 +89,11 @@ check() {
   fi
   for r in $(seq "$runs"); do
     d="$tag/merged-$r/p"
+    # The script and at least one program it ran: most of them use less CPU than one tick (each
+    # process's clock starts at zero), so which ones a run samples is chance.
     roots=$(cut -d';' -f1 "$d/all.folded" 2> /dev/null | sort -u | tr '\n' ' ')
     [ "$(ls "$d")" = all.folded ] && [ "$(sum_of "$d/all.folded")" -gt 0 ] && [[ " $roots" == *" pipelines.sh "* ]] &&
-      [ "$(echo $roots | wc -w)" -ge 3 ] && ok "$tag, merged, run $r: one profile, roots: $roots" ||
+      [ "$(echo $roots | wc -w)" -ge 2 ] && ok "$tag, merged, run $r: one profile, roots: $roots" ||
       bad "$tag, merged, run $r: $(ls "$d" | head -3 | tr '\n' ' '), roots: $roots"
   done
 }
