@@ -231,45 +231,10 @@ fi
 # the program (the ring source of the preload library; the signal source walks the live stack anyway) and
 # in the recorder (--follow-exec). Samples read after main returned (the last ones, read at exit) stop at
 # the big frame instead: never a wrong caller, such as exit() where main was.
-cat > bigframe.c << 'SRC'
-#include <stdio.h>
-#include <stdlib.h>
-__attribute__((noinline)) unsigned long big_leaf(unsigned long n) {
-  volatile unsigned long buf[8] = {0};
-  for (unsigned long i = 0; i < n; ++i) buf[i & 7] = buf[(i + 3) & 7] * 6364136223846793005ul + i;
-  return buf[1];
-}
-__attribute__((noinline)) unsigned long big_frame(unsigned long n) {
-  volatile char scratch[24576];
-  for (unsigned long i = 0; i < sizeof scratch; i += 64) scratch[i] = (char)i;
-  return big_leaf(n) + (unsigned long)scratch[640];
-}
-int main(int argc, char** argv) {
-  unsigned long n = argc > 1 ? strtoul(argv[1], 0, 10) : 100000000ul;
-  printf("%lu\n", big_frame(n) & 1);
-  return 0;
-}
-SRC
-"$cc" -O2 -fomit-frame-pointer -o bigframe bigframe.c
-for way in preload follow-exec; do
-  flags=(-F 499); [ $way = follow-exec ] && flags+=(--follow-exec)
-  "$bin" record -q "${flags[@]}" -o bf-$way.folded -- ./bigframe 1000000000 > /dev/null
-  leaf=$(count_of bf-$way.folded "big_leaf")
-  full=$(grep -E '^(bigframe;)?_start;__libc_start_main;__libc_start_call_main;main;big_frame;big_leaf( |;)' \
-    bf-$way.folded | awk '{ n += $NF } END { print n + 0 }')
-  cut=$(grep -E '^(bigframe;)?big_frame;big_leaf( |;)' bf-$way.folded | awk '{ n += $NF } END { print n + 0 }')
-  [ "$leaf" -gt 100 ] && [ $((full * 100)) -ge $((leaf * 60)) ] && [ $((full + cut)) -eq "$leaf" ] &&
-    ok "$way: a 24 KiB frame without frame pointers: $full of $leaf leaf samples reach _start, $cut stop at it" ||
-    bad "$way: a 24 KiB frame: $full of $leaf leaf samples reach _start, $cut stop at it: $(grep big_leaf bf-$way.folded | cut -c1-160)"
-done
-
-# --follow-exec with one profile (issues 20, 21): sampled by perf_event events every process inherits,
-# read by the recorder, nothing loaded into the programs; the preload library where perf_event is refused
-# (here: SELFPROF_TEST_NO_PERF=1). A program without frame pointers is unwound from its file's CFI: the
-# stacks of its leaf reach main through two callers. A fork that does not exec is a process of its own.
 cat > nofp.c << 'SRC'
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 __attribute__((noinline)) unsigned long nofp_leaf(unsigned long n) {
   volatile unsigned long buf[8] = {0};
   for (unsigned long i = 0; i < n; ++i) buf[i & 7] = buf[(i + 3) & 7] * 6364136223846793005ul + i;
@@ -277,13 +242,34 @@ __attribute__((noinline)) unsigned long nofp_leaf(unsigned long n) {
 }
 __attribute__((noinline)) unsigned long nofp_mid(unsigned long n) { return nofp_leaf(n) + 1; }
 __attribute__((noinline)) unsigned long nofp_top(unsigned long n) { return nofp_mid(n) * 3; }
+__attribute__((noinline)) unsigned long big_frame(unsigned long n) {
+  volatile char scratch[24576];
+  for (unsigned long i = 0; i < sizeof scratch; i += 64) scratch[i] = (char)i;
+  return nofp_leaf(n) + (unsigned long)scratch[640];
+}
 int main(int argc, char** argv) {
   unsigned long n = argc > 1 ? strtoul(argv[1], 0, 10) : 100000000ul;
-  printf("%lu\n", nofp_top(n) & 1);
+  printf("%lu\n", (argc > 2 && strcmp(argv[2], "big") == 0 ? big_frame(n) : nofp_top(n)) & 1);
   return 0;
 }
 SRC
 "$cc" -O2 -fomit-frame-pointer -o nofp nofp.c
+for way in preload follow-exec; do
+  flags=(-F 499); [ $way = follow-exec ] && flags+=(--follow-exec)
+  "$bin" record -q "${flags[@]}" -o bf-$way.folded -- ./nofp 1000000000 big > /dev/null
+  leaf=$(count_of bf-$way.folded "nofp_leaf")
+  full=$(grep -E '^(nofp;)?_start;__libc_start_main;__libc_start_call_main;main;big_frame;nofp_leaf( |;)' \
+    bf-$way.folded | awk '{ n += $NF } END { print n + 0 }')
+  cut=$(grep -E '^(nofp;)?big_frame;nofp_leaf( |;)' bf-$way.folded | awk '{ n += $NF } END { print n + 0 }')
+  [ "$leaf" -gt 100 ] && [ $((full * 100)) -ge $((leaf * 60)) ] && [ $((full + cut)) -eq "$leaf" ] &&
+    ok "$way: a 24 KiB frame without frame pointers: $full of $leaf leaf samples reach _start, $cut stop at it" ||
+    bad "$way: a 24 KiB frame: $full of $leaf leaf samples reach _start, $cut stop at it: $(grep nofp_leaf bf-$way.folded | cut -c1-160)"
+done
+
+# --follow-exec with one profile (issues 20, 21): sampled by perf_event events every process inherits,
+# read by the recorder, nothing loaded into the programs; the preload library where perf_event is refused
+# (here: SELFPROF_TEST_NO_PERF=1). A program without frame pointers is unwound from its file's CFI: the
+# stacks of its leaf reach main through two callers. A fork that does not exec is a process of its own.
 # The shell loops for CPU of its own: each process's task clock starts at zero, so a shell that only
 # forks and waits may never reach a 2 ms tick.
 "$bin" record -v -q --follow-exec -F 499 -o fx.folded -- /bin/sh -c 'echo "[$LD_PRELOAD]"; ./nofp 300000000; i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; (./hot_c 0 100000000 > /dev/null; true); exec ./hot_c 0 100000000' 2> fx.err > fx.out
