@@ -4,7 +4,6 @@
 #pragma once
 
 #include <fcntl.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include <cstring>
 
 #include "selfprof/detail/process.hpp"
+#include "selfprof/detail/sys.hpp"
 
 namespace selfprof {
 namespace detail {
@@ -96,13 +96,7 @@ inline task_syscall read_task_syscall(int fd) {
 // (fewer where an unmapped page begins). Never faults: the kernel does the reading (process_vm_readv,
 // else /proc/self/mem), so a thread that exits and unmaps its stack meanwhile costs a short read only.
 inline std::size_t copy_own_memory(std::uintptr_t addr, void* out, std::size_t len) {
-  struct iovec local {
-    out, len
-  };
-  struct iovec remote {
-    reinterpret_cast<void*>(addr), len
-  };
-  ssize_t n = ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0);
+  const long n = read_process_memory(::getpid(), out, addr, len);
   if (n >= 0) return static_cast<std::size_t>(n);
   if (errno != ENOSYS && errno != EPERM) return 0;
   int fd = ::open("/proc/self/mem", O_RDONLY | O_CLOEXEC);  // seccomp may forbid process_vm_readv alone
