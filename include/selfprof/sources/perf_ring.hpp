@@ -221,7 +221,7 @@ inline unwind_result continue_live(const Memory& copy, const Rows& rows, walk_re
   if (copy.size < kLiveVerifyBytes || s.sp < copy.base || s.sp > copy_end) return r;
   // The first read starts at the stopped frame's sp, or at the copy's last kLiveVerifyBytes when sp is
   // closer to its end: what it shares with the copy must not have changed.
-  std::uintptr_t lo = std::min<std::uintptr_t>(s.sp, copy_end - kLiveVerifyBytes) & ~std::uintptr_t(7);
+  std::uintptr_t lo = std::min<std::uintptr_t>(s.sp, copy_end - kLiveVerifyBytes);
   const walk_regs stopped_at = s;  // where the copy ended: the walk ends there if the thread left it
   const unwind_result stopped = r;
   bool checked = false;
@@ -249,7 +249,7 @@ inline unwind_result continue_live(const Memory& copy, const Rows& rows, walk_re
     }
     // Done where the stack ended, the walk did, or the budget is spent.
     if (r.end != walk_end::ran_off_copy || got < len || reach >= kLiveMaxBytes) return r;
-    lo = s.sp & ~std::uintptr_t(7);
+    lo = s.sp;
   }
 }
 
