@@ -54,13 +54,14 @@ constexpr std::uint32_t kStackCopyBytes = 8192;
 // Data pages per CPU ring tried in turn (powers of two, halved while the locked-memory budget refuses):
 // at first room for kPerfRingSeconds of samples at the ring's rate (one CPU runs one thread at a time, so a
 // CPU's ring fills at most at the rate), at most 512 pages (2 MiB, about 220 samples with their stack
-// copies). 128 pages (512 KiB) plus the header page is the default perf_event_mlock_kb (516) of an
-// unprivileged user per CPU, and what 99 Hz asks for: the kernel allocates and zeroes every page at
-// mmap, which a short-lived process pays for.
+// copies). The collector reads every quarter of that (collect_period_ms). 99 Hz asks for 64 pages (256
+// KiB): the kernel allocates and zeroes every page at mmap, which a short-lived process pays for, and an
+// unprivileged user's budget (perf_event_mlock_kb, 516 KiB per CPU, then RLIMIT_MEMLOCK) is shared by
+// all of that user's processes.
 constexpr unsigned kRingPagesMax = 512, kRingPagesMin = 8;
 // Modules whose rows one sample may have parsed before it is walked again (collect() with row_requests).
 constexpr int kRowParsesPerSample = 4;
-constexpr double kPerfRingSeconds = 0.4;
+constexpr double kPerfRingSeconds = 0.2;
 inline unsigned ring_pages_for(double hz, std::size_t page) {
   const double want = hz * kPerfRingSeconds * double(kStackCopyBytes + 1024) / double(page);
   unsigned pages = kRingPagesMin;
