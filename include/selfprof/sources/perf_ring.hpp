@@ -88,7 +88,6 @@ struct ring_counts {
   std::uint64_t samples = 0, foreign = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, full = 0;
   std::uint64_t replaced = 0;  // a CPU ring's samples of a thread that has its own ring since then
   std::uint64_t stored = 0, truncated = 0;  // written into the sample ring; of them, cut by the depth limit
-  std::uint64_t continued = 0;              // samples whose walk went on past the copy, on the live stack
 };
 
 // Copies `len` bytes at ring position `at` out of a ring's data area of `size` bytes (a power of two),
@@ -699,7 +698,6 @@ class perf_ring_source final : public tick_source {
                            user_chain_.size(), slot->pcs() + kernel, out.max_depth() - kernel, truncated,
                            spliced, &live_);
     };
-    const std::uint64_t continued = live_.continued;
     std::size_t user = walk();
     // The walk goes on by frame pointers where a pc has no rows: when a walked pc lies in a module whose
     // rows were not parsed yet, they are parsed now and the sample walked again, so a module's first
@@ -713,7 +711,6 @@ class perf_ring_source final : public tick_source {
     const std::size_t depth = kernel + user;
     truncated = truncated || kernel < kernel_chain_.size();
     if (spliced) ++counts_.spliced;
-    if (live_.continued != continued) ++counts_.continued;
     slot->header.tid = static_cast<std::uint32_t>(tid);
     slot->header.depth = static_cast<std::uint16_t>(depth);
     slot->header.flags = truncated ? sample_truncated : 0;
