@@ -33,6 +33,8 @@
 // | SELFPROF_HAS_ZLIB      | 0       | 1: .pb.gz (pprof) output is deflate-compressed with zlib (link |
 // |                        |         | -lz). 0: a valid gzip stream made of stored (uncompressed)     |
 // |                        |         | blocks.                                                        |
+// | SELFPROF_ZLIB_DLOPEN   | 0       | with SELFPROF_HAS_ZLIB=1: 1 loads libz.so.1 with dlopen at the |
+// |                        |         | first compression (no -lz; the preload library uses it).       |
 // | SELFPROF_COMPILED_LIB  | 0       | 0: header-only, every function inline. 1: the implementation  |
 // |                        |         | is compiled once, in a library (CMake SELFPROF_COMPILED=ON,    |
 // |                        |         | Meson -Dcompiled=true) or in the one translation unit that     |
@@ -70,6 +72,9 @@
 #ifndef SELFPROF_HAS_ZLIB
 #define SELFPROF_HAS_ZLIB 0
 #endif
+#ifndef SELFPROF_ZLIB_DLOPEN
+#define SELFPROF_ZLIB_DLOPEN 0
+#endif
 
 #if SELFPROF_HAS_LIBDW != 0 && SELFPROF_HAS_LIBDW != 1
 #error "SELFPROF_HAS_LIBDW must be 0 or 1"
@@ -79,6 +84,9 @@
 #endif
 #if SELFPROF_HAS_ZLIB != 0 && SELFPROF_HAS_ZLIB != 1
 #error "SELFPROF_HAS_ZLIB must be 0 or 1"
+#endif
+#if SELFPROF_ZLIB_DLOPEN != 0 && SELFPROF_ZLIB_DLOPEN != 1
+#error "SELFPROF_ZLIB_DLOPEN must be 0 or 1"
 #endif
 
 // A switch turned on without its library installed fails here with its name rather than deep inside a
@@ -8338,7 +8346,7 @@ class duration_histogram {
     for (std::size_t i = 0; i < counts_.size(); ++i) {
       seen += counts_[i];
       if (seen < rank) continue;
-      double mid = i == 0 ? 500.0 : 1000.0 * std::pow(kRatio, static_cast<double>(i) - 0.5);
+      double mid = i == 0 ? 500.0 : bounds()[i - 1] * kSqrtRatio;
       return std::min(mid, static_cast<double>(max_));
     }
     return static_cast<double>(max_);
@@ -8346,10 +8354,28 @@ class duration_histogram {
 
  private:
   static constexpr double kRatio = 1.01;
+  static constexpr double kSqrtRatio = 1.004987562112089;  // the geometric middle of a bucket
+  // bounds()[k] = 1 µs * 1.01^k in ns: bucket k + 1 holds [bounds()[k], bounds()[k + 1]). A table and a
+  // binary search instead of log() and pow(): the preload library then needs no libm, one library less
+  // for every process it is loaded into to map.
+  static const double* bounds() {
+    struct table {
+      double at[kBuckets];
+      table() {
+        double b = 1000.0;
+        for (double& x : at) {
+          x = b;
+          b *= kRatio;
+        }
+      }
+    };
+    static const table t;
+    return t.at;
+  }
   static std::size_t index(std::uint64_t ns) {
-    if (ns < 1000) return 0;
-    double i = 1 + std::floor(std::log(static_cast<double>(ns) / 1000.0) / std::log(kRatio));
-    return i >= double(kBuckets - 1) ? kBuckets - 1 : static_cast<std::size_t>(i);
+    const double* b = bounds();
+    const double* past = std::upper_bound(b, b + kBuckets - 1, static_cast<double>(ns));
+    return static_cast<std::size_t>(past - b);  // 0 below 1 µs; at most kBuckets - 1
   }
   std::vector<std::uint64_t> counts_;
   std::uint64_t count_ = 0, max_ = 0;
@@ -12804,7 +12830,6 @@ inline std::string write_folded(const profile& p, const folded_options& opts = {
 // `detail::encode_pprof` gives the raw protobuf bytes (deterministic; pinned by golden files);
 // `write_pprof` gzips them (zlib or stored blocks, see gzip.hpp).
 
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -12820,6 +12845,9 @@ inline std::string write_folded(const profile& p, const folded_options& opts = {
 // SELFPROF_HAS_ZLIB (config.hpp; 0/1, default 0): 1 needs <zlib.h> and linking with -lz (the build sets
 // it when it finds zlib). It must have the same value in every translation unit of a program. The
 // stored form is about 0.01% larger than its input but needs nothing; every gzip reader accepts it.
+// SELFPROF_ZLIB_DLOPEN=1 (the preload library) loads libz.so.1 with dlopen at the first compression
+// instead of linking it: a process that never writes a .pb.gz does not map zlib. Without libz.so.1 the
+// output is stored blocks.
 
 #include <cstddef>
 #include <cstdint>
@@ -12829,6 +12857,9 @@ inline std::string write_folded(const profile& p, const folded_options& opts = {
 
 #if SELFPROF_HAS_ZLIB
 #include <zlib.h>
+#if SELFPROF_ZLIB_DLOPEN
+#include <dlfcn.h>
+#endif
 #endif
 
 namespace selfprof {
@@ -12880,18 +12911,56 @@ inline std::string gzip_stored(std::string_view bytes) {
 }
 
 #if SELFPROF_HAS_ZLIB
-// zlib deflate with a gzip wrapper; returns an empty string when zlib fails (the caller falls back).
+// The zlib functions gzip_zlib calls: linked, or loaded once from libz.so.1 (SELFPROF_ZLIB_DLOPEN; `ok`
+// is false when the library or a function is missing). The handle is never closed.
+struct zlib_api {
+  decltype(&::deflateInit2_) init2 = nullptr;
+  decltype(&::deflateBound) bound = nullptr;
+  decltype(&::deflate) compress = nullptr;
+  decltype(&::deflateEnd) end = nullptr;
+  bool ok = false;
+};
+
+inline const zlib_api& zlib() {
+  static const zlib_api api = [] {
+    zlib_api a;
+#if SELFPROF_ZLIB_DLOPEN
+    void* handle = ::dlopen("libz.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) return a;
+    a.init2 = reinterpret_cast<decltype(a.init2)>(::dlsym(handle, "deflateInit2_"));
+    a.bound = reinterpret_cast<decltype(a.bound)>(::dlsym(handle, "deflateBound"));
+    a.compress = reinterpret_cast<decltype(a.compress)>(::dlsym(handle, "deflate"));
+    a.end = reinterpret_cast<decltype(a.end)>(::dlsym(handle, "deflateEnd"));
+#else
+    a.init2 = &::deflateInit2_;
+    a.bound = &::deflateBound;
+    a.compress = &::deflate;
+    a.end = &::deflateEnd;
+#endif
+    a.ok = a.init2 && a.bound && a.compress && a.end;
+    return a;
+  }();
+  return api;
+}
+
+// zlib deflate with a gzip wrapper; returns an empty string when zlib fails or is missing (the caller
+// falls back).
 inline std::string gzip_zlib(std::string_view bytes, int level = Z_DEFAULT_COMPRESSION) {
+  const zlib_api& z = zlib();
+  if (!z.ok) return {};
   z_stream zs{};
-  if (deflateInit2(&zs, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) return {};
-  std::string out(deflateBound(&zs, static_cast<uLong>(bytes.size())) + 32, '\0');
+  // What the deflateInit2 macro expands to, through the table.
+  if (z.init2(&zs, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
+              static_cast<int>(sizeof(z_stream))) != Z_OK)
+    return {};
+  std::string out(z.bound(&zs, static_cast<uLong>(bytes.size())) + 32, '\0');
   zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
   zs.avail_in = static_cast<uInt>(bytes.size());
   zs.next_out = reinterpret_cast<Bytef*>(&out[0]);
   zs.avail_out = static_cast<uInt>(out.size());
-  const int rc = deflate(&zs, Z_FINISH);
+  const int rc = z.compress(&zs, Z_FINISH);
   const std::size_t produced = out.size() - zs.avail_out;
-  deflateEnd(&zs);
+  z.end(&zs);
   if (rc != Z_STREAM_END) return {};
   out.resize(produced);
   return out;
@@ -13125,7 +13194,7 @@ class pprof_builder {
     period_type_name_ = time_type;
     period_ns_ = p_.info.period_ns;
     if (period_ns_ == 0 && p_.info.hz > 0)
-      period_ns_ = static_cast<std::uint64_t>(std::llround(1e9 / p_.info.hz));
+      period_ns_ = static_cast<std::uint64_t>(1e9 / p_.info.hz + 0.5);  // rounded (hz > 0), without libm
     const std::string& unit = p_.info.unit;
     if (unit.empty() || unit == "samples") {
       sample_types_[0] = {"samples", "count"};

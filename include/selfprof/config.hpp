@@ -21,6 +21,8 @@
 // | SELFPROF_HAS_ZLIB      | 0       | 1: .pb.gz (pprof) output is deflate-compressed with zlib (link |
 // |                        |         | -lz). 0: a valid gzip stream made of stored (uncompressed)     |
 // |                        |         | blocks.                                                        |
+// | SELFPROF_ZLIB_DLOPEN   | 0       | with SELFPROF_HAS_ZLIB=1: 1 loads libz.so.1 with dlopen at the |
+// |                        |         | first compression (no -lz; the preload library uses it).       |
 // | SELFPROF_COMPILED_LIB  | 0       | 0: header-only, every function inline. 1: the implementation  |
 // |                        |         | is compiled once, in a library (CMake SELFPROF_COMPILED=ON,    |
 // |                        |         | Meson -Dcompiled=true) or in the one translation unit that     |
@@ -59,6 +61,9 @@
 #ifndef SELFPROF_HAS_ZLIB
 #define SELFPROF_HAS_ZLIB 0
 #endif
+#ifndef SELFPROF_ZLIB_DLOPEN
+#define SELFPROF_ZLIB_DLOPEN 0
+#endif
 
 #if SELFPROF_HAS_LIBDW != 0 && SELFPROF_HAS_LIBDW != 1
 #error "SELFPROF_HAS_LIBDW must be 0 or 1"
@@ -68,6 +73,9 @@
 #endif
 #if SELFPROF_HAS_ZLIB != 0 && SELFPROF_HAS_ZLIB != 1
 #error "SELFPROF_HAS_ZLIB must be 0 or 1"
+#endif
+#if SELFPROF_ZLIB_DLOPEN != 0 && SELFPROF_ZLIB_DLOPEN != 1
+#error "SELFPROF_ZLIB_DLOPEN must be 0 or 1"
 #endif
 
 // A switch turned on without its library installed fails here with its name rather than deep inside a

@@ -185,16 +185,16 @@ else
   bad "cannot compile term_daemon.c"
 fi
 
-# What the library costs every process it is loaded into (issue 20): it needs neither libstdc++.so (linked
-# in, kept local) nor libdw (loaded by dlopen at the first DWARF lookup), and exports only the functions
-# it interposes. Inline frames still come from libdw where the library was built to load it (its image
+# What the library costs every process it is loaded into (issues 20 and 21): it needs neither libstdc++.so
+# nor libgcc_s (linked in, kept local), libdw or zlib (loaded by dlopen at their first use) nor libm, and
+# exports only the functions it interposes. Inline frames still come from libdw where the library was built to load it (its image
 # names libdw.so.1), in a program built to inline its hot loop.
 lib=${SELFPROF_PRELOAD:-$(dirname "$bin")/libselfprof-preload.so}
 [ -f "$lib" ] || lib=$(dirname "$bin")/../lib/selfprof/libselfprof-preload.so
 if command -v readelf > /dev/null && command -v nm > /dev/null && [ -f "$lib" ]; then
   needed=$(readelf -d "$lib" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p' | tr '\n' ' ')
   case " $needed" in
-    *" libstdc++"* | *" libdw"* | *" libelf"*) bad "preload needs: $needed" ;;
+    *" libstdc++"* | *" libgcc_s"* | *" libdw"* | *" libelf"* | *" libz."* | *" libm."*) bad "preload needs: $needed" ;;
     *) ok "preload needs only: $needed" ;;
   esac
   extra=$(nm -D --defined-only "$lib" | awk '{print $NF}' |
@@ -202,6 +202,20 @@ if command -v readelf > /dev/null && command -v nm > /dev/null && [ -f "$lib" ];
   [ -z "$extra" ] && ok "preload exports only what it interposes" || bad "preload also exports: $(echo $extra | head -c 300)"
 else
   echo "skip preload link checks (no readelf/nm)"
+fi
+# A .pb.gz the library writes is still deflate-compressed where it was built with zlib (loaded by
+# dlopen): the first deflate block after the 10-byte gzip header is not a stored one (BTYPE 0), and the
+# stream reads back whole.
+if [ -f "$lib" ] && grep -q "libz\.so\.1" "$lib"; then
+  "$bin" record -q -o c.pb.gz -- ./hot_c 0 > /dev/null
+  btype=$(od -An -tu1 -j10 -N1 c.pb.gz 2> /dev/null | tr -d ' ')
+  if [ -n "$btype" ] && [ $(((btype >> 1) & 3)) -ne 0 ] && gzip -t c.pb.gz 2> /dev/null; then
+    ok "pprof from the library is deflate-compressed (zlib by dlopen), $(wc -c < c.pb.gz) bytes"
+  else
+    bad "pprof from the library: first block type byte '${btype}', gzip -t: $(gzip -t c.pb.gz 2>&1 | head -c 200)"
+  fi
+else
+  echo "skip compressed pprof (the library was built without zlib)"
 fi
 if [ -f "$lib" ] && grep -q "libdw\.so\.1" "$lib"; then
   cat > inl.c << 'SRC'

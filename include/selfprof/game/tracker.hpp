@@ -51,7 +51,7 @@ class duration_histogram {
     for (std::size_t i = 0; i < counts_.size(); ++i) {
       seen += counts_[i];
       if (seen < rank) continue;
-      double mid = i == 0 ? 500.0 : 1000.0 * std::pow(kRatio, static_cast<double>(i) - 0.5);
+      double mid = i == 0 ? 500.0 : bounds()[i - 1] * kSqrtRatio;
       return std::min(mid, static_cast<double>(max_));
     }
     return static_cast<double>(max_);
@@ -59,10 +59,28 @@ class duration_histogram {
 
  private:
   static constexpr double kRatio = 1.01;
+  static constexpr double kSqrtRatio = 1.004987562112089;  // the geometric middle of a bucket
+  // bounds()[k] = 1 µs * 1.01^k in ns: bucket k + 1 holds [bounds()[k], bounds()[k + 1]). A table and a
+  // binary search instead of log() and pow(): the preload library then needs no libm, one library less
+  // for every process it is loaded into to map.
+  static const double* bounds() {
+    struct table {
+      double at[kBuckets];
+      table() {
+        double b = 1000.0;
+        for (double& x : at) {
+          x = b;
+          b *= kRatio;
+        }
+      }
+    };
+    static const table t;
+    return t.at;
+  }
   static std::size_t index(std::uint64_t ns) {
-    if (ns < 1000) return 0;
-    double i = 1 + std::floor(std::log(static_cast<double>(ns) / 1000.0) / std::log(kRatio));
-    return i >= double(kBuckets - 1) ? kBuckets - 1 : static_cast<std::size_t>(i);
+    const double* b = bounds();
+    const double* past = std::upper_bound(b, b + kBuckets - 1, static_cast<double>(ns));
+    return static_cast<std::size_t>(past - b);  // 0 below 1 µs; at most kBuckets - 1
   }
   std::vector<std::uint64_t> counts_;
   std::uint64_t count_ = 0, max_ = 0;

@@ -5,6 +5,9 @@
 // SELFPROF_HAS_ZLIB (config.hpp; 0/1, default 0): 1 needs <zlib.h> and linking with -lz (the build sets
 // it when it finds zlib). It must have the same value in every translation unit of a program. The
 // stored form is about 0.01% larger than its input but needs nothing; every gzip reader accepts it.
+// SELFPROF_ZLIB_DLOPEN=1 (the preload library) loads libz.so.1 with dlopen at the first compression
+// instead of linking it: a process that never writes a .pb.gz does not map zlib. Without libz.so.1 the
+// output is stored blocks.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +19,9 @@
 
 #if SELFPROF_HAS_ZLIB
 #include <zlib.h>
+#if SELFPROF_ZLIB_DLOPEN
+#include <dlfcn.h>
+#endif
 #endif
 
 namespace selfprof {
@@ -67,18 +73,56 @@ inline std::string gzip_stored(std::string_view bytes) {
 }
 
 #if SELFPROF_HAS_ZLIB
-// zlib deflate with a gzip wrapper; returns an empty string when zlib fails (the caller falls back).
+// The zlib functions gzip_zlib calls: linked, or loaded once from libz.so.1 (SELFPROF_ZLIB_DLOPEN; `ok`
+// is false when the library or a function is missing). The handle is never closed.
+struct zlib_api {
+  decltype(&::deflateInit2_) init2 = nullptr;
+  decltype(&::deflateBound) bound = nullptr;
+  decltype(&::deflate) compress = nullptr;
+  decltype(&::deflateEnd) end = nullptr;
+  bool ok = false;
+};
+
+inline const zlib_api& zlib() {
+  static const zlib_api api = [] {
+    zlib_api a;
+#if SELFPROF_ZLIB_DLOPEN
+    void* handle = ::dlopen("libz.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) return a;
+    a.init2 = reinterpret_cast<decltype(a.init2)>(::dlsym(handle, "deflateInit2_"));
+    a.bound = reinterpret_cast<decltype(a.bound)>(::dlsym(handle, "deflateBound"));
+    a.compress = reinterpret_cast<decltype(a.compress)>(::dlsym(handle, "deflate"));
+    a.end = reinterpret_cast<decltype(a.end)>(::dlsym(handle, "deflateEnd"));
+#else
+    a.init2 = &::deflateInit2_;
+    a.bound = &::deflateBound;
+    a.compress = &::deflate;
+    a.end = &::deflateEnd;
+#endif
+    a.ok = a.init2 && a.bound && a.compress && a.end;
+    return a;
+  }();
+  return api;
+}
+
+// zlib deflate with a gzip wrapper; returns an empty string when zlib fails or is missing (the caller
+// falls back).
 inline std::string gzip_zlib(std::string_view bytes, int level = Z_DEFAULT_COMPRESSION) {
+  const zlib_api& z = zlib();
+  if (!z.ok) return {};
   z_stream zs{};
-  if (deflateInit2(&zs, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) return {};
-  std::string out(deflateBound(&zs, static_cast<uLong>(bytes.size())) + 32, '\0');
+  // What the deflateInit2 macro expands to, through the table.
+  if (z.init2(&zs, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
+              static_cast<int>(sizeof(z_stream))) != Z_OK)
+    return {};
+  std::string out(z.bound(&zs, static_cast<uLong>(bytes.size())) + 32, '\0');
   zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
   zs.avail_in = static_cast<uInt>(bytes.size());
   zs.next_out = reinterpret_cast<Bytef*>(&out[0]);
   zs.avail_out = static_cast<uInt>(out.size());
-  const int rc = deflate(&zs, Z_FINISH);
+  const int rc = z.compress(&zs, Z_FINISH);
   const std::size_t produced = out.size() - zs.avail_out;
-  deflateEnd(&zs);
+  z.end(&zs);
   if (rc != Z_STREAM_END) return {};
   out.resize(produced);
   return out;

@@ -24,7 +24,6 @@
 // `write_pprof` gzips them (zlib or stored blocks, see gzip.hpp).
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -171,7 +170,7 @@ class pprof_builder {
     period_type_name_ = time_type;
     period_ns_ = p_.info.period_ns;
     if (period_ns_ == 0 && p_.info.hz > 0)
-      period_ns_ = static_cast<std::uint64_t>(std::llround(1e9 / p_.info.hz));
+      period_ns_ = static_cast<std::uint64_t>(1e9 / p_.info.hz + 0.5);  // rounded (hz > 0), without libm
     const std::string& unit = p_.info.unit;
     if (unit.empty() || unit == "samples") {
       sample_types_[0] = {"samples", "count"};
