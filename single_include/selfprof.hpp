@@ -556,8 +556,9 @@ SELFPROF_API std::string perf_map_path();
 // The one kind of background thread selfprof runs (collector, dumper, JIT flusher, wall sampler): created
 // with every asynchronous signal blocked, named, its tid known before start() returns, woken through an
 // eventfd, joined by stop(), forgotten without a join in a forked child.
-// Context: start and stop from setup or from another worker (the server's loop starts at its first
-// client, its render thread at the first profile asked for), never from the worker itself;
+// Context: start, launch and stop from setup or from another worker (the server's loop starts at its
+// first client, its render thread at the first profile asked for, the dumper at its first request), never
+// from the worker itself;
 // abandon_after_fork in the child; wait() on the worker's own thread; wake() from any thread (wake_fd()
 // may be written from a signal handler).
 
@@ -1144,13 +1145,34 @@ class worker {
   // Runs body(context) on a new thread called `name` (at most 15 characters). The thread is created with
   // worker_signal_mask() already in force. Fails when the thread or its eventfd cannot be created.
   status start(const char* name, void (*body)(void*), void* context) {
-    if (running_) return status::error(std::string("selfprof: thread ") + name + " runs already");
+    status st = prepare(name);
+    if (!st) return st;
+    st = launch(body, context);
+    if (!st) {
+      ::close(wake_fd_);
+      wake_fd_ = -1;
+    }
+    return st;
+  }
+
+  // The first half of start(), for a worker started on demand: the eventfd alone, so wake_fd() can be
+  // written (and watched by another thread) before the thread exists; launch() starts the thread.
+  status prepare(const char* name) {
+    if (running_ || wake_fd_ >= 0)
+      return status::error(std::string("selfprof: thread ") + name + " runs already");
     wake_fd_ = keep_fd_high(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));  // out of the application's range
     if (wake_fd_ < 0) {
       const int e = errno;
       return status::error(std::string("selfprof: eventfd for ") + name + ": " + std::strerror(e), e);
     }
     name_ = name;
+    return status::ok();
+  }
+
+  // The second half: the thread, after prepare(). A wake written before it is seen by its first wait().
+  status launch(void (*body)(void*), void* context) {
+    if (running_) return status::ok();
+    if (wake_fd_ < 0) return status::error(std::string("selfprof: thread ") + name_ + " was not prepared");
     body_ = body;
     context_ = context;
     stopping_.store(false, std::memory_order_relaxed);
@@ -1168,12 +1190,9 @@ class worker {
     const int rc = pthread_create(&thread_, &attr, &worker::entry, this);
     if (!in_attr) pthread_sigmask(SIG_SETMASK, &old, nullptr);
     pthread_attr_destroy(&attr);
-    if (rc != 0) {
-      ::close(wake_fd_);
-      wake_fd_ = -1;
-      return status::error(std::string("selfprof: cannot start thread ") + name + ": " + std::strerror(rc),
+    if (rc != 0)
+      return status::error(std::string("selfprof: cannot start thread ") + name_ + ": " + std::strerror(rc),
                            rc);
-    }
     running_ = true;
     std::unique_lock<std::mutex> lock(mu_);
     started_.wait(lock, [&] { return tid_.load(std::memory_order_relaxed) != 0; });
@@ -1182,7 +1201,11 @@ class worker {
 
   // Asks the body to return (stopping() turns true and wait() returns false), then joins. Idempotent.
   void stop() {
-    if (!running_) return;
+    if (!running_) {
+      if (wake_fd_ >= 0) ::close(wake_fd_);  // prepared, never launched
+      wake_fd_ = -1;
+      return;
+    }
     stopping_.store(true, std::memory_order_release);
     wake();
     pthread_join(thread_, nullptr);
@@ -11813,6 +11836,11 @@ struct collector_config {
   wall_sampler* sampler = nullptr;  // wall mode: the wall sampler, told the threads to look at
   tick_source* pull = nullptr;      // a source without signals (ring): read into the ring at each wake
   pulled_counts* pulled = nullptr;  // its lost-sample counts, published
+  // A worker started on demand (the dumper, core/auto_dumps.hpp): `fd` is watched in every wait, and
+  // launch(context) called once when it turns readable. -1: none.
+  int standby_fd = -1;
+  void (*standby_launch)(void*) = nullptr;
+  void* standby_context = nullptr;
 };
 
 class collector {
@@ -11923,8 +11951,14 @@ class collector {
     auto last_code_scan = start;  // the first scan waits one interval: a short-lived process never pays it
     auto last_wake = start;
     config_.store->drain(*config_.ring);  // maps the ring's first pages (sample_ring::map_ahead)
-    while (worker_.wait(wait_ms(ticks_arrive, boosting))) {
+    int standby = config_.standby_launch ? config_.standby_fd : -1;
+    bool standby_ready = false;
+    while (worker_.wait(wait_ms(ticks_arrive, boosting), standby, &standby_ready)) {
       wakes_.fetch_add(1, std::memory_order_relaxed);
+      if (standby_ready) {
+        config_.standby_launch(config_.standby_context);  // it takes over what made the fd readable
+        standby = -1;
+      }
       config_.symbols->poll_jit_map();  // lines written before these samples were taken name them
       // Before the pull and the drain: the ring source walks its samples with the rows of now (and has
       // the rows of modules it reaches parsed, see ring_rows), the drain notes samples in unparsed ones.
@@ -12213,8 +12247,14 @@ struct handler_counts {
 // arrive while a dump is being written are answered together by the next one. The dumper also watches
 // the control socket (`selfprof dump PID`, another way to ask for a dump) until its first client, and
 // then has the server start its thread (serve/server.hpp: a process nobody asks runs no server thread).
-// Context: setup only (start/stop, serve_on_demand); the dumper thread; flush() from any thread; fork
-// child.
+// Context: setup only (start/stop, serve_on_demand); launch() from the watching thread; the dumper
+// thread; flush() from any thread; fork child.
+//
+// Started on demand (the profiler's way), the dumper thread itself starts only at the first request: until
+// then another thread (the collector) watches watch_fd(), which turns readable with the dumper's eventfd,
+// the signalfd or the control socket, and calls launch(). A process that never asks for a dump runs one
+// selfprof thread fewer: the first extra thread is most of what threads cost a short process, since from
+// then on the process runs on several CPUs (docs/measurements.md).
 //
 // The dump signal is taken by the dumper thread, not by an application thread. A process-directed signal
 // goes to some thread that does not block it, and a handler run there cuts that thread's blocking call
@@ -12231,6 +12271,7 @@ struct handler_counts {
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/types.h>
 #include <time.h>
@@ -17628,6 +17669,7 @@ struct dump_request_globals {
   std::atomic<int> dumper_tid{0};          // the dumper thread, 0 when none runs
   std::atomic<int> exit_requested{0};      // the process is ending: write the exit dump, then set exit_done
   std::atomic<int> exit_done{0};
+  std::atomic<int> exit_dump_wanted{0};  // the session writes an exit dump (an output path was given)
   // The dump signal while selfprof routes it to the dumper (blocked in the starting thread and so in every
   // thread it creates later), 0 otherwise: a fork child and an exec take the block off (core/auto_dumps.hpp).
   std::atomic<int> routed_signal{0};
@@ -17657,9 +17699,13 @@ inline void dump_signal_handler(int, siginfo_t*, void*) {
 // CPU time grows) and gives up after `stall_ms` without any, or after `limit_ms` in all: a dumper blocked
 // on a lock the caller holds cannot make it wait longer. True when the dump was written.
 // Async-signal-safe: atomics, raw write(2), clock_gettime(2) and nanosleep(2).
+// A dumper started on demand (core/auto_dumps.hpp) is not running yet: the wake starts it, and the wait
+// counts as a stall until its tid is published.
 inline bool exit_dump_by_dumper(unsigned stall_ms = 500, unsigned limit_ms = 60000) {
-  const int tid = g_dump_requests.dumper_tid.load(std::memory_order_acquire);
-  if (tid <= 0) return false;
+  if (g_dump_requests.exit_dump_wanted.load(std::memory_order_acquire) == 0) return false;
+  if (g_dump_requests.dumper_tid.load(std::memory_order_acquire) <= 0 &&
+      g_dump_requests.wake_fd.load(std::memory_order_acquire) < 0)
+    return false;
   g_dump_requests.in_flight.fetch_add(1, std::memory_order_seq_cst);
   g_dump_requests.exit_requested.store(1, std::memory_order_seq_cst);
   const int fd = g_dump_requests.wake_fd.load(std::memory_order_seq_cst);
@@ -17669,19 +17715,30 @@ inline bool exit_dump_by_dumper(unsigned stall_ms = 500, unsigned limit_ms = 600
   }
   g_dump_requests.in_flight.fetch_sub(1, std::memory_order_release);
   if (fd < 0) return false;
-  // The thread's CPU clock (clock_getcpuclockid's encoding for a thread: ~tid << 3 | CPUCLOCK_SCHED |
-  // CPUCLOCK_PERTHREAD); reading it fails once the thread is gone.
-  const clockid_t cpu = static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
   long long last_cpu = -1;
+  int last_tid = 0;
   unsigned still_ms = 0;
   for (unsigned waited_ms = 0; waited_ms < limit_ms; ++waited_ms) {
     if (g_dump_requests.exit_done.load(std::memory_order_acquire)) return true;
-    struct timespec t {};
-    if (raw_syscall3(SYS_clock_gettime, cpu, reinterpret_cast<long>(&t), 0) != 0) return false;
-    const long long now_cpu = static_cast<long long>(t.tv_sec) * 1000000000 + t.tv_nsec;
-    still_ms = now_cpu == last_cpu ? still_ms + 1 : 0;
-    if (still_ms >= stall_ms) return false;
-    last_cpu = now_cpu;
+    const int tid = g_dump_requests.dumper_tid.load(std::memory_order_acquire);
+    if (tid != last_tid) {
+      last_tid = tid;
+      last_cpu = -1;
+      still_ms = 0;
+    }
+    if (tid <= 0) {
+      if (++still_ms >= stall_ms) return false;
+    } else {
+      // The thread's CPU clock (clock_getcpuclockid's encoding for a thread: ~tid << 3 | CPUCLOCK_SCHED |
+      // CPUCLOCK_PERTHREAD); reading it fails once the thread is gone.
+      const clockid_t cpu = static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
+      struct timespec t {};
+      if (raw_syscall3(SYS_clock_gettime, cpu, reinterpret_cast<long>(&t), 0) != 0) return false;
+      const long long now_cpu = static_cast<long long>(t.tv_sec) * 1000000000 + t.tv_nsec;
+      still_ms = now_cpu == last_cpu ? still_ms + 1 : 0;
+      if (still_ms >= stall_ms) return false;
+      last_cpu = now_cpu;
+    }
     struct timespec step {
       0, 1000 * 1000
     };
@@ -17703,8 +17760,9 @@ class auto_dumps {
   // exit_dump_by_dumper in signal/dump_request.hpp).
   auto_dumps(snapshot_maker& snapshots, void (*exit_dump)()) : snapshots_(snapshots), exit_dump_(exit_dump) {}
 
-  // Starts the dumper thread and takes the dump signal when no one else handles it (else a note says so).
-  status start(const options& o, session_info& session) {
+  // Takes the dump signal when no one else handles it (else a note says so) and starts the dumper thread,
+  // or with `on_demand` (and no interval) only prepares it: watch_fd() then tells when to launch() it.
+  status start(const options& o, session_info& session, bool on_demand = false) {
     opts_ = o;
     settings_.paths = o.out.empty() ? kDefaultDumpTemplate : o.out;
     settings_.sink.allow_shared_dir = o.allow_shared_dir;
@@ -17720,23 +17778,59 @@ class auto_dumps {
     }
     on_demand_.store(nullptr, std::memory_order_relaxed);  // serve_on_demand() after this, if at all
     take_signal(o.dump_signal, session);
-    status st = worker_.start("selfprof-dump", &auto_dumps::main, this);
+    status st = worker_.prepare("selfprof-dump");
     if (!st) {
       give_signal_back();
       return st;
     }
     g_dump_requests.exit_requested.store(0, std::memory_order_relaxed);
     g_dump_requests.exit_done.store(0, std::memory_order_relaxed);
+    g_dump_requests.exit_dump_wanted.store(o.out.empty() ? 0 : 1, std::memory_order_relaxed);
     g_dump_requests.wake_fd.store(worker_.wake_fd(), std::memory_order_release);
-    g_dump_requests.dumper_tid.store(static_cast<int>(worker_.tid()), std::memory_order_release);
-    worker_.wake();  // a request counted by the handler before wake_fd was set
+    g_dump_requests.dumper_tid.store(0, std::memory_order_release);
+    if (on_demand && o.interval_s <= 0) make_watch_fd();
+    if (watch_fd_ < 0) {
+      st = launch();
+      if (!st) {
+        g_dump_requests.wake_fd.store(-1, std::memory_order_seq_cst);
+        worker_.stop();
+        give_signal_back();
+        return st;
+      }
+    }
+    if (watch_fd_ < 0 || requests_waiting())
+      worker_.wake();  // one the handler counted before wake_fd was set
     return status::ok();
   }
+
+  // Readable when the dumper, not started yet, has something to do; -1 once it runs (or when started
+  // without on_demand). Watched by one other thread, which calls launch() when it turns readable.
+  int watch_fd() const { return watch_fd_; }
+
+  // Starts the dumper thread if it is prepared and not running yet (else does nothing).
+  status launch() {
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    if (worker_.running() || worker_.wake_fd() < 0) return status::ok();
+    status st = worker_.launch(&auto_dumps::main, this);
+    if (st) {
+      g_dump_requests.dumper_tid.store(static_cast<int>(worker_.tid()), std::memory_order_release);
+    } else {
+      std::fprintf(stderr, "%s: dump requests are not answered\n", st.message().c_str());
+    }
+    return st;
+  }
+  // launch() for a watcher that holds a plain function pointer.
+  static void launch_from(void* self) { (void)static_cast<auto_dumps*>(self)->launch(); }
 
   // Answers what was requested, stops the thread, and gives the dump signal back to the application —
   // unless `keep_signal` (the exit dump: a late request must not meet the default action, terminate,
   // while the last profile is written; the handler then only counts it).
   void stop(bool keep_signal = false) {
+    if (!worker_.running() && worker_.wake_fd() >= 0) {
+      // Never launched: requests that arrived since the watcher stopped are still answered.
+      if (sfd_ >= 0) read_signalfd();
+      if (requests_waiting()) (void)launch();
+    }
     g_dump_requests.dumper_tid.store(0, std::memory_order_release);
     g_dump_requests.wake_fd.store(-1, std::memory_order_seq_cst);
     // A handler that read the descriptor before the store writes it before the thread closes it.
@@ -17749,11 +17843,13 @@ class auto_dumps {
       ::nanosleep(&step, nullptr);
     }
     worker_.stop();
+    close_watch_fd();
     if (!keep_signal) give_signal_back();
   }
 
   // Waits until every dump requested so far is written (tests, exit); at most `limit`.
   void flush(std::chrono::milliseconds limit = std::chrono::milliseconds(30000)) {
+    (void)launch();  // requests may be waiting for the watcher to start the dumper
     std::unique_lock<std::mutex> lock(mu_);
     const std::uint64_t want = g_dump_requests.requests.load();
     worker_.wake();
@@ -17765,7 +17861,9 @@ class auto_dumps {
     g_dump_requests.dumper_tid.store(0, std::memory_order_release);
     g_dump_requests.wake_fd.store(-1, std::memory_order_release);
     worker_.abandon_after_fork();
+    close_watch_fd();
     new (&mu_) std::mutex();
+    new (&launch_mu_) std::mutex();
     new (&done_cv_) std::condition_variable();
     if (signal_ != 0) {
       sys().sigaction(signal_, &previous_, nullptr);
@@ -17785,7 +17883,8 @@ class auto_dumps {
   // watching). The server may stop meanwhile: it then starts nothing.
   void serve_on_demand(http_server* server) {
     on_demand_.store(server, std::memory_order_release);
-    worker_.wake();  // the next wait watches it
+    if (server && watch_fd_ >= 0) watch(server->lazy_listener());  // a client starts the dumper first
+    worker_.wake();                                                // the next wait watches it
   }
 
   int signal_number() const { return signal_; }
@@ -17796,6 +17895,29 @@ class auto_dumps {
 
  private:
   static void main(void* self) { static_cast<auto_dumps*>(self)->loop(); }
+
+  // An epoll set of the eventfd and the signalfd (and the control socket, see serve_on_demand): readable
+  // when any of them is. Left at -1 when it cannot be made: the dumper then starts at once.
+  bool requests_waiting() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return g_dump_requests.requests.load() != handled_;
+  }
+
+  void make_watch_fd() {
+    watch_fd_ = keep_fd_high(::epoll_create1(EPOLL_CLOEXEC));
+    if (watch_fd_ >= 0 && (!watch(worker_.wake_fd()) || (sfd_ >= 0 && !watch(sfd_)))) close_watch_fd();
+  }
+  bool watch(int fd) {
+    if (fd < 0) return true;
+    struct epoll_event ev {};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    return ::epoll_ctl(watch_fd_, EPOLL_CTL_ADD, fd, &ev) == 0;
+  }
+  void close_watch_fd() {
+    if (watch_fd_ >= 0) ::close(watch_fd_);
+    watch_fd_ = -1;
+  }
 
   static sigset_t only(int sig) {
     sigset_t set;
@@ -17954,6 +18076,8 @@ class auto_dumps {
   options opts_;
   dump_settings settings_;
   worker worker_;
+  std::mutex launch_mu_;  // launch() from the watcher, flush() and stop()
+  int watch_fd_ = -1;     // see watch_fd()
   int signal_ = 0;
   int sfd_ = -1;           // signalfd of signal_, read by the dumper
   bool blocked_ = false;   // the starting thread's block of signal_ is selfprof's
@@ -19751,7 +19875,8 @@ class profiler_core {
   // Starts selfprof's threads: the automatic dumps and the wall sampler first, so the collector knows
   // their tids and never arms them.
   status start_threads() {
-    status st = dumps_.start(opts_, session_);
+    // The dumper starts at the first dump request (or at once, for an interval); the collector watches.
+    status st = dumps_.start(opts_, session_, true);
     if (!st) return st;
     dump_signal_ = dumps_.signal_number();
     st = start_server();
@@ -19784,6 +19909,9 @@ class profiler_core {
     cc.pull = pull_;
     cc.pulled = &pulled_;
     cc.sampler = wall_ ? &wall_sampler_ : nullptr;
+    cc.standby_fd = dumps_.watch_fd();
+    cc.standby_launch = &auto_dumps::launch_from;
+    cc.standby_context = &dumps_;
     st = collector_.start(cc);
     if (!st) return st;
     return status::ok();

@@ -394,7 +394,8 @@ TEST_CASE("endpoint: a unix socket is 0600 and removed at stop; the control sock
   CHECK(::stat(path.c_str(), &sb) != 0);
 }
 
-TEST_CASE("endpoint: with the control socket alone, its thread starts at the first client") {
+TEST_CASE(
+    "endpoint: with the control socket alone, the dumper and server threads start at the first client") {
   wl::apply_test_environment();
   auto threads_named = [](const char* name) {
     int n = 0;
@@ -412,8 +413,8 @@ TEST_CASE("endpoint: with the control socket alone, its thread starts at the fir
   o.hz = 200;  // the control socket is on by default; no HTTP endpoint
   REQUIRE(selfprof::start(o));
   CHECK(selfprof::get_stats().http.control == "@selfprof-" + std::to_string(::getpid()));
-  CHECK(threads_named("selfprof-dump") == 1);
-  CHECK(threads_named("selfprof-http") == 0);  // nobody asked yet: no server thread
+  CHECK(threads_named("selfprof-dump") == 0);  // nobody asked yet: no dumper thread (the collector watches)
+  CHECK(threads_named("selfprof-http") == 0);  // and no server thread
   spin_cpu(before_window, 200 * 1000 * 1000);
   socklen_t len = 0;
   const sockaddr_un un = selfprof::detail::control_socket_address(::getpid(), len);
@@ -425,6 +426,7 @@ TEST_CASE("endpoint: with the control socket alone, its thread starts at the fir
     CHECK(ctl.status == 200);
     CHECK(folded_samples_with(ctl.body, "before_window", nullptr) >= 10);
     CHECK(threads_named("selfprof-http") == 1);
+    CHECK(threads_named("selfprof-dump") == 1);  // started by the client, before the server's thread
   }
   REQUIRE(selfprof::stop());
   CHECK(no_server_thread());

@@ -91,6 +91,11 @@ struct collector_config {
   wall_sampler* sampler = nullptr;  // wall mode: the wall sampler, told the threads to look at
   tick_source* pull = nullptr;      // a source without signals (ring): read into the ring at each wake
   pulled_counts* pulled = nullptr;  // its lost-sample counts, published
+  // A worker started on demand (the dumper, core/auto_dumps.hpp): `fd` is watched in every wait, and
+  // launch(context) called once when it turns readable. -1: none.
+  int standby_fd = -1;
+  void (*standby_launch)(void*) = nullptr;
+  void* standby_context = nullptr;
 };
 
 class collector {
@@ -201,8 +206,14 @@ class collector {
     auto last_code_scan = start;  // the first scan waits one interval: a short-lived process never pays it
     auto last_wake = start;
     config_.store->drain(*config_.ring);  // maps the ring's first pages (sample_ring::map_ahead)
-    while (worker_.wait(wait_ms(ticks_arrive, boosting))) {
+    int standby = config_.standby_launch ? config_.standby_fd : -1;
+    bool standby_ready = false;
+    while (worker_.wait(wait_ms(ticks_arrive, boosting), standby, &standby_ready)) {
       wakes_.fetch_add(1, std::memory_order_relaxed);
+      if (standby_ready) {
+        config_.standby_launch(config_.standby_context);  // it takes over what made the fd readable
+        standby = -1;
+      }
       config_.symbols->poll_jit_map();  // lines written before these samples were taken name them
       // Before the pull and the drain: the ring source walks its samples with the rows of now (and has
       // the rows of modules it reaches parsed, see ring_rows), the drain notes samples in unparsed ones.

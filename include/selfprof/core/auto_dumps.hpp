@@ -4,8 +4,14 @@
 // arrive while a dump is being written are answered together by the next one. The dumper also watches
 // the control socket (`selfprof dump PID`, another way to ask for a dump) until its first client, and
 // then has the server start its thread (serve/server.hpp: a process nobody asks runs no server thread).
-// Context: setup only (start/stop, serve_on_demand); the dumper thread; flush() from any thread; fork
-// child.
+// Context: setup only (start/stop, serve_on_demand); launch() from the watching thread; the dumper
+// thread; flush() from any thread; fork child.
+//
+// Started on demand (the profiler's way), the dumper thread itself starts only at the first request: until
+// then another thread (the collector) watches watch_fd(), which turns readable with the dumper's eventfd,
+// the signalfd or the control socket, and calls launch(). A process that never asks for a dump runs one
+// selfprof thread fewer: the first extra thread is most of what threads cost a short process, since from
+// then on the process runs on several CPUs (docs/measurements.md).
 //
 // The dump signal is taken by the dumper thread, not by an application thread. A process-directed signal
 // goes to some thread that does not block it, and a handler run there cuts that thread's blocking call
@@ -23,6 +29,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/types.h>
 #include <time.h>
@@ -55,8 +62,9 @@ class auto_dumps {
   // exit_dump_by_dumper in signal/dump_request.hpp).
   auto_dumps(snapshot_maker& snapshots, void (*exit_dump)()) : snapshots_(snapshots), exit_dump_(exit_dump) {}
 
-  // Starts the dumper thread and takes the dump signal when no one else handles it (else a note says so).
-  status start(const options& o, session_info& session) {
+  // Takes the dump signal when no one else handles it (else a note says so) and starts the dumper thread,
+  // or with `on_demand` (and no interval) only prepares it: watch_fd() then tells when to launch() it.
+  status start(const options& o, session_info& session, bool on_demand = false) {
     opts_ = o;
     settings_.paths = o.out.empty() ? kDefaultDumpTemplate : o.out;
     settings_.sink.allow_shared_dir = o.allow_shared_dir;
@@ -72,23 +80,59 @@ class auto_dumps {
     }
     on_demand_.store(nullptr, std::memory_order_relaxed);  // serve_on_demand() after this, if at all
     take_signal(o.dump_signal, session);
-    status st = worker_.start("selfprof-dump", &auto_dumps::main, this);
+    status st = worker_.prepare("selfprof-dump");
     if (!st) {
       give_signal_back();
       return st;
     }
     g_dump_requests.exit_requested.store(0, std::memory_order_relaxed);
     g_dump_requests.exit_done.store(0, std::memory_order_relaxed);
+    g_dump_requests.exit_dump_wanted.store(o.out.empty() ? 0 : 1, std::memory_order_relaxed);
     g_dump_requests.wake_fd.store(worker_.wake_fd(), std::memory_order_release);
-    g_dump_requests.dumper_tid.store(static_cast<int>(worker_.tid()), std::memory_order_release);
-    worker_.wake();  // a request counted by the handler before wake_fd was set
+    g_dump_requests.dumper_tid.store(0, std::memory_order_release);
+    if (on_demand && o.interval_s <= 0) make_watch_fd();
+    if (watch_fd_ < 0) {
+      st = launch();
+      if (!st) {
+        g_dump_requests.wake_fd.store(-1, std::memory_order_seq_cst);
+        worker_.stop();
+        give_signal_back();
+        return st;
+      }
+    }
+    if (watch_fd_ < 0 || requests_waiting())
+      worker_.wake();  // one the handler counted before wake_fd was set
     return status::ok();
   }
+
+  // Readable when the dumper, not started yet, has something to do; -1 once it runs (or when started
+  // without on_demand). Watched by one other thread, which calls launch() when it turns readable.
+  int watch_fd() const { return watch_fd_; }
+
+  // Starts the dumper thread if it is prepared and not running yet (else does nothing).
+  status launch() {
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    if (worker_.running() || worker_.wake_fd() < 0) return status::ok();
+    status st = worker_.launch(&auto_dumps::main, this);
+    if (st) {
+      g_dump_requests.dumper_tid.store(static_cast<int>(worker_.tid()), std::memory_order_release);
+    } else {
+      std::fprintf(stderr, "%s: dump requests are not answered\n", st.message().c_str());
+    }
+    return st;
+  }
+  // launch() for a watcher that holds a plain function pointer.
+  static void launch_from(void* self) { (void)static_cast<auto_dumps*>(self)->launch(); }
 
   // Answers what was requested, stops the thread, and gives the dump signal back to the application —
   // unless `keep_signal` (the exit dump: a late request must not meet the default action, terminate,
   // while the last profile is written; the handler then only counts it).
   void stop(bool keep_signal = false) {
+    if (!worker_.running() && worker_.wake_fd() >= 0) {
+      // Never launched: requests that arrived since the watcher stopped are still answered.
+      if (sfd_ >= 0) read_signalfd();
+      if (requests_waiting()) (void)launch();
+    }
     g_dump_requests.dumper_tid.store(0, std::memory_order_release);
     g_dump_requests.wake_fd.store(-1, std::memory_order_seq_cst);
     // A handler that read the descriptor before the store writes it before the thread closes it.
@@ -101,11 +145,13 @@ class auto_dumps {
       ::nanosleep(&step, nullptr);
     }
     worker_.stop();
+    close_watch_fd();
     if (!keep_signal) give_signal_back();
   }
 
   // Waits until every dump requested so far is written (tests, exit); at most `limit`.
   void flush(std::chrono::milliseconds limit = std::chrono::milliseconds(30000)) {
+    (void)launch();  // requests may be waiting for the watcher to start the dumper
     std::unique_lock<std::mutex> lock(mu_);
     const std::uint64_t want = g_dump_requests.requests.load();
     worker_.wake();
@@ -117,7 +163,9 @@ class auto_dumps {
     g_dump_requests.dumper_tid.store(0, std::memory_order_release);
     g_dump_requests.wake_fd.store(-1, std::memory_order_release);
     worker_.abandon_after_fork();
+    close_watch_fd();
     new (&mu_) std::mutex();
+    new (&launch_mu_) std::mutex();
     new (&done_cv_) std::condition_variable();
     if (signal_ != 0) {
       sys().sigaction(signal_, &previous_, nullptr);
@@ -137,7 +185,8 @@ class auto_dumps {
   // watching). The server may stop meanwhile: it then starts nothing.
   void serve_on_demand(http_server* server) {
     on_demand_.store(server, std::memory_order_release);
-    worker_.wake();  // the next wait watches it
+    if (server && watch_fd_ >= 0) watch(server->lazy_listener());  // a client starts the dumper first
+    worker_.wake();                                                // the next wait watches it
   }
 
   int signal_number() const { return signal_; }
@@ -148,6 +197,29 @@ class auto_dumps {
 
  private:
   static void main(void* self) { static_cast<auto_dumps*>(self)->loop(); }
+
+  // An epoll set of the eventfd and the signalfd (and the control socket, see serve_on_demand): readable
+  // when any of them is. Left at -1 when it cannot be made: the dumper then starts at once.
+  bool requests_waiting() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return g_dump_requests.requests.load() != handled_;
+  }
+
+  void make_watch_fd() {
+    watch_fd_ = keep_fd_high(::epoll_create1(EPOLL_CLOEXEC));
+    if (watch_fd_ >= 0 && (!watch(worker_.wake_fd()) || (sfd_ >= 0 && !watch(sfd_)))) close_watch_fd();
+  }
+  bool watch(int fd) {
+    if (fd < 0) return true;
+    struct epoll_event ev {};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    return ::epoll_ctl(watch_fd_, EPOLL_CTL_ADD, fd, &ev) == 0;
+  }
+  void close_watch_fd() {
+    if (watch_fd_ >= 0) ::close(watch_fd_);
+    watch_fd_ = -1;
+  }
 
   static sigset_t only(int sig) {
     sigset_t set;
@@ -306,6 +378,8 @@ class auto_dumps {
   options opts_;
   dump_settings settings_;
   worker worker_;
+  std::mutex launch_mu_;  // launch() from the watcher, flush() and stop()
+  int watch_fd_ = -1;     // see watch_fd()
   int signal_ = 0;
   int sfd_ = -1;           // signalfd of signal_, read by the dumper
   bool blocked_ = false;   // the starting thread's block of signal_ is selfprof's

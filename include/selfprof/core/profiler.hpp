@@ -477,7 +477,8 @@ class profiler_core {
   // Starts selfprof's threads: the automatic dumps and the wall sampler first, so the collector knows
   // their tids and never arms them.
   status start_threads() {
-    status st = dumps_.start(opts_, session_);
+    // The dumper starts at the first dump request (or at once, for an interval); the collector watches.
+    status st = dumps_.start(opts_, session_, true);
     if (!st) return st;
     dump_signal_ = dumps_.signal_number();
     st = start_server();
@@ -510,6 +511,9 @@ class profiler_core {
     cc.pull = pull_;
     cc.pulled = &pulled_;
     cc.sampler = wall_ ? &wall_sampler_ : nullptr;
+    cc.standby_fd = dumps_.watch_fd();
+    cc.standby_launch = &auto_dumps::launch_from;
+    cc.standby_context = &dumps_;
     st = collector_.start(cc);
     if (!st) return st;
     return status::ok();

@@ -1,8 +1,9 @@
 // The one kind of background thread selfprof runs (collector, dumper, JIT flusher, wall sampler): created
 // with every asynchronous signal blocked, named, its tid known before start() returns, woken through an
 // eventfd, joined by stop(), forgotten without a join in a forked child.
-// Context: start and stop from setup or from another worker (the server's loop starts at its first
-// client, its render thread at the first profile asked for), never from the worker itself;
+// Context: start, launch and stop from setup or from another worker (the server's loop starts at its
+// first client, its render thread at the first profile asked for, the dumper at its first request), never
+// from the worker itself;
 // abandon_after_fork in the child; wait() on the worker's own thread; wake() from any thread (wake_fd()
 // may be written from a signal handler).
 #pragma once
@@ -97,13 +98,34 @@ class worker {
   // Runs body(context) on a new thread called `name` (at most 15 characters). The thread is created with
   // worker_signal_mask() already in force. Fails when the thread or its eventfd cannot be created.
   status start(const char* name, void (*body)(void*), void* context) {
-    if (running_) return status::error(std::string("selfprof: thread ") + name + " runs already");
+    status st = prepare(name);
+    if (!st) return st;
+    st = launch(body, context);
+    if (!st) {
+      ::close(wake_fd_);
+      wake_fd_ = -1;
+    }
+    return st;
+  }
+
+  // The first half of start(), for a worker started on demand: the eventfd alone, so wake_fd() can be
+  // written (and watched by another thread) before the thread exists; launch() starts the thread.
+  status prepare(const char* name) {
+    if (running_ || wake_fd_ >= 0)
+      return status::error(std::string("selfprof: thread ") + name + " runs already");
     wake_fd_ = keep_fd_high(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));  // out of the application's range
     if (wake_fd_ < 0) {
       const int e = errno;
       return status::error(std::string("selfprof: eventfd for ") + name + ": " + std::strerror(e), e);
     }
     name_ = name;
+    return status::ok();
+  }
+
+  // The second half: the thread, after prepare(). A wake written before it is seen by its first wait().
+  status launch(void (*body)(void*), void* context) {
+    if (running_) return status::ok();
+    if (wake_fd_ < 0) return status::error(std::string("selfprof: thread ") + name_ + " was not prepared");
     body_ = body;
     context_ = context;
     stopping_.store(false, std::memory_order_relaxed);
@@ -121,12 +143,9 @@ class worker {
     const int rc = pthread_create(&thread_, &attr, &worker::entry, this);
     if (!in_attr) pthread_sigmask(SIG_SETMASK, &old, nullptr);
     pthread_attr_destroy(&attr);
-    if (rc != 0) {
-      ::close(wake_fd_);
-      wake_fd_ = -1;
-      return status::error(std::string("selfprof: cannot start thread ") + name + ": " + std::strerror(rc),
+    if (rc != 0)
+      return status::error(std::string("selfprof: cannot start thread ") + name_ + ": " + std::strerror(rc),
                            rc);
-    }
     running_ = true;
     std::unique_lock<std::mutex> lock(mu_);
     started_.wait(lock, [&] { return tid_.load(std::memory_order_relaxed) != 0; });
@@ -135,7 +154,11 @@ class worker {
 
   // Asks the body to return (stopping() turns true and wait() returns false), then joins. Idempotent.
   void stop() {
-    if (!running_) return;
+    if (!running_) {
+      if (wake_fd_ >= 0) ::close(wake_fd_);  // prepared, never launched
+      wake_fd_ = -1;
+      return;
+    }
     stopping_.store(true, std::memory_order_release);
     wake();
     pthread_join(thread_, nullptr);

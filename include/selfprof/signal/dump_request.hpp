@@ -25,6 +25,7 @@ struct dump_request_globals {
   std::atomic<int> dumper_tid{0};          // the dumper thread, 0 when none runs
   std::atomic<int> exit_requested{0};      // the process is ending: write the exit dump, then set exit_done
   std::atomic<int> exit_done{0};
+  std::atomic<int> exit_dump_wanted{0};  // the session writes an exit dump (an output path was given)
   // The dump signal while selfprof routes it to the dumper (blocked in the starting thread and so in every
   // thread it creates later), 0 otherwise: a fork child and an exec take the block off (core/auto_dumps.hpp).
   std::atomic<int> routed_signal{0};
@@ -54,9 +55,13 @@ inline void dump_signal_handler(int, siginfo_t*, void*) {
 // CPU time grows) and gives up after `stall_ms` without any, or after `limit_ms` in all: a dumper blocked
 // on a lock the caller holds cannot make it wait longer. True when the dump was written.
 // Async-signal-safe: atomics, raw write(2), clock_gettime(2) and nanosleep(2).
+// A dumper started on demand (core/auto_dumps.hpp) is not running yet: the wake starts it, and the wait
+// counts as a stall until its tid is published.
 inline bool exit_dump_by_dumper(unsigned stall_ms = 500, unsigned limit_ms = 60000) {
-  const int tid = g_dump_requests.dumper_tid.load(std::memory_order_acquire);
-  if (tid <= 0) return false;
+  if (g_dump_requests.exit_dump_wanted.load(std::memory_order_acquire) == 0) return false;
+  if (g_dump_requests.dumper_tid.load(std::memory_order_acquire) <= 0 &&
+      g_dump_requests.wake_fd.load(std::memory_order_acquire) < 0)
+    return false;
   g_dump_requests.in_flight.fetch_add(1, std::memory_order_seq_cst);
   g_dump_requests.exit_requested.store(1, std::memory_order_seq_cst);
   const int fd = g_dump_requests.wake_fd.load(std::memory_order_seq_cst);
@@ -66,19 +71,30 @@ inline bool exit_dump_by_dumper(unsigned stall_ms = 500, unsigned limit_ms = 600
   }
   g_dump_requests.in_flight.fetch_sub(1, std::memory_order_release);
   if (fd < 0) return false;
-  // The thread's CPU clock (clock_getcpuclockid's encoding for a thread: ~tid << 3 | CPUCLOCK_SCHED |
-  // CPUCLOCK_PERTHREAD); reading it fails once the thread is gone.
-  const clockid_t cpu = static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
   long long last_cpu = -1;
+  int last_tid = 0;
   unsigned still_ms = 0;
   for (unsigned waited_ms = 0; waited_ms < limit_ms; ++waited_ms) {
     if (g_dump_requests.exit_done.load(std::memory_order_acquire)) return true;
-    struct timespec t {};
-    if (raw_syscall3(SYS_clock_gettime, cpu, reinterpret_cast<long>(&t), 0) != 0) return false;
-    const long long now_cpu = static_cast<long long>(t.tv_sec) * 1000000000 + t.tv_nsec;
-    still_ms = now_cpu == last_cpu ? still_ms + 1 : 0;
-    if (still_ms >= stall_ms) return false;
-    last_cpu = now_cpu;
+    const int tid = g_dump_requests.dumper_tid.load(std::memory_order_acquire);
+    if (tid != last_tid) {
+      last_tid = tid;
+      last_cpu = -1;
+      still_ms = 0;
+    }
+    if (tid <= 0) {
+      if (++still_ms >= stall_ms) return false;
+    } else {
+      // The thread's CPU clock (clock_getcpuclockid's encoding for a thread: ~tid << 3 | CPUCLOCK_SCHED |
+      // CPUCLOCK_PERTHREAD); reading it fails once the thread is gone.
+      const clockid_t cpu = static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6u);
+      struct timespec t {};
+      if (raw_syscall3(SYS_clock_gettime, cpu, reinterpret_cast<long>(&t), 0) != 0) return false;
+      const long long now_cpu = static_cast<long long>(t.tv_sec) * 1000000000 + t.tv_nsec;
+      still_ms = now_cpu == last_cpu ? still_ms + 1 : 0;
+      if (still_ms >= stall_ms) return false;
+      last_cpu = now_cpu;
+    }
     struct timespec step {
       0, 1000 * 1000
     };

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <dirent.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 
@@ -149,6 +150,7 @@ std::mutex g_exit_lock;  // held by the "ending thread" to stand for a libc lock
 TEST_CASE("auto dumps: the exit dump is handed to the dumper thread, and given up when the dumper is stuck") {
   selfprof::options o;
   o.dump_signal = 0;
+  o.out = "/nonexistent-selfprof-dir/exit.folded";  // an exit dump is wanted (the callback stands for it)
   fake_session f(o);
   {
     auto_dumps dumps(f.maker, [] { g_exit_dumps.fetch_add(1); });
@@ -174,4 +176,104 @@ TEST_CASE("auto dumps: the exit dump is handed to the dumper thread, and given u
     dumps.stop();  // the dumper takes the lock now, writes, and ends
     CHECK(g_exit_dumps.load() == 2);
   }
+}
+
+namespace {
+// Stands for the collector: waits for the watch fd to turn readable, then launches the dumper.
+void watch_and_launch(auto_dumps& dumps, std::atomic<bool>& launched) {
+  struct pollfd p {
+    dumps.watch_fd(), POLLIN, 0
+  };
+  if (::poll(&p, 1, 10000) == 1) {
+    CHECK(dumps.launch());
+    launched.store(true);
+  }
+}
+}  // namespace
+
+TEST_CASE("auto dumps on demand: no thread until a request, which the watch fd announces") {
+  const std::string dir = dumps_temp_dir();
+  selfprof::options o;
+  o.dump_signal = 0;
+  o.out = dir + "/d-%n.folded";
+  fake_session f(o);
+  f.put(0x1000, 5);
+  {
+    auto_dumps dumps(f.maker, [] {});
+    REQUIRE(dumps.start(o, f.session, true));
+    CHECK(dumps.tid() == 0);
+    REQUIRE(dumps.watch_fd() >= 0);
+    struct pollfd p {
+      dumps.watch_fd(), POLLIN, 0
+    };
+    CHECK(::poll(&p, 1, 0) == 0);  // nothing asked: nothing to watch for
+    std::atomic<bool> launched{false};
+    std::thread watcher([&] { watch_and_launch(dumps, launched); });
+    dump_signal_handler(SIGUSR2, nullptr, nullptr);
+    watcher.join();
+    CHECK(launched.load());
+    CHECK(dumps.tid() != 0);
+    for (int i = 0; i < 400 && dumps.written() < 1; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    CHECK(dumps.written() == 1);  // answered by the thread the request started
+    dumps.stop();
+  }
+  {
+    // Never launched: stop() answers a request that came after the watcher stopped watching.
+    auto_dumps dumps(f.maker, [] {});
+    REQUIRE(dumps.start(o, f.session, true));
+    dump_signal_handler(SIGUSR2, nullptr, nullptr);
+    CHECK(dumps.tid() == 0);
+    dumps.stop();
+    CHECK(dumps.written() == 1);
+  }
+  {
+    // Nothing asked: the thread never starts, and stop() leaves nothing behind.
+    auto_dumps dumps(f.maker, [] {});
+    REQUIRE(dumps.start(o, f.session, true));
+    dumps.stop();
+    CHECK(dumps.tid() == 0);
+    CHECK(dumps.written() == 0);
+    CHECK(dumps.watch_fd() == -1);
+  }
+  CHECK(count_files(dir) == 2);
+  remove_dir(dir);
+}
+
+TEST_CASE("auto dumps on demand: the exit dump starts the dumper through the watcher, or is given up") {
+  selfprof::options o;
+  o.dump_signal = 0;
+  o.out = "/nonexistent-selfprof-dir/exit.folded";
+  fake_session f(o);
+  g_exit_dumps.store(0);
+  {
+    auto_dumps dumps(f.maker, [] { g_exit_dumps.fetch_add(1); });
+    REQUIRE(dumps.start(o, f.session, true));
+    std::atomic<bool> launched{false};
+    std::thread watcher([&] { watch_and_launch(dumps, launched); });
+    CHECK(exit_dump_by_dumper());
+    watcher.join();
+    CHECK(launched.load());
+    CHECK(g_exit_dumps.load() == 1);
+    dumps.stop();
+  }
+  {
+    // No watcher: the wait gives up after the stall time instead of hanging.
+    auto_dumps dumps(f.maker, [] { g_exit_dumps.fetch_add(1); });
+    REQUIRE(dumps.start(o, f.session, true));
+    CHECK_FALSE(exit_dump_by_dumper(50));
+    CHECK(dumps.tid() == 0);
+    dumps.stop(true);
+  }
+  {
+    // No exit dump wanted (no output path): nothing is asked of anyone.
+    selfprof::options none = o;
+    none.out.clear();
+    auto_dumps dumps(f.maker, [] { g_exit_dumps.fetch_add(1); });
+    REQUIRE(dumps.start(none, f.session, true));
+    CHECK_FALSE(exit_dump_by_dumper());
+    CHECK(dumps.tid() == 0);
+    dumps.stop();
+  }
+  CHECK(g_exit_dumps.load() == 1);
 }
