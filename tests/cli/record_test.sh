@@ -315,13 +315,14 @@ if grep -q "perf_event rings" fx.err; then
   script=fpp/p-$script_pid.folded
   both=0
   [ -f "$script" ] && grep -q '^sh;' "$script" && grep -q '^hot_c;.*hot_c_function' "$script" && both=1
-  # The forked hot_c: its hot function all under _start, its only other root sh (before its exec).
+  # The forked hot_c: its hot function all under _start, its only other roots sh (before its exec) and
+  # the loader's entry, _dl_start_user (a tick in ld.so running the libraries' initializers).
   own=0
   for f in fpp/*.folded; do
     [ "$f" = "$script" ] && continue
     hot=$(count_of "$f" "hot_c_function")
     under_start=$(grep -E '^(hot_c;)?_start;.*hot_c_function' "$f" | awk '{ n += $NF } END { print n + 0 }')
-    other=$(grep -vE '^(hot_c;|sh;|_start;)' "$f" | awk 'NF { n += $NF } END { print n + 0 }')
+    other=$(grep -vE '^(hot_c;|sh;|_start;|_dl_start_user;)' "$f" | awk 'NF { n += $NF } END { print n + 0 }')
     [ "$hot" -gt 20 ] && [ "$under_start" -eq "$hot" ] && [ "$other" -eq 0 ] && own=$((own + 1))
   done
   [ $rc -eq 0 ] && [ "$(head -1 fpp.out)" = "[] $script_pid" ] && [ "$n_pp" -eq 3 ] && [ "$own" -eq 1 ] && [ "$both" -eq 1 ] &&

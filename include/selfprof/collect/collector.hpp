@@ -205,7 +205,11 @@ class collector {
     config_.store->set_code({}, config_.symbols->jit_map());  // JIT samples are named from the first drain
     auto last_code_scan = start;  // the first scan waits one interval: a short-lived process never pays it
     auto last_wake = start;
-    config_.store->drain(*config_.ring);  // maps the ring's first pages (sample_ring::map_ahead)
+    // Maps the ring's first pages (sample_ring::map_ahead) before a signal handler writes there. A source
+    // without signals writes only from this thread, after the first wait: a process that ends before
+    // then never pays for the pages.
+    bool mapped = config_.pull == nullptr;
+    if (mapped) config_.store->drain(*config_.ring);
     int standby = config_.standby_launch ? config_.standby_fd : -1;
     bool standby_ready = false;
     while (worker_.wait(wait_ms(ticks_arrive, boosting), standby, &standby_ready)) {
@@ -219,6 +223,8 @@ class collector {
       // the rows of modules it reaches parsed, see ring_rows), the drain notes samples in unparsed ones.
       if (config_.unwind_rows) build_rows();
       if (config_.pull) {
+        if (!mapped) config_.store->drain(*config_.ring);  // maps ahead before collect() writes the ring
+        mapped = true;
         std::uint64_t asked;
         {
           std::lock_guard<std::mutex> lock(pull_mu_);
