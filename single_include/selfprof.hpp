@@ -3096,13 +3096,13 @@ struct stats {
   std::size_t threads_seen = 0, threads_armed = 0, threads_fallback = 0, threads_arm_failed = 0;
   std::size_t threads_blocking_signal = 0;  // live threads blocking the sampling signal (never sampled)
   std::uint64_t collector_wakes = 0;        // times the collector thread woke
-  std::uint64_t kernel_lost = 0;            // ring source: samples the kernel lost (PERF_RECORD_LOST)
-  std::uint64_t kernel_throttles = 0;       // ring source: PERF_RECORD_THROTTLE records
-  std::uint64_t thread_checks = 0;          // thread-count checks made by the handler
-  std::uint64_t thread_wakes = 0;           // ... that saw the count change and woke the collector
-  std::uint64_t rate_capped = 0;            // perf ticks taken at a period stretched to the handler's cost
-  std::uint64_t periods_skipped = 0;        // requested periods left unsampled by that stretch
-  int dump_signal = 0;                      // signal that triggers a dump (0: none taken)
+  std::uint64_t kernel_lost = 0;  // ring source: samples lost (PERF_RECORD_LOST; a record that did not parse)
+  std::uint64_t kernel_throttles = 0;  // ring source: PERF_RECORD_THROTTLE records
+  std::uint64_t thread_checks = 0;     // thread-count checks made by the handler
+  std::uint64_t thread_wakes = 0;      // ... that saw the count change and woke the collector
+  std::uint64_t rate_capped = 0;       // perf ticks taken at a period stretched to the handler's cost
+  std::uint64_t periods_skipped = 0;   // requested periods left unsampled by that stretch
+  int dump_signal = 0;                 // signal that triggers a dump (0: none taken)
   unsigned long dumps_written = 0, dumps_failed = 0;  // signal and interval dumps
   std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread;
   wall_stats wall;  // wall mode: what the wall sampler did
@@ -5800,8 +5800,8 @@ class dwarf_lines {
       return nullptr;
     dwarf_file* file = file_for(m);  // heap-allocated: Dwfl keeps pointers to its callbacks and userdata
     if (file == nullptr || !file->has_dwarf) {
-      if (file != nullptr && !file->skipped.empty() && !file->noted) {
-        file->noted = true;
+      if (file != nullptr && !file->skipped.empty() &&
+          std::find(noted_.begin(), noted_.end(), file) == noted_.end()) {
         noted_.push_back(file);
         warnings_.push_back(file->skipped);
       }
@@ -5821,7 +5821,6 @@ class dwarf_lines {
   std::size_t files_skipped() const { return files_skipped_; }  // compressed DWARF left unread
   // One line per skipped file that lookups reached since the last call, for a profile's notes.
   std::vector<std::string> take_warnings() {
-    for (dwarf_file* f : noted_) f->noted = false;
     noted_.clear();
     return std::exchange(warnings_, {});
   }
@@ -5836,7 +5835,6 @@ class dwarf_lines {
     Dwfl_Module* mod = nullptr;
     bool has_dwarf = false;
     std::string skipped;  // why its DWARF was left unread (lines_mode), else empty
-    bool noted = false;   // `skipped` is in the warnings not yet taken
     std::unordered_map<std::uint64_t, source_chain> chains;
     std::unordered_map<Dwarf_Off, dwarf_cu_index> units;  // by the compile unit DIE's offset
 
@@ -6036,7 +6034,7 @@ class dwarf_lines {
   lines_mode mode_ = lines_mode::automatic;
   std::map<const module_symbols*, std::unique_ptr<dwarf_file>> files_;
   std::vector<std::string> warnings_;
-  std::vector<dwarf_file*> noted_;  // files whose `noted` is set
+  std::vector<dwarf_file*> noted_;  // files whose `skipped` is in the warnings not yet taken
   std::size_t files_skipped_ = 0;
   std::size_t files_opened_ = 0;
   std::size_t files_with_dwarf_ = 0;
@@ -7468,6 +7466,14 @@ struct pending_code {
   std::uintptr_t start = 0, end = 0;
 };
 
+// The entry of `code` (sorted by start, not overlapping) that holds `pc`, or nullptr.
+inline const pending_code* find_pending(const std::vector<pending_code>& code, std::uint64_t pc) {
+  auto it = std::upper_bound(code.begin(), code.end(), pc,
+                             [](std::uint64_t v, const pending_code& c) { return v < c.start; });
+  if (it == code.begin() || pc >= (it - 1)->end) return nullptr;
+  return &*(it - 1);
+}
+
 class unwind_tables_state {
  public:
   // Re-reads the module list when dlopen/dlclose changed it (or `force`), parses new modules and
@@ -7959,12 +7965,10 @@ class code_watch {
 
  private:
   void note_pending(std::uint64_t pc) {
-    auto it = std::upper_bound(pending_.begin(), pending_.end(), pc,
-                               [](std::uint64_t a, const pending_code& c) { return a < c.start; });
-    if (it == pending_.begin()) return;
-    --it;
-    const std::size_t i = static_cast<std::size_t>(it - pending_.begin());
-    if (pc >= it->end || asked_[i]) return;
+    const pending_code* c = find_pending(pending_, pc);
+    if (c == nullptr) return;
+    const std::size_t i = static_cast<std::size_t>(c - pending_.data());
+    if (asked_[i]) return;
     asked_[i] = true;
     requests_.push_back(pc);
   }
@@ -8756,7 +8760,7 @@ struct pulled_stats {
   std::uint64_t records = 0;    // samples written into the sample ring
   std::uint64_t truncated = 0;  // of them, stacks cut by the depth limit
   std::uint64_t full = 0;       // samples dropped: the sample ring was full
-  std::uint64_t lost = 0;       // the kernel's PERF_RECORD_LOST counts
+  std::uint64_t lost = 0;       // the kernel's PERF_RECORD_LOST counts, and records that did not parse
   std::uint64_t throttles = 0;  // PERF_RECORD_THROTTLE records
 };
 
@@ -12083,12 +12087,7 @@ class collector {
   class ring_rows final : public row_requests {
    public:
     explicit ring_rows(collector& c) : c_(c) {}
-    bool unparsed(std::uint64_t pc) const override {
-      const std::vector<pending_code>& p = c_.pending_rows_;
-      auto it = std::upper_bound(p.begin(), p.end(), pc,
-                                 [](std::uint64_t v, const pending_code& s) { return v < s.start; });
-      return it != p.begin() && pc < (it - 1)->end;
-    }
+    bool unparsed(std::uint64_t pc) const override { return find_pending(c_.pending_rows_, pc) != nullptr; }
     bool parse(std::uint64_t pc) override {
       if (!unwind_tables().want(static_cast<std::uintptr_t>(pc))) return false;
       c_.build_rows();
@@ -12191,7 +12190,7 @@ class collector {
   bool pulling_ = false;
   bool rows_failed_ = false;                              // collector thread only
   std::uint64_t pending_generation_ = ~std::uint64_t{0};  // of the pending rows the store was given
-  std::vector<pending_code> pending_rows_;                // those rows (collector thread only)
+  std::vector<pending_code> pending_rows_;  // those rows: this thread's copy, read without the store's lock
   ring_rows ring_rows_{*this};
 };
 
@@ -18631,8 +18630,8 @@ struct sampled_stack : stack_copy {
 
 // What reading the rings found, for stats.
 struct ring_counts {
-  std::uint64_t samples = 0, foreign = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, full = 0;
-  std::uint64_t replaced = 0;  // a CPU ring's samples of a thread that has its own ring since then
+  // lost: the kernel's PERF_RECORD_LOST counts, and records that could not be parsed (one each)
+  std::uint64_t lost = 0, throttled = 0, full = 0;
   std::uint64_t stored = 0, truncated = 0;  // written into the sample ring; of them, cut by the depth limit
 };
 
@@ -19014,10 +19013,6 @@ class perf_ring_source final : public tick_source {
     return static_cast<unsigned>(std::max(5.0, ms));
   }
 
-  ring_counts counts() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return counts_;
-  }
   pulled_stats pulled() const override {
     std::lock_guard<std::mutex> lock(mu_);
     pulled_stats p;
@@ -19169,18 +19164,18 @@ class perf_ring_source final : public tick_source {
     std::uint64_t tail = meta->data_tail;
     std::size_t n = 0;
     if (head - tail > size) {  // cannot be: the kernel never overwrites unread data
-      ++counts_.corrupt;
+      ++counts_.lost;
       tail = head;
     }
     while (tail < head) {
       perf_event_header h;
       if (head - tail < sizeof h) {
-        ++counts_.corrupt;
+        ++counts_.lost;
         break;
       }
       ring_copy_out(data, size, tail, &h, sizeof h);
       if (h.size < sizeof h || h.size > head - tail || h.size % 8 != 0) {
-        ++counts_.corrupt;
+        ++counts_.lost;
         break;
       }
       record_.resize(h.size);
@@ -19208,23 +19203,14 @@ class perf_ring_source final : public tick_source {
     if (h.type != PERF_RECORD_SAMPLE) return;
     ring_sample smp;
     if (!parse_ring_sample(c, !user_only_, smp, user_chain_, kernel_chain_)) {
-      ++counts_.corrupt;
+      ++counts_.lost;
       return;
     }
     const auto tid = static_cast<pid_t>(smp.tid());
-    if (std::find(skip_.begin(), skip_.end(), tid) != skip_.end()) {
-      ++counts_.foreign;
-      return;
-    }
-    if (from.tid == 0 && has_own_ring(tid, smp.time)) {
-      ++counts_.replaced;
-      return;
-    }
-    if (smp.abi == PERF_SAMPLE_REGS_ABI_NONE) {  // no user context (a kernel thread): nothing of ours
-      ++counts_.foreign;
-      return;
-    }
-    ++counts_.samples;
+    if (std::find(skip_.begin(), skip_.end(), tid) != skip_.end()) return;  // selfprof's own thread
+    // A CPU ring's sample of a thread that has its own ring since then: that ring has it.
+    if (from.tid == 0 && has_own_ring(tid, smp.time)) return;
+    if (smp.abi == PERF_SAMPLE_REGS_ABI_NONE) return;  // no user context (a kernel thread): nothing of ours
     std::uint64_t pos = 0;
     ring_slot* slot = out.claim(pos);
     if (!slot) {
@@ -19256,7 +19242,6 @@ class perf_ring_source final : public tick_source {
     }
     const std::size_t depth = kernel + user;
     truncated = truncated || kernel < kernel_chain_.size();
-    if (spliced) ++counts_.spliced;
     slot->header.tid = static_cast<std::uint32_t>(tid);
     slot->header.depth = static_cast<std::uint16_t>(depth);
     slot->header.flags = truncated ? sample_truncated : 0;

@@ -61,12 +61,10 @@ class code_watch {
 
  private:
   void note_pending(std::uint64_t pc) {
-    auto it = std::upper_bound(pending_.begin(), pending_.end(), pc,
-                               [](std::uint64_t a, const pending_code& c) { return a < c.start; });
-    if (it == pending_.begin()) return;
-    --it;
-    const std::size_t i = static_cast<std::size_t>(it - pending_.begin());
-    if (pc >= it->end || asked_[i]) return;
+    const pending_code* c = find_pending(pending_, pc);
+    if (c == nullptr) return;
+    const std::size_t i = static_cast<std::size_t>(c - pending_.data());
+    if (asked_[i]) return;
     asked_[i] = true;
     requests_.push_back(pc);
   }

@@ -338,12 +338,7 @@ class collector {
   class ring_rows final : public row_requests {
    public:
     explicit ring_rows(collector& c) : c_(c) {}
-    bool unparsed(std::uint64_t pc) const override {
-      const std::vector<pending_code>& p = c_.pending_rows_;
-      auto it = std::upper_bound(p.begin(), p.end(), pc,
-                                 [](std::uint64_t v, const pending_code& s) { return v < s.start; });
-      return it != p.begin() && pc < (it - 1)->end;
-    }
+    bool unparsed(std::uint64_t pc) const override { return find_pending(c_.pending_rows_, pc) != nullptr; }
     bool parse(std::uint64_t pc) override {
       if (!unwind_tables().want(static_cast<std::uintptr_t>(pc))) return false;
       c_.build_rows();
@@ -446,7 +441,7 @@ class collector {
   bool pulling_ = false;
   bool rows_failed_ = false;                              // collector thread only
   std::uint64_t pending_generation_ = ~std::uint64_t{0};  // of the pending rows the store was given
-  std::vector<pending_code> pending_rows_;                // those rows (collector thread only)
+  std::vector<pending_code> pending_rows_;  // those rows: this thread's copy, read without the store's lock
   ring_rows ring_rows_{*this};
 };
 

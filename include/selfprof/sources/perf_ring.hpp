@@ -85,8 +85,8 @@ struct sampled_stack : stack_copy {
 
 // What reading the rings found, for stats.
 struct ring_counts {
-  std::uint64_t samples = 0, foreign = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, full = 0;
-  std::uint64_t replaced = 0;  // a CPU ring's samples of a thread that has its own ring since then
+  // lost: the kernel's PERF_RECORD_LOST counts, and records that could not be parsed (one each)
+  std::uint64_t lost = 0, throttled = 0, full = 0;
   std::uint64_t stored = 0, truncated = 0;  // written into the sample ring; of them, cut by the depth limit
 };
 
@@ -468,10 +468,6 @@ class perf_ring_source final : public tick_source {
     return static_cast<unsigned>(std::max(5.0, ms));
   }
 
-  ring_counts counts() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return counts_;
-  }
   pulled_stats pulled() const override {
     std::lock_guard<std::mutex> lock(mu_);
     pulled_stats p;
@@ -623,18 +619,18 @@ class perf_ring_source final : public tick_source {
     std::uint64_t tail = meta->data_tail;
     std::size_t n = 0;
     if (head - tail > size) {  // cannot be: the kernel never overwrites unread data
-      ++counts_.corrupt;
+      ++counts_.lost;
       tail = head;
     }
     while (tail < head) {
       perf_event_header h;
       if (head - tail < sizeof h) {
-        ++counts_.corrupt;
+        ++counts_.lost;
         break;
       }
       ring_copy_out(data, size, tail, &h, sizeof h);
       if (h.size < sizeof h || h.size > head - tail || h.size % 8 != 0) {
-        ++counts_.corrupt;
+        ++counts_.lost;
         break;
       }
       record_.resize(h.size);
@@ -662,23 +658,14 @@ class perf_ring_source final : public tick_source {
     if (h.type != PERF_RECORD_SAMPLE) return;
     ring_sample smp;
     if (!parse_ring_sample(c, !user_only_, smp, user_chain_, kernel_chain_)) {
-      ++counts_.corrupt;
+      ++counts_.lost;
       return;
     }
     const auto tid = static_cast<pid_t>(smp.tid());
-    if (std::find(skip_.begin(), skip_.end(), tid) != skip_.end()) {
-      ++counts_.foreign;
-      return;
-    }
-    if (from.tid == 0 && has_own_ring(tid, smp.time)) {
-      ++counts_.replaced;
-      return;
-    }
-    if (smp.abi == PERF_SAMPLE_REGS_ABI_NONE) {  // no user context (a kernel thread): nothing of ours
-      ++counts_.foreign;
-      return;
-    }
-    ++counts_.samples;
+    if (std::find(skip_.begin(), skip_.end(), tid) != skip_.end()) return;  // selfprof's own thread
+    // A CPU ring's sample of a thread that has its own ring since then: that ring has it.
+    if (from.tid == 0 && has_own_ring(tid, smp.time)) return;
+    if (smp.abi == PERF_SAMPLE_REGS_ABI_NONE) return;  // no user context (a kernel thread): nothing of ours
     std::uint64_t pos = 0;
     ring_slot* slot = out.claim(pos);
     if (!slot) {
@@ -710,7 +697,6 @@ class perf_ring_source final : public tick_source {
     }
     const std::size_t depth = kernel + user;
     truncated = truncated || kernel < kernel_chain_.size();
-    if (spliced) ++counts_.spliced;
     slot->header.tid = static_cast<std::uint32_t>(tid);
     slot->header.depth = static_cast<std::uint16_t>(depth);
     slot->header.flags = truncated ? sample_truncated : 0;

@@ -33,7 +33,7 @@ struct pulled_stats {
   std::uint64_t records = 0;    // samples written into the sample ring
   std::uint64_t truncated = 0;  // of them, stacks cut by the depth limit
   std::uint64_t full = 0;       // samples dropped: the sample ring was full
-  std::uint64_t lost = 0;       // the kernel's PERF_RECORD_LOST counts
+  std::uint64_t lost = 0;       // the kernel's PERF_RECORD_LOST counts, and records that did not parse
   std::uint64_t throttles = 0;  // PERF_RECORD_THROTTLE records
 };
 

@@ -187,8 +187,8 @@ class dwarf_lines {
       return nullptr;
     dwarf_file* file = file_for(m);  // heap-allocated: Dwfl keeps pointers to its callbacks and userdata
     if (file == nullptr || !file->has_dwarf) {
-      if (file != nullptr && !file->skipped.empty() && !file->noted) {
-        file->noted = true;
+      if (file != nullptr && !file->skipped.empty() &&
+          std::find(noted_.begin(), noted_.end(), file) == noted_.end()) {
         noted_.push_back(file);
         warnings_.push_back(file->skipped);
       }
@@ -208,7 +208,6 @@ class dwarf_lines {
   std::size_t files_skipped() const { return files_skipped_; }  // compressed DWARF left unread
   // One line per skipped file that lookups reached since the last call, for a profile's notes.
   std::vector<std::string> take_warnings() {
-    for (dwarf_file* f : noted_) f->noted = false;
     noted_.clear();
     return std::exchange(warnings_, {});
   }
@@ -223,7 +222,6 @@ class dwarf_lines {
     Dwfl_Module* mod = nullptr;
     bool has_dwarf = false;
     std::string skipped;  // why its DWARF was left unread (lines_mode), else empty
-    bool noted = false;   // `skipped` is in the warnings not yet taken
     std::unordered_map<std::uint64_t, source_chain> chains;
     std::unordered_map<Dwarf_Off, dwarf_cu_index> units;  // by the compile unit DIE's offset
 
@@ -423,7 +421,7 @@ class dwarf_lines {
   lines_mode mode_ = lines_mode::automatic;
   std::map<const module_symbols*, std::unique_ptr<dwarf_file>> files_;
   std::vector<std::string> warnings_;
-  std::vector<dwarf_file*> noted_;  // files whose `noted` is set
+  std::vector<dwarf_file*> noted_;  // files whose `skipped` is in the warnings not yet taken
   std::size_t files_skipped_ = 0;
   std::size_t files_opened_ = 0;
   std::size_t files_with_dwarf_ = 0;

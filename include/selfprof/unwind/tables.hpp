@@ -136,6 +136,14 @@ struct pending_code {
   std::uintptr_t start = 0, end = 0;
 };
 
+// The entry of `code` (sorted by start, not overlapping) that holds `pc`, or nullptr.
+inline const pending_code* find_pending(const std::vector<pending_code>& code, std::uint64_t pc) {
+  auto it = std::upper_bound(code.begin(), code.end(), pc,
+                             [](std::uint64_t v, const pending_code& c) { return v < c.start; });
+  if (it == code.begin() || pc >= (it - 1)->end) return nullptr;
+  return &*(it - 1);
+}
+
 class unwind_tables_state {
  public:
   // Re-reads the module list when dlopen/dlclose changed it (or `force`), parses new modules and
