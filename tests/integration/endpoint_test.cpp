@@ -413,9 +413,9 @@ TEST_CASE(
   o.hz = 200;  // the control socket is on by default; no HTTP endpoint
   REQUIRE(selfprof::start(o));
   CHECK(selfprof::get_stats().http.control == "@selfprof-" + std::to_string(::getpid()));
+  spin_cpu(before_window, 200 * 1000 * 1000);  // the collector has waited several times meanwhile
   CHECK(threads_named("selfprof-dump") == 0);  // nobody asked yet: no dumper thread (the collector watches)
   CHECK(threads_named("selfprof-http") == 0);  // and no server thread
-  spin_cpu(before_window, 200 * 1000 * 1000);
   socklen_t len = 0;
   const sockaddr_un un = selfprof::detail::control_socket_address(::getpid(), len);
   for (int round = 0; round < 2; ++round) {  // the first client starts the thread, the second finds it

@@ -10,8 +10,8 @@
 // Started on demand (the profiler's way), the dumper thread itself starts only at the first request: until
 // then another thread (the collector) watches watch_fd(), which turns readable with the dumper's eventfd,
 // the signalfd or the control socket, and calls launch(). A process that never asks for a dump runs one
-// selfprof thread fewer: the first extra thread is most of what threads cost a short process, since from
-// then on the process runs on several CPUs (docs/measurements.md).
+// selfprof thread fewer: creating and ending a thread is a good part of what selfprof costs a short-lived
+// process (docs/measurements.md).
 //
 // The dump signal is taken by the dumper thread, not by an application thread. A process-directed signal
 // goes to some thread that does not block it, and a handler run there cuts that thread's blocking call
@@ -186,7 +186,9 @@ class auto_dumps {
   void serve_on_demand(http_server* server) {
     on_demand_.store(server, std::memory_order_release);
     if (server && watch_fd_ >= 0) watch(server->lazy_listener());  // a client starts the dumper first
-    worker_.wake();                                                // the next wait watches it
+    // A running dumper's next wait watches it; one not started must not be woken (the wake would start it).
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    if (worker_.running()) worker_.wake();
   }
 
   int signal_number() const { return signal_; }
@@ -198,13 +200,13 @@ class auto_dumps {
  private:
   static void main(void* self) { static_cast<auto_dumps*>(self)->loop(); }
 
-  // An epoll set of the eventfd and the signalfd (and the control socket, see serve_on_demand): readable
-  // when any of them is. Left at -1 when it cannot be made: the dumper then starts at once.
   bool requests_waiting() {
     std::lock_guard<std::mutex> lock(mu_);
     return g_dump_requests.requests.load() != handled_;
   }
 
+  // An epoll set of the eventfd and the signalfd (and the control socket, see serve_on_demand): readable
+  // when any of them is. Left at -1 when it cannot be made: the dumper then starts at once.
   void make_watch_fd() {
     watch_fd_ = keep_fd_high(::epoll_create1(EPOLL_CLOEXEC));
     if (watch_fd_ >= 0 && (!watch(worker_.wake_fd()) || (sfd_ >= 0 && !watch(sfd_)))) close_watch_fd();
