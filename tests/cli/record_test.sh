@@ -54,6 +54,16 @@ else
   bad "C++: no profile written"
 fi
 
+# The path the child wrote is named with %p expanded and %% taken as a literal %; one with a field the
+# child chose itself (%n, %t) is not named.
+"$bin" record -o 'pct100%%-%p.folded' -- ./hot_c 0 > /dev/null 2> pct.err
+named=$(sed -n 's/^selfprof record: profile written to //p' pct.err)
+[ -n "$named" ] && [ -f "$named" ] && case "$(basename "$named")" in pct100%-[0-9]*.folded) true ;; *) false ;; esac &&
+  ok "the profile's path is named: $(basename "$named")" || bad "named path: '$named' ($(cat pct.err))"
+"$bin" record -o 'num-%n.folded' -- ./hot_c 0 > /dev/null 2> num.err
+[ -f num-1.folded ] && ! grep -q "written to" num.err && ok "a path with %n is written, not named" ||
+  bad "%n path: $(ls num-* 2> /dev/null) $(cat num.err)"
+
 # SVG output (the default format) of the C program.
 "$bin" record -q -o c.svg -- ./hot_c 0 > /dev/null
 grep -q "hot_c_function" c.svg 2> /dev/null && ok "SVG output names the hot function" || bad "SVG output"
@@ -94,11 +104,13 @@ fi
 "$bin" record -q -o usr2-%n.folded -- perl -e 'print sleep(3), "\n"' > usr2.out &
 rec=$!
 kid=
-for i in $(seq 50); do  # the child, once its dumper thread runs (before that SIGUSR2 would kill it)
+# The child, once its collector thread runs: start() has taken the signal by then (before, SIGUSR2 would
+# kill it); the dumper thread itself starts at the first request.
+for i in $(seq 50); do
   # The kernel's list of the recorder's children: a scan of every /proc/PID/stat forks once per process
   # and, on a busy machine, outlasted the 3 s sleep.
   read -r kid _ < /proc/"$rec"/task/"$rec"/children 2> /dev/null
-  [ -n "$kid" ] && grep -qx selfprof-dump /proc/"$kid"/task/*/comm 2> /dev/null && break
+  [ -n "$kid" ] && grep -qx selfprof /proc/"$kid"/task/*/comm 2> /dev/null && break
   kid=
   sleep 0.05
 done

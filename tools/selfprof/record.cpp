@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <selfprof/dump/dump.hpp>
+#include <selfprof/dump/paths.hpp>
 #include <selfprof/dump/raw_dump.hpp>
 
 #include "args.hpp"
@@ -110,19 +111,18 @@ bool find_preload(std::string& out, std::string& tried) {
   return false;
 }
 
-// `tmpl` with %p as `pid`, and nothing else expanded: the child chose its own %t and %n, so the caller
-// names the path only when no '%' is left (expand_path_template would put this process's values there).
-std::string expand_pid(const std::string& tmpl, pid_t pid) {
-  std::string out;
-  for (std::size_t i = 0; i < tmpl.size(); ++i) {
-    if (tmpl[i] == '%' && i + 1 < tmpl.size() && tmpl[i + 1] == 'p') {
-      out += std::to_string(pid);
-      ++i;
-    } else {
-      out += tmpl[i];
-    }
+// The path the child wrote its profile to, when `tmpl` holds no field but %p (and %%): the child chose
+// its own %t and %n, which this process cannot know, so such a path is not named.
+bool child_profile_path(const std::string& tmpl, pid_t pid, std::string& path) {
+  for (std::size_t i = 0; i + 1 < tmpl.size(); ++i) {
+    if (tmpl[i] != '%') continue;
+    if (tmpl[i + 1] != 'p' && tmpl[i + 1] != '%') return false;
+    ++i;
   }
-  return out;
+  selfprof::detail::path_fields f;
+  f.pid = pid;
+  path = selfprof::detail::expand_path_template(tmpl, f);
+  return true;
 }
 
 // Reads a file of our private directory: a regular file, not through a link.
@@ -531,8 +531,8 @@ int run_record(int argc, char** argv) {
     return rc;
   }
   if (!a.has("quiet")) {
-    const std::string path = expand_pid(out, child);
-    if (path.find('%') == std::string::npos && path.find(',') == std::string::npos) {
+    std::string path;
+    if (child_profile_path(out, child, path) && path.find(',') == std::string::npos) {
       if (::access(path.c_str(), F_OK) == 0)
         std::fprintf(stderr, "selfprof record: profile written to %s\n", path.c_str());
       else if (!exec_note.empty())
