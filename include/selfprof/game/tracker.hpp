@@ -5,7 +5,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -45,7 +44,9 @@ class duration_histogram {
   // The q-quantile (0 < q <= 1): the geometric middle of the bucket holding the rank ceil(q * count).
   double quantile_ns(double q) const {
     if (count_ == 0) return 0;
-    auto rank = static_cast<std::uint64_t>(std::ceil(q * static_cast<double>(count_)));
+    const double at = q * static_cast<double>(count_);
+    auto rank = static_cast<std::uint64_t>(at);  // rounded up below, without libm's ceil
+    if (static_cast<double>(rank) < at) ++rank;
     if (rank < 1) rank = 1;
     std::uint64_t seen = 0;
     for (std::size_t i = 0; i < counts_.size(); ++i) {
