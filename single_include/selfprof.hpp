@@ -5590,9 +5590,47 @@ class module_registry {
 #include <elfutils/libdwfl.h>
 #include <gelf.h>
 
-#if SELFPROF_LIBDW_DLOPEN
+// ---- begin selfprof/detail/dl_api.hpp ----
+// Tables of an optional library's functions (libdw, zlib), filled either with the linked functions'
+// addresses or, for a build that must not map the library in every process (the preload library), with
+// dlsym() from dlopen(soname) at first use. One X-macro lists the functions; the table's members carry
+// the functions' own names and types, so callers write `api.deflate(...)` as they would `deflate(...)`.
+// Context: any thread except the signal handler (dlopen takes the loader lock).
+//
+//   #define MY_FUNCTIONS(X) X(deflate) X(deflateEnd)
+//   struct my_api { MY_FUNCTIONS(SELFPROF_DL_MEMBER) bool ok = false; };
+//   SELFPROF_DL_FILL_LINKED(a, MY_FUNCTIONS);                  // links the library
+//   SELFPROF_DL_FILL_LOADED(a, MY_FUNCTIONS, "libz.so.1");     // does not; `ok` false if anything is missing
+//
+// The handle is never closed: the pointers may be used at any later time.
+
 #include <dlfcn.h>
-#endif
+
+#define SELFPROF_DL_MEMBER(name) decltype(&::name) name = nullptr;
+#define SELFPROF_DL_LINK(name) dl_table.name = &::name;
+#define SELFPROF_DL_LOOKUP(name)                                                     \
+  dl_table.name = reinterpret_cast<decltype(&::name)>(::dlsym(dl_handle, #name)); \
+  dl_all = dl_all && dl_table.name != nullptr;
+
+#define SELFPROF_DL_FILL_LINKED(api, FUNCTIONS) \
+  do {                                          \
+    auto& dl_table = (api);                     \
+    FUNCTIONS(SELFPROF_DL_LINK)                 \
+    dl_table.ok = true;                         \
+  } while (false)
+
+// dlsym with a handle also searches the library's dependencies (libdw's handle finds libelf's functions).
+#define SELFPROF_DL_FILL_LOADED(api, FUNCTIONS, soname)               \
+  do {                                                                \
+    auto& dl_table = (api);                                           \
+    void* const dl_handle = ::dlopen((soname), RTLD_NOW | RTLD_LOCAL); \
+    bool dl_all = dl_handle != nullptr;                               \
+    if (dl_handle != nullptr) {                                       \
+      FUNCTIONS(SELFPROF_DL_LOOKUP)                                   \
+    }                                                                 \
+    dl_table.ok = dl_all;                                             \
+  } while (false)
+// ---- end selfprof/detail/dl_api.hpp ----
 
 namespace selfprof {
 namespace detail {
@@ -5609,45 +5647,24 @@ namespace detail {
 // clang-format on
 
 struct libdw_api {
-#define SELFPROF_LIBDW_MEMBER(name) decltype(&::name) name = nullptr;
-  SELFPROF_LIBDW_FUNCTIONS(SELFPROF_LIBDW_MEMBER)
-#undef SELFPROF_LIBDW_MEMBER
+  SELFPROF_LIBDW_FUNCTIONS(SELFPROF_DL_MEMBER)
   bool ok = false;  // every member is set
 };
 
+// Filled once, on first use. Loaded with dlopen, `ok` is false (and DWARF lookups find nothing) when
+// libdw.so.1 is missing or lacks a function.
+inline const libdw_api& libdw() {
+  static const libdw_api api = [] {
+    libdw_api a;
 #if SELFPROF_LIBDW_DLOPEN
-// Loaded once, on first use; `ok` is false (and DWARF lookups find nothing) when libdw.so.1 is missing or
-// lacks a function. The handle is never closed: the symbolizer may run again at any time.
-inline const libdw_api& libdw() {
-  static const libdw_api api = [] {
-    libdw_api a;
-    void* handle = ::dlopen("libdw.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) return a;
-    bool all = true;
-    // dlsym with a handle searches the library and its dependencies: libelf's functions are found too.
-#define SELFPROF_LIBDW_LOAD(name)                                       \
-  a.name = reinterpret_cast<decltype(&::name)>(::dlsym(handle, #name)); \
-  all = all && a.name != nullptr;
-    SELFPROF_LIBDW_FUNCTIONS(SELFPROF_LIBDW_LOAD)
-#undef SELFPROF_LIBDW_LOAD
-    a.ok = all;
-    return a;
-  }();
-  return api;
-}
+    SELFPROF_DL_FILL_LOADED(a, SELFPROF_LIBDW_FUNCTIONS, "libdw.so.1");
 #else
-inline const libdw_api& libdw() {
-  static const libdw_api api = [] {
-    libdw_api a;
-#define SELFPROF_LIBDW_LINK(name) a.name = &::name;
-    SELFPROF_LIBDW_FUNCTIONS(SELFPROF_LIBDW_LINK)
-#undef SELFPROF_LIBDW_LINK
-    a.ok = true;
+    SELFPROF_DL_FILL_LINKED(a, SELFPROF_LIBDW_FUNCTIONS);
+#endif
     return a;
   }();
   return api;
 }
-#endif
 #undef SELFPROF_LIBDW_FUNCTIONS
 
 }  // namespace detail
@@ -12904,9 +12921,7 @@ inline std::string write_folded(const profile& p, const folded_options& opts = {
 
 #if SELFPROF_HAS_ZLIB
 #include <zlib.h>
-#if SELFPROF_ZLIB_DLOPEN
-#include <dlfcn.h>
-#endif
+
 #endif
 
 namespace selfprof {
@@ -12959,12 +12974,10 @@ inline std::string gzip_stored(std::string_view bytes) {
 
 #if SELFPROF_HAS_ZLIB
 // The zlib functions gzip_zlib calls: linked, or loaded once from libz.so.1 (SELFPROF_ZLIB_DLOPEN; `ok`
-// is false when the library or a function is missing). The handle is never closed.
+// is false when the library or a function is missing).
+#define SELFPROF_ZLIB_FUNCTIONS(X) X(deflateInit2_) X(deflateBound) X(deflate) X(deflateEnd)
 struct zlib_api {
-  decltype(&::deflateInit2_) init2 = nullptr;
-  decltype(&::deflateBound) bound = nullptr;
-  decltype(&::deflate) compress = nullptr;
-  decltype(&::deflateEnd) end = nullptr;
+  SELFPROF_ZLIB_FUNCTIONS(SELFPROF_DL_MEMBER)
   bool ok = false;
 };
 
@@ -12972,23 +12985,15 @@ inline const zlib_api& zlib() {
   static const zlib_api api = [] {
     zlib_api a;
 #if SELFPROF_ZLIB_DLOPEN
-    void* handle = ::dlopen("libz.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) return a;
-    a.init2 = reinterpret_cast<decltype(a.init2)>(::dlsym(handle, "deflateInit2_"));
-    a.bound = reinterpret_cast<decltype(a.bound)>(::dlsym(handle, "deflateBound"));
-    a.compress = reinterpret_cast<decltype(a.compress)>(::dlsym(handle, "deflate"));
-    a.end = reinterpret_cast<decltype(a.end)>(::dlsym(handle, "deflateEnd"));
+    SELFPROF_DL_FILL_LOADED(a, SELFPROF_ZLIB_FUNCTIONS, "libz.so.1");
 #else
-    a.init2 = &::deflateInit2_;
-    a.bound = &::deflateBound;
-    a.compress = &::deflate;
-    a.end = &::deflateEnd;
+    SELFPROF_DL_FILL_LINKED(a, SELFPROF_ZLIB_FUNCTIONS);
 #endif
-    a.ok = a.init2 && a.bound && a.compress && a.end;
     return a;
   }();
   return api;
 }
+#undef SELFPROF_ZLIB_FUNCTIONS
 
 // zlib deflate with a gzip wrapper; returns an empty string when zlib fails or is missing (the caller
 // falls back).
@@ -12997,17 +13002,17 @@ inline std::string gzip_zlib(std::string_view bytes, int level = Z_DEFAULT_COMPR
   if (!z.ok) return {};
   z_stream zs{};
   // What the deflateInit2 macro expands to, through the table.
-  if (z.init2(&zs, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
-              static_cast<int>(sizeof(z_stream))) != Z_OK)
+  if (z.deflateInit2_(&zs, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
+                      static_cast<int>(sizeof(z_stream))) != Z_OK)
     return {};
-  std::string out(z.bound(&zs, static_cast<uLong>(bytes.size())) + 32, '\0');
+  std::string out(z.deflateBound(&zs, static_cast<uLong>(bytes.size())) + 32, '\0');
   zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
   zs.avail_in = static_cast<uInt>(bytes.size());
   zs.next_out = reinterpret_cast<Bytef*>(&out[0]);
   zs.avail_out = static_cast<uInt>(out.size());
-  const int rc = z.compress(&zs, Z_FINISH);
+  const int rc = z.deflate(&zs, Z_FINISH);
   const std::size_t produced = out.size() - zs.avail_out;
-  z.end(&zs);
+  z.deflateEnd(&zs);
   if (rc != Z_STREAM_END) return {};
   out.resize(produced);
   return out;
@@ -17832,7 +17837,12 @@ class auto_dumps {
   // unless `keep_signal` (the exit dump: a late request must not meet the default action, terminate,
   // while the last profile is written; the handler then only counts it).
   void stop(bool keep_signal = false) {
-    if (!worker_.running() && worker_.wake_fd() >= 0) {
+    bool never_launched = false;
+    {  // the lock orders this read with a launch() by flush() on another thread or by a watcher still running
+      std::lock_guard<std::mutex> lock(launch_mu_);
+      never_launched = !worker_.running() && worker_.wake_fd() >= 0;
+    }
+    if (never_launched) {
       // Never launched: requests that arrived since the watcher stopped are still answered.
       if (sfd_ >= 0) read_signalfd();
       if (requests_waiting()) (void)launch();

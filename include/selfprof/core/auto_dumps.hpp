@@ -128,7 +128,12 @@ class auto_dumps {
   // unless `keep_signal` (the exit dump: a late request must not meet the default action, terminate,
   // while the last profile is written; the handler then only counts it).
   void stop(bool keep_signal = false) {
-    if (!worker_.running() && worker_.wake_fd() >= 0) {
+    bool never_launched = false;
+    {  // the lock orders this read with a launch() by flush() on another thread or by a watcher still running
+      std::lock_guard<std::mutex> lock(launch_mu_);
+      never_launched = !worker_.running() && worker_.wake_fd() >= 0;
+    }
+    if (never_launched) {
       // Never launched: requests that arrived since the watcher stopped are still answered.
       if (sfd_ >= 0) read_signalfd();
       if (requests_waiting()) (void)launch();

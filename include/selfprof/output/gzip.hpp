@@ -19,9 +19,8 @@
 
 #if SELFPROF_HAS_ZLIB
 #include <zlib.h>
-#if SELFPROF_ZLIB_DLOPEN
-#include <dlfcn.h>
-#endif
+
+#include "selfprof/detail/dl_api.hpp"
 #endif
 
 namespace selfprof {
@@ -74,12 +73,10 @@ inline std::string gzip_stored(std::string_view bytes) {
 
 #if SELFPROF_HAS_ZLIB
 // The zlib functions gzip_zlib calls: linked, or loaded once from libz.so.1 (SELFPROF_ZLIB_DLOPEN; `ok`
-// is false when the library or a function is missing). The handle is never closed.
+// is false when the library or a function is missing).
+#define SELFPROF_ZLIB_FUNCTIONS(X) X(deflateInit2_) X(deflateBound) X(deflate) X(deflateEnd)
 struct zlib_api {
-  decltype(&::deflateInit2_) init2 = nullptr;
-  decltype(&::deflateBound) bound = nullptr;
-  decltype(&::deflate) compress = nullptr;
-  decltype(&::deflateEnd) end = nullptr;
+  SELFPROF_ZLIB_FUNCTIONS(SELFPROF_DL_MEMBER)
   bool ok = false;
 };
 
@@ -87,23 +84,15 @@ inline const zlib_api& zlib() {
   static const zlib_api api = [] {
     zlib_api a;
 #if SELFPROF_ZLIB_DLOPEN
-    void* handle = ::dlopen("libz.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) return a;
-    a.init2 = reinterpret_cast<decltype(a.init2)>(::dlsym(handle, "deflateInit2_"));
-    a.bound = reinterpret_cast<decltype(a.bound)>(::dlsym(handle, "deflateBound"));
-    a.compress = reinterpret_cast<decltype(a.compress)>(::dlsym(handle, "deflate"));
-    a.end = reinterpret_cast<decltype(a.end)>(::dlsym(handle, "deflateEnd"));
+    SELFPROF_DL_FILL_LOADED(a, SELFPROF_ZLIB_FUNCTIONS, "libz.so.1");
 #else
-    a.init2 = &::deflateInit2_;
-    a.bound = &::deflateBound;
-    a.compress = &::deflate;
-    a.end = &::deflateEnd;
+    SELFPROF_DL_FILL_LINKED(a, SELFPROF_ZLIB_FUNCTIONS);
 #endif
-    a.ok = a.init2 && a.bound && a.compress && a.end;
     return a;
   }();
   return api;
 }
+#undef SELFPROF_ZLIB_FUNCTIONS
 
 // zlib deflate with a gzip wrapper; returns an empty string when zlib fails or is missing (the caller
 // falls back).
@@ -112,17 +101,17 @@ inline std::string gzip_zlib(std::string_view bytes, int level = Z_DEFAULT_COMPR
   if (!z.ok) return {};
   z_stream zs{};
   // What the deflateInit2 macro expands to, through the table.
-  if (z.init2(&zs, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
-              static_cast<int>(sizeof(z_stream))) != Z_OK)
+  if (z.deflateInit2_(&zs, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
+                      static_cast<int>(sizeof(z_stream))) != Z_OK)
     return {};
-  std::string out(z.bound(&zs, static_cast<uLong>(bytes.size())) + 32, '\0');
+  std::string out(z.deflateBound(&zs, static_cast<uLong>(bytes.size())) + 32, '\0');
   zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
   zs.avail_in = static_cast<uInt>(bytes.size());
   zs.next_out = reinterpret_cast<Bytef*>(&out[0]);
   zs.avail_out = static_cast<uInt>(out.size());
-  const int rc = z.compress(&zs, Z_FINISH);
+  const int rc = z.deflate(&zs, Z_FINISH);
   const std::size_t produced = out.size() - zs.avail_out;
-  z.end(&zs);
+  z.deflateEnd(&zs);
   if (rc != Z_STREAM_END) return {};
   out.resize(produced);
   return out;

@@ -13,9 +13,7 @@
 #include <elfutils/libdwfl.h>
 #include <gelf.h>
 
-#if SELFPROF_LIBDW_DLOPEN
-#include <dlfcn.h>
-#endif
+#include "selfprof/detail/dl_api.hpp"
 
 namespace selfprof {
 namespace detail {
@@ -32,45 +30,24 @@ namespace detail {
 // clang-format on
 
 struct libdw_api {
-#define SELFPROF_LIBDW_MEMBER(name) decltype(&::name) name = nullptr;
-  SELFPROF_LIBDW_FUNCTIONS(SELFPROF_LIBDW_MEMBER)
-#undef SELFPROF_LIBDW_MEMBER
+  SELFPROF_LIBDW_FUNCTIONS(SELFPROF_DL_MEMBER)
   bool ok = false;  // every member is set
 };
 
+// Filled once, on first use. Loaded with dlopen, `ok` is false (and DWARF lookups find nothing) when
+// libdw.so.1 is missing or lacks a function.
+inline const libdw_api& libdw() {
+  static const libdw_api api = [] {
+    libdw_api a;
 #if SELFPROF_LIBDW_DLOPEN
-// Loaded once, on first use; `ok` is false (and DWARF lookups find nothing) when libdw.so.1 is missing or
-// lacks a function. The handle is never closed: the symbolizer may run again at any time.
-inline const libdw_api& libdw() {
-  static const libdw_api api = [] {
-    libdw_api a;
-    void* handle = ::dlopen("libdw.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) return a;
-    bool all = true;
-    // dlsym with a handle searches the library and its dependencies: libelf's functions are found too.
-#define SELFPROF_LIBDW_LOAD(name)                                       \
-  a.name = reinterpret_cast<decltype(&::name)>(::dlsym(handle, #name)); \
-  all = all && a.name != nullptr;
-    SELFPROF_LIBDW_FUNCTIONS(SELFPROF_LIBDW_LOAD)
-#undef SELFPROF_LIBDW_LOAD
-    a.ok = all;
-    return a;
-  }();
-  return api;
-}
+    SELFPROF_DL_FILL_LOADED(a, SELFPROF_LIBDW_FUNCTIONS, "libdw.so.1");
 #else
-inline const libdw_api& libdw() {
-  static const libdw_api api = [] {
-    libdw_api a;
-#define SELFPROF_LIBDW_LINK(name) a.name = &::name;
-    SELFPROF_LIBDW_FUNCTIONS(SELFPROF_LIBDW_LINK)
-#undef SELFPROF_LIBDW_LINK
-    a.ok = true;
+    SELFPROF_DL_FILL_LINKED(a, SELFPROF_LIBDW_FUNCTIONS);
+#endif
     return a;
   }();
   return api;
 }
-#endif
 #undef SELFPROF_LIBDW_FUNCTIONS
 
 }  // namespace detail
