@@ -417,19 +417,20 @@ struct config {
 struct block {
   bool ok = true;
   std::string error, detail;
-  std::int64_t cpu_ns = 0;            // process CPU of the block
-  std::int64_t own_base_ns = 0;       // gperftools: the baseline its child measured, else 0 (neighbours)
-  std::int64_t extra_cpu_ns = 0;      // perf record's own CPU while recording
-  std::int64_t extra_total_ns = 0;    // perf record's whole run: start, record, write (wait4 rusage)
-  std::int64_t worker_cpu_ns = 0;     // the workers' CPU
-  double records = 0, weighted = 0;   // samples taken (records) and their weight
-  double split_err = -1;              // max abs difference of shares, in points (-1: not measured)
-  double split_err_work = -1;         // the same against the 6:3:1 units of work (see kWorkTruth)
-  double split_sigma = -1;            // one binomial standard deviation of leaf_a's share, in points
-  std::int64_t collector_cpu_ns = 0;  // selfprof's collector thread (read just before stop)
-  std::int64_t control_cpu_ns = 0;    // start() + stop() on the calling thread
-  std::int64_t wall_ns = 0;           // the block's wall time (the collector's cost follows it)
-  double collector_wakes = 0;         // times the collector woke (stats::collector_wakes)
+  std::int64_t cpu_ns = 0;              // process CPU of the block
+  std::int64_t own_base_ns = 0;         // gperftools: the baseline its child measured, else 0 (neighbours)
+  std::int64_t own_base_worker_ns = 0;  // gperftools: the same, its workers' CPU only
+  std::int64_t extra_cpu_ns = 0;        // perf record's own CPU while recording
+  std::int64_t extra_total_ns = 0;      // perf record's whole run: start, record, write (wait4 rusage)
+  std::int64_t worker_cpu_ns = 0;       // the workers' CPU
+  double records = 0, weighted = 0;     // samples taken (records) and their weight
+  double split_err = -1;                // max abs difference of shares, in points (-1: not measured)
+  double split_err_work = -1;           // the same against the 6:3:1 units of work (see kWorkTruth)
+  double split_sigma = -1;              // one binomial standard deviation of leaf_a's share, in points
+  std::int64_t collector_cpu_ns = 0;    // selfprof's collector thread (read just before stop)
+  std::int64_t control_cpu_ns = 0;      // start() + stop() on the calling thread
+  std::int64_t wall_ns = 0;             // the block's wall time (the collector's cost follows it)
+  double collector_wakes = 0;           // times the collector woke (stats::collector_wakes)
 };
 
 // The CPU time so far of this process's thread named `name`, or -1.
@@ -515,7 +516,7 @@ using profiler_start_fn = int (*)(const char*);
 using profiler_stop_fn = void (*)();
 
 struct gperf_result {
-  std::int64_t base_ns = 0, cpu_ns = 0, worker_cpu_ns = 0;
+  std::int64_t base_ns = 0, cpu_ns = 0, worker_cpu_ns = 0, base_worker_ns = 0;
   double samples = 0, a = 0, b = 0, c = 0;
   truth t;
   char error[160] = {0};
@@ -584,7 +585,7 @@ block gperftools_block(int threads, long rounds, double hz) {
     pool workers(threads);
     workers.run(std::max(1L, rounds / 20));  // warm-up, as the parent's pool had
     std::int64_t c0 = process_cpu_ns();
-    workers.run(rounds);
+    const std::int64_t base1_worker = workers.run(rounds).worker_cpu_ns;
     const std::int64_t base1 = process_cpu_ns() - c0;
     c0 = process_cpu_ns();
     if (!start(out.c_str())) {
@@ -595,8 +596,9 @@ block gperftools_block(int threads, long rounds, double hz) {
     stop();
     shared->cpu_ns = process_cpu_ns() - c0;
     c0 = process_cpu_ns();
-    workers.run(rounds);
+    const std::int64_t base2_worker = workers.run(rounds).worker_cpu_ns;
     shared->base_ns = (base1 + process_cpu_ns() - c0) / 2;
+    shared->base_worker_ns = (base1_worker + base2_worker) / 2;
     shared->worker_cpu_ns = r.worker_cpu_ns;
     shared->t = r.t;
     read_gperf_profile(out, *shared);
@@ -614,6 +616,7 @@ block gperftools_block(int threads, long rounds, double hz) {
   }
   b.cpu_ns = res.cpu_ns;
   b.own_base_ns = res.base_ns;
+  b.own_base_worker_ns = res.base_worker_ns;
   b.worker_cpu_ns = res.worker_cpu_ns;
   b.records = b.weighted = res.samples;
   b.split_err = split_error(res.a, res.b, res.c, res.t);
@@ -769,8 +772,8 @@ double median(std::vector<double> v) {
 }
 
 struct row {
-  std::vector<double> overhead, overhead_total, overhead_perf_run, vs_bare, us_per_tick, delivered, weighted,
-      split, split_work, sigma;
+  std::vector<double> overhead, overhead_work, overhead_total, overhead_perf_run, vs_bare, us_per_tick,
+      delivered, weighted, split, split_work, sigma;
   std::vector<double> collector, collector_ms_per_s, wakes_per_s, control_ms, handler_pct,
       attributed;  // selfprof's own parts, in % of the baseline
   std::string detail, error, bare_key;
@@ -800,20 +803,23 @@ std::string one(const std::vector<double>& v, const char* fmt) {
 // Markdown tables: every configuration, then selfprof's own parts (exact, not subject to the noise).
 void print_tables(const std::vector<std::pair<int, config>>& order, std::map<std::string, row>& rows) {
   std::printf(
-      "\n| thr | configuration | overhead %% median (min..max) | vs bare, points | with perf's CPU while "
-      "recording %% | with perf's whole run %% | us per tick | delivered (records) | weighted | split error, "
-      "points | split error vs 6:3:1 work | binomial sigma |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "\n| thr | configuration | process %% median (min..max) | workload threads %% median (min..max) | vs "
+      "bare, points | with perf's CPU while recording %% | with perf's whole run %% | us per tick | "
+      "delivered "
+      "(records) | weighted | split error, points | split error vs 6:3:1 work | binomial sigma |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (auto& tc : order) {
     const row& rw = rows[key_of(tc.first, tc.second)];
     if (rw.overhead.empty()) {
-      std::printf("| %d | %s | failed: %s ||||||||||\n", tc.first, tc.second.label.c_str(), rw.error.c_str());
+      std::printf("| %d | %s | failed: %s |||||||||||\n", tc.first, tc.second.label.c_str(),
+                  rw.error.c_str());
       continue;
     }
     const bool pr = tc.second.k == kind::perf_record;
-    std::printf("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", tc.first,
+    std::printf("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", tc.first,
                 tc.second.label.c_str(), spread(rw.overhead, "%+.2f").c_str(),
-                spread(rw.vs_bare, "%+.2f").c_str(), pr ? one(rw.overhead_total, "%+.2f").c_str() : "",
+                spread(rw.overhead_work, "%+.2f").c_str(), spread(rw.vs_bare, "%+.2f").c_str(),
+                pr ? one(rw.overhead_total, "%+.2f").c_str() : "",
                 pr ? one(rw.overhead_perf_run, "%+.2f").c_str() : "", one(rw.us_per_tick, "%.1f").c_str(),
                 one(std::vector<double>{100 * median(rw.delivered)}, "%.1f%%").c_str(),
                 one(std::vector<double>{100 * median(rw.weighted)}, "%.1f%%").c_str(),
@@ -850,6 +856,23 @@ double arg_value(int argc, char** argv, const char* name, double dflt) {
     if (std::strcmp(argv[i], name) == 0) return std::atof(argv[i + 1]);
   return dflt;
 }
+const char* arg_text(int argc, char** argv, const char* name, const char* dflt) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return dflt;
+}
+// Whether `label` contains one of the comma-separated words of `only` (empty: every label).
+bool wanted(const std::string& only, const std::string& label) {
+  if (only.empty()) return true;
+  std::size_t at = 0;
+  while (at <= only.size()) {
+    std::size_t comma = only.find(',', at);
+    if (comma == std::string::npos) comma = only.size();
+    if (comma > at && label.find(only.substr(at, comma - at)) != std::string::npos) return true;
+    at = comma + 1;
+  }
+  return false;
+}
 
 }  // namespace ob
 
@@ -858,7 +881,8 @@ int main(int argc, char** argv) {
   if (has_arg(argc, argv, "--help")) {
     std::printf(
         "usage: %s [--cpu-s 4] [--repeats 3] [--threads-max 8] [--no-perf-record] [--no-gperftools] "
-        "[--verbose]\n",
+        "[--rate 99|1000] [--only WORD,WORD] [--verbose]\n"
+        "  --rate runs one of the two rates; --only keeps the configurations whose label contains a word\n",
         argv[0]);
     return 0;
   }
@@ -866,6 +890,8 @@ int main(int argc, char** argv) {
   const int repeats = static_cast<int>(arg_value(argc, argv, "--repeats", 3));
   const int threads_max = static_cast<int>(arg_value(argc, argv, "--threads-max", 8));
   const bool verbose = has_arg(argc, argv, "--verbose");
+  const double only_rate = arg_value(argc, argv, "--rate", 0);
+  const std::string only = arg_text(argc, argv, "--only", "");
   // The handler's own cost per sample (bench/sample_cost's "handler in sig" at depth 64): its share is
   // estimated as records x this, since it cannot be told from the tick's cost inside one run.
   const double handler_ns = arg_value(argc, argv, "--handler-ns", 1000);
@@ -989,6 +1015,12 @@ int main(int argc, char** argv) {
         configs.push_back({kind::gperftools, hz, selfprof::source_kind::automatic, buf});
       }
     }
+    configs.erase(std::remove_if(configs.begin(), configs.end(),
+                                 [&](const config& c) {
+                                   const bool rate_ok = only_rate <= 0 || (only_rate >= 500) == (c.hz >= 500);
+                                   return !rate_ok || !wanted(only, c.label);
+                                 }),
+                  configs.end());
     for (auto& c : configs) order.emplace_back(threads, c);
     std::vector<double> base_noise;
 
@@ -1035,6 +1067,12 @@ int main(int argc, char** argv) {
         if (b.own_base_ns > 0) base = double(b.own_base_ns);
         double ov = 100.0 * (double(b.cpu_ns) / base - 1);
         rw.overhead.push_back(ov);
+        // The workload threads alone: what the sampled program pays in its own threads (the kernel's
+        // sample writes and any handler land there); selfprof's collector is left out as perf's
+        // process is, and both are counted in the whole-process columns.
+        double base_work = (double(blocks[before].worker_cpu_ns) + double(blocks[after].worker_cpu_ns)) / 2;
+        if (b.own_base_worker_ns > 0) base_work = double(b.own_base_worker_ns);
+        if (base_work > 0) rw.overhead_work.push_back(100.0 * (double(b.worker_cpu_ns) / base_work - 1));
         rw.overhead_total.push_back(100.0 * ((double(b.cpu_ns) + double(b.extra_cpu_ns)) / base - 1));
         rw.overhead_perf_run.push_back(100.0 * ((double(b.cpu_ns) + double(b.extra_total_ns)) / base - 1));
         double expected = c.hz * double(b.worker_cpu_ns) / 1e9;
