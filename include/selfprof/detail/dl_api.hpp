@@ -16,7 +16,7 @@
 
 #define SELFPROF_DL_MEMBER(name) decltype(&::name) name = nullptr;
 #define SELFPROF_DL_LINK(name) dl_table.name = &::name;
-#define SELFPROF_DL_LOOKUP(name)                                                     \
+#define SELFPROF_DL_LOOKUP(name)                                                  \
   dl_table.name = reinterpret_cast<decltype(&::name)>(::dlsym(dl_handle, #name)); \
   dl_all = dl_all && dl_table.name != nullptr;
 
@@ -28,13 +28,13 @@
   } while (false)
 
 // dlsym with a handle also searches the library's dependencies (libdw's handle finds libelf's functions).
-#define SELFPROF_DL_FILL_LOADED(api, FUNCTIONS, soname)               \
-  do {                                                                \
-    auto& dl_table = (api);                                           \
+#define SELFPROF_DL_FILL_LOADED(api, FUNCTIONS, soname)                \
+  do {                                                                 \
+    auto& dl_table = (api);                                            \
     void* const dl_handle = ::dlopen((soname), RTLD_NOW | RTLD_LOCAL); \
-    bool dl_all = dl_handle != nullptr;                               \
-    if (dl_handle != nullptr) {                                       \
-      FUNCTIONS(SELFPROF_DL_LOOKUP)                                   \
-    }                                                                 \
-    dl_table.ok = dl_all;                                             \
+    bool dl_all = dl_handle != nullptr;                                \
+    if (dl_handle != nullptr) {                                        \
+      FUNCTIONS(SELFPROF_DL_LOOKUP)                                    \
+    }                                                                  \
+    dl_table.ok = dl_all;                                              \
   } while (false)

@@ -10,13 +10,16 @@
 // is the kernel's job, without /proc scans. selfprof's own threads inherit too: their samples are dropped by
 // tid when read.
 //
-// A sample: TID, TIME (CLOCK_MONOTONIC), IP, CALLCHAIN (the kernel's frame-pointer chain), REGS_USER (bp,
-// sp, ip) and STACK_USER (a copy of kStackCopyBytes above the user sp). The copy is unwound with the CFI
-// rows the signal handler uses (signal/unwind.hpp); where the walk runs off the copy, it goes on over the
-// thread's live stack while that still holds the sampled frames (live_stack_reader), else the kernel's
-// chain continues it from the frame where both agree, so deep frame-pointer stacks keep their full depth.
-// Where kernel sampling is permitted, the chain's kernel part comes first in the stored stack (kernel
-// addresses, named from /proc/kallsyms when a profile is written: symbols/kernel_symbols.hpp).
+// A sample: TID, TIME (CLOCK_MONOTONIC), IP, REGS_USER (bp, sp, ip), STACK_USER (a copy of kStackCopyBytes
+// above the user sp) and, where kernel sampling is permitted, CALLCHAIN's kernel part. The copy is unwound
+// with the CFI rows the signal handler uses (signal/unwind.hpp); where the walk runs off the copy, it goes
+// on over the thread's live stack while that still holds the sampled frames (live_stack_reader), and a
+// stack that still ends there is marked truncated. The kernel's user chain is not asked for
+// (exclude_callchain_user): walking the user frame pointers in the kernel cost each sample about as much
+// as the stack copy did (measured: the ring's cost at 1 kHz fell from 1.4x perf record -g's to that of
+// perf record --call-graph dwarf, which does the same), and it only ever helped frame-pointer code deeper
+// than the copy whose thread had already left the sampled frames. Kernel frames come first in the stored
+// stack (kernel addresses, named from /proc/kallsyms when a profile is written: symbols/kernel_symbols.hpp).
 #pragma once
 
 #include <linux/perf_event.h>
@@ -49,7 +52,7 @@ namespace selfprof {
 namespace detail {
 
 // Bytes of user stack copied per sample (perf record --call-graph dwarf copies 8 KiB by default). Deeper
-// frames come from the kernel's frame-pointer chain.
+// frames come from the live stack (live_stack_reader).
 constexpr std::uint32_t kStackCopyBytes = 8192;
 // Data pages per CPU ring tried in turn (powers of two, halved while the locked-memory budget refuses):
 // at first room for kPerfRingSeconds of samples at the ring's rate (one CPU runs one thread at a time, so a
@@ -134,8 +137,8 @@ struct ring_cursor {
   }
 };
 
-// One PERF_RECORD_SAMPLE of the layout the ring events ask for: IP, TID, TIME, CALLCHAIN, REGS_USER (bp,
-// sp, ip) and STACK_USER.
+// One PERF_RECORD_SAMPLE of the layout the ring events ask for: IP, TID, TIME, CALLCHAIN (kernel part
+// only, or empty), REGS_USER (bp, sp, ip) and STACK_USER.
 struct ring_sample {
   std::uint64_t ip = 0, pidtid = 0, time = 0;
   std::uint64_t abi = 0, bp = 0, sp = 0, uip = 0;  // abi PERF_SAMPLE_REGS_ABI_NONE: no user context
@@ -145,16 +148,14 @@ struct ring_sample {
   std::uint32_t tid() const { return static_cast<std::uint32_t>(pidtid >> 32); }
 };
 
-// Reads a sample's body; the chain goes to `user` (after PERF_CONTEXT_USER) and, when `keep_kernel`, its
-// kernel addresses to `kernel` (after PERF_CONTEXT_KERNEL, the interrupted kernel pc first). False when
-// the record is malformed.
+// Reads a sample's body; when `keep_kernel`, the chain's kernel addresses go to `kernel` (after
+// PERF_CONTEXT_KERNEL, the interrupted kernel pc first). False when the record is malformed.
 inline bool parse_ring_sample(ring_cursor c, bool keep_kernel, ring_sample& s,
-                              std::vector<std::uint64_t>& user, std::vector<std::uint64_t>& kernel) {
+                              std::vector<std::uint64_t>& kernel) {
   std::uint64_t nr = 0;
   if (!c.u64(s.ip) || !c.u64(s.pidtid) || !c.u64(s.time) || !c.u64(nr) || nr > c.left / 8) return false;
   const unsigned char* chain_at = c.p;
   c.skip(nr * 8);
-  user.clear();
   kernel.clear();
   std::uint64_t context = 0;
   for (std::uint64_t i = 0; i < nr; ++i) {
@@ -164,7 +165,6 @@ inline bool parse_ring_sample(ring_cursor c, bool keep_kernel, ring_sample& s,
       context = v;
       continue;
     }
-    if (context == PERF_CONTEXT_USER) user.push_back(v);
     if (context == PERF_CONTEXT_KERNEL && keep_kernel && is_kernel_address(v)) kernel.push_back(v);
   }
   std::uint64_t stack_size = 0;
@@ -254,64 +254,40 @@ inline unwind_result continue_live(const Memory& copy, const Rows& rows, walk_re
 }
 
 // Unwinds one sample into out[0..): the copy walked with `set`'s rows (frame pointers where none, or
-// with no set), on the live stack where the walk left the copy and `live` (may be null) may read it,
-// else continued with the kernel's user chain `chain[0..n)`. Returns the depth; `truncated` when frames
-// were left out for lack of room. `Memory` is the copy's policy: sampled_stack for this process's own
-// threads (the leaf's code bytes may be read).
+// with no set), on the live stack where the walk left the copy and `live` (may be null) may read it.
+// Returns the depth; `truncated` when frames were left out: for lack of room, or because the stack went
+// on past what the copy and the live stack could show (the root-side frames are missing). `Memory` is
+// the copy's policy: sampled_stack for this process's own threads (the leaf's code bytes may be read).
 template <class Memory = sampled_stack>
 inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, std::uint64_t sp,
                                  std::uint64_t bp, const unsigned char* stack, std::size_t stack_size,
-                                 const std::uint64_t* chain, std::size_t n, std::uint64_t* out,
-                                 std::size_t max_depth, bool& truncated, bool& spliced,
+                                 std::uint64_t* out, std::size_t max_depth, bool& truncated,
                                  live_stack_reader* live = nullptr) {
-  truncated = spliced = false;
+  truncated = false;
   if (max_depth == 0) return 0;
   unwind_result r;
   out[r.depth++] = ip;
+  if (stack_size == 0) {  // no copy (the user sp could not be read): only the leaf is known
+    truncated = true;
+    return r.depth;
+  }
   Memory mem;
   mem.base = static_cast<std::uintptr_t>(sp);
   mem.data = stack;
   mem.size = stack_size;
   walk_regs s{static_cast<std::uintptr_t>(ip), static_cast<std::uintptr_t>(sp),
               static_cast<std::uintptr_t>(bp), true, true};
-  if (stack_size > 0) {
-    if (set) {
-      r = walk_frames(mem, cfi_rows{set}, s, r, out, max_depth);
-      if (r.end == walk_end::ran_off_copy && live != nullptr && live->read != nullptr)
-        r = continue_live(mem, cfi_rows{set}, s, r, out, max_depth, *live);
-    } else {
-      r = walk_frames(mem, frame_pointer_rows{}, s, r, out, max_depth);
-    }
-  }
-  truncated = r.truncated;
-  if (r.end == walk_end::outermost || r.end == walk_end::zero_return || r.end == walk_end::depth_limit)
-    return r.depth;
-  // The copy ended (or a frame failed) before the stack did: find the deepest walked frame in the
-  // kernel's chain, at the same position when both agree there, else where the last two frames match.
-  const std::size_t d = r.depth;
-  std::size_t at = n;
-  if (d <= n && chain[d - 1] == out[d - 1]) {
-    at = d - 1;
-  } else {
-    for (std::size_t j = 1; j < n && d >= 2; ++j)
-      if (chain[j] == out[d - 1] && chain[j - 1] == out[d - 2]) {
-        at = j;
-        break;
-      }
-    if (at == n && d == 1 && n > 0 && chain[0] == out[0]) at = 0;
-  }
-  if (at == n) return d;
-  std::size_t depth = d;
-  for (std::size_t j = at + 1; j < n; ++j) {
-    if (chain[j] < kMinCodeAddress) break;
-    if (depth == max_depth) {
-      truncated = true;
-      break;
-    }
-    out[depth++] = chain[j];
-  }
-  spliced = depth > d;
-  return depth;
+  auto walk = [&](const auto& rows) {
+    r = walk_frames(mem, rows, s, r, out, max_depth);
+    if (r.end == walk_end::ran_off_copy && live != nullptr && live->read != nullptr)
+      r = continue_live(mem, rows, s, r, out, max_depth, *live);
+  };
+  if (set)
+    walk(cfi_rows{set});
+  else
+    walk(frame_pointer_rows{});
+  truncated = r.truncated || r.end == walk_end::ran_off_copy;
+  return r.depth;
 }
 
 class perf_ring_source final : public tick_source {
@@ -506,6 +482,7 @@ class perf_ring_source final : public tick_source {
     attr.sample_max_stack = static_cast<std::uint16_t>(max_stack());
     attr.exclude_kernel = user_only_ ? 1 : 0;
     attr.exclude_callchain_kernel = user_only_ ? 1 : 0;
+    attr.exclude_callchain_user = 1;  // the copy and the live stack give the user frames (see the top)
     attr.exclude_hv = 1;
     attr.inherit = inherit ? 1 : 0;
     attr.inherit_thread = inherit ? 1 : 0;
@@ -521,12 +498,14 @@ class perf_ring_source final : public tick_source {
   }
 
   // The kernel's chain depth: the depth asked for, within kernel.perf_event_max_stack.
-  std::size_t max_stack() const {
+  std::size_t max_stack() {
+    if (max_stack_ != 0) return max_stack_;  // read once: every event of the source opens with it
     std::size_t want = config_.max_depth ? config_.max_depth : 128;
     std::string s = read_small_file("/proc/sys/kernel/perf_event_max_stack");
     long sys_max = s.empty() ? 127 : std::strtol(s.c_str(), nullptr, 10);
     if (sys_max > 0 && want > static_cast<std::size_t>(sys_max)) want = static_cast<std::size_t>(sys_max);
-    return std::min<std::size_t>(want, 0xffff);
+    max_stack_ = std::min<std::size_t>(want, 0xffff);
+    return max_stack_;
   }
 
   void release_ring(cpu_ring& c) {
@@ -657,7 +636,7 @@ class perf_ring_source final : public tick_source {
     }
     if (h.type != PERF_RECORD_SAMPLE) return;
     ring_sample smp;
-    if (!parse_ring_sample(c, !user_only_, smp, user_chain_, kernel_chain_)) {
+    if (!parse_ring_sample(c, !user_only_, smp, kernel_chain_)) {
       ++counts_.lost;
       return;
     }
@@ -672,18 +651,17 @@ class perf_ring_source final : public tick_source {
       ++counts_.full;
       return;
     }
-    bool truncated = false, spliced = false;
+    bool truncated = false;
     // Kernel frames first (the leaf end), as perf shows them: above the user frame that entered the
     // kernel, whose pc is then a return address (after the syscall instruction), looked up less one.
     const std::size_t kernel = std::min(kernel_chain_.size(), out.max_depth() / 2);
     std::copy(kernel_chain_.begin(), kernel_chain_.begin() + static_cast<std::ptrdiff_t>(kernel),
               slot->pcs());
     auto walk = [&] {
-      truncated = spliced = false;
+      truncated = false;
       return unwind_sample(g_unwind_tables.load(std::memory_order_acquire), smp.uip, smp.sp, smp.bp,
-                           smp.stack, static_cast<std::size_t>(smp.dyn), user_chain_.data(),
-                           user_chain_.size(), slot->pcs() + kernel, out.max_depth() - kernel, truncated,
-                           spliced, &live_);
+                           smp.stack, static_cast<std::size_t>(smp.dyn), slot->pcs() + kernel,
+                           out.max_depth() - kernel, truncated, &live_);
     };
     std::size_t user = walk();
     // The walk goes on by frame pointers where a pc has no rows: when a walked pc lies in a module whose
@@ -735,7 +713,8 @@ class perf_ring_source final : public tick_source {
   std::vector<pid_t> skip_;
   row_requests* rows_ = nullptr;  // during collect() only
   std::vector<unsigned char> record_;
-  std::vector<std::uint64_t> user_chain_, kernel_chain_;
+  std::vector<std::uint64_t> kernel_chain_;
+  std::size_t max_stack_ = 0;
   // This process's stacks as they are now, where a walk runs off its copy (read through the seam, which
   // never faults: the thread may have exited and unmapped its stack).
   live_stack_reader live_{[](void*, std::uintptr_t addr, void* out, std::size_t len) -> std::size_t {
