@@ -210,6 +210,8 @@ class pool {
   bool quit_ = false;
 };
 
+std::atomic<std::uint64_t> g_malloc_sink{0};  // keeps malloc_caller's results alive
+
 // ---- the bare tick sources: the same kernel mechanisms, an empty handler ------------------------------
 
 std::atomic<std::uint64_t> g_bare_ticks{0};
@@ -874,6 +876,95 @@ bool wanted(const std::string& only, const std::string& label) {
   return false;
 }
 
+// ---- a caller whose time is inside glibc's malloc and free ------------------------------------------------
+// glibc is built without frame pointers: a sample in malloc keeps its caller only through the CFI rows
+// (or, for the ring source, the rows applied to the kernel's stack copy). The caller's share of the
+// samples (stacks that hold it) is compared with its share of the thread's CPU clock.
+
+OB_NOINLINE std::uint64_t malloc_caller(long n) {
+  static void* keep[64];
+  std::uint64_t sum = 0;
+  for (long i = 0; i < n; ++i) {
+    void*& slot = keep[i & 63];
+    std::free(slot);
+    slot = std::malloc(16 + ((static_cast<std::size_t>(i) * 2654435761u) & 1023));
+    sum += reinterpret_cast<std::uintptr_t>(slot) & 0xff;
+  }
+  OB_NO_TAIL();
+  return sum;
+}
+
+struct malloc_truth {
+  std::int64_t caller_ns = 0, total_ns = 0;
+};
+
+// `rounds` of malloc_caller(m) then leaf_c(u), timed by the thread's CPU clock.
+OB_NOINLINE malloc_truth run_malloc_rounds(long rounds, long m, long u) {
+  malloc_truth t;
+  const std::int64_t start = thread_cpu_ns();
+  for (long i = 0; i < rounds; ++i) {
+    const std::int64_t t0 = thread_cpu_ns();
+    g_malloc_sink += malloc_caller(m);
+    t.caller_ns += thread_cpu_ns() - t0;
+    leaf_c(u);
+  }
+  t.total_ns = thread_cpu_ns() - start;
+  OB_NO_TAIL();
+  return t;
+}
+
+// Runs the workload for about `cpu_s` seconds under each source at 1 kHz and prints the caller's share.
+int malloc_caller_table(double cpu_s) {
+  // Calibrate: malloc_caller(m) about 300 us, leaf_c(u) about 700 us, one round about 1 ms.
+  std::int64_t c0 = thread_cpu_ns();
+  g_malloc_sink += malloc_caller(20000);
+  const double ns_per_m = double(thread_cpu_ns() - c0) / 20000;
+  c0 = thread_cpu_ns();
+  leaf_c(20);
+  const double ns_per_u = double(thread_cpu_ns() - c0) / 20;
+  const long m = std::max(1L, static_cast<long>(300000 / ns_per_m));
+  const long u = std::max(1L, static_cast<long>(700000 / ns_per_u));
+  const long rounds = static_cast<long>(cpu_s * 1000);
+  std::printf(
+      "\n| source (1 kHz) | samples | caller's share of samples %% | of the thread's CPU %% | error, points "
+      "| "
+      "binomial sigma, points |\n|---|---|---|---|---|---|\n");
+  for (selfprof::source_kind k : {selfprof::source_kind::ring, selfprof::source_kind::perf}) {
+    selfprof::options o;
+    o.hz = 1000;
+    o.source = k;
+    o.dump_signal = 0;
+    const selfprof::status st = selfprof::start(o);
+    if (!st) {
+      std::printf("| %s | failed: %s |||||\n", selfprof::source_name(k), st.message().c_str());
+      continue;
+    }
+    const malloc_truth t = run_malloc_rounds(rounds, m, u);
+    const selfprof::profile p = selfprof::snapshot();
+    const std::string used = selfprof::source_name(selfprof::get_stats().source);
+    selfprof::stop();
+    double in_caller = 0, in_loop = 0;
+    for (const auto& st2 : p.stacks) {
+      bool caller = false, loop = false;
+      for (const std::uint32_t f : st2.frames) {
+        const std::string& n = p.frames[f].name;
+        caller = caller || n.find("malloc_caller(") != std::string::npos ||
+                 (n.size() >= 13 && n.compare(n.size() - 13, 13, "malloc_caller") == 0);
+        loop = loop || n.find("run_malloc_rounds") != std::string::npos;
+      }
+      in_caller += caller ? double(st2.count) : 0;
+      in_loop += loop || caller ? double(st2.count) : 0;
+    }
+    const double truth = double(t.caller_ns) / double(t.total_ns);
+    const double share = in_loop > 0 ? in_caller / in_loop : 0;
+    std::printf("| %s | %.0f | %.2f | %.2f | %+.2f | %.2f |\n", used.c_str(), in_loop, 100 * share,
+                100 * truth, 100 * (share - truth),
+                in_loop > 0 ? 100 * std::sqrt(truth * (1 - truth) / in_loop) : 0.0);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace ob
 
 int main(int argc, char** argv) {
@@ -881,8 +972,9 @@ int main(int argc, char** argv) {
   if (has_arg(argc, argv, "--help")) {
     std::printf(
         "usage: %s [--cpu-s 4] [--repeats 3] [--threads-max 8] [--no-perf-record] [--no-gperftools] "
-        "[--rate 99|1000] [--only WORD,WORD] [--verbose]\n"
-        "  --rate runs one of the two rates; --only keeps the configurations whose label contains a word\n",
+        "[--rate 99|1000] [--only WORD,WORD] [--verbose] | --malloc-caller [--cpu-s 20]\n"
+        "  --rate runs one of the two rates; --only keeps the configurations whose label contains a word\n"
+        "  --malloc-caller: a caller's share when its time is inside glibc's malloc/free, ring and perf\n",
         argv[0]);
     return 0;
   }
@@ -947,6 +1039,7 @@ int main(int argc, char** argv) {
                 double(cpu) / 1e3 / double(wakes));
     return 0;
   }
+  if (has_arg(argc, argv, "--malloc-caller")) return malloc_caller_table(cpu_s);
   if (has_arg(argc, argv, "--noise")) {  // baseline blocks only: how much the same work varies here
     pool one(static_cast<int>(arg_value(argc, argv, "--noise", 1)));
     for (int i = 0; i < repeats; ++i) {

@@ -2013,7 +2013,7 @@ struct stack {
   std::vector<std::uint32_t> frames;  // indices into profile::frames; root first, leaf last
   std::uint64_t count = 0;            // samples (or the profile's unit, see profile_info::unit)
   std::uint32_t tid = 0;              // thread the samples came from (0 when merged/unknown)
-  bool truncated = false;             // the unwinder hit the depth limit: root-side frames are missing
+  bool truncated = false;             // root-side frames are missing (depth limit, or a stack copy ended)
   bool offcpu = false;                // wall mode: time the thread spent off the CPU (leaf: [blocked: call])
 };
 
@@ -8232,7 +8232,7 @@ namespace selfprof {
 namespace detail {
 
 enum sample_flags : std::uint16_t {
-  sample_truncated = 1u << 0,   // the depth limit cut the stack: root-side frames are missing
+  sample_truncated = 1u << 0,   // root-side frames are missing: the depth limit, or a copied stack ended
   sample_offcpu = 1u << 1,      // wall mode: the thread was not running
   sample_leaf_fixed = 1u << 2,  // the caller of the interrupted frame was recovered by a leaf heuristic
   sample_running = 1u << 3,     // wall mode without on-CPU signals: CPU time of a thread, no stack

@@ -35,7 +35,7 @@ struct stack {
   std::vector<std::uint32_t> frames;  // indices into profile::frames; root first, leaf last
   std::uint64_t count = 0;            // samples (or the profile's unit, see profile_info::unit)
   std::uint32_t tid = 0;              // thread the samples came from (0 when merged/unknown)
-  bool truncated = false;             // the unwinder hit the depth limit: root-side frames are missing
+  bool truncated = false;             // root-side frames are missing (depth limit, or a stack copy ended)
   bool offcpu = false;                // wall mode: time the thread spent off the CPU (leaf: [blocked: call])
 };
 

@@ -11,7 +11,7 @@ namespace selfprof {
 namespace detail {
 
 enum sample_flags : std::uint16_t {
-  sample_truncated = 1u << 0,   // the depth limit cut the stack: root-side frames are missing
+  sample_truncated = 1u << 0,   // root-side frames are missing: the depth limit, or a copied stack ended
   sample_offcpu = 1u << 1,      // wall mode: the thread was not running
   sample_leaf_fixed = 1u << 2,  // the caller of the interrupted frame was recovered by a leaf heuristic
   sample_running = 1u << 3,     // wall mode without on-CPU signals: CPU time of a thread, no stack
