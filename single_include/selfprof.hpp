@@ -18583,11 +18583,12 @@ class itimer_source final : public tick_source {
 // with the CFI rows the signal handler uses (signal/unwind.hpp); where the walk runs off the copy, it goes
 // on over the thread's live stack while that still holds the sampled frames (live_stack_reader), and a
 // stack that still ends there is marked truncated. The kernel's user chain is not asked for
-// (exclude_callchain_user): walking the user frame pointers in the kernel cost each sample about as much
-// as the stack copy did (measured: the ring's cost at 1 kHz fell from 1.4x perf record -g's to that of
-// perf record --call-graph dwarf, which does the same), and it only ever helped frame-pointer code deeper
-// than the copy whose thread had already left the sampled frames. Kernel frames come first in the stored
-// stack (kernel addresses, named from /proc/kallsyms when a profile is written: symbols/kernel_symbols.hpp).
+// (exclude_callchain_user), as perf record --call-graph dwarf does not ask for it: the kernel's walk of
+// the user frame pointers costs a sample about as much as the stack copy (bench/sample_parts.cpp), and it
+// only ever helped frame-pointer code deeper than the copy whose thread had already left the sampled
+// frames (past the copy, code without frame pointers gets a wrong chain). Kernel frames come first in the
+// stored stack (kernel addresses, named from /proc/kallsyms when a profile is written:
+// symbols/kernel_symbols.hpp).
 
 #include <linux/perf_event.h>
 #include <sys/ioctl.h>
