@@ -149,6 +149,15 @@ inline bool is_marker(const profile& p, std::uint32_t index, bool (*pred)(std::s
 
 inline bool is_truncated_name(std::string_view name) { return name == truncated_marker; }
 
+// Does stack `s` carry its [truncated] marker already: at frames[first], or right below a root marker of
+// another kind there (a recording's process root keeps its stacks, cut ones too, in one tower)?
+inline bool has_truncated_marker(const profile& p, const stack& s, std::size_t first) {
+  const auto at = [&](std::size_t i) {
+    return i < s.frames.size() && is_marker(p, s.frames[i], is_truncated_name);
+  };
+  return at(first) || (at(first + 1) && is_marker(p, s.frames[first], [](std::string_view) { return true; }));
+}
+
 // Cuts `s` to at most `n` bytes without splitting a UTF-8 sequence.
 inline void cut_utf8(std::string& s, std::size_t n) {
   if (s.size() <= n) return;
@@ -172,8 +181,7 @@ inline std::string folded_stack_text(const profile& p, const stack& s, const std
     parts.push_back(thread_root);
   }
   const std::size_t root_parts = parts.size();
-  bool has_marker = first < s.frames.size() && is_marker(p, s.frames[first], is_truncated_name);
-  if (s.truncated && !has_marker) parts.push_back(truncated_marker);
+  if (s.truncated && !has_truncated_marker(p, s, first)) parts.push_back(truncated_marker);
   static const std::string bad = std::string(unknown_frame);
   for (std::size_t i = first; i < s.frames.size(); ++i)
     parts.push_back(s.frames[i] < names.size() ? std::string_view(names[s.frames[i]])

@@ -41,8 +41,8 @@ inline void add_marker_frames(profile& p, bool thread_roots) {
     if (has_root) first = 1;
     std::vector<std::uint32_t> head;
     if (thread_roots && !has_root) head.push_back(marker(thread_root_name(s.tid, p.thread_name(s.tid))));
-    bool has_truncated = first < s.frames.size() && is_marker(p, s.frames[first], is_truncated_name);
-    if (s.truncated && !has_truncated) head.push_back(marker(std::string(truncated_marker)));
+    if (s.truncated && !has_truncated_marker(p, s, first))
+      head.push_back(marker(std::string(truncated_marker)));
     if (head.empty()) continue;
     s.frames.insert(s.frames.begin() + static_cast<std::ptrdiff_t>(first), head.begin(), head.end());
   }
