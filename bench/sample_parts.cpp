@@ -1,8 +1,8 @@
 // What each part of a perf_event sample costs the sampled thread: a task-clock sampling event on this
 // thread at a high rate, its ring drained as the loop runs, with sample_type growing from IP|TID|TIME to
 // + the call chain (the kernel walks the user frame pointers), + REGS_USER|STACK_USER (a copy of the user
-// stack, as perf record --call-graph dwarf and selfprof's ring source ask), both, and the copy with only
-// the kernel part of the chain (exclude_callchain_user, what the ring source asks). The loop runs at the
+// stack, as perf record --call-graph dwarf asks), both (what selfprof's ring source asks), and the copy
+// with only the kernel part of the chain (exclude_callchain_user, as dwarf asks). The loop runs at the
 // bottom of a frame-pointer recursion of DEPTH frames. Prints the thread's CPU per configuration against
 // the first, alternated over REPEATS; not a test (nothing asserts on time).
 // Context: benchmark program (bench/README.md).

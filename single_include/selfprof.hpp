@@ -18586,16 +18586,16 @@ class itimer_source final : public tick_source {
 // is the kernel's job, without /proc scans. selfprof's own threads inherit too: their samples are dropped by
 // tid when read.
 //
-// A sample: TID, TIME (CLOCK_MONOTONIC), IP, REGS_USER (bp, sp, ip), STACK_USER (a copy of kStackCopyBytes
-// above the user sp) and, where kernel sampling is permitted, CALLCHAIN's kernel part. The copy is unwound
-// with the CFI rows the signal handler uses (signal/unwind.hpp); where the walk runs off the copy, it goes
-// on over the thread's live stack while that still holds the sampled frames (live_stack_reader), and a
-// stack that still ends there is marked truncated. The kernel's user chain is not asked for
-// (exclude_callchain_user), as perf record --call-graph dwarf does not ask for it: the kernel's walk of
-// the user frame pointers costs a sample about as much as the stack copy (bench/sample_parts.cpp), and it
-// only ever helped frame-pointer code deeper than the copy whose thread had already left the sampled
-// frames (past the copy, code without frame pointers gets a wrong chain). Kernel frames come first in the
-// stored stack (kernel addresses, named from /proc/kallsyms when a profile is written:
+// A sample: TID, TIME (CLOCK_MONOTONIC), IP, CALLCHAIN (the kernel's frame-pointer chain), REGS_USER (bp,
+// sp, ip) and STACK_USER (a copy of kStackCopyBytes above the user sp). The copy is unwound with the CFI
+// rows the signal handler uses (signal/unwind.hpp); where the walk runs off the copy, it goes on over the
+// thread's live stack while that still holds the sampled frames (live_stack_reader), else the kernel's
+// chain continues it from the frame where both agree, so deep frame-pointer stacks keep their full depth;
+// a stack neither continues is marked truncated. The user chain costs each sample about as much as the
+// copy (bench/sample_parts.cpp) and perf record --call-graph dwarf does without it, but a recursion deeper
+// than the copy that keeps leaving and re-entering its frames (the live stack then differs) would lose
+// its outer frames in every sample. Where kernel sampling is permitted, the chain's kernel part comes
+// first in the stored stack (kernel addresses, named from /proc/kallsyms when a profile is written:
 // symbols/kernel_symbols.hpp).
 
 #include <linux/perf_event.h>
@@ -18619,7 +18619,7 @@ namespace selfprof {
 namespace detail {
 
 // Bytes of user stack copied per sample (perf record --call-graph dwarf copies 8 KiB by default). Deeper
-// frames come from the live stack (live_stack_reader).
+// frames come from the kernel's frame-pointer chain.
 constexpr std::uint32_t kStackCopyBytes = 8192;
 // Data pages per CPU ring tried in turn (powers of two, halved while the locked-memory budget refuses):
 // at first room for kPerfRingSeconds of samples at the ring's rate (one CPU runs one thread at a time, so a
@@ -18704,8 +18704,8 @@ struct ring_cursor {
   }
 };
 
-// One PERF_RECORD_SAMPLE of the layout the ring events ask for: IP, TID, TIME, CALLCHAIN (kernel part
-// only, or empty), REGS_USER (bp, sp, ip) and STACK_USER.
+// One PERF_RECORD_SAMPLE of the layout the ring events ask for: IP, TID, TIME, CALLCHAIN, REGS_USER (bp,
+// sp, ip) and STACK_USER.
 struct ring_sample {
   std::uint64_t ip = 0, pidtid = 0, time = 0;
   std::uint64_t abi = 0, bp = 0, sp = 0, uip = 0;  // abi PERF_SAMPLE_REGS_ABI_NONE: no user context
@@ -18715,14 +18715,16 @@ struct ring_sample {
   std::uint32_t tid() const { return static_cast<std::uint32_t>(pidtid >> 32); }
 };
 
-// Reads a sample's body; when `keep_kernel`, the chain's kernel addresses go to `kernel` (after
-// PERF_CONTEXT_KERNEL, the interrupted kernel pc first). False when the record is malformed.
+// Reads a sample's body; the chain goes to `user` (after PERF_CONTEXT_USER) and, when `keep_kernel`, its
+// kernel addresses to `kernel` (after PERF_CONTEXT_KERNEL, the interrupted kernel pc first). False when
+// the record is malformed.
 inline bool parse_ring_sample(ring_cursor c, bool keep_kernel, ring_sample& s,
-                              std::vector<std::uint64_t>& kernel) {
+                              std::vector<std::uint64_t>& user, std::vector<std::uint64_t>& kernel) {
   std::uint64_t nr = 0;
   if (!c.u64(s.ip) || !c.u64(s.pidtid) || !c.u64(s.time) || !c.u64(nr) || nr > c.left / 8) return false;
   const unsigned char* chain_at = c.p;
   c.skip(nr * 8);
+  user.clear();
   kernel.clear();
   std::uint64_t context = 0;
   for (std::uint64_t i = 0; i < nr; ++i) {
@@ -18732,6 +18734,7 @@ inline bool parse_ring_sample(ring_cursor c, bool keep_kernel, ring_sample& s,
       context = v;
       continue;
     }
+    if (context == PERF_CONTEXT_USER) user.push_back(v);
     if (context == PERF_CONTEXT_KERNEL && keep_kernel && is_kernel_address(v)) kernel.push_back(v);
   }
   std::uint64_t stack_size = 0;
@@ -18821,23 +18824,21 @@ inline unwind_result continue_live(const Memory& copy, const Rows& rows, walk_re
 }
 
 // Unwinds one sample into out[0..): the copy walked with `set`'s rows (frame pointers where none, or
-// with no set), on the live stack where the walk left the copy and `live` (may be null) may read it.
-// Returns the depth; `truncated` when frames were left out: for lack of room, or because the stack went
-// on past what the copy and the live stack could show (the root-side frames are missing). `Memory` is
-// the copy's policy: sampled_stack for this process's own threads (the leaf's code bytes may be read).
+// with no set), on the live stack where the walk left the copy and `live` (may be null) may read it,
+// else continued with the kernel's user chain `chain[0..n)`. Returns the depth; `truncated` when frames
+// were left out: for lack of room, or because the stack went on past the copy and neither the live stack
+// nor the chain could continue it (the root-side frames are missing). `Memory` is the copy's policy:
+// sampled_stack for this process's own threads (the leaf's code bytes may be read).
 template <class Memory = sampled_stack>
 inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, std::uint64_t sp,
                                  std::uint64_t bp, const unsigned char* stack, std::size_t stack_size,
-                                 std::uint64_t* out, std::size_t max_depth, bool& truncated,
+                                 const std::uint64_t* chain, std::size_t n, std::uint64_t* out,
+                                 std::size_t max_depth, bool& truncated, bool& spliced,
                                  live_stack_reader* live = nullptr) {
-  truncated = false;
+  truncated = spliced = false;
   if (max_depth == 0) return 0;
   unwind_result r;
   out[r.depth++] = ip;
-  if (stack_size == 0) {  // no copy (the user sp could not be read): only the leaf is known
-    truncated = true;
-    return r.depth;
-  }
   Memory mem;
   mem.base = static_cast<std::uintptr_t>(sp);
   mem.data = stack;
@@ -18849,12 +18850,44 @@ inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, 
     if (r.end == walk_end::ran_off_copy && live != nullptr && live->read != nullptr)
       r = continue_live(mem, rows, s, r, out, max_depth, *live);
   };
-  if (set)
-    walk(cfi_rows{set});
-  else
-    walk(frame_pointer_rows{});
-  truncated = r.truncated || r.end == walk_end::ran_off_copy;
-  return r.depth;
+  if (stack_size > 0) {
+    if (set)
+      walk(cfi_rows{set});
+    else
+      walk(frame_pointer_rows{});
+  }
+  truncated = r.truncated;
+  if (r.end == walk_end::outermost || r.end == walk_end::zero_return || r.end == walk_end::depth_limit)
+    return r.depth;
+  // The copy ended (or a frame failed) before the stack did: find the deepest walked frame in the
+  // kernel's chain, at the same position when both agree there, else where the last two frames match.
+  const std::size_t d = r.depth;
+  std::size_t at = n;
+  if (d <= n && chain[d - 1] == out[d - 1]) {
+    at = d - 1;
+  } else {
+    for (std::size_t j = 1; j < n && d >= 2; ++j)
+      if (chain[j] == out[d - 1] && chain[j - 1] == out[d - 2]) {
+        at = j;
+        break;
+      }
+    if (at == n && d == 1 && n > 0 && chain[0] == out[0]) at = 0;
+  }
+  if (at == n) {
+    truncated = truncated || r.end == walk_end::ran_off_copy;
+    return d;
+  }
+  std::size_t depth = d;
+  for (std::size_t j = at + 1; j < n; ++j) {
+    if (chain[j] < kMinCodeAddress) break;
+    if (depth == max_depth) {
+      truncated = true;
+      break;
+    }
+    out[depth++] = chain[j];
+  }
+  spliced = depth > d;
+  return depth;
 }
 
 class perf_ring_source final : public tick_source {
@@ -19049,7 +19082,6 @@ class perf_ring_source final : public tick_source {
     attr.sample_max_stack = static_cast<std::uint16_t>(max_stack());
     attr.exclude_kernel = user_only_ ? 1 : 0;
     attr.exclude_callchain_kernel = user_only_ ? 1 : 0;
-    attr.exclude_callchain_user = 1;  // the copy and the live stack give the user frames (see the top)
     attr.exclude_hv = 1;
     attr.inherit = inherit ? 1 : 0;
     attr.inherit_thread = inherit ? 1 : 0;
@@ -19203,7 +19235,7 @@ class perf_ring_source final : public tick_source {
     }
     if (h.type != PERF_RECORD_SAMPLE) return;
     ring_sample smp;
-    if (!parse_ring_sample(c, !user_only_, smp, kernel_chain_)) {
+    if (!parse_ring_sample(c, !user_only_, smp, user_chain_, kernel_chain_)) {
       ++counts_.lost;
       return;
     }
@@ -19218,17 +19250,18 @@ class perf_ring_source final : public tick_source {
       ++counts_.full;
       return;
     }
-    bool truncated = false;
+    bool truncated = false, spliced = false;
     // Kernel frames first (the leaf end), as perf shows them: above the user frame that entered the
     // kernel, whose pc is then a return address (after the syscall instruction), looked up less one.
     const std::size_t kernel = std::min(kernel_chain_.size(), out.max_depth() / 2);
     std::copy(kernel_chain_.begin(), kernel_chain_.begin() + static_cast<std::ptrdiff_t>(kernel),
               slot->pcs());
     auto walk = [&] {
-      truncated = false;
+      truncated = spliced = false;
       return unwind_sample(g_unwind_tables.load(std::memory_order_acquire), smp.uip, smp.sp, smp.bp,
-                           smp.stack, static_cast<std::size_t>(smp.dyn), slot->pcs() + kernel,
-                           out.max_depth() - kernel, truncated, &live_);
+                           smp.stack, static_cast<std::size_t>(smp.dyn), user_chain_.data(),
+                           user_chain_.size(), slot->pcs() + kernel, out.max_depth() - kernel, truncated,
+                           spliced, &live_);
     };
     std::size_t user = walk();
     // The walk goes on by frame pointers where a pc has no rows: when a walked pc lies in a module whose
@@ -19280,7 +19313,7 @@ class perf_ring_source final : public tick_source {
   std::vector<pid_t> skip_;
   row_requests* rows_ = nullptr;  // during collect() only
   std::vector<unsigned char> record_;
-  std::vector<std::uint64_t> kernel_chain_;
+  std::vector<std::uint64_t> user_chain_, kernel_chain_;
   std::size_t max_stack_ = 0;
   // This process's stacks as they are now, where a walk runs off its copy (read through the seam, which
   // never faults: the thread may have exited and unmapped its stack).

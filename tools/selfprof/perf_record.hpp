@@ -7,12 +7,11 @@
 // Events: one task-clock event per CPU on the stopped child (the kernel refuses mmap of an inherited
 // event opened on every CPU at once), `inherit` (threads and fork children carry copies that write into
 // the same ring), `enable_on_exec`, with records of exec (COMM), fork (FORK) and executable mappings
-// (MMAP2). A sample holds TID, TIME (CLOCK_MONOTONIC), the kernel's chain (kernel frames only, as root),
-// the user bp/sp/ip and 8 KiB of user stack, unwound here with the CFI rows of the files the process
-// mapped (file_unwind.hpp) and, where the copy ends, continued on the process's live stack (read with
-// process_vm_readv while it still holds the sampled frames), as the in-process ring does; a stack that
-// still ends there is marked truncated. No user chain is asked of the kernel (sources/perf_ring.hpp says
-// why).
+// (MMAP2). A sample holds TID, TIME (CLOCK_MONOTONIC), the kernel's frame-pointer chain, the user bp/sp/ip
+// and 8 KiB of user stack, unwound here with the CFI rows of the files the process mapped
+// (file_unwind.hpp) and, where the copy ends, continued on the process's live stack (read with
+// process_vm_readv while it still holds the sampled frames) or with the kernel's chain, as the in-process
+// ring does.
 // A file's rows are parsed when a sample first reaches its code (the sample is then unwound again), so
 // what is never sampled is never parsed.
 //
@@ -75,7 +74,7 @@ struct perf_record_options {
 
 // What the recording met, for the profile's notes.
 struct perf_record_counts {
-  std::uint64_t samples = 0, stored = 0, lost = 0, throttled = 0, corrupt = 0, truncated = 0;
+  std::uint64_t samples = 0, stored = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, truncated = 0;
   std::uint64_t continued = 0;  // samples whose walk went on past the copy, on the live stack
   std::uint64_t no_room = 0;    // stacks a full table could not take
   std::uint64_t unknown = 0;    // samples of a process whose start was never seen (maps read late)
@@ -244,7 +243,6 @@ class perf_recorder {
     attr.sample_max_stack = static_cast<std::uint16_t>(std::min<std::size_t>(opts_.max_depth, 127));
     attr.exclude_kernel = user_only_ ? 1 : 0;
     attr.exclude_callchain_kernel = user_only_ ? 1 : 0;
-    attr.exclude_callchain_user = 1;
     attr.exclude_hv = 1;
     attr.disabled = 1;
     attr.enable_on_exec = 1;
@@ -554,7 +552,7 @@ class perf_recorder {
 
   void on_sample(cursor& c) {
     selfprof::detail::ring_sample smp;
-    if (!selfprof::detail::parse_ring_sample(c, !user_only_, smp, kernel_chain_)) {
+    if (!selfprof::detail::parse_ring_sample(c, !user_only_, smp, user_chain_, kernel_chain_)) {
       ++counts_.corrupt;
       return;
     }
@@ -570,14 +568,15 @@ class perf_recorder {
     std::size_t kernel = std::min(kernel_chain_.size(), opts_.max_depth / 2);
     std::copy(kernel_chain_.begin(), kernel_chain_.begin() + static_cast<std::ptrdiff_t>(kernel),
               pcs_.begin());
-    bool truncated = kernel < kernel_chain_.size(), cut = false;
+    bool truncated = kernel < kernel_chain_.size(), cut = false, spliced = false;
     std::size_t depth = kernel;
     if (smp.abi != PERF_SAMPLE_REGS_ABI_NONE) {
       std::size_t user = 0;
       do
         user = selfprof::detail::unwind_sample<foreign_stack>(
             im.set.count ? &im.set : nullptr, smp.uip, smp.sp, smp.bp, smp.stack,
-            static_cast<std::size_t>(smp.dyn), pcs_.data() + kernel, opts_.max_depth - kernel, cut, &live_);
+            static_cast<std::size_t>(smp.dyn), user_chain_.data(), user_chain_.size(), pcs_.data() + kernel,
+            opts_.max_depth - kernel, cut, spliced, &live_);
       while (!im.unparsed.empty() && parse_reached(im, pcs_.data() + kernel, user));
       depth += user;
     }
@@ -585,6 +584,7 @@ class perf_recorder {
     for (std::size_t k = kernel; k < depth; ++k)
       if (maybe_jit(im, pcs_[k])) tag_jit(im, pcs_[k], time);
     truncated = truncated || cut;
+    if (spliced) ++counts_.spliced;
     if (live_.continued != continued) ++counts_.continued;
     if (truncated) ++counts_.truncated;
     if (im.table.add(tid, truncated ? selfprof::detail::sample_truncated : 0, pcs_.data(), depth, 1))
@@ -644,7 +644,7 @@ class perf_recorder {
   std::vector<std::unique_ptr<image>> images_;
   std::unordered_map<pid_t, image*> current_;
   file_unwind_cache unwind_;
-  std::vector<std::uint64_t> kernel_chain_, pcs_;
+  std::vector<std::uint64_t> user_chain_, kernel_chain_, pcs_;
   perf_record_counts counts_;
   // The sampled process's stack as it is now, where a walk ran off its copy (the recorder is the
   // programs' ancestor, so ptrace's access check lets it read them; a process gone reads nothing).

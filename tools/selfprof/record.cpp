@@ -512,13 +512,13 @@ int run_record(int argc, char** argv) {
     if (a.has("verbose")) {
       const double written_ms = own_cpu_ms();
       std::fprintf(stderr,
-                   "selfprof record: %llu samples (%llu stored, %llu lost, %llu truncated, %llu continued "
-                   "on the live stack), %llu processes started, %llu execs, %llu "
+                   "selfprof record: %llu samples (%llu stored, %llu lost, %llu spliced with the kernel's "
+                   "chain, %llu continued on the live stack), %llu processes started, %llu execs, %llu "
                    "executable mappings; unwind rows of "
                    "%zu files. The recorder's own CPU: %.1f ms to start, %.1f ms reading and unwinding, "
                    "%.1f ms naming, %.1f ms writing\n",
                    static_cast<unsigned long long>(c.samples), static_cast<unsigned long long>(c.stored),
-                   static_cast<unsigned long long>(c.lost), static_cast<unsigned long long>(c.truncated),
+                   static_cast<unsigned long long>(c.lost), static_cast<unsigned long long>(c.spliced),
                    static_cast<unsigned long long>(c.continued), static_cast<unsigned long long>(c.forks),
                    static_cast<unsigned long long>(c.execs), static_cast<unsigned long long>(c.mappings),
                    recorder.unwind_files(), started_ms, recorded_ms - started_ms, named_ms - recorded_ms,

@@ -1,6 +1,8 @@
 // The ring source's unwinding of one sample (unwind_sample): the copied stack walked with frame records,
-// never past max_depth; a stack that goes on past the copy marked truncated; a frame larger than the copy
-// walked on over the live stack while the bytes both hold agree.
+// continued with the kernel's frame-pointer chain where the copy ends, at the position where both agree
+// (so repeated return addresses of a recursion are not taken twice), and never past max_depth; a frame
+// larger than the copy walked on over the live stack while the bytes both hold agree; a stack that goes
+// on past the copy with nothing to continue it marked truncated.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -35,50 +37,78 @@ constexpr std::uint64_t kRingPc = 0x400500, kRingSp = 0x7000, kRingBp = 0x7000;
 
 }  // namespace
 
-TEST_CASE("unwind_sample: the copy's frames; a stack that goes on past the copy is marked truncated") {
+TEST_CASE("unwind_sample: the copy's frames, then the kernel's chain past the end of the copy") {
   ring_fake_stack s(0x401000, 0x402000);
+  const std::uint64_t chain[] = {kRingPc, 0x401000, 0x402000, 0x403000, 0x404000};
   std::uint64_t out[16];
-  bool truncated = false;
-  const std::size_t d =
-      selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32, out, 16, truncated);
-  REQUIRE(d == 3);
-  CHECK(out[0] == kRingPc);
-  CHECK(out[1] == 0x401000);
-  CHECK(out[2] == 0x402000);
-  CHECK(truncated);  // the second frame's saved rbp points past the copy: its callers are not known
+  bool truncated = true, spliced = false;
+  const std::size_t d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32,
+                                                        chain, 5, out, 16, truncated, spliced);
+  REQUIRE(d == 5);
+  CHECK(spliced);
+  CHECK_FALSE(truncated);
+  for (std::size_t i = 0; i < 5; ++i) CHECK(out[i] == chain[i]);
 }
 
-TEST_CASE("unwind_sample: a stack that ends inside the copy is whole") {
+TEST_CASE("unwind_sample: a recursion's repeated return addresses are joined by position") {
+  ring_fake_stack s(0x401000, 0x401000);  // the same return address twice, as in a recursion
+  const std::uint64_t chain[] = {kRingPc, 0x401000, 0x401000, 0x401000, 0x401000, 0x405000};
+  std::uint64_t out[16];
+  bool truncated = false, spliced = false;
+  const std::size_t d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32,
+                                                        chain, 6, out, 16, truncated, spliced);
+  REQUIRE(d == 6);
+  CHECK(out[5] == 0x405000);
+}
+
+TEST_CASE(
+    "unwind_sample: a kernel chain that disagrees with the copy is not joined; the stack is marked cut") {
+  ring_fake_stack s(0x401000, 0x402000);
+  // A chain of code without frame pointers: it went wrong after the leaf.
+  const std::uint64_t chain[] = {kRingPc, 0x999000, 0x998000, 0x997000};
+  std::uint64_t out[16];
+  bool truncated = false, spliced = true;
+  const std::size_t d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32,
+                                                        chain, 4, out, 16, truncated, spliced);
+  CHECK(d == 3);
+  CHECK_FALSE(spliced);
+  CHECK(truncated);  // the copy ended before the stack did, and nothing went on from there
+  CHECK(out[1] == 0x401000);
+  CHECK(out[2] == 0x402000);
+}
+
+TEST_CASE("unwind_sample: a stack that ends inside the copy is whole, without a chain") {
   ring_fake_stack s(0x401000, 0x402000);
   s.words[2] = 0;  // the outermost frame record: saved rbp 0
   std::uint64_t out[16];
-  bool truncated = true;
-  const std::size_t d =
-      selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32, out, 16, truncated);
+  bool truncated = true, spliced = true;
+  const std::size_t d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32,
+                                                        nullptr, 0, out, 16, truncated, spliced);
   CHECK(d == 3);
   CHECK_FALSE(truncated);
+  CHECK_FALSE(spliced);
 }
 
-TEST_CASE("unwind_sample: max_depth cuts the stack and says so") {
+TEST_CASE("unwind_sample: max_depth cuts the joined stack and says so") {
   ring_fake_stack s(0x401000, 0x402000);
-  s.words[2] = 0;
-  std::uint64_t out[2];
-  bool truncated = false;
-  const std::size_t d =
-      selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32, out, 2, truncated);
-  CHECK(d == 2);
+  const std::uint64_t chain[] = {kRingPc, 0x401000, 0x402000, 0x403000, 0x404000};
+  std::uint64_t out[4];
+  bool truncated = false, spliced = false;
+  const std::size_t d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32,
+                                                        chain, 5, out, 4, truncated, spliced);
+  CHECK(d == 4);
   CHECK(truncated);
-  CHECK(out[1] == 0x401000);
+  CHECK(out[3] == 0x403000);
 }
 
-TEST_CASE("unwind_sample: no copy (the user sp could not be read) keeps the leaf, marked truncated") {
+TEST_CASE("unwind_sample: no copy (a sample without user stack) keeps the leaf and the kernel's chain") {
+  const std::uint64_t chain[] = {kRingPc, 0x401000, 0x402000};
   std::uint64_t out[8];
-  bool truncated = false;
-  const std::size_t d =
-      selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, nullptr, 0, out, 8, truncated);
-  CHECK(d == 1);
-  CHECK(out[0] == kRingPc);
-  CHECK(truncated);
+  bool truncated = false, spliced = false;
+  const std::size_t d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, nullptr, 0, chain,
+                                                        3, out, 8, truncated, spliced);
+  CHECK(d == 3);
+  CHECK(out[2] == 0x402000);
 }
 
 namespace {
@@ -141,13 +171,10 @@ live_fake_stack big_frame_stack(std::size_t big) {
 
 std::size_t walk_live(const live_fake_code& code, live_fake_stack& s, std::size_t copy_bytes,
                       selfprof::detail::live_stack_reader* live, std::uint64_t* out) {
-  bool truncated = false;
-  const std::size_t d = selfprof::detail::unwind_sample(&code.set, kLiveCode + 0x10, kLiveBase, 0,
-                                                        reinterpret_cast<const unsigned char*>(s.then.data()),
-                                                        copy_bytes, out, 16, truncated, live);
-  // Whole where the walk reached the outermost frame, cut (marked) where it stopped at the copy's end.
-  CHECK(truncated == (d == 2));
-  return d;
+  bool truncated = false, spliced = false;
+  return selfprof::detail::unwind_sample(&code.set, kLiveCode + 0x10, kLiveBase, 0,
+                                         reinterpret_cast<const unsigned char*>(s.then.data()), copy_bytes,
+                                         nullptr, 0, out, 16, truncated, spliced, live);
 }
 
 }  // namespace
