@@ -18874,7 +18874,9 @@ inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, 
     if (at == n && d == 1 && n > 0 && chain[0] == out[0]) at = 0;
   }
   if (at == n) {
-    truncated = truncated || r.end == walk_end::ran_off_copy;
+    // The copy ended before the stack did, or there was no copy (the user sp could not be read, as in a
+    // tick inside execve after the old image's memory went), and nothing goes on from there.
+    truncated = truncated || r.end == walk_end::ran_off_copy || stack_size == 0;
     return d;
   }
   std::size_t depth = d;
@@ -18887,6 +18889,7 @@ inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, 
     out[depth++] = chain[j];
   }
   spliced = depth > d;
+  if (stack_size == 0 && !spliced) truncated = true;  // only the leaf is known
   return depth;
 }
 

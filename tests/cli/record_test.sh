@@ -334,13 +334,14 @@ if grep -q "perf_event rings" fx.err; then
   # The forked hot_c: its hot function all under _start, its only other roots sh (before its exec), the
   # loader's entry, _dl_start_user (a tick in ld.so running the libraries' initializers), and a tick inside
   # execve itself, after the old image's memory was gone: kernel frames over an unknown user pc, marked
-  # [truncated] (nothing of the user stack could be copied).
+  # [truncated] (nothing of the user stack could be copied). A tick on _start's first instructions is
+  # _start alone.
   own=0
   for f in fpp/*.folded; do
     [ "$f" = "$script" ] && continue
     hot=$(count_of "$f" "hot_c_function")
     under_start=$(grep -E '^(hot_c;)?_start;.*hot_c_function' "$f" | awk '{ n += $NF } END { print n + 0 }')
-    other=$(grep -vE '^(hot_c;|sh;|_start;|_dl_start_user;|\[truncated\];.*execve)' "$f" | awk 'NF { n += $NF } END { print n + 0 }')
+    other=$(grep -vE '^(hot_c;|sh;|_start[; ]|_dl_start_user;|\[truncated\];.*execve)' "$f" | awk 'NF { n += $NF } END { print n + 0 }')
     [ "$hot" -gt 20 ] && [ "$under_start" -eq "$hot" ] && [ "$other" -eq 0 ] && own=$((own + 1))
   done
   [ $rc -eq 0 ] && [ "$(head -1 fpp.out)" = "[] $script_pid" ] && [ "$n_pp" -eq 3 ] && [ "$own" -eq 1 ] && [ "$both" -eq 1 ] &&

@@ -109,6 +109,18 @@ TEST_CASE("unwind_sample: no copy (a sample without user stack) keeps the leaf a
                                                         3, out, 8, truncated, spliced);
   CHECK(d == 3);
   CHECK(out[2] == 0x402000);
+  CHECK_FALSE(truncated);
+}
+
+TEST_CASE("unwind_sample: no copy and no chain past the leaf: the leaf, marked truncated") {
+  const std::uint64_t chain[] = {kRingPc};
+  std::uint64_t out[8];
+  bool truncated = false, spliced = true;
+  const std::size_t d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, nullptr, 0, chain,
+                                                        1, out, 8, truncated, spliced);
+  CHECK(d == 1);
+  CHECK(truncated);
+  CHECK_FALSE(spliced);
 }
 
 namespace {
