@@ -77,11 +77,15 @@ struct stats {
   std::uint64_t collector_wakes = 0;        // times the collector thread woke
   std::uint64_t kernel_lost = 0;  // ring source: samples lost (PERF_RECORD_LOST; a record that did not parse)
   std::uint64_t kernel_throttles = 0;  // ring source: PERF_RECORD_THROTTLE records
-  std::uint64_t thread_checks = 0;     // thread-count checks made by the handler
-  std::uint64_t thread_wakes = 0;      // ... that saw the count change and woke the collector
-  std::uint64_t rate_capped = 0;       // perf ticks taken at a period stretched to the handler's cost
-  std::uint64_t periods_skipped = 0;   // requested periods left unsampled by that stretch
-  int dump_signal = 0;                 // signal that triggers a dump (0: none taken)
+  // ring source: the kernel's user call chain is asked for (from the start, or since stacks outgrew the
+  // stack copy: ring_chain_cut samples ended there before it was)
+  bool ring_user_chain = false;
+  std::uint64_t ring_chain_cut = 0;
+  std::uint64_t thread_checks = 0;    // thread-count checks made by the handler
+  std::uint64_t thread_wakes = 0;     // ... that saw the count change and woke the collector
+  std::uint64_t rate_capped = 0;      // perf ticks taken at a period stretched to the handler's cost
+  std::uint64_t periods_skipped = 0;  // requested periods left unsampled by that stretch
+  int dump_signal = 0;                // signal that triggers a dump (0: none taken)
   unsigned long dumps_written = 0, dumps_failed = 0;  // signal and interval dumps
   std::unordered_map<std::uint32_t, std::uint64_t> samples_by_thread;
   wall_stats wall;  // wall mode: what the wall sampler did

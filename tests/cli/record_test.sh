@@ -296,6 +296,46 @@ for way in preload follow-exec; do
     bad "$way: a 24 KiB frame: $full of $leaf leaf samples reach _start, $cut stop at it: $(grep nofp_leaf bf-$way.folded | cut -c1-160)"
 done
 
+# A frame-pointer recursion deeper than the 8 KiB stack copy (41 frames of 512 bytes), left and re-entered
+# with other bytes in its frames every 0.2 ms: the live stack cannot finish a cut stack, the kernel's user
+# chain can (its stacks end at __libc_start_call_main, whose caller keeps no frame pointer). Both ways
+# start without that chain and ask for it after a few such stacks: those few are marked [truncated],
+# every later one reaches main.
+cat > deepfp.c <<'SRC'
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((noinline)) unsigned long fp_leaf(unsigned long n) {
+  volatile unsigned long x = 1;
+  for (unsigned long i = 0; i < n; ++i) x = x * 6364136223846793005ul + i;
+  return x;
+}
+__attribute__((noinline)) unsigned long big_deep(int d, unsigned long n, unsigned salt) {
+  volatile unsigned char pad[512];
+  for (unsigned i = 0; i < sizeof pad; i += 8) pad[i] = (unsigned char)(salt + i);
+  unsigned long r = d == 0 ? fp_leaf(n) : big_deep(d - 1, n, salt);
+  __asm__ volatile("" ::: "memory");
+  return r + pad[salt % sizeof pad];
+}
+int main(int argc, char** argv) {
+  unsigned long rounds = argc > 1 ? strtoul(argv[1], 0, 10) : 2000, acc = 0;
+  for (unsigned long k = 0; k < rounds; ++k) acc += big_deep(40, 200000, (unsigned)k);
+  printf("%lu\n", acc & 1);
+  return 0;
+}
+SRC
+"$cc" -O2 -fno-omit-frame-pointer -o deepfp deepfp.c
+for way in preload follow-exec; do
+  flags=(-F 499); [ $way = follow-exec ] && flags+=(--follow-exec)
+  "$bin" record -q "${flags[@]}" -o dfp-$way.folded -- ./deepfp 4000 > /dev/null
+  leaf=$(count_of dfp-$way.folded "fp_leaf")
+  full=$(grep -E '^(deepfp;)?(_start;__libc_start_main;)?__libc_start_call_main;main;(big_deep;){41}fp_leaf( |;)' dfp-$way.folded |
+    awk '{ n += $NF } END { print n + 0 }')
+  cut=$(grep -E '^(deepfp;)?\[truncated\];(big_deep;)+fp_leaf( |;)' dfp-$way.folded | awk '{ n += $NF } END { print n + 0 }')
+  [ "$leaf" -gt 200 ] && [ $((full * 100)) -ge $((leaf * 85)) ] && [ "$cut" -ge 3 ] && [ $((full + cut)) -eq "$leaf" ] &&
+    ok "$way: a frame-pointer recursion deeper than the copy: $full of $leaf leaf samples reach main, $cut cut before the user chain" ||
+    bad "$way: a recursion deeper than the copy: $full of $leaf reach main, $cut marked: $(sort -t' ' -k2 -rn dfp-$way.folded | head -3 | cut -c1-200)"
+done
+
 # --follow-exec with one profile (issues 20, 21): sampled by perf_event events every process inherits,
 # read by the recorder, nothing loaded into the programs; the preload library where perf_event is refused
 # (here: SELFPROF_TEST_NO_PERF=1). A program without frame pointers is unwound from its file's CFI: the

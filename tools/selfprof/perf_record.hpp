@@ -4,14 +4,16 @@
 // few milliseconds pays only the kernel's sampling, and a program that execs, forks, takes SIGPROF or
 // exits with _exit is never touched.
 //
-// Events: one task-clock event per CPU on the stopped child (the kernel refuses mmap of an inherited
-// event opened on every CPU at once), `inherit` (threads and fork children carry copies that write into
-// the same ring), `enable_on_exec`, with records of exec (COMM), fork (FORK) and executable mappings
-// (MMAP2). A sample holds TID, TIME (CLOCK_MONOTONIC), the kernel's frame-pointer chain, the user bp/sp/ip
-// and 8 KiB of user stack, unwound here with the CFI rows of the files the process mapped
-// (file_unwind.hpp) and, where the copy ends, continued on the process's live stack (read with
-// process_vm_readv while it still holds the sampled frames) or with the kernel's chain, as the in-process
-// ring does.
+// Events, per CPU on the stopped child (the kernel refuses mmap of an inherited event opened on every CPU
+// at once), all `inherit` (threads and fork children carry copies that write into the same ring): a dummy
+// event that owns the ring and reports exec (COMM), fork (FORK) and executable mappings (MMAP2), and a
+// task-clock event that samples, both `enable_on_exec`; beside that one, its disabled twin that also asks
+// for the kernel's user call chain, enabled in its stead once stacks show they need it (the user chain
+// switch, sources/perf_ring.hpp). The side-band records come from the dummy so that the switch loses
+// none. A sample holds TID, TIME (CLOCK_MONOTONIC), the kernel's chain, the user bp/sp/ip and 8 KiB of
+// user stack, unwound here with the CFI rows of the files the process mapped (file_unwind.hpp) and,
+// where the copy ends, continued on the process's live stack (read with process_vm_readv while it still
+// holds the sampled frames) or with the kernel's user chain, as the in-process ring does.
 // A file's rows are parsed when a sample first reaches its code (the sample is then unwound again), so
 // what is never sampled is never parsed.
 //
@@ -76,6 +78,8 @@ struct perf_record_options {
 struct perf_record_counts {
   std::uint64_t samples = 0, stored = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, truncated = 0;
   std::uint64_t continued = 0;  // samples whose walk went on past the copy, on the live stack
+  std::uint64_t chain_cut = 0;  // samples cut where the kernel's user chain (not asked for yet) would go on
+  bool user_chain = false;      // the sampling events ask for that chain (since chain_cut reached the mark)
   std::uint64_t no_room = 0;    // stacks a full table could not take
   std::uint64_t unknown = 0;    // samples of a process whose start was never seen (maps read late)
   std::uint64_t records = 0, images = 0, forks = 0, execs = 0, mappings = 0;
@@ -83,6 +87,7 @@ struct perf_record_counts {
 
 class perf_recorder {
   using cursor = selfprof::detail::ring_cursor;
+  static constexpr std::uint64_t kQuickReads = 20;
 
  public:
   perf_recorder() = default;
@@ -117,6 +122,11 @@ class perf_recorder {
   bool user_only() const { return user_only_; }
   std::size_t rings() const { return rings_.size(); }
 
+  // How long the recording loop waits between reads: 50 ms, but 10 ms for the first kQuickReads reads
+  // while no user chain is asked for, so that stacks that outgrow the copy get it after a few samples
+  // (a sample is unwound one read after the read that found it).
+  int read_period_ms() const { return !counts_.user_chain && round_ < kQuickReads ? 10 : 50; }
+
   // Waits up to `timeout_ms` for a ring to pass its wake-up mark, then reads every ring.
   void wait_and_read(int timeout_ms) {
     std::vector<pollfd> fds;
@@ -127,6 +137,22 @@ class perf_recorder {
 
   // Reads every ring; applies the records every ring has been read past (all of them when `all`).
   void read(bool all) {
+    read_records(all);
+    if (!counts_.user_chain && counts_.chain_cut >= selfprof::detail::kChainWantedSamples) switch_to_chain();
+  }
+
+ private:
+  // Each CPU's sampler hands over to its user-chain twin (with the copies every thread and process
+  // inherited), disabled before the twin is enabled so that no tick is sampled twice.
+  void switch_to_chain() {
+    for (ring& r : rings_) {
+      ::ioctl(r.sampler, PERF_EVENT_IOC_DISABLE, 0);
+      ::ioctl(r.chain_sampler, PERF_EVENT_IOC_ENABLE, 0);
+    }
+    counts_.user_chain = true;
+  }
+
+  void read_records(bool all) {
     ++round_;
     const std::uint64_t now = monotonic_ns();
     for (ring& r : rings_) read_ring(r);
@@ -150,12 +176,15 @@ class perf_recorder {
     watermark_ = now;
   }
 
+ public:
   // Stops the events and releases the rings (what was read stays).
   void close() {
     for (ring& r : rings_) {
-      ::ioctl(r.fd, PERF_EVENT_IOC_DISABLE, 0);
+      for (int fd : {r.sampler, r.chain_sampler, r.fd})
+        if (fd >= 0) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
       if (r.base) ::munmap(r.base, r.map_bytes);
-      ::close(r.fd);
+      for (int fd : {r.sampler, r.chain_sampler, r.fd})
+        if (fd >= 0) ::close(fd);
     }
     rings_.clear();
   }
@@ -198,7 +227,8 @@ class perf_recorder {
 
  private:
   struct ring {
-    int fd = -1;
+    int fd = -1;                           // the side-band event, owner of the ring
+    int sampler = -1, chain_sampler = -1;  // the sampling event and its user-chain twin
     void* base = nullptr;
     std::size_t map_bytes = 0, data_bytes = 0;
   };
@@ -228,31 +258,43 @@ class perf_recorder {
     return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
   }
 
-  int open_event(pid_t pid, int cpu) {
+  enum class event_role { side_band, sampler, chain_sampler };
+
+  int open_event(pid_t pid, int cpu, event_role role) {
     struct perf_event_attr attr;
     std::memset(&attr, 0, sizeof attr);
     attr.size = sizeof attr;
     attr.type = PERF_TYPE_SOFTWARE;
-    attr.config = PERF_COUNT_SW_TASK_CLOCK;
-    attr.sample_period = static_cast<std::uint64_t>(1e9 / opts_.hz);
-    attr.sample_type = PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CALLCHAIN |
-                       PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER;
-    attr.sample_regs_user = (1ull << selfprof::detail::kRegBp) | (1ull << selfprof::detail::kRegSp) |
-                            (1ull << selfprof::detail::kRegIp);
-    attr.sample_stack_user = selfprof::detail::kStackCopyBytes;
-    attr.sample_max_stack = static_cast<std::uint16_t>(std::min<std::size_t>(opts_.max_depth, 127));
     attr.exclude_kernel = user_only_ ? 1 : 0;
-    attr.exclude_callchain_kernel = user_only_ ? 1 : 0;
     attr.exclude_hv = 1;
     attr.disabled = 1;
-    attr.enable_on_exec = 1;
     attr.inherit = 1;
-    attr.task = 1;
-    attr.comm = 1;
-    attr.comm_exec = 1;
-    attr.mmap = 1;
-    attr.mmap2 = 1;
+    // Every record ends with TID and TIME (sample_id_all); a sample has them second and third.
     attr.sample_id_all = 1;
+    if (role == event_role::side_band) {
+      attr.config = PERF_COUNT_SW_DUMMY;
+      attr.sample_type = PERF_SAMPLE_TID | PERF_SAMPLE_TIME;
+      attr.enable_on_exec = 1;
+      attr.task = 1;
+      attr.comm = 1;
+      attr.comm_exec = 1;
+      attr.mmap = 1;
+      attr.mmap2 = 1;
+    } else {
+      attr.config = PERF_COUNT_SW_TASK_CLOCK;
+      attr.sample_period = static_cast<std::uint64_t>(1e9 / opts_.hz);
+      attr.sample_type = PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CALLCHAIN |
+                         PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER;
+      attr.sample_regs_user = (1ull << selfprof::detail::kRegBp) | (1ull << selfprof::detail::kRegSp) |
+                              (1ull << selfprof::detail::kRegIp);
+      attr.sample_stack_user = selfprof::detail::kStackCopyBytes;
+      attr.sample_max_stack = static_cast<std::uint16_t>(std::min<std::size_t>(opts_.max_depth, 127));
+      attr.exclude_callchain_kernel = user_only_ ? 1 : 0;
+      attr.exclude_callchain_user = role == event_role::sampler ? 1 : 0;
+      // The twin stays disabled until switch_to_chain(). The sampler's enable_on_exec is spent at the
+      // child's exec (the kernel clears the flag then), so a later exec never enables it again.
+      attr.enable_on_exec = role == event_role::sampler ? 1 : 0;
+    }
     attr.use_clockid = 1;
     attr.clockid = CLOCK_MONOTONIC;
     // Neither watermark nor wakeup_events: the kernel wakes the poller when a ring is half full. Each
@@ -264,7 +306,7 @@ class perf_recorder {
 
   selfprof::status open_cpus(pid_t pid, int cpus) {
     for (int c = 0; c < cpus; ++c) {
-      const int fd = open_event(pid, c);
+      const int fd = open_event(pid, c, event_role::side_band);
       if (fd < 0) {
         const int e = errno;
         if (e == ENODEV || (e == EINVAL && c > 0)) continue;  // an offline CPU
@@ -296,6 +338,18 @@ class perf_recorder {
             std::string("perf ring: mmap of CPU ") + std::to_string(c) + "'s ring failed: " +
                 std::strerror(err) + (err == EPERM ? " (locked memory: perf_event_mlock_kb used up)" : ""),
             err);
+      for (event_role role : {event_role::sampler, event_role::chain_sampler}) {
+        const int s = open_event(pid, c, role);
+        if (s < 0 || ::ioctl(s, PERF_EVENT_IOC_SET_OUTPUT, fd) != 0) {
+          const int e = errno;
+          if (s >= 0) ::close(s);
+          return selfprof::status::error(std::string("perf_event_open(task-clock, inherited") +
+                                             (user_only_ ? ", user only" : ", with kernel time") +
+                                             (s < 0 ? "): " : ") into the ring: ") + std::strerror(e),
+                                         e);
+        }
+        (role == event_role::sampler ? rings_.back().sampler : rings_.back().chain_sampler) = s;
+      }
     }
     if (rings_.empty()) return selfprof::status::error("perf ring: no online CPU accepted an event", ENODEV);
     return selfprof::status::ok();
@@ -568,7 +622,7 @@ class perf_recorder {
     std::size_t kernel = std::min(kernel_chain_.size(), opts_.max_depth / 2);
     std::copy(kernel_chain_.begin(), kernel_chain_.begin() + static_cast<std::ptrdiff_t>(kernel),
               pcs_.begin());
-    bool truncated = kernel < kernel_chain_.size(), cut = false, spliced = false;
+    bool truncated = kernel < kernel_chain_.size(), cut = false, spliced = false, wants_chain = false;
     std::size_t depth = kernel;
     if (smp.abi != PERF_SAMPLE_REGS_ABI_NONE) {
       std::size_t user = 0;
@@ -576,7 +630,7 @@ class perf_recorder {
         user = selfprof::detail::unwind_sample<foreign_stack>(
             im.set.count ? &im.set : nullptr, smp.uip, smp.sp, smp.bp, smp.stack,
             static_cast<std::size_t>(smp.dyn), user_chain_.data(), user_chain_.size(), pcs_.data() + kernel,
-            opts_.max_depth - kernel, cut, spliced, &live_);
+            opts_.max_depth - kernel, cut, spliced, &live_, &wants_chain);
       while (!im.unparsed.empty() && parse_reached(im, pcs_.data() + kernel, user));
       depth += user;
     }
@@ -587,6 +641,7 @@ class perf_recorder {
     if (spliced) ++counts_.spliced;
     if (live_.continued != continued) ++counts_.continued;
     if (truncated) ++counts_.truncated;
+    if (wants_chain) ++counts_.chain_cut;
     if (im.table.add(tid, truncated ? selfprof::detail::sample_truncated : 0, pcs_.data(), depth, 1))
       ++counts_.stored;
     else

@@ -474,7 +474,7 @@ int run_record(int argc, char** argv) {
   const double started_ms = own_cpu_ms();
   if (perf_on) {  // read the rings until the command has ended, then what is left in them
     do {
-      recorder.wait_and_read(50);
+      recorder.wait_and_read(recorder.read_period_ms());
       w = ::waitpid(child, &wstatus, WNOHANG);
     } while (w == 0 || (w < 0 && errno == EINTR));
     recorder.read(true);
@@ -495,6 +495,10 @@ int run_record(int argc, char** argv) {
     if (c.lost) notes.push_back(std::to_string(c.lost) + " samples lost: the kernel found a ring full");
     if (c.corrupt) notes.push_back(std::to_string(c.corrupt) + " malformed ring records skipped");
     if (c.no_room) notes.push_back(std::to_string(c.no_room) + " samples dropped: no room for new stacks");
+    if (c.user_chain)
+      notes.push_back(std::to_string(c.chain_cut) +
+                      " stacks outgrew the stack copy and ended there, marked [truncated]; the kernel's user "
+                      "call chain continued deep stacks from then on");
     for (const std::string& n : recorder.unwind_notes()) notes.push_back(n);
     double named_ms = 0;
     if (merged) {
@@ -511,18 +515,21 @@ int run_record(int argc, char** argv) {
     }
     if (a.has("verbose")) {
       const double written_ms = own_cpu_ms();
-      std::fprintf(stderr,
-                   "selfprof record: %llu samples (%llu stored, %llu lost, %llu spliced with the kernel's "
-                   "chain, %llu continued on the live stack), %llu processes started, %llu execs, %llu "
-                   "executable mappings; unwind rows of "
-                   "%zu files. The recorder's own CPU: %.1f ms to start, %.1f ms reading and unwinding, "
-                   "%.1f ms naming, %.1f ms writing\n",
-                   static_cast<unsigned long long>(c.samples), static_cast<unsigned long long>(c.stored),
-                   static_cast<unsigned long long>(c.lost), static_cast<unsigned long long>(c.spliced),
-                   static_cast<unsigned long long>(c.continued), static_cast<unsigned long long>(c.forks),
-                   static_cast<unsigned long long>(c.execs), static_cast<unsigned long long>(c.mappings),
-                   recorder.unwind_files(), started_ms, recorded_ms - started_ms, named_ms - recorded_ms,
-                   written_ms - named_ms);
+      std::fprintf(
+          stderr,
+          "selfprof record: %llu samples (%llu stored, %llu lost, %llu spliced with the kernel's "
+          "user chain%s, %llu continued on the live stack), %llu processes started, %llu execs, %llu "
+          "executable mappings; unwind rows of "
+          "%zu files. The recorder's own CPU: %.1f ms to start, %.1f ms reading and unwinding, "
+          "%.1f ms naming, %.1f ms writing\n",
+          static_cast<unsigned long long>(c.samples), static_cast<unsigned long long>(c.stored),
+          static_cast<unsigned long long>(c.lost), static_cast<unsigned long long>(c.spliced),
+          c.user_chain ? (", asked for after " + std::to_string(c.chain_cut) + " cut stacks").c_str()
+                       : " (not asked for)",
+          static_cast<unsigned long long>(c.continued), static_cast<unsigned long long>(c.forks),
+          static_cast<unsigned long long>(c.execs), static_cast<unsigned long long>(c.mappings),
+          recorder.unwind_files(), started_ms, recorded_ms - started_ms, named_ms - recorded_ms,
+          written_ms - named_ms);
     }
     return rc;
   }

@@ -61,6 +61,7 @@ constexpr unsigned kCodeRescanMaxMs = 5000;  // the longest back-off between sca
 // What a source without signals reported lost (published by the collector for get_stats()).
 struct pulled_counts {
   std::atomic<std::uint64_t> records{0}, truncated{0}, full{0}, lost{0}, throttles{0};
+  std::atomic<std::uint64_t> user_chain_since_ns{0}, chain_cut{0};
   pulled_counts() = default;
   pulled_counts& operator=(const pulled_counts&) {
     update(pulled_stats{});
@@ -73,6 +74,8 @@ struct pulled_counts {
     full.store(p.full, std::memory_order_relaxed);
     lost.store(p.lost, std::memory_order_relaxed);
     throttles.store(p.throttles, std::memory_order_relaxed);
+    user_chain_since_ns.store(p.user_chain_since_ns, std::memory_order_relaxed);
+    chain_cut.store(p.chain_cut, std::memory_order_relaxed);
   }
 };
 
@@ -231,7 +234,10 @@ class collector {
           asked = pull_asked_;
         }
         config_.pull->collect(*config_.ring, running_worker_tids(), pull_rows());
-        if (config_.pulled) config_.pulled->update(*config_.pull);
+        if (config_.pulled) {
+          config_.pulled->update(*config_.pull);
+          note_user_chain(*config_.pulled);
+        }
         {
           std::lock_guard<std::mutex> lock(pull_mu_);
           pull_done_ = asked;
@@ -398,6 +404,20 @@ class collector {
     return hz != config_.sources.hz;
   }
 
+  // The ring source's switch to the kernel's user chain, said once in the profile: the samples before it
+  // that lost their outer frames are why some stacks carry [truncated].
+  void note_user_chain(const pulled_counts& p) {
+    if (chain_noted_ || p.user_chain_since_ns.load(std::memory_order_relaxed) == 0) return;
+    chain_noted_ = true;
+    const std::uint64_t cut = p.chain_cut.load(std::memory_order_relaxed);
+    if (cut == 0) return;  // asked for from the start
+    config_.session->note(
+        "ring source: " + std::to_string(cut) +
+            " stacks outgrew the stack copy and ended there, marked [truncated]; the kernel's "
+            "user call chain continues deep stacks from then on",
+        true);
+  }
+
   void check_contention(std::chrono::steady_clock::time_point now) {
     double share = 0;
     if (!contention_.check(config_.store->samples_by_thread(), now, share)) return;
@@ -439,6 +459,7 @@ class collector {
   std::condition_variable pull_cv_;
   std::uint64_t pull_asked_ = 0, pull_done_ = 0;
   bool pulling_ = false;
+  bool chain_noted_ = false;                              // note_user_chain() said it (collector thread)
   bool rows_failed_ = false;                              // collector thread only
   std::uint64_t pending_generation_ = ~std::uint64_t{0};  // of the pending rows the store was given
   std::vector<pending_code> pending_rows_;  // those rows: this thread's copy, read without the store's lock

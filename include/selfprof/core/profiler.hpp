@@ -266,6 +266,8 @@ class profiler_core {
     }
     s.kernel_lost = pulled_.lost.load(std::memory_order_relaxed);
     s.kernel_throttles = pulled_.throttles.load(std::memory_order_relaxed);
+    s.ring_user_chain = pulled_.user_chain_since_ns.load(std::memory_order_relaxed) != 0;
+    s.ring_chain_cut = pulled_.chain_cut.load(std::memory_order_relaxed);
     const sample_store::sizes z = store_.size();
     s.samples = z.samples;
     s.unique_stacks = z.unique;

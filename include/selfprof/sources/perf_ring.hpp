@@ -10,17 +10,15 @@
 // is the kernel's job, without /proc scans. selfprof's own threads inherit too: their samples are dropped by
 // tid when read.
 //
-// A sample: TID, TIME (CLOCK_MONOTONIC), IP, CALLCHAIN (the kernel's frame-pointer chain), REGS_USER (bp,
-// sp, ip) and STACK_USER (a copy of kStackCopyBytes above the user sp). The copy is unwound with the CFI
-// rows the signal handler uses (signal/unwind.hpp); where the walk runs off the copy, it goes on over the
-// thread's live stack while that still holds the sampled frames (live_stack_reader), else the kernel's
-// chain continues it from the frame where both agree, so deep frame-pointer stacks keep their full depth;
-// a stack neither continues is marked truncated. The user chain costs each sample about as much as the
-// copy (bench/sample_parts.cpp) and perf record --call-graph dwarf does without it, but a recursion deeper
-// than the copy that keeps leaving and re-entering its frames (the live stack then differs) would lose
-// its outer frames in every sample. Where kernel sampling is permitted, the chain's kernel part comes
-// first in the stored stack (kernel addresses, named from /proc/kallsyms when a profile is written:
-// symbols/kernel_symbols.hpp).
+// A sample: TID, TIME (CLOCK_MONOTONIC), IP, CALLCHAIN (the kernel's chain), REGS_USER (bp, sp, ip) and
+// STACK_USER (a copy of kStackCopyBytes above the user sp). The copy is unwound with the CFI rows the
+// signal handler uses (signal/unwind.hpp); where the walk runs off the copy, it goes on over the thread's
+// live stack while that still holds the sampled frames (live_stack_reader), else the kernel's user
+// frame-pointer chain continues it from the frame where both agree, so deep frame-pointer stacks keep
+// their full depth; a stack neither continues is marked truncated. The user chain is asked for only
+// once stacks show they need it (kChainWantedSamples, the user chain switch). Where kernel sampling is
+// permitted, the chain's kernel part comes first in the stored stack (kernel addresses, named from
+// /proc/kallsyms when a profile is written: symbols/kernel_symbols.hpp).
 #pragma once
 
 #include <linux/perf_event.h>
@@ -63,6 +61,17 @@ constexpr std::uint32_t kStackCopyBytes = 8192;
 // unprivileged user's budget (perf_event_mlock_kb, 516 KiB per CPU, then RLIMIT_MEMLOCK) is shared by
 // all of that user's processes.
 constexpr unsigned kRingPagesMax = 512, kRingPagesMin = 8;
+// The user chain switch. The kernel's frame-pointer chain (PERF_SAMPLE_CALLCHAIN's user part) costs a
+// sample about as much as the stack copy (bench/sample_parts.cpp), and the copy alone finishes most
+// stacks: where it ends, the thread's live stack goes on while it still holds the sampled frames. So
+// each event starts without the user chain, beside a disabled twin that asks for it (inherited alike,
+// writing into the same ring). Once kChainWantedSamples samples ended at the copy's end with a frame
+// pointer leading on past it and nothing to continue them (a frame-pointer recursion deeper than the
+// copy that keeps leaving and re-entering its frames), every event hands over to its twin, for the
+// rest of the run. The samples before that keep the [truncated] mark. Where the descriptor budget has
+// no room for twins, the events ask for the chain from the start.
+constexpr std::uint64_t kChainWantedSamples = 3;
+constexpr unsigned kChainFirstReadMs = 10;
 // Modules whose rows one sample may have parsed before it is walked again (collect() with row_requests).
 constexpr int kRowParsesPerSample = 4;
 constexpr double kPerfRingSeconds = 0.2;
@@ -91,7 +100,8 @@ struct sampled_stack : stack_copy {
 struct ring_counts {
   // lost: the kernel's PERF_RECORD_LOST counts, and records that could not be parsed (one each)
   std::uint64_t lost = 0, throttled = 0, full = 0;
-  std::uint64_t stored = 0, truncated = 0;  // written into the sample ring; of them, cut by the depth limit
+  std::uint64_t stored = 0, truncated = 0;  // written into the sample ring; of them, cut short
+  std::uint64_t wanting_chain = 0;          // of them, cut where the kernel's user chain would have gone on
 };
 
 // Copies `len` bytes at ring position `at` out of a ring's data area of `size` bytes (a power of two),
@@ -262,14 +272,17 @@ inline unwind_result continue_live(const Memory& copy, const Rows& rows, walk_re
 // else continued with the kernel's user chain `chain[0..n)`. Returns the depth; `truncated` when frames
 // were left out: for lack of room, or because the stack went on past the copy and neither the live stack
 // nor the chain could continue it (the root-side frames are missing). `Memory` is the copy's policy:
-// sampled_stack for this process's own threads (the leaf's code bytes may be read).
+// sampled_stack for this process's own threads (the leaf's code bytes may be read). `wants_chain` (may
+// be null) is set when such a stack came without a user chain and its frame pointer leads on past the
+// copy: a chain would have continued it (user_chain_switch).
 template <class Memory = sampled_stack>
 inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, std::uint64_t sp,
                                  std::uint64_t bp, const unsigned char* stack, std::size_t stack_size,
                                  const std::uint64_t* chain, std::size_t n, std::uint64_t* out,
                                  std::size_t max_depth, bool& truncated, bool& spliced,
-                                 live_stack_reader* live = nullptr) {
+                                 live_stack_reader* live = nullptr, bool* wants_chain = nullptr) {
   truncated = spliced = false;
+  if (wants_chain) *wants_chain = false;
   if (max_depth == 0) return 0;
   unwind_result r;
   out[r.depth++] = ip;
@@ -307,12 +320,6 @@ inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, 
       }
     if (at == n && d == 1 && n > 0 && chain[0] == out[0]) at = 0;
   }
-  if (at == n) {
-    // The copy ended before the stack did, or there was no copy (the user sp could not be read, as in a
-    // tick inside execve after the old image's memory went), and nothing goes on from there.
-    truncated = truncated || r.end == walk_end::ran_off_copy || stack_size == 0;
-    return d;
-  }
   std::size_t depth = d;
   for (std::size_t j = at + 1; j < n; ++j) {
     if (chain[j] < kMinCodeAddress) break;
@@ -323,7 +330,12 @@ inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, 
     out[depth++] = chain[j];
   }
   spliced = depth > d;
-  if (stack_size == 0 && !spliced) truncated = true;  // only the leaf is known
+  // Nothing went on from where the copy ended before the stack did (no agreeing chain), or from the leaf
+  // where there was no copy (the user sp could not be read, as in a tick inside execve after the old
+  // image's memory went).
+  if (!spliced && (stack_size == 0 || (at == n && r.end == walk_end::ran_off_copy))) truncated = true;
+  if (wants_chain && at == n && n == 0 && r.end == walk_end::ran_off_copy)
+    *wants_chain = s.fp_known && s.fp >= s.sp && s.fp - s.sp < kLiveMaxBytes && s.fp % 8 == 0;
   return depth;
 }
 
@@ -358,6 +370,10 @@ class perf_ring_source final : public tick_source {
         files.rlim_max / 4 < budget)
       budget = static_cast<std::size_t>(files.rlim_max / 4);
     const std::size_t need = tids.size() * static_cast<std::size_t>(cpus);
+    // Two events per thread and CPU while the budget has room for them (see user chain switch), else
+    // one that asks for the chain from the start.
+    chain_pairs_ = 2 * need <= budget;
+    chain_on_ = !chain_pairs_;
     if (need > budget)
       return status::error(
           "descriptor budget: " + std::to_string(tids.size()) + " threads x " + std::to_string(cpus) +
@@ -384,6 +400,7 @@ class perf_ring_source final : public tick_source {
         return st;
       }
     }
+    opened_ns_ = monotonic_ns();
     return status::ok();
   }
 
@@ -401,8 +418,10 @@ class perf_ring_source final : public tick_source {
   // The child's fds point at the parent's events; its copy of the mappings does not exist (perf rings
   // are not copied at fork). Close the fds only.
   void abandon_after_fork() override {
-    for (auto& c : rings_)
+    for (auto& c : rings_) {
       for (int fd : c.fds) sys().close(fd);
+      for (int fd : c.chain_fds) sys().close(fd);
+    }
     rings_.clear();
     events_ = 0;
   }
@@ -428,6 +447,7 @@ class perf_ring_source final : public tick_source {
       rings_.erase(rings_.begin() + static_cast<std::ptrdiff_t>(i));
     }
     rows_ = nullptr;
+    if (!chain_on_ && counts_.wanting_chain >= kChainWantedSamples) switch_to_chain();
     return n;
   }
 
@@ -452,6 +472,7 @@ class perf_ring_source final : public tick_source {
     r.fds.push_back(fd);
     ++events_;
     status st = map_ring(r, ring_pages_for(hz, page_));
+    if (st) st = add_chain_event(r, tid, -1, hz, false);
     if (!st) {
       release_ring(r);
       return st;
@@ -470,7 +491,9 @@ class perf_ring_source final : public tick_source {
   }
 
   // How often the collector must read so that no ring fills: a quarter of the time a ring holds at the
-  // rate, between 5 and 200 ms.
+  // rate, between 5 and 200 ms. Until the source asks for the user chain, the first reads come sooner
+  // (kChainFirstReadMs, then half the time since open): a program whose stacks outgrow the copy from the
+  // start gets the chain after a few of them.
   unsigned collect_period_ms() const override {
     double ms = 200;
     for (auto& c : rings_) {
@@ -478,6 +501,8 @@ class perf_ring_source final : public tick_source {
       const double records = double(c.data_bytes) / double(kStackCopyBytes + 1024);
       ms = std::min(ms, records / c.hz * 1000 / 4);
     }
+    if (!chain_on_ && opened_ns_ != 0)
+      ms = std::min(ms, std::max<double>(kChainFirstReadMs, double(monotonic_ns() - opened_ns_) / 2e6));
     return static_cast<unsigned>(std::max(5.0, ms));
   }
 
@@ -489,6 +514,8 @@ class perf_ring_source final : public tick_source {
     p.full = counts_.full;
     p.lost = counts_.lost;
     p.throttles = counts_.throttled;
+    p.user_chain_since_ns = chain_on_ ? (chain_since_ns_ ? chain_since_ns_ : opened_ns_) : 0;
+    p.chain_cut = counts_.wanting_chain;
     return p;
   }
 
@@ -498,14 +525,17 @@ class perf_ring_source final : public tick_source {
     void* base = nullptr;  // the header page, then the data pages
     std::size_t map_bytes = 0, data_bytes = 0;
     std::vector<int> fds;        // fds[0] owns the ring
+    std::vector<int> chain_fds;  // their user-chain twins, disabled until switch_to_chain()
     double hz = 0;               // the rate its events sample at
     pid_t tid = 0;               // a thread's own ring (SELFPROF_FRAME_HZ), 0 for a CPU's
     std::uint64_t since_ns = 0;  // when that thread's own events started
   };
 
   // A task-clock event of `tid` on `cpu` at `hz`: inherited by the threads it creates (the CPU rings), or
-  // for the thread alone on every CPU (a boosted thread's own ring).
-  int open_event(pid_t tid, int cpu, double hz, bool inherit = true) {
+  // for the thread alone on every CPU (a boosted thread's own ring). `chain`: with the kernel's user
+  // chain (else the current mode's); `disabled`: opened stopped.
+  int open_event(pid_t tid, int cpu, double hz, bool inherit = true, bool chain = false,
+                 bool disabled = false) {
     struct perf_event_attr attr;
     std::memset(&attr, 0, sizeof attr);
     attr.size = sizeof attr;
@@ -519,6 +549,8 @@ class perf_ring_source final : public tick_source {
     attr.sample_max_stack = static_cast<std::uint16_t>(max_stack());
     attr.exclude_kernel = user_only_ ? 1 : 0;
     attr.exclude_callchain_kernel = user_only_ ? 1 : 0;
+    attr.exclude_callchain_user = chain || chain_on_ ? 0 : 1;
+    attr.disabled = disabled ? 1 : 0;
     attr.exclude_hv = 1;
     attr.inherit = inherit ? 1 : 0;
     attr.inherit_thread = inherit ? 1 : 0;
@@ -545,11 +577,13 @@ class perf_ring_source final : public tick_source {
   }
 
   void release_ring(cpu_ring& c) {
-    for (int fd : c.fds) {
-      ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
-      sys().close(fd);
-      if (events_ > 0) --events_;
-    }
+    for (auto* fds : {&c.chain_fds, &c.fds})
+      for (int fd : *fds) {
+        ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+        sys().close(fd);
+        if (events_ > 0) --events_;
+      }
+    c.chain_fds.clear();
     if (c.base) sys().munmap(c.base, c.map_bytes);
     c.fds.clear();
     c.base = nullptr;
@@ -577,6 +611,8 @@ class perf_ring_source final : public tick_source {
       ++events_;
       rings_.push_back(r);
       status st = map_ring(rings_.back(), ring_pages_for(config_.hz, page_));
+      if (!st) return st;
+      st = add_chain_event(rings_.back(), self, c, config_.hz, true);
       if (!st) return st;
     }
     if (rings_.empty()) return status::error("perf ring: no online CPU accepted an event", ENODEV);
@@ -620,8 +656,42 @@ class perf_ring_source final : public tick_source {
         const int e = errno;
         return status::error(std::string("perf ring: PERF_EVENT_IOC_SET_OUTPUT: ") + std::strerror(e), e);
       }
+      status st = add_chain_event(r, tid, r.cpu, config_.hz, true);
+      if (!st) return st;
     }
     return status::ok();
+  }
+
+  // The event with the kernel's user chain beside `r`'s event of (tid, cpu), disabled and writing into
+  // r's ring, while the source has such pairs and has not switched to them.
+  status add_chain_event(cpu_ring& r, pid_t tid, int cpu, double hz, bool inherit) {
+    if (!chain_pairs_ || chain_on_) return status::ok();
+    const int fd = open_event(tid, cpu, hz, inherit, true, true);
+    if (fd < 0) {
+      const int e = errno;
+      return status::error(
+          "perf ring: thread " + std::to_string(tid) + "'s user-chain event: " + std::strerror(e), e);
+    }
+    r.chain_fds.push_back(fd);
+    ++events_;
+    if (::ioctl(fd, PERF_EVENT_IOC_SET_OUTPUT, r.fds[0]) != 0) {
+      const int e = errno;
+      return status::error(std::string("perf ring: PERF_EVENT_IOC_SET_OUTPUT: ") + std::strerror(e), e);
+    }
+    return status::ok();
+  }
+
+  // Every event's user-chain twin takes over from it: each event is disabled (with the copies its threads
+  // inherited) before its twin is enabled, so no tick is sampled twice. One way: stacks that outgrew the
+  // copy once will again.
+  void switch_to_chain() {
+    for (auto& r : rings_)
+      for (std::size_t i = 0; i < r.chain_fds.size() && i < r.fds.size(); ++i) {
+        ::ioctl(r.fds[i], PERF_EVENT_IOC_DISABLE, 0);
+        ::ioctl(r.chain_fds[i], PERF_EVENT_IOC_ENABLE, 0);
+      }
+    chain_on_ = true;
+    chain_since_ns_ = monotonic_ns();
   }
 
   // Reads the records between data_tail and data_head. Every record is bounded by the published head
@@ -687,7 +757,7 @@ class perf_ring_source final : public tick_source {
       ++counts_.full;
       return;
     }
-    bool truncated = false, spliced = false;
+    bool truncated = false, spliced = false, wants_chain = false;
     // Kernel frames first (the leaf end), as perf shows them: above the user frame that entered the
     // kernel, whose pc is then a return address (after the syscall instruction), looked up less one.
     const std::size_t kernel = std::min(kernel_chain_.size(), out.max_depth() / 2);
@@ -698,7 +768,7 @@ class perf_ring_source final : public tick_source {
       return unwind_sample(g_unwind_tables.load(std::memory_order_acquire), smp.uip, smp.sp, smp.bp,
                            smp.stack, static_cast<std::size_t>(smp.dyn), user_chain_.data(),
                            user_chain_.size(), slot->pcs() + kernel, out.max_depth() - kernel, truncated,
-                           spliced, &live_);
+                           spliced, &live_, &wants_chain);
     };
     std::size_t user = walk();
     // The walk goes on by frame pointers where a pc has no rows: when a walked pc lies in a module whose
@@ -720,6 +790,7 @@ class perf_ring_source final : public tick_source {
     slot->header.tag = kGameFrameTagByTime;  // the collector finds the game frame by the time
     ++counts_.stored;
     if (truncated) ++counts_.truncated;
+    if (wants_chain) ++counts_.wanting_chain;
     sample_ring::publish(slot, pos);
   }
 
@@ -752,6 +823,10 @@ class perf_ring_source final : public tick_source {
   std::vector<unsigned char> record_;
   std::vector<std::uint64_t> user_chain_, kernel_chain_;
   std::size_t max_stack_ = 0;
+  bool chain_pairs_ = false;          // every event has a user-chain twin (the fd budget allowed it)
+  bool chain_on_ = false;             // the events sampling ask for the kernel's user chain
+  std::uint64_t chain_since_ns_ = 0;  // when switch_to_chain() ran (0: never)
+  std::uint64_t opened_ns_ = 0;
   // This process's stacks as they are now, where a walk runs off its copy (read through the seam, which
   // never faults: the thread may have exited and unmapped its stack).
   live_stack_reader live_{[](void*, std::uintptr_t addr, void* out, std::size_t len) -> std::size_t {

@@ -2,7 +2,8 @@
 // continued with the kernel's frame-pointer chain where the copy ends, at the position where both agree
 // (so repeated return addresses of a recursion are not taken twice), and never past max_depth; a frame
 // larger than the copy walked on over the live stack while the bytes both hold agree; a stack that goes
-// on past the copy with nothing to continue it marked truncated.
+// on past the copy with nothing to continue it marked truncated, and asking for the kernel's user chain
+// where a frame pointer leads on past the copy.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -121,6 +122,36 @@ TEST_CASE("unwind_sample: no copy and no chain past the leaf: the leaf, marked t
   CHECK(d == 1);
   CHECK(truncated);
   CHECK_FALSE(spliced);
+}
+
+TEST_CASE("unwind_sample: a frame-pointer stack cut at the copy without a user chain asks for one") {
+  ring_fake_stack s(0x401000, 0x402000);  // frame 2's saved rbp (0x7020) leads on past the copy
+  std::uint64_t out[16];
+  bool truncated = false, spliced = false, wants = false;
+  std::size_t d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32, nullptr,
+                                                  0, out, 16, truncated, spliced, nullptr, &wants);
+  CHECK(d == 3);
+  CHECK(truncated);
+  CHECK(wants);
+  // With a chain that continues it, nothing is wanted.
+  const std::uint64_t chain[] = {kRingPc, 0x401000, 0x402000, 0x403000};
+  d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32, chain, 4, out, 16,
+                                      truncated, spliced, nullptr, &wants);
+  CHECK(d == 4);
+  CHECK_FALSE(wants);
+  // A stack that ends inside the copy wants nothing.
+  s.words[2] = 0;
+  d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32, nullptr, 0, out, 16,
+                                      truncated, spliced, nullptr, &wants);
+  CHECK(d == 3);
+  CHECK_FALSE(truncated);
+  CHECK_FALSE(wants);
+  // A saved rbp below the frame (no frame pointer leads on: code that uses rbp for data) ends the walk
+  // as a bad frame, and asks for nothing either.
+  s.words[2] = 0x6000;
+  d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32, nullptr, 0, out, 16,
+                                      truncated, spliced, nullptr, &wants);
+  CHECK_FALSE(wants);
 }
 
 namespace {
