@@ -3099,8 +3099,9 @@ struct stats {
   std::uint64_t kernel_lost = 0;  // ring source: samples lost (PERF_RECORD_LOST; a record that did not parse)
   std::uint64_t kernel_throttles = 0;  // ring source: PERF_RECORD_THROTTLE records
   // ring source: the kernel's user call chain is asked for (from the start, or since stacks outgrew the
-  // stack copy: ring_chain_cut samples ended there before it was)
-  bool ring_user_chain = false;
+  // stack copy: ring_chain_cut samples ended there before it was); given back: it was asked for, then
+  // continued few of those stacks and was given up
+  bool ring_user_chain = false, ring_chain_given_back = false;
   std::uint64_t ring_chain_cut = 0;
   std::uint64_t thread_checks = 0;    // thread-count checks made by the handler
   std::uint64_t thread_wakes = 0;     // ... that saw the count change and woke the collector
@@ -8785,7 +8786,8 @@ struct pulled_stats {
   std::uint64_t lost = 0;       // the kernel's PERF_RECORD_LOST counts, and records that did not parse
   std::uint64_t throttles = 0;  // PERF_RECORD_THROTTLE records
   std::uint64_t user_chain_since_ns = 0;  // CLOCK_MONOTONIC since the kernel's user chain is asked for, or 0
-  std::uint64_t chain_cut = 0;  // samples cut where that chain (not asked for then) would have gone on
+  std::uint64_t chain_cut = 0;    // samples cut where that chain (not asked for then) would have gone on
+  bool chain_given_back = false;  // it was asked for, then continued too few stacks, and was given up
 };
 
 // What a pulling source may ask of the collector while it unwinds the samples it read, when rows are
@@ -11835,6 +11837,7 @@ constexpr unsigned kCodeRescanMaxMs = 5000;  // the longest back-off between sca
 struct pulled_counts {
   std::atomic<std::uint64_t> records{0}, truncated{0}, full{0}, lost{0}, throttles{0};
   std::atomic<std::uint64_t> user_chain_since_ns{0}, chain_cut{0};
+  std::atomic<bool> chain_given_back{false};
   pulled_counts() = default;
   pulled_counts& operator=(const pulled_counts&) {
     update(pulled_stats{});
@@ -11849,6 +11852,7 @@ struct pulled_counts {
     throttles.store(p.throttles, std::memory_order_relaxed);
     user_chain_since_ns.store(p.user_chain_since_ns, std::memory_order_relaxed);
     chain_cut.store(p.chain_cut, std::memory_order_relaxed);
+    chain_given_back.store(p.chain_given_back, std::memory_order_relaxed);
   }
 };
 
@@ -12177,18 +12181,28 @@ class collector {
     return hz != config_.sources.hz;
   }
 
-  // The ring source's switch to the kernel's user chain, said once in the profile: the samples before it
-  // that lost their outer frames are why some stacks carry [truncated].
+  // The ring source's switch to the kernel's user chain, and its giving the chain up, said once each in
+  // the profile: the samples before the switch that lost their outer frames are why some stacks carry
+  // [truncated].
   void note_user_chain(const pulled_counts& p) {
-    if (chain_noted_ || p.user_chain_since_ns.load(std::memory_order_relaxed) == 0) return;
-    chain_noted_ = true;
     const std::uint64_t cut = p.chain_cut.load(std::memory_order_relaxed);
-    if (cut == 0) return;  // asked for from the start
-    config_.session->note(
-        "ring source: " + std::to_string(cut) +
-            " stacks outgrew the stack copy and ended there, marked [truncated]; the kernel's "
-            "user call chain continues deep stacks from then on",
-        true);
+    const bool given_back = p.chain_given_back.load(std::memory_order_relaxed);
+    // cut 0: asked for from the start, or never
+    if (!chain_noted_ && cut > 0 &&
+        (p.user_chain_since_ns.load(std::memory_order_relaxed) != 0 || given_back)) {
+      chain_noted_ = true;
+      config_.session->note("ring source: " + std::to_string(cut) +
+                                " stacks outgrew the stack copy and ended there, marked [truncated]; the "
+                                "kernel's user call chain was asked for from then on",
+                            true);
+    }
+    if (!given_back_noted_ && given_back) {
+      given_back_noted_ = true;
+      config_.session->note(
+          "ring source: the kernel's user call chain continued few of the stacks that "
+          "outgrew the copy (code without frame pointers), and was given up",
+          true);
+    }
   }
 
   void check_contention(std::chrono::steady_clock::time_point now) {
@@ -12232,7 +12246,7 @@ class collector {
   std::condition_variable pull_cv_;
   std::uint64_t pull_asked_ = 0, pull_done_ = 0;
   bool pulling_ = false;
-  bool chain_noted_ = false;                              // note_user_chain() said it (collector thread)
+  bool chain_noted_ = false, given_back_noted_ = false;   // note_user_chain() said them (collector thread)
   bool rows_failed_ = false;                              // collector thread only
   std::uint64_t pending_generation_ = ~std::uint64_t{0};  // of the pending rows the store was given
   std::vector<pending_code> pending_rows_;  // those rows: this thread's copy, read without the store's lock
@@ -12751,6 +12765,7 @@ inline bool is_marker(const profile& p, std::uint32_t index, bool (*pred)(std::s
 }
 
 inline bool is_truncated_name(std::string_view name) { return name == truncated_marker; }
+inline bool is_any_marker_name(std::string_view) { return true; }
 
 // Does stack `s` carry its [truncated] marker already: at frames[first], or right below a root marker of
 // another kind there (a recording's process root keeps its stacks, cut ones too, in one tower)?
@@ -12758,7 +12773,7 @@ inline bool has_truncated_marker(const profile& p, const stack& s, std::size_t f
   const auto at = [&](std::size_t i) {
     return i < s.frames.size() && is_marker(p, s.frames[i], is_truncated_name);
   };
-  return at(first) || (at(first + 1) && is_marker(p, s.frames[first], [](std::string_view) { return true; }));
+  return at(first) || (at(first + 1) && is_marker(p, s.frames[first], is_any_marker_name));
 }
 
 // Cuts `s` to at most `n` bytes without splitting a UTF-8 sequence.
@@ -16424,7 +16439,9 @@ inline std::string offcpu_marker_name(std::uint16_t flags, std::size_t depth) {
 }
 
 // Appends to `out` one stack per entry of `table`, root first, with the wall-mode leaf markers; `root`
-// (when not null) first in each. `frames(lookup, s)` appends the frames of one address to s.frames (the
+// (when not null) first in each, and a cut stack's [truncated] marker right below it, so that a root
+// keeps its stacks, cut ones too, in one tower (without a root the writers put the marker first).
+// `frames(lookup, s)` appends the frames of one address to s.frames (the
 // interrupted pc as it is, a return address less one: it points after its call); `marker(name)` gives
 // the index of a marker frame. Returns {samples, truncated samples}.
 template <class Frames, class Marker>
@@ -16438,7 +16455,10 @@ std::pair<std::uint64_t, std::uint64_t> stacks_from_table(const stack_table& tab
     s.count = e.count;
     s.tid = e.tid;
     s.truncated = (e.flags & sample_truncated) != 0;
-    if (root) s.frames.push_back(*root);
+    if (root) {
+      s.frames.push_back(*root);
+      if (s.truncated) s.frames.push_back(marker(std::string(truncated_marker)));
+    }
     // Walk the captured addresses from the outermost return address to the interrupted pc.
     for (std::size_t i = e.depth; i-- > 0;) frames(i == 0 ? pcs[0] : pcs[i] - 1, s);
     if (e.flags & sample_offcpu) {
@@ -18658,12 +18678,14 @@ constexpr unsigned kRingPagesMax = 512, kRingPagesMin = 8;
 // sample about as much as the stack copy (bench/sample_parts.cpp), and the copy alone finishes most
 // stacks: where it ends, the thread's live stack goes on while it still holds the sampled frames. So
 // each event starts without the user chain, beside a disabled twin that asks for it (inherited alike,
-// writing into the same ring). Once kChainWantedSamples samples ended at the copy's end with a frame
-// pointer leading on past it and nothing to continue them (a frame-pointer recursion deeper than the
-// copy that keeps leaving and re-entering its frames), every event hands over to its twin, for the
-// rest of the run. The samples before that keep the [truncated] mark. Where the descriptor budget has
-// no room for twins, the events ask for the chain from the start.
-constexpr std::uint64_t kChainWantedSamples = 3;
+// writing into the same ring). Once kChainWantedSamples samples ended at the copy's end with nothing to
+// continue them but a frame-pointer chain on the live stack there (a frame-pointer recursion deeper
+// than the copy that keeps leaving and re-entering its frames), every event hands over to its twin. The
+// samples before that keep the [truncated] mark. If then fewer than a quarter of the next
+// kChainTrialSamples such samples are continued by the chain (code without frame pointers whose rbp
+// happened to look like one), the events hand back, for the rest of the run. Where the descriptor
+// budget has no room for twins, the events ask for the chain from the start.
+constexpr std::uint64_t kChainWantedSamples = 3, kChainTrialSamples = 16;
 constexpr unsigned kChainFirstReadMs = 10;
 // Modules whose rows one sample may have parsed before it is walked again (collect() with row_requests).
 constexpr int kRowParsesPerSample = 4;
@@ -18694,7 +18716,6 @@ struct ring_counts {
   // lost: the kernel's PERF_RECORD_LOST counts, and records that could not be parsed (one each)
   std::uint64_t lost = 0, throttled = 0, full = 0;
   std::uint64_t stored = 0, truncated = 0;  // written into the sample ring; of them, cut short
-  std::uint64_t wanting_chain = 0;          // of them, cut where the kernel's user chain would have gone on
 };
 
 // Copies `len` bytes at ring position `at` out of a ring's data area of `size` bytes (a power of two),
@@ -18818,6 +18839,78 @@ inline bool called_directly(live_stack_reader& live, std::uintptr_t ra, std::uin
   return target <= callee && callee - target < kMaxCallSpan;
 }
 
+// Does return address `ra` follow a call instruction: `call rel32`, or `call` through a register or
+// memory (opcode ff /2, 2 to 7 bytes with its ModRM and displacement)?
+inline bool follows_call(live_stack_reader& live, std::uintptr_t ra) {
+  unsigned char b[8];
+  if (ra < kMinCodeAddress + 8 || live.read(live.ctx, ra - 8, b, 8) != 8) return false;
+  if (b[3] == 0xe8) return true;
+  for (int len = 2; len <= 7; ++len)
+    if (b[8 - len] == 0xff && ((b[9 - len] >> 3) & 7) == 2) return true;
+  return false;
+}
+
+// Does a frame-pointer chain go on at `fp` (a frame whose sp is `sp`) on the live stack: two frame
+// records, each above the last within kLiveMaxBytes, each return address just after a call? Code
+// without frame pointers that keeps a stack address in rbp seldom passes.
+inline bool frame_chain_at(live_stack_reader& live, std::uintptr_t sp, std::uintptr_t fp) {
+  std::uintptr_t low = sp;
+  for (int k = 0; k < 2; ++k) {
+    if (fp < low || fp - low >= kLiveMaxBytes || fp % 8 != 0) return false;
+    std::uint64_t record[2];
+    if (live.read(live.ctx, fp, record, sizeof record) != sizeof record || !follows_call(live, record[1]))
+      return false;
+    low = fp + sizeof record;
+    fp = static_cast<std::uintptr_t>(record[0]);
+  }
+  return true;
+}
+
+// Where a sample's walk ran off its copy with nothing to go on (for the user chain switch).
+struct copy_end {
+  bool reached = false;      // the walk left the copy and the live stack did not continue it
+  bool chain_would = false;  // ... without a user chain, and a frame-pointer chain goes on there
+};
+
+// The user chain switch's bookkeeping, for the ring source and the recorder (their readers' thread).
+class chain_switch {
+ public:
+  enum class action { none, ask, give_back };
+  // Events that ask for the chain from the start (no twins): nothing to switch.
+  void start_on() { on_ = fixed_ = true; }
+  bool on() const { return on_; }
+  bool given_back() const { return given_back_; }
+  std::uint64_t cut() const { return cut_; }  // samples cut where the chain would have gone on
+  void note(const copy_end& e, bool spliced) {
+    if (!on_ && !given_back_ && e.chain_would) ++cut_;
+    if (on_ && trial_ && e.reached) {
+      ++trial_reached_;
+      if (spliced) ++trial_spliced_;
+    }
+  }
+  // After a read: what the events should do now; the caller does it.
+  action due() {
+    if (fixed_) return action::none;
+    if (!on_ && !given_back_ && cut_ >= kChainWantedSamples) {
+      on_ = trial_ = true;
+      return action::ask;
+    }
+    if (on_ && trial_ && trial_reached_ >= kChainTrialSamples) {
+      trial_ = false;
+      if (trial_spliced_ * 4 < trial_reached_) {
+        on_ = false;
+        given_back_ = true;
+        return action::give_back;
+      }
+    }
+    return action::none;
+  }
+
+ private:
+  bool on_ = false, fixed_ = false, trial_ = false, given_back_ = false;
+  std::uint64_t cut_ = 0, trial_reached_ = 0, trial_spliced_ = 0;
+};
+
 // Goes on with a walk that ran off `copy` (at `s`), on the live stack `live` reads: the first read reaches
 // kLiveFirstBytes past the copy, each next one twice as far, from the frame where the walk stopped. Returns
 // the walk's result, `r` itself when it could not go on.
@@ -18865,17 +18958,17 @@ inline unwind_result continue_live(const Memory& copy, const Rows& rows, walk_re
 // else continued with the kernel's user chain `chain[0..n)`. Returns the depth; `truncated` when frames
 // were left out: for lack of room, or because the stack went on past the copy and neither the live stack
 // nor the chain could continue it (the root-side frames are missing). `Memory` is the copy's policy:
-// sampled_stack for this process's own threads (the leaf's code bytes may be read). `wants_chain` (may
-// be null) is set when such a stack came without a user chain and its frame pointer leads on past the
-// copy: a chain would have continued it (user_chain_switch).
+// sampled_stack for this process's own threads (the leaf's code bytes may be read). `end` (may be null)
+// says whether the walk left the copy with nothing to go on, and whether a frame-pointer chain goes on
+// there on the live stack (the user chain switch).
 template <class Memory = sampled_stack>
 inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, std::uint64_t sp,
                                  std::uint64_t bp, const unsigned char* stack, std::size_t stack_size,
                                  const std::uint64_t* chain, std::size_t n, std::uint64_t* out,
                                  std::size_t max_depth, bool& truncated, bool& spliced,
-                                 live_stack_reader* live = nullptr, bool* wants_chain = nullptr) {
+                                 live_stack_reader* live = nullptr, copy_end* end = nullptr) {
   truncated = spliced = false;
-  if (wants_chain) *wants_chain = false;
+  if (end) *end = copy_end{};
   if (max_depth == 0) return 0;
   unwind_result r;
   out[r.depth++] = ip;
@@ -18927,8 +19020,10 @@ inline std::size_t unwind_sample(const unwind_table_set* set, std::uint64_t ip, 
   // where there was no copy (the user sp could not be read, as in a tick inside execve after the old
   // image's memory went).
   if (!spliced && (stack_size == 0 || (at == n && r.end == walk_end::ran_off_copy))) truncated = true;
-  if (wants_chain && at == n && n == 0 && r.end == walk_end::ran_off_copy)
-    *wants_chain = s.fp_known && s.fp >= s.sp && s.fp - s.sp < kLiveMaxBytes && s.fp % 8 == 0;
+  if (end && r.end == walk_end::ran_off_copy) {
+    end->reached = true;
+    end->chain_would = n == 0 && s.fp_known && live && live->read && frame_chain_at(*live, s.sp, s.fp);
+  }
   return depth;
 }
 
@@ -18966,7 +19061,8 @@ class perf_ring_source final : public tick_source {
     // Two events per thread and CPU while the budget has room for them (see user chain switch), else
     // one that asks for the chain from the start.
     chain_pairs_ = 2 * need <= budget;
-    chain_on_ = !chain_pairs_;
+    chain_ = chain_switch{};
+    if (!chain_pairs_) chain_.start_on();
     if (need > budget)
       return status::error(
           "descriptor budget: " + std::to_string(tids.size()) + " threads x " + std::to_string(cpus) +
@@ -19040,7 +19136,8 @@ class perf_ring_source final : public tick_source {
       rings_.erase(rings_.begin() + static_cast<std::ptrdiff_t>(i));
     }
     rows_ = nullptr;
-    if (!chain_on_ && counts_.wanting_chain >= kChainWantedSamples) switch_to_chain();
+    const chain_switch::action a = chain_.due();
+    if (a != chain_switch::action::none) hand_over(a == chain_switch::action::ask);
     return n;
   }
 
@@ -19094,7 +19191,7 @@ class perf_ring_source final : public tick_source {
       const double records = double(c.data_bytes) / double(kStackCopyBytes + 1024);
       ms = std::min(ms, records / c.hz * 1000 / 4);
     }
-    if (!chain_on_ && opened_ns_ != 0)
+    if (!chain_.on() && !chain_.given_back() && opened_ns_ != 0)
       ms = std::min(ms, std::max<double>(kChainFirstReadMs, double(monotonic_ns() - opened_ns_) / 2e6));
     return static_cast<unsigned>(std::max(5.0, ms));
   }
@@ -19107,8 +19204,9 @@ class perf_ring_source final : public tick_source {
     p.full = counts_.full;
     p.lost = counts_.lost;
     p.throttles = counts_.throttled;
-    p.user_chain_since_ns = chain_on_ ? (chain_since_ns_ ? chain_since_ns_ : opened_ns_) : 0;
-    p.chain_cut = counts_.wanting_chain;
+    p.user_chain_since_ns = chain_.on() ? (chain_since_ns_ ? chain_since_ns_ : opened_ns_) : 0;
+    p.chain_cut = chain_.cut();
+    p.chain_given_back = chain_.given_back();
     return p;
   }
 
@@ -19125,10 +19223,9 @@ class perf_ring_source final : public tick_source {
   };
 
   // A task-clock event of `tid` on `cpu` at `hz`: inherited by the threads it creates (the CPU rings), or
-  // for the thread alone on every CPU (a boosted thread's own ring). `chain`: with the kernel's user
-  // chain (else the current mode's); `disabled`: opened stopped.
-  int open_event(pid_t tid, int cpu, double hz, bool inherit = true, bool chain = false,
-                 bool disabled = false) {
+  // for the thread alone on every CPU (a boosted thread's own ring). `chain`: the twin that asks for the
+  // kernel's user chain. Of a pair, the one that does not sample now opens disabled.
+  int open_event(pid_t tid, int cpu, double hz, bool inherit = true, bool chain = false) {
     struct perf_event_attr attr;
     std::memset(&attr, 0, sizeof attr);
     attr.size = sizeof attr;
@@ -19142,8 +19239,8 @@ class perf_ring_source final : public tick_source {
     attr.sample_max_stack = static_cast<std::uint16_t>(max_stack());
     attr.exclude_kernel = user_only_ ? 1 : 0;
     attr.exclude_callchain_kernel = user_only_ ? 1 : 0;
-    attr.exclude_callchain_user = chain || chain_on_ ? 0 : 1;
-    attr.disabled = disabled ? 1 : 0;
+    attr.exclude_callchain_user = chain || (!chain_pairs_ && chain_.on()) ? 0 : 1;
+    attr.disabled = !chain_pairs_ || chain == chain_.on() ? 0 : 1;
     attr.exclude_hv = 1;
     attr.inherit = inherit ? 1 : 0;
     attr.inherit_thread = inherit ? 1 : 0;
@@ -19256,10 +19353,10 @@ class perf_ring_source final : public tick_source {
   }
 
   // The event with the kernel's user chain beside `r`'s event of (tid, cpu), disabled and writing into
-  // r's ring, while the source has such pairs and has not switched to them.
+  // r's ring, while the source has such pairs.
   status add_chain_event(cpu_ring& r, pid_t tid, int cpu, double hz, bool inherit) {
-    if (!chain_pairs_ || chain_on_) return status::ok();
-    const int fd = open_event(tid, cpu, hz, inherit, true, true);
+    if (!chain_pairs_) return status::ok();
+    const int fd = open_event(tid, cpu, hz, inherit, true);
     if (fd < 0) {
       const int e = errno;
       return status::error(
@@ -19274,17 +19371,16 @@ class perf_ring_source final : public tick_source {
     return status::ok();
   }
 
-  // Every event's user-chain twin takes over from it: each event is disabled (with the copies its threads
-  // inherited) before its twin is enabled, so no tick is sampled twice. One way: stacks that outgrew the
-  // copy once will again.
-  void switch_to_chain() {
+  // Every event's user-chain twin takes over from it (`to_chain`), or hands back: one of each pair is
+  // disabled (with the copies its threads inherited) before the other is enabled, so no tick is sampled
+  // twice.
+  void hand_over(bool to_chain) {
     for (auto& r : rings_)
       for (std::size_t i = 0; i < r.chain_fds.size() && i < r.fds.size(); ++i) {
-        ::ioctl(r.fds[i], PERF_EVENT_IOC_DISABLE, 0);
-        ::ioctl(r.chain_fds[i], PERF_EVENT_IOC_ENABLE, 0);
+        ::ioctl(to_chain ? r.fds[i] : r.chain_fds[i], PERF_EVENT_IOC_DISABLE, 0);
+        ::ioctl(to_chain ? r.chain_fds[i] : r.fds[i], PERF_EVENT_IOC_ENABLE, 0);
       }
-    chain_on_ = true;
-    chain_since_ns_ = monotonic_ns();
+    chain_since_ns_ = to_chain ? monotonic_ns() : 0;
   }
 
   // Reads the records between data_tail and data_head. Every record is bounded by the published head
@@ -19350,7 +19446,8 @@ class perf_ring_source final : public tick_source {
       ++counts_.full;
       return;
     }
-    bool truncated = false, spliced = false, wants_chain = false;
+    bool truncated = false, spliced = false;
+    copy_end end;
     // Kernel frames first (the leaf end), as perf shows them: above the user frame that entered the
     // kernel, whose pc is then a return address (after the syscall instruction), looked up less one.
     const std::size_t kernel = std::min(kernel_chain_.size(), out.max_depth() / 2);
@@ -19361,7 +19458,7 @@ class perf_ring_source final : public tick_source {
       return unwind_sample(g_unwind_tables.load(std::memory_order_acquire), smp.uip, smp.sp, smp.bp,
                            smp.stack, static_cast<std::size_t>(smp.dyn), user_chain_.data(),
                            user_chain_.size(), slot->pcs() + kernel, out.max_depth() - kernel, truncated,
-                           spliced, &live_, &wants_chain);
+                           spliced, &live_, &end);
     };
     std::size_t user = walk();
     // The walk goes on by frame pointers where a pc has no rows: when a walked pc lies in a module whose
@@ -19383,7 +19480,7 @@ class perf_ring_source final : public tick_source {
     slot->header.tag = kGameFrameTagByTime;  // the collector finds the game frame by the time
     ++counts_.stored;
     if (truncated) ++counts_.truncated;
-    if (wants_chain) ++counts_.wanting_chain;
+    chain_.note(end, spliced);
     sample_ring::publish(slot, pos);
   }
 
@@ -19417,8 +19514,8 @@ class perf_ring_source final : public tick_source {
   std::vector<std::uint64_t> user_chain_, kernel_chain_;
   std::size_t max_stack_ = 0;
   bool chain_pairs_ = false;          // every event has a user-chain twin (the fd budget allowed it)
-  bool chain_on_ = false;             // the events sampling ask for the kernel's user chain
-  std::uint64_t chain_since_ns_ = 0;  // when switch_to_chain() ran (0: never)
+  chain_switch chain_;                // which of each pair samples
+  std::uint64_t chain_since_ns_ = 0;  // when the twins took over (0: not now)
   std::uint64_t opened_ns_ = 0;
   // This process's stacks as they are now, where a walk runs off its copy (read through the seam, which
   // never faults: the thread may have exited and unmapped its stack).
@@ -19796,6 +19893,7 @@ class profiler_core {
     s.kernel_throttles = pulled_.throttles.load(std::memory_order_relaxed);
     s.ring_user_chain = pulled_.user_chain_since_ns.load(std::memory_order_relaxed) != 0;
     s.ring_chain_cut = pulled_.chain_cut.load(std::memory_order_relaxed);
+    s.ring_chain_given_back = pulled_.chain_given_back.load(std::memory_order_relaxed);
     const sample_store::sizes z = store_.size();
     s.samples = z.samples;
     s.unique_stacks = z.unique;

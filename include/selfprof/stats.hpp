@@ -78,8 +78,9 @@ struct stats {
   std::uint64_t kernel_lost = 0;  // ring source: samples lost (PERF_RECORD_LOST; a record that did not parse)
   std::uint64_t kernel_throttles = 0;  // ring source: PERF_RECORD_THROTTLE records
   // ring source: the kernel's user call chain is asked for (from the start, or since stacks outgrew the
-  // stack copy: ring_chain_cut samples ended there before it was)
-  bool ring_user_chain = false;
+  // stack copy: ring_chain_cut samples ended there before it was); given back: it was asked for, then
+  // continued few of those stacks and was given up
+  bool ring_user_chain = false, ring_chain_given_back = false;
   std::uint64_t ring_chain_cut = 0;
   std::uint64_t thread_checks = 0;    // thread-count checks made by the handler
   std::uint64_t thread_wakes = 0;     // ... that saw the count change and woke the collector

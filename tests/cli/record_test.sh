@@ -309,15 +309,22 @@ __attribute__((noinline)) unsigned long fp_leaf(unsigned long n) {
   for (unsigned long i = 0; i < n; ++i) x = x * 6364136223846793005ul + i;
   return x;
 }
+/* A leaf that keeps a number in rbp, with CFI rows: the kernel's frame-pointer chain continues nothing. */
+unsigned long rbp_leaf(unsigned long n);
+__asm__(".text\n.globl rbp_leaf\n.type rbp_leaf, @function\nrbp_leaf:\n.cfi_startproc\npush %rbp\n"
+        ".cfi_def_cfa_offset 16\n.cfi_offset %rbp, -16\nmov $0x1235, %rbp\nmov %rdi, %rax\n1: dec %rax\n"
+        "jnz 1b\npop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n.size rbp_leaf, .-rbp_leaf\n");
+static int use_rbp_leaf;
 __attribute__((noinline)) unsigned long big_deep(int d, unsigned long n, unsigned salt) {
   volatile unsigned char pad[512];
   for (unsigned i = 0; i < sizeof pad; i += 8) pad[i] = (unsigned char)(salt + i);
-  unsigned long r = d == 0 ? fp_leaf(n) : big_deep(d - 1, n, salt);
+  unsigned long r = d == 0 ? (use_rbp_leaf ? rbp_leaf(n * 4) : fp_leaf(n)) : big_deep(d - 1, n, salt);
   __asm__ volatile("" ::: "memory");
   return r + pad[salt % sizeof pad];
 }
 int main(int argc, char** argv) {
   unsigned long rounds = argc > 1 ? strtoul(argv[1], 0, 10) : 2000, acc = 0;
+  use_rbp_leaf = argc > 2;
   for (unsigned long k = 0; k < rounds; ++k) acc += big_deep(40, 200000, (unsigned)k);
   printf("%lu\n", acc & 1);
   return 0;
@@ -335,6 +342,13 @@ for way in preload follow-exec; do
     ok "$way: a frame-pointer recursion deeper than the copy: $full of $leaf leaf samples reach main, $cut cut before the user chain" ||
     bad "$way: a recursion deeper than the copy: $full of $leaf reach main, $cut marked: $(sort -t' ' -k2 -rn dfp-$way.folded | head -3 | cut -c1-200)"
 done
+# The same recursion over a leaf whose rbp is not a frame pointer: the chain, once asked for, continues
+# none of those stacks and is given up (the recorder says so with -v); the samples go on at the rate.
+"$bin" record -v -q --follow-exec -F 499 -o dfr.folded -- ./deepfp 4000 rbp > /dev/null 2> dfr.err
+leaf=$(count_of dfr.folded "rbp_leaf")
+grep -q "asked for after [0-9]* cut stacks, given up" dfr.err && [ "$leaf" -gt 200 ] &&
+  ok "follow-exec: the user chain given up where it continues nothing ($leaf leaf samples)" ||
+  bad "follow-exec: user chain not given up: $(grep 'samples (' dfr.err | cut -c1-200); $leaf leaf samples"
 
 # --follow-exec with one profile (issues 20, 21): sampled by perf_event events every process inherits,
 # read by the recorder, nothing loaded into the programs; the preload library where perf_event is refused

@@ -193,6 +193,38 @@ WL_NOINLINE double big_deep(int n, long units, unsigned salt) {
   WL_NO_TAIL();
   return r + pad[salt % sizeof pad];
 }
+// A leaf that keeps a number in rbp (as code without frame pointers may), with CFI rows that say where
+// the caller's rbp went: the CFI walk of the copy goes through it and finds big_deep's frame records
+// on the live stack past the copy, but the kernel's frame-pointer chain starts from rbp, so it
+// continues nothing.
+extern "C" long ring_test_rbp_leaf(long n);
+__asm__(
+    ".text\n"
+    ".globl ring_test_rbp_leaf\n"
+    ".type ring_test_rbp_leaf, @function\n"
+    "ring_test_rbp_leaf:\n"
+    ".cfi_startproc\n"
+    "push %rbp\n"
+    ".cfi_def_cfa_offset 16\n"
+    ".cfi_offset %rbp, -16\n"
+    "mov $0x1235, %rbp\n"
+    "mov %rdi, %rax\n"
+    "1: dec %rax\n"
+    "jnz 1b\n"
+    "pop %rbp\n"
+    ".cfi_def_cfa_offset 8\n"
+    "ret\n"
+    ".cfi_endproc\n"
+    ".size ring_test_rbp_leaf, .-ring_test_rbp_leaf\n");
+
+WL_NOINLINE double big_deep_rbp(int n, long iterations, unsigned salt) {
+  volatile unsigned char pad[512];
+  for (unsigned i = 0; i < sizeof pad; i += 8) pad[i] = static_cast<unsigned char>(salt + i);
+  double r = n == 0 ? double(ring_test_rbp_leaf(iterations)) : big_deep_rbp(n - 1, iterations, salt);
+  WL_NO_TAIL();
+  return r + pad[salt % sizeof pad];
+}
+
 WL_NOINLINE void big_deep_rounds(std::int64_t cpu_ns) {
   unsigned salt = 0;
   const std::int64_t t0 = wl::thread_cpu_ns();
@@ -242,6 +274,31 @@ TEST_CASE("ring source: stacks deeper than the copy get the kernel's user chain,
   bool said = false;
   for (const auto& n : p.info.notes) said = said || n.find("user call chain") != std::string::npos;
   CHECK(said);
+}
+
+TEST_CASE("ring source: the user chain is given back where it continues nothing") {
+  wl::apply_test_environment();
+  REQUIRE(selfprof::start(ring_options(997)));
+  if (!ring_running()) {
+    selfprof::stop();
+    return;
+  }
+  unsigned salt = 0;
+  const std::int64_t t0 = wl::thread_cpu_ns();
+  while (wl::thread_cpu_ns() - t0 < 1000000000LL) big_deep_rbp(kBigFrames, 300000, ++salt);
+  const double cpu_s = double(wl::thread_cpu_ns() - t0) / 1e9;
+  selfprof::stop();
+  const selfprof::stats st = selfprof::get_stats();
+  const selfprof::profile p = selfprof::snapshot();
+  MESSAGE(st.ring_chain_cut << " cut before the user chain; given back: " << st.ring_chain_given_back);
+  CHECK(st.ring_chain_cut >= selfprof::detail::kChainWantedSamples);
+  CHECK(st.ring_chain_given_back);
+  CHECK_FALSE(st.ring_user_chain);
+  bool said = false;
+  for (const auto& n : p.info.notes) said = said || n.find("was given up") != std::string::npos;
+  CHECK(said);
+  CHECK(wl::samples_with_leaf(p, "ring_test_rbp_leaf") > 500);  // sampling went on after the hand-back
+  CHECK(double(wl::total_samples(p)) < 997 * cpu_s * 1.1);      // and no tick was sampled twice
 }
 
 TEST_CASE("ring source: no EINTR in blocking calls and application signal handlers never called") {
@@ -576,6 +633,15 @@ int small_file_limit(int resource, struct rlimit* out) {
   return r;
 }
 
+// A hard RLIMIT_NOFILE whose quarter (the ring's descriptor budget) is one event per thread and CPU: no
+// room for the user-chain twins.
+rlim_t g_exact_budget = 0;
+int exact_file_limit(int resource, struct rlimit* out) {
+  const int r = ::getrlimit(static_cast<__rlimit_resource>(resource), out);
+  if (r == 0 && resource == RLIMIT_NOFILE) out->rlim_max = 4 * g_exact_budget;
+  return r;
+}
+
 // Starts with the ring forced, expects a signal source and a refusal naming `why` (or, where perf is
 // refused altogether, the open failure, unless `why` is checked before anything is opened).
 void expect_fallback(const char* why, bool checked_before_open = false) {
@@ -628,6 +694,35 @@ TEST_CASE("ring source fallback: more events than the descriptor budget") {
   wl::apply_test_environment();
   selfprof::detail::sys().getrlimit = small_file_limit;
   expect_fallback("descriptor budget", true);
+}
+
+TEST_CASE(
+    "ring source: a descriptor budget without room for the twins asks for the user chain from the start") {
+  ring_seam_guard g;
+  wl::apply_test_environment();
+  const long cpus = ::sysconf(_SC_NPROCESSORS_CONF);
+  g_exact_budget = static_cast<rlim_t>(list_dir("/proc/self/task").size()) * static_cast<rlim_t>(cpus);
+  selfprof::detail::sys().getrlimit = exact_file_limit;
+  REQUIRE(selfprof::start(ring_options(997)));
+  if (!ring_running()) {
+    selfprof::stop();
+    return;
+  }
+  big_deep_rounds(300000000LL);
+  selfprof::stop();
+  const selfprof::stats st = selfprof::get_stats();
+  const selfprof::profile p = selfprof::snapshot();
+  std::uint64_t deep = 0, full = 0;
+  for (const auto& s : p.stacks) {
+    if (wl::count_frames(p, s, "leaf_b") == 0) continue;
+    deep += s.count;
+    if (wl::count_frames(p, s, "big_deep(") == std::size_t(kBigFrames) + 1 && !s.truncated) full += s.count;
+  }
+  MESSAGE(full << " of " << deep << " deep samples full");
+  CHECK(st.ring_user_chain);
+  CHECK(st.ring_chain_cut == 0);  // nothing was cut: the chain came with every sample
+  REQUIRE(deep > 50);
+  CHECK(double(full) >= 0.97 * double(deep));
 }
 
 TEST_CASE("ring source: a small locked-memory budget gives smaller rings, read more often") {

@@ -77,11 +77,12 @@ struct perf_record_options {
 // What the recording met, for the profile's notes.
 struct perf_record_counts {
   std::uint64_t samples = 0, stored = 0, lost = 0, throttled = 0, corrupt = 0, spliced = 0, truncated = 0;
-  std::uint64_t continued = 0;  // samples whose walk went on past the copy, on the live stack
-  std::uint64_t chain_cut = 0;  // samples cut where the kernel's user chain (not asked for yet) would go on
-  bool user_chain = false;      // the sampling events ask for that chain (since chain_cut reached the mark)
-  std::uint64_t no_room = 0;    // stacks a full table could not take
-  std::uint64_t unknown = 0;    // samples of a process whose start was never seen (maps read late)
+  std::uint64_t continued = 0;    // samples whose walk went on past the copy, on the live stack
+  std::uint64_t chain_cut = 0;    // samples cut where the kernel's user chain (not asked for yet) would go on
+  bool user_chain = false;        // the sampling events ask for that chain now
+  bool chain_given_back = false;  // it was asked for, then continued few stacks and was given up
+  std::uint64_t no_room = 0;      // stacks a full table could not take
+  std::uint64_t unknown = 0;      // samples of a process whose start was never seen (maps read late)
   std::uint64_t records = 0, images = 0, forks = 0, execs = 0, mappings = 0;
 };
 
@@ -125,7 +126,9 @@ class perf_recorder {
   // How long the recording loop waits between reads: 50 ms, but 10 ms for the first kQuickReads reads
   // while no user chain is asked for, so that stacks that outgrow the copy get it after a few samples
   // (a sample is unwound one read after the read that found it).
-  int read_period_ms() const { return !counts_.user_chain && round_ < kQuickReads ? 10 : 50; }
+  int read_period_ms() const {
+    return !chain_.on() && !chain_.given_back() && round_ < kQuickReads ? 10 : 50;
+  }
 
   // Waits up to `timeout_ms` for a ring to pass its wake-up mark, then reads every ring.
   void wait_and_read(int timeout_ms) {
@@ -138,18 +141,23 @@ class perf_recorder {
   // Reads every ring; applies the records every ring has been read past (all of them when `all`).
   void read(bool all) {
     read_records(all);
-    if (!counts_.user_chain && counts_.chain_cut >= selfprof::detail::kChainWantedSamples) switch_to_chain();
+    const auto a = chain_.due();
+    if (a != selfprof::detail::chain_switch::action::none)
+      hand_over(a == selfprof::detail::chain_switch::action::ask);
+    counts_.user_chain = chain_.on();
+    counts_.chain_given_back = chain_.given_back();
+    counts_.chain_cut = chain_.cut();
   }
 
  private:
-  // Each CPU's sampler hands over to its user-chain twin (with the copies every thread and process
-  // inherited), disabled before the twin is enabled so that no tick is sampled twice.
-  void switch_to_chain() {
+  // Each CPU's sampler hands over to its user-chain twin (`to_chain`; with the copies every thread and
+  // process inherited), or the twin hands back: one is disabled before the other is enabled, so that no
+  // tick is sampled twice.
+  void hand_over(bool to_chain) {
     for (ring& r : rings_) {
-      ::ioctl(r.sampler, PERF_EVENT_IOC_DISABLE, 0);
-      ::ioctl(r.chain_sampler, PERF_EVENT_IOC_ENABLE, 0);
+      ::ioctl(to_chain ? r.sampler : r.chain_sampler, PERF_EVENT_IOC_DISABLE, 0);
+      ::ioctl(to_chain ? r.chain_sampler : r.sampler, PERF_EVENT_IOC_ENABLE, 0);
     }
-    counts_.user_chain = true;
   }
 
   void read_records(bool all) {
@@ -622,7 +630,8 @@ class perf_recorder {
     std::size_t kernel = std::min(kernel_chain_.size(), opts_.max_depth / 2);
     std::copy(kernel_chain_.begin(), kernel_chain_.begin() + static_cast<std::ptrdiff_t>(kernel),
               pcs_.begin());
-    bool truncated = kernel < kernel_chain_.size(), cut = false, spliced = false, wants_chain = false;
+    bool truncated = kernel < kernel_chain_.size(), cut = false, spliced = false;
+    selfprof::detail::copy_end end;
     std::size_t depth = kernel;
     if (smp.abi != PERF_SAMPLE_REGS_ABI_NONE) {
       std::size_t user = 0;
@@ -630,7 +639,7 @@ class perf_recorder {
         user = selfprof::detail::unwind_sample<foreign_stack>(
             im.set.count ? &im.set : nullptr, smp.uip, smp.sp, smp.bp, smp.stack,
             static_cast<std::size_t>(smp.dyn), user_chain_.data(), user_chain_.size(), pcs_.data() + kernel,
-            opts_.max_depth - kernel, cut, spliced, &live_, &wants_chain);
+            opts_.max_depth - kernel, cut, spliced, &live_, &end);
       while (!im.unparsed.empty() && parse_reached(im, pcs_.data() + kernel, user));
       depth += user;
     }
@@ -641,7 +650,7 @@ class perf_recorder {
     if (spliced) ++counts_.spliced;
     if (live_.continued != continued) ++counts_.continued;
     if (truncated) ++counts_.truncated;
-    if (wants_chain) ++counts_.chain_cut;
+    chain_.note(end, spliced);
     if (im.table.add(tid, truncated ? selfprof::detail::sample_truncated : 0, pcs_.data(), depth, 1))
       ++counts_.stored;
     else
@@ -700,6 +709,7 @@ class perf_recorder {
   std::unordered_map<pid_t, image*> current_;
   file_unwind_cache unwind_;
   std::vector<std::uint64_t> user_chain_, kernel_chain_, pcs_;
+  selfprof::detail::chain_switch chain_;  // which of each CPU's two samplers samples
   perf_record_counts counts_;
   // The sampled process's stack as it is now, where a walk ran off its copy (the recorder is the
   // programs' ancestor, so ptrace's access check lets it read them; a process gone reads nothing).

@@ -330,15 +330,9 @@ class raw_merger {
       return index;
     };
 
-    const std::size_t first_new = out_.stacks.size();
     const auto counts = stacks_from_table(
         p.raw.table, roots_ == raw_roots::none ? nullptr : &root,
         [&](std::uint64_t lookup, stack& s) { s.frames.push_back(frame_for(lookup)); }, marker, out_.stacks);
-    if (roots_ != raw_roots::none) {  // a cut stack's marker goes below its process: one tower per process
-      const std::uint32_t cut = marker(std::string(truncated_marker));
-      for (std::size_t k = first_new; k < out_.stacks.size(); ++k)
-        if (out_.stacks[k].truncated) out_.stacks[k].frames.insert(out_.stacks[k].frames.begin() + 1, cut);
-    }
     for (std::string& w : reg.take_warnings()) warnings_.push_back(std::move(w));
     const std::uint64_t samples = counts.first, truncated = counts.second;
     for (const auto& t : p.raw.thread_names) out_.threads.push_back(thread_info{t.first, t.second});

@@ -495,10 +495,14 @@ int run_record(int argc, char** argv) {
     if (c.lost) notes.push_back(std::to_string(c.lost) + " samples lost: the kernel found a ring full");
     if (c.corrupt) notes.push_back(std::to_string(c.corrupt) + " malformed ring records skipped");
     if (c.no_room) notes.push_back(std::to_string(c.no_room) + " samples dropped: no room for new stacks");
-    if (c.user_chain)
+    if (c.chain_cut > 0 && (c.user_chain || c.chain_given_back))
       notes.push_back(std::to_string(c.chain_cut) +
                       " stacks outgrew the stack copy and ended there, marked [truncated]; the kernel's user "
-                      "call chain continued deep stacks from then on");
+                      "call chain was asked for from then on");
+    if (c.chain_given_back)
+      notes.push_back(
+          "the kernel's user call chain continued few of the stacks that outgrew the copy (code "
+          "without frame pointers), and was given up");
     for (const std::string& n : recorder.unwind_notes()) notes.push_back(n);
     double named_ms = 0;
     if (merged) {
@@ -525,7 +529,9 @@ int run_record(int argc, char** argv) {
           static_cast<unsigned long long>(c.samples), static_cast<unsigned long long>(c.stored),
           static_cast<unsigned long long>(c.lost), static_cast<unsigned long long>(c.spliced),
           c.user_chain ? (", asked for after " + std::to_string(c.chain_cut) + " cut stacks").c_str()
-                       : " (not asked for)",
+          : c.chain_given_back
+              ? (", asked for after " + std::to_string(c.chain_cut) + " cut stacks, given up").c_str()
+              : " (not asked for)",
           static_cast<unsigned long long>(c.continued), static_cast<unsigned long long>(c.forks),
           static_cast<unsigned long long>(c.execs), static_cast<unsigned long long>(c.mappings),
           recorder.unwind_files(), started_ms, recorded_ms - started_ms, named_ms - recorded_ms,

@@ -62,6 +62,7 @@ constexpr unsigned kCodeRescanMaxMs = 5000;  // the longest back-off between sca
 struct pulled_counts {
   std::atomic<std::uint64_t> records{0}, truncated{0}, full{0}, lost{0}, throttles{0};
   std::atomic<std::uint64_t> user_chain_since_ns{0}, chain_cut{0};
+  std::atomic<bool> chain_given_back{false};
   pulled_counts() = default;
   pulled_counts& operator=(const pulled_counts&) {
     update(pulled_stats{});
@@ -76,6 +77,7 @@ struct pulled_counts {
     throttles.store(p.throttles, std::memory_order_relaxed);
     user_chain_since_ns.store(p.user_chain_since_ns, std::memory_order_relaxed);
     chain_cut.store(p.chain_cut, std::memory_order_relaxed);
+    chain_given_back.store(p.chain_given_back, std::memory_order_relaxed);
   }
 };
 
@@ -404,18 +406,28 @@ class collector {
     return hz != config_.sources.hz;
   }
 
-  // The ring source's switch to the kernel's user chain, said once in the profile: the samples before it
-  // that lost their outer frames are why some stacks carry [truncated].
+  // The ring source's switch to the kernel's user chain, and its giving the chain up, said once each in
+  // the profile: the samples before the switch that lost their outer frames are why some stacks carry
+  // [truncated].
   void note_user_chain(const pulled_counts& p) {
-    if (chain_noted_ || p.user_chain_since_ns.load(std::memory_order_relaxed) == 0) return;
-    chain_noted_ = true;
     const std::uint64_t cut = p.chain_cut.load(std::memory_order_relaxed);
-    if (cut == 0) return;  // asked for from the start
-    config_.session->note(
-        "ring source: " + std::to_string(cut) +
-            " stacks outgrew the stack copy and ended there, marked [truncated]; the kernel's "
-            "user call chain continues deep stacks from then on",
-        true);
+    const bool given_back = p.chain_given_back.load(std::memory_order_relaxed);
+    // cut 0: asked for from the start, or never
+    if (!chain_noted_ && cut > 0 &&
+        (p.user_chain_since_ns.load(std::memory_order_relaxed) != 0 || given_back)) {
+      chain_noted_ = true;
+      config_.session->note("ring source: " + std::to_string(cut) +
+                                " stacks outgrew the stack copy and ended there, marked [truncated]; the "
+                                "kernel's user call chain was asked for from then on",
+                            true);
+    }
+    if (!given_back_noted_ && given_back) {
+      given_back_noted_ = true;
+      config_.session->note(
+          "ring source: the kernel's user call chain continued few of the stacks that "
+          "outgrew the copy (code without frame pointers), and was given up",
+          true);
+    }
   }
 
   void check_contention(std::chrono::steady_clock::time_point now) {
@@ -459,7 +471,7 @@ class collector {
   std::condition_variable pull_cv_;
   std::uint64_t pull_asked_ = 0, pull_done_ = 0;
   bool pulling_ = false;
-  bool chain_noted_ = false;                              // note_user_chain() said it (collector thread)
+  bool chain_noted_ = false, given_back_noted_ = false;   // note_user_chain() said them (collector thread)
   bool rows_failed_ = false;                              // collector thread only
   std::uint64_t pending_generation_ = ~std::uint64_t{0};  // of the pending rows the store was given
   std::vector<pending_code> pending_rows_;  // those rows: this thread's copy, read without the store's lock

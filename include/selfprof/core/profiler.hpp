@@ -268,6 +268,7 @@ class profiler_core {
     s.kernel_throttles = pulled_.throttles.load(std::memory_order_relaxed);
     s.ring_user_chain = pulled_.user_chain_since_ns.load(std::memory_order_relaxed) != 0;
     s.ring_chain_cut = pulled_.chain_cut.load(std::memory_order_relaxed);
+    s.ring_chain_given_back = pulled_.chain_given_back.load(std::memory_order_relaxed);
     const sample_store::sizes z = store_.size();
     s.samples = z.samples;
     s.unique_stacks = z.unique;

@@ -30,7 +30,9 @@ inline std::string offcpu_marker_name(std::uint16_t flags, std::size_t depth) {
 }
 
 // Appends to `out` one stack per entry of `table`, root first, with the wall-mode leaf markers; `root`
-// (when not null) first in each. `frames(lookup, s)` appends the frames of one address to s.frames (the
+// (when not null) first in each, and a cut stack's [truncated] marker right below it, so that a root
+// keeps its stacks, cut ones too, in one tower (without a root the writers put the marker first).
+// `frames(lookup, s)` appends the frames of one address to s.frames (the
 // interrupted pc as it is, a return address less one: it points after its call); `marker(name)` gives
 // the index of a marker frame. Returns {samples, truncated samples}.
 template <class Frames, class Marker>
@@ -44,7 +46,10 @@ std::pair<std::uint64_t, std::uint64_t> stacks_from_table(const stack_table& tab
     s.count = e.count;
     s.tid = e.tid;
     s.truncated = (e.flags & sample_truncated) != 0;
-    if (root) s.frames.push_back(*root);
+    if (root) {
+      s.frames.push_back(*root);
+      if (s.truncated) s.frames.push_back(marker(std::string(truncated_marker)));
+    }
     // Walk the captured addresses from the outermost return address to the interrupted pc.
     for (std::size_t i = e.depth; i-- > 0;) frames(i == 0 ? pcs[0] : pcs[i] - 1, s);
     if (e.flags & sample_offcpu) {

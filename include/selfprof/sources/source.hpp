@@ -36,7 +36,8 @@ struct pulled_stats {
   std::uint64_t lost = 0;       // the kernel's PERF_RECORD_LOST counts, and records that did not parse
   std::uint64_t throttles = 0;  // PERF_RECORD_THROTTLE records
   std::uint64_t user_chain_since_ns = 0;  // CLOCK_MONOTONIC since the kernel's user chain is asked for, or 0
-  std::uint64_t chain_cut = 0;  // samples cut where that chain (not asked for then) would have gone on
+  std::uint64_t chain_cut = 0;    // samples cut where that chain (not asked for then) would have gone on
+  bool chain_given_back = false;  // it was asked for, then continued too few stacks, and was given up
 };
 
 // What a pulling source may ask of the collector while it unwinds the samples it read, when rows are

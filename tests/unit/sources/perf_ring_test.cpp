@@ -124,34 +124,112 @@ TEST_CASE("unwind_sample: no copy and no chain past the leaf: the leaf, marked t
   CHECK_FALSE(spliced);
 }
 
-TEST_CASE("unwind_sample: a frame-pointer stack cut at the copy without a user chain asks for one") {
-  ring_fake_stack s(0x401000, 0x402000);  // frame 2's saved rbp (0x7020) leads on past the copy
+namespace {
+
+// The live memory behind ring_fake_stack's copy: the frame records go on past it (0x7020 -> 0x7030 ->
+// 0x7040), and each return address follows a `call rel32` unless `calls` is false.
+struct chain_fake_memory {
+  std::uint64_t stack[8] = {0x7010, 0x401010, 0x7020, 0x401020, 0x7030, 0x401030, 0x7040, 0x401040};
+  unsigned char code[0x40] = {};  // [0x401010, 0x401050)
+  explicit chain_fake_memory(bool calls) {
+    if (calls)
+      for (std::size_t ra = 0x10; ra <= 0x40; ra += 0x10) code[ra - 5] = 0xe8;  // call rel32 just before each
+  }
+  static std::size_t read(void* ctx, std::uintptr_t addr, void* out, std::size_t len) {
+    auto* m = static_cast<chain_fake_memory*>(ctx);
+    if (addr >= 0x7000 && addr + len <= 0x7000 + sizeof m->stack) {
+      std::memcpy(out, reinterpret_cast<const unsigned char*>(m->stack) + (addr - 0x7000), len);
+      return len;
+    }
+    if (addr >= 0x401000 && addr + len <= 0x401000 + sizeof m->code) {
+      std::memcpy(out, m->code + (addr - 0x401000), len);
+      return len;
+    }
+    return 0;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("unwind_sample: a stack cut at the copy where frame records go on asks for the user chain") {
+  ring_fake_stack s(0x401010, 0x401020);  // frame 2's saved rbp (0x7020) leads on past the copy
+  chain_fake_memory mem(true);
+  selfprof::detail::live_stack_reader live;
+  live.read = chain_fake_memory::read;
+  live.ctx = &mem;
   std::uint64_t out[16];
-  bool truncated = false, spliced = false, wants = false;
+  bool truncated = false, spliced = false;
+  selfprof::detail::copy_end end;
   std::size_t d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32, nullptr,
-                                                  0, out, 16, truncated, spliced, nullptr, &wants);
+                                                  0, out, 16, truncated, spliced, &live, &end);
   CHECK(d == 3);
   CHECK(truncated);
-  CHECK(wants);
-  // With a chain that continues it, nothing is wanted.
-  const std::uint64_t chain[] = {kRingPc, 0x401000, 0x402000, 0x403000};
+  CHECK(end.reached);
+  CHECK(end.chain_would);
+  // With a chain that continues it: spliced, and nothing more is wanted.
+  const std::uint64_t chain[] = {kRingPc, 0x401010, 0x401020, 0x401030};
   d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32, chain, 4, out, 16,
-                                      truncated, spliced, nullptr, &wants);
+                                      truncated, spliced, &live, &end);
   CHECK(d == 4);
-  CHECK_FALSE(wants);
-  // A stack that ends inside the copy wants nothing.
+  CHECK(spliced);
+  CHECK(end.reached);
+  CHECK_FALSE(end.chain_would);
+  // Return addresses that follow no call (code without frame pointers keeping a stack address in rbp):
+  // cut, and no chain asked for.
+  chain_fake_memory data(false);
+  live.ctx = &data;
+  d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32, nullptr, 0, out, 16,
+                                      truncated, spliced, &live, &end);
+  CHECK(truncated);
+  CHECK(end.reached);
+  CHECK_FALSE(end.chain_would);
+  // Without a reader nothing can be told.
+  d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32, nullptr, 0, out, 16,
+                                      truncated, spliced, nullptr, &end);
+  CHECK_FALSE(end.chain_would);
+  // A stack that ends inside the copy never reached its end.
   s.words[2] = 0;
   d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32, nullptr, 0, out, 16,
-                                      truncated, spliced, nullptr, &wants);
+                                      truncated, spliced, &live, &end);
   CHECK(d == 3);
   CHECK_FALSE(truncated);
-  CHECK_FALSE(wants);
-  // A saved rbp below the frame (no frame pointer leads on: code that uses rbp for data) ends the walk
-  // as a bad frame, and asks for nothing either.
-  s.words[2] = 0x6000;
-  d = selfprof::detail::unwind_sample(nullptr, kRingPc, kRingSp, kRingBp, s.data(), 32, nullptr, 0, out, 16,
-                                      truncated, spliced, nullptr, &wants);
-  CHECK_FALSE(wants);
+  CHECK_FALSE(end.reached);
+}
+
+TEST_CASE("chain_switch: asked for after kChainWantedSamples cut stacks, given back when it continues few") {
+  using selfprof::detail::chain_switch;
+  using selfprof::detail::copy_end;
+  const copy_end would{true, true}, reached{true, false};
+  chain_switch c;
+  CHECK(c.due() == chain_switch::action::none);
+  for (std::uint64_t i = 0; i + 1 < selfprof::detail::kChainWantedSamples; ++i) c.note(would, false);
+  c.note(reached, false);  // cut where no frame chain goes on: not counted
+  CHECK(c.due() == chain_switch::action::none);
+  c.note(would, false);
+  CHECK(c.due() == chain_switch::action::ask);
+  CHECK(c.on());
+  CHECK(c.cut() == selfprof::detail::kChainWantedSamples);
+  // The trial: a quarter or more continued keeps it.
+  chain_switch kept = c;
+  for (std::uint64_t i = 0; i < selfprof::detail::kChainTrialSamples; ++i) kept.note(reached, i % 4 == 0);
+  CHECK(kept.due() == chain_switch::action::none);
+  CHECK(kept.on());
+  for (std::uint64_t i = 0; i < 100; ++i) kept.note(reached, false);  // the trial is over
+  CHECK(kept.due() == chain_switch::action::none);
+  // Fewer: given back, and never asked for again.
+  for (std::uint64_t i = 0; i < selfprof::detail::kChainTrialSamples; ++i) c.note(reached, i == 0);
+  CHECK(c.due() == chain_switch::action::give_back);
+  CHECK_FALSE(c.on());
+  CHECK(c.given_back());
+  for (int i = 0; i < 10; ++i) c.note(would, false);
+  CHECK(c.due() == chain_switch::action::none);
+  CHECK_FALSE(c.on());
+  // Asked for from the start: nothing to switch.
+  chain_switch fixed;
+  fixed.start_on();
+  for (std::uint64_t i = 0; i < selfprof::detail::kChainTrialSamples; ++i) fixed.note(reached, false);
+  CHECK(fixed.due() == chain_switch::action::none);
+  CHECK(fixed.on());
 }
 
 namespace {
