@@ -225,6 +225,24 @@ WL_NOINLINE double big_deep_rbp(int n, long iterations, unsigned salt) {
   return r + pad[salt % sizeof pad];
 }
 
+// Samples under big_deep_rounds' leaf: all, those that hold the whole recursion and its caller, unmarked,
+// and those marked [truncated].
+struct big_deep_counts {
+  std::uint64_t deep = 0, full = 0, marked = 0;
+};
+big_deep_counts count_big_deep(const selfprof::profile& p) {
+  big_deep_counts c;
+  for (const auto& s : p.stacks) {
+    if (wl::count_frames(p, s, "leaf_b") == 0) continue;
+    c.deep += s.count;
+    if (wl::count_frames(p, s, "big_deep(") == std::size_t(kBigFrames) + 1 &&
+        wl::count_frames(p, s, "big_deep_rounds") == 1 && !s.truncated)
+      c.full += s.count;
+    if (s.truncated) c.marked += s.count;
+  }
+  return c;
+}
+
 WL_NOINLINE void big_deep_rounds(std::int64_t cpu_ns) {
   unsigned salt = 0;
   const std::int64_t t0 = wl::thread_cpu_ns();
@@ -254,15 +272,7 @@ TEST_CASE("ring source: stacks deeper than the copy get the kernel's user chain,
   selfprof::stop();
   const selfprof::stats st = selfprof::get_stats();
   const selfprof::profile p = selfprof::snapshot();
-  std::uint64_t deep = 0, full = 0, marked = 0;
-  for (const auto& s : p.stacks) {
-    if (wl::count_frames(p, s, "leaf_b") == 0) continue;
-    deep += s.count;
-    if (wl::count_frames(p, s, "big_deep(") == std::size_t(kBigFrames) + 1 &&
-        wl::count_frames(p, s, "big_deep_rounds") == 1 && !s.truncated)
-      full += s.count;
-    if (s.truncated) marked += s.count;
-  }
+  const auto [deep, full, marked] = count_big_deep(p);
   MESSAGE(full << " of " << deep << " deep samples full, " << marked << " marked truncated; "
                << st.ring_chain_cut << " cut before the user chain");
   CHECK(st.ring_user_chain);
@@ -712,12 +722,8 @@ TEST_CASE(
   selfprof::stop();
   const selfprof::stats st = selfprof::get_stats();
   const selfprof::profile p = selfprof::snapshot();
-  std::uint64_t deep = 0, full = 0;
-  for (const auto& s : p.stacks) {
-    if (wl::count_frames(p, s, "leaf_b") == 0) continue;
-    deep += s.count;
-    if (wl::count_frames(p, s, "big_deep(") == std::size_t(kBigFrames) + 1 && !s.truncated) full += s.count;
-  }
+  const auto [deep, full, marked] = count_big_deep(p);
+  CHECK(marked == 0);
   MESSAGE(full << " of " << deep << " deep samples full");
   CHECK(st.ring_user_chain);
   CHECK(st.ring_chain_cut == 0);  // nothing was cut: the chain came with every sample
