@@ -199,6 +199,7 @@ class collector {
 
   void loop() {
     const auto start = std::chrono::steady_clock::now();
+    chain_noted_ = given_back_noted_ = false;  // this session's source has said nothing yet
     auto last_full_scan = start;
     long last_count = -1;  // scan at once: threads may have started since start() looked
     std::uint64_t last_generation = loader_generation();

@@ -758,15 +758,14 @@ class perf_ring_source final : public tick_source {
     return status::ok();
   }
 
-  // Every event's user-chain twin takes over from it (`to_chain`), or hands back: one of each pair is
-  // disabled (with the copies its threads inherited) before the other is enabled, so no tick is sampled
-  // twice.
+  // Every event's user-chain twin takes over from it (`to_chain`), or hands back: each ring's events that
+  // sample now are disabled (with the copies their threads inherited) before the others are enabled, so
+  // no tick is sampled twice. (A thread that ended while the source opened may have one of the two.)
   void hand_over(bool to_chain) {
-    for (auto& r : rings_)
-      for (std::size_t i = 0; i < r.chain_fds.size() && i < r.fds.size(); ++i) {
-        ::ioctl(to_chain ? r.fds[i] : r.chain_fds[i], PERF_EVENT_IOC_DISABLE, 0);
-        ::ioctl(to_chain ? r.chain_fds[i] : r.fds[i], PERF_EVENT_IOC_ENABLE, 0);
-      }
+    for (auto& r : rings_) {
+      for (int fd : to_chain ? r.fds : r.chain_fds) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+      for (int fd : to_chain ? r.chain_fds : r.fds) ::ioctl(fd, PERF_EVENT_IOC_ENABLE, 0);
+    }
     chain_since_ns_ = to_chain ? monotonic_ns() : 0;
   }
 
