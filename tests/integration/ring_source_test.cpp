@@ -280,7 +280,9 @@ TEST_CASE("ring source: stacks deeper than the copy get the kernel's user chain,
   REQUIRE(deep > 200);
   // The switch comes at one of the collector's first reads: few samples before it.
   CHECK(double(full) >= 0.9 * double(deep));
-  CHECK(full + marked == deep);
+  // The rest are marked; at most a rare one was continued on a live stack that had re-entered the
+  // recursion (its bytes at the copy's end are the same every round) and shows another depth.
+  CHECK(deep - full - marked <= deep / 50);
   bool said = false;
   for (const auto& n : p.info.notes) said = said || n.find("user call chain") != std::string::npos;
   CHECK(said);

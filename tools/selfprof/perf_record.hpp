@@ -158,6 +158,7 @@ class perf_recorder {
       ::ioctl(to_chain ? r.sampler : r.chain_sampler, PERF_EVENT_IOC_DISABLE, 0);
       ::ioctl(to_chain ? r.chain_sampler : r.sampler, PERF_EVENT_IOC_ENABLE, 0);
     }
+    chain_.handed_over(monotonic_ns());
   }
 
   void read_records(bool all) {
@@ -650,7 +651,7 @@ class perf_recorder {
     if (spliced) ++counts_.spliced;
     if (live_.continued != continued) ++counts_.continued;
     if (truncated) ++counts_.truncated;
-    chain_.note(end, spliced);
+    chain_.note(end, spliced, time);
     if (im.table.add(tid, truncated ? selfprof::detail::sample_truncated : 0, pcs_.data(), depth, 1))
       ++counts_.stored;
     else

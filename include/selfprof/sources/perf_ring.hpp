@@ -268,9 +268,13 @@ class chain_switch {
   bool on() const { return on_; }
   bool given_back() const { return given_back_; }
   std::uint64_t cut() const { return cut_; }  // samples cut where the chain would have gone on
-  void note(const copy_end& e, bool spliced) {
+  // The events handed over at `now_ns` (CLOCK_MONOTONIC): the trial counts samples taken since then only
+  // (a ring may still hold older ones, taken without the chain).
+  void handed_over(std::uint64_t now_ns) { since_ns_ = now_ns; }
+  // One sample, taken at `time_ns`.
+  void note(const copy_end& e, bool spliced, std::uint64_t time_ns) {
     if (!on_ && !given_back_ && e.chain_would) ++cut_;
-    if (on_ && trial_ && e.reached) {
+    if (on_ && trial_ && e.reached && time_ns >= since_ns_) {
       ++trial_reached_;
       if (spliced) ++trial_spliced_;
     }
@@ -295,7 +299,7 @@ class chain_switch {
 
  private:
   bool on_ = false, fixed_ = false, trial_ = false, given_back_ = false;
-  std::uint64_t cut_ = 0, trial_reached_ = 0, trial_spliced_ = 0;
+  std::uint64_t cut_ = 0, trial_reached_ = 0, trial_spliced_ = 0, since_ns_ = 0;
 };
 
 // Goes on with a walk that ran off `copy` (at `s`), on the live stack `live` reads: the first read reaches
@@ -767,6 +771,7 @@ class perf_ring_source final : public tick_source {
       for (int fd : to_chain ? r.chain_fds : r.fds) ::ioctl(fd, PERF_EVENT_IOC_ENABLE, 0);
     }
     chain_since_ns_ = to_chain ? monotonic_ns() : 0;
+    chain_.handed_over(monotonic_ns());
   }
 
   // Reads the records between data_tail and data_head. Every record is bounded by the published head
@@ -866,7 +871,7 @@ class perf_ring_source final : public tick_source {
     slot->header.tag = kGameFrameTagByTime;  // the collector finds the game frame by the time
     ++counts_.stored;
     if (truncated) ++counts_.truncated;
-    chain_.note(end, spliced);
+    chain_.note(end, spliced, smp.time);
     sample_ring::publish(slot, pos);
   }
 

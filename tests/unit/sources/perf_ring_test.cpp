@@ -202,32 +202,37 @@ TEST_CASE("chain_switch: asked for after kChainWantedSamples cut stacks, given b
   const copy_end would{true, true}, reached{true, false};
   chain_switch c;
   CHECK(c.due() == chain_switch::action::none);
-  for (std::uint64_t i = 0; i + 1 < selfprof::detail::kChainWantedSamples; ++i) c.note(would, false);
-  c.note(reached, false);  // cut where no frame chain goes on: not counted
+  for (std::uint64_t i = 0; i + 1 < selfprof::detail::kChainWantedSamples; ++i) c.note(would, false, 0);
+  c.note(reached, false, 0);  // cut where no frame chain goes on: not counted
   CHECK(c.due() == chain_switch::action::none);
-  c.note(would, false);
+  c.note(would, false, 0);
   CHECK(c.due() == chain_switch::action::ask);
+  CHECK(c.on());
+  c.handed_over(10);
+  // Samples taken before the hand-over (still in a ring, without the chain) are not part of the trial.
+  for (std::uint64_t i = 0; i < 2 * selfprof::detail::kChainTrialSamples; ++i) c.note(reached, false, 9);
+  CHECK(c.due() == chain_switch::action::none);
   CHECK(c.on());
   CHECK(c.cut() == selfprof::detail::kChainWantedSamples);
   // The trial: a quarter or more continued keeps it.
   chain_switch kept = c;
-  for (std::uint64_t i = 0; i < selfprof::detail::kChainTrialSamples; ++i) kept.note(reached, i % 4 == 0);
+  for (std::uint64_t i = 0; i < selfprof::detail::kChainTrialSamples; ++i) kept.note(reached, i % 4 == 0, 10);
   CHECK(kept.due() == chain_switch::action::none);
   CHECK(kept.on());
-  for (std::uint64_t i = 0; i < 100; ++i) kept.note(reached, false);  // the trial is over
+  for (std::uint64_t i = 0; i < 100; ++i) kept.note(reached, false, 10);  // the trial is over
   CHECK(kept.due() == chain_switch::action::none);
   // Fewer: given back, and never asked for again.
-  for (std::uint64_t i = 0; i < selfprof::detail::kChainTrialSamples; ++i) c.note(reached, i == 0);
+  for (std::uint64_t i = 0; i < selfprof::detail::kChainTrialSamples; ++i) c.note(reached, i == 0, 10);
   CHECK(c.due() == chain_switch::action::give_back);
   CHECK_FALSE(c.on());
   CHECK(c.given_back());
-  for (int i = 0; i < 10; ++i) c.note(would, false);
+  for (int i = 0; i < 10; ++i) c.note(would, false, 0);
   CHECK(c.due() == chain_switch::action::none);
   CHECK_FALSE(c.on());
   // Asked for from the start: nothing to switch.
   chain_switch fixed;
   fixed.start_on();
-  for (std::uint64_t i = 0; i < selfprof::detail::kChainTrialSamples; ++i) fixed.note(reached, false);
+  for (std::uint64_t i = 0; i < selfprof::detail::kChainTrialSamples; ++i) fixed.note(reached, false, 10);
   CHECK(fixed.due() == chain_switch::action::none);
   CHECK(fixed.on());
 }
