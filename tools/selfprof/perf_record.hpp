@@ -144,9 +144,60 @@ class perf_recorder {
     const auto a = chain_.due();
     if (a != selfprof::detail::chain_switch::action::none)
       hand_over(a == selfprof::detail::chain_switch::action::ask);
-    counts_.user_chain = chain_.on();
-    counts_.chain_given_back = chain_.given_back();
-    counts_.chain_cut = chain_.cut();
+  }
+
+  // Stops the events and releases the rings (what was read stays).
+  void close() {
+    for (ring& r : rings_) {
+      for (int fd : {r.sampler, r.chain_sampler, r.fd})
+        if (fd >= 0) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+      if (r.base) ::munmap(r.base, r.map_bytes);
+      for (int fd : {r.sampler, r.chain_sampler, r.fd})
+        if (fd >= 0) ::close(fd);
+    }
+    rings_.clear();
+  }
+
+  perf_record_counts counts() const {
+    perf_record_counts c = counts_;
+    c.user_chain = chain_.on();
+    c.chain_given_back = chain_.given_back();
+    c.chain_cut = chain_.cut();
+    return c;
+  }
+  const std::vector<std::string>& unwind_notes() const { return unwind_.notes(); }
+  std::size_t unwind_files() const { return unwind_.files(); }
+
+  // The images with samples (`with_empty`: every image, in the order they began), as the merger reads
+  // them; the recorder keeps nothing of them.
+  std::vector<raw_process> take(bool with_empty = false) {
+    const std::uint64_t end_ns = selfprof::detail::clock_ns(CLOCK_REALTIME);
+    std::vector<raw_process> out;
+    for (auto& im : images_) {
+      if (im->table.total() == 0 && !with_empty) continue;
+      raw_process p;
+      p.file = "process " + std::to_string(im->pid) + " (" + im->comm + ")";
+      p.pid = static_cast<std::uint32_t>(im->pid);
+      p.comm = im->comm;
+      if (im->jit) name_jit_frames(*im, p.names);
+      p.maps = std::move(im->maps);
+      p.raw.table = std::move(im->table);
+      p.raw.thread_names = std::move(im->threads);
+      selfprof::profile_info& i = p.raw.info;
+      i.mode = selfprof::profile_mode::cpu;
+      i.unit = "samples";
+      i.hz = opts_.hz;
+      i.period_ns = static_cast<std::uint64_t>(1e9 / opts_.hz);
+      i.source =
+          user_only_ ? "perf_event rings, user only (selfprof record)" : "perf_event rings (selfprof record)";
+      i.kernel_time = !user_only_;
+      i.start_unix_ns = start_unix_ns_;
+      i.duration_s = static_cast<double>(end_ns - start_unix_ns_) / 1e9;
+      out.push_back(std::move(p));
+    }
+    images_.clear();
+    current_.clear();
+    return out;
   }
 
  private:
@@ -185,56 +236,6 @@ class perf_recorder {
     watermark_ = now;
   }
 
- public:
-  // Stops the events and releases the rings (what was read stays).
-  void close() {
-    for (ring& r : rings_) {
-      for (int fd : {r.sampler, r.chain_sampler, r.fd})
-        if (fd >= 0) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
-      if (r.base) ::munmap(r.base, r.map_bytes);
-      for (int fd : {r.sampler, r.chain_sampler, r.fd})
-        if (fd >= 0) ::close(fd);
-    }
-    rings_.clear();
-  }
-
-  const perf_record_counts& counts() const { return counts_; }
-  const std::vector<std::string>& unwind_notes() const { return unwind_.notes(); }
-  std::size_t unwind_files() const { return unwind_.files(); }
-
-  // The images with samples (`with_empty`: every image, in the order they began), as the merger reads
-  // them; the recorder keeps nothing of them.
-  std::vector<raw_process> take(bool with_empty = false) {
-    const std::uint64_t end_ns = selfprof::detail::clock_ns(CLOCK_REALTIME);
-    std::vector<raw_process> out;
-    for (auto& im : images_) {
-      if (im->table.total() == 0 && !with_empty) continue;
-      raw_process p;
-      p.file = "process " + std::to_string(im->pid) + " (" + im->comm + ")";
-      p.pid = static_cast<std::uint32_t>(im->pid);
-      p.comm = im->comm;
-      if (im->jit) name_jit_frames(*im, p.names);
-      p.maps = std::move(im->maps);
-      p.raw.table = std::move(im->table);
-      p.raw.thread_names = std::move(im->threads);
-      selfprof::profile_info& i = p.raw.info;
-      i.mode = selfprof::profile_mode::cpu;
-      i.unit = "samples";
-      i.hz = opts_.hz;
-      i.period_ns = static_cast<std::uint64_t>(1e9 / opts_.hz);
-      i.source =
-          user_only_ ? "perf_event rings, user only (selfprof record)" : "perf_event rings (selfprof record)";
-      i.kernel_time = !user_only_;
-      i.start_unix_ns = start_unix_ns_;
-      i.duration_s = static_cast<double>(end_ns - start_unix_ns_) / 1e9;
-      out.push_back(std::move(p));
-    }
-    images_.clear();
-    current_.clear();
-    return out;
-  }
-
- private:
   struct ring {
     int fd = -1;                           // the side-band event, owner of the ring
     int sampler = -1, chain_sampler = -1;  // the sampling event and its user-chain twin

@@ -490,19 +490,14 @@ int run_record(int argc, char** argv) {
   int rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : WIFSIGNALED(wstatus) ? 128 + WTERMSIG(wstatus) : 1;
   if (perf_on) {
     const double recorded_ms = own_cpu_ms();
-    const perf_record_counts& c = recorder.counts();
+    const perf_record_counts c = recorder.counts();
     std::vector<std::string> notes;
     if (c.lost) notes.push_back(std::to_string(c.lost) + " samples lost: the kernel found a ring full");
     if (c.corrupt) notes.push_back(std::to_string(c.corrupt) + " malformed ring records skipped");
     if (c.no_room) notes.push_back(std::to_string(c.no_room) + " samples dropped: no room for new stacks");
     if (c.chain_cut > 0 && (c.user_chain || c.chain_given_back))
-      notes.push_back(std::to_string(c.chain_cut) +
-                      " stacks outgrew the stack copy and ended there, marked [truncated]; the kernel's user "
-                      "call chain was asked for from then on");
-    if (c.chain_given_back)
-      notes.push_back(
-          "the kernel's user call chain continued few of the stacks that outgrew the copy (code "
-          "without frame pointers), and was given up");
+      notes.push_back(selfprof::detail::chain_asked_note(c.chain_cut));
+    if (c.chain_given_back) notes.push_back(selfprof::detail::chain_given_back_note());
     for (const std::string& n : recorder.unwind_notes()) notes.push_back(n);
     double named_ms = 0;
     if (merged) {

@@ -43,6 +43,7 @@
 #include "selfprof/detail/worker.hpp"
 #include "selfprof/signal/handler.hpp"
 #include "selfprof/sources/contention.hpp"
+#include "selfprof/sources/perf_ring.hpp"
 #include "selfprof/sources/signal_setup.hpp"
 #include "selfprof/symbols/shared_symbolizer.hpp"
 #include "selfprof/unwind/tables.hpp"
@@ -417,17 +418,11 @@ class collector {
     if (!chain_noted_ && cut > 0 &&
         (p.user_chain_since_ns.load(std::memory_order_relaxed) != 0 || given_back)) {
       chain_noted_ = true;
-      config_.session->note("ring source: " + std::to_string(cut) +
-                                " stacks outgrew the stack copy and ended there, marked [truncated]; the "
-                                "kernel's user call chain was asked for from then on",
-                            true);
+      config_.session->note("ring source: " + chain_asked_note(cut), true);
     }
     if (!given_back_noted_ && given_back) {
       given_back_noted_ = true;
-      config_.session->note(
-          "ring source: the kernel's user call chain continued few of the stacks that "
-          "outgrew the copy (code without frame pointers), and was given up",
-          true);
+      config_.session->note("ring source: " + chain_given_back_note(), true);
     }
   }
 

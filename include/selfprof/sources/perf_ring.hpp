@@ -271,6 +271,7 @@ class chain_switch {
   // The events handed over at `now_ns` (CLOCK_MONOTONIC): the trial counts samples taken since then only
   // (a ring may still hold older ones, taken without the chain).
   void handed_over(std::uint64_t now_ns) { since_ns_ = now_ns; }
+  std::uint64_t handed_over_ns() const { return since_ns_; }  // 0: the events never handed over
   // One sample, taken at `time_ns`.
   void note(const copy_end& e, bool spliced, std::uint64_t time_ns) {
     if (!on_ && !given_back_ && e.chain_would) ++cut_;
@@ -301,6 +302,18 @@ class chain_switch {
   bool on_ = false, fixed_ = false, trial_ = false, given_back_ = false;
   std::uint64_t cut_ = 0, trial_reached_ = 0, trial_spliced_ = 0, since_ns_ = 0;
 };
+
+// What a profile says of the switch: after `cut` stacks cut at the copy, the chain was asked for; and that
+// it was given back. (The ring source's and the recorder's notes.)
+inline std::string chain_asked_note(std::uint64_t cut) {
+  return std::to_string(cut) +
+         " stacks outgrew the stack copy and ended there, marked [truncated]; the kernel's user call chain "
+         "was asked for from then on";
+}
+inline std::string chain_given_back_note() {
+  return "the kernel's user call chain continued few of the stacks that outgrew the copy (code without "
+         "frame pointers), and was given up";
+}
 
 // Goes on with a walk that ran off `copy` (at `s`), on the live stack `live` reads: the first read reaches
 // kLiveFirstBytes past the copy, each next one twice as far, from the frame where the walk stopped. Returns
@@ -595,7 +608,8 @@ class perf_ring_source final : public tick_source {
     p.full = counts_.full;
     p.lost = counts_.lost;
     p.throttles = counts_.throttled;
-    p.user_chain_since_ns = chain_.on() ? (chain_since_ns_ ? chain_since_ns_ : opened_ns_) : 0;
+    p.user_chain_since_ns =
+        chain_.on() ? (chain_.handed_over_ns() ? chain_.handed_over_ns() : opened_ns_) : 0;
     p.chain_cut = chain_.cut();
     p.chain_given_back = chain_.given_back();
     return p;
@@ -607,7 +621,7 @@ class perf_ring_source final : public tick_source {
     void* base = nullptr;  // the header page, then the data pages
     std::size_t map_bytes = 0, data_bytes = 0;
     std::vector<int> fds;        // fds[0] owns the ring
-    std::vector<int> chain_fds;  // their user-chain twins, disabled until switch_to_chain()
+    std::vector<int> chain_fds;  // their user-chain twins (chain_switch says which of each pair samples)
     double hz = 0;               // the rate its events sample at
     pid_t tid = 0;               // a thread's own ring (SELFPROF_FRAME_HZ), 0 for a CPU's
     std::uint64_t since_ns = 0;  // when that thread's own events started
@@ -733,18 +747,15 @@ class perf_ring_source final : public tick_source {
       }
       r.fds.push_back(fd);
       ++events_;
-      if (::ioctl(fd, PERF_EVENT_IOC_SET_OUTPUT, r.fds[0]) != 0) {
-        const int e = errno;
-        return status::error(std::string("perf ring: PERF_EVENT_IOC_SET_OUTPUT: ") + std::strerror(e), e);
-      }
-      status st = add_chain_event(r, tid, r.cpu, config_.hz, true);
+      status st = write_into(r, fd);
+      if (st) st = add_chain_event(r, tid, r.cpu, config_.hz, true);
       if (!st) return st;
     }
     return status::ok();
   }
 
-  // The event with the kernel's user chain beside `r`'s event of (tid, cpu), disabled and writing into
-  // r's ring, while the source has such pairs.
+  // The event with the kernel's user chain beside `r`'s event of (tid, cpu), writing into r's ring, while
+  // the source has such pairs (open_event enables the one of the pair that samples now).
   status add_chain_event(cpu_ring& r, pid_t tid, int cpu, double hz, bool inherit) {
     if (!chain_pairs_) return status::ok();
     const int fd = open_event(tid, cpu, hz, inherit, true);
@@ -755,11 +766,14 @@ class perf_ring_source final : public tick_source {
     }
     r.chain_fds.push_back(fd);
     ++events_;
-    if (::ioctl(fd, PERF_EVENT_IOC_SET_OUTPUT, r.fds[0]) != 0) {
-      const int e = errno;
-      return status::error(std::string("perf ring: PERF_EVENT_IOC_SET_OUTPUT: ") + std::strerror(e), e);
-    }
-    return status::ok();
+    return write_into(r, fd);
+  }
+
+  // Points event `fd` at `r`'s ring, which fds[0] maps.
+  static status write_into(const cpu_ring& r, int fd) {
+    if (::ioctl(fd, PERF_EVENT_IOC_SET_OUTPUT, r.fds[0]) == 0) return status::ok();
+    const int e = errno;
+    return status::error(std::string("perf ring: PERF_EVENT_IOC_SET_OUTPUT: ") + std::strerror(e), e);
   }
 
   // Every event's user-chain twin takes over from it (`to_chain`), or hands back: each ring's events that
@@ -770,7 +784,6 @@ class perf_ring_source final : public tick_source {
       for (int fd : to_chain ? r.fds : r.chain_fds) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
       for (int fd : to_chain ? r.chain_fds : r.fds) ::ioctl(fd, PERF_EVENT_IOC_ENABLE, 0);
     }
-    chain_since_ns_ = to_chain ? monotonic_ns() : 0;
     chain_.handed_over(monotonic_ns());
   }
 
@@ -904,9 +917,8 @@ class perf_ring_source final : public tick_source {
   std::vector<unsigned char> record_;
   std::vector<std::uint64_t> user_chain_, kernel_chain_;
   std::size_t max_stack_ = 0;
-  bool chain_pairs_ = false;          // every event has a user-chain twin (the fd budget allowed it)
-  chain_switch chain_;                // which of each pair samples
-  std::uint64_t chain_since_ns_ = 0;  // when the twins took over (0: not now)
+  bool chain_pairs_ = false;  // every event has a user-chain twin (the fd budget allowed it)
+  chain_switch chain_;        // which of each pair samples
   std::uint64_t opened_ns_ = 0;
   // This process's stacks as they are now, where a walk runs off its copy (read through the seam, which
   // never faults: the thread may have exited and unmapped its stack).
