@@ -49,7 +49,8 @@ enum class fd_place : std::uint8_t {
 struct fd_move {
   int fd = -1;  // the descriptor to use: the new one when moved (the original is then closed)
   fd_place place = fd_place::failed;
-  int error = 0;  // errno of the failure (EMFILE for no_room when every number was taken)
+  int error = 0;                     // errno of the failure (EMFILE for no_room when every number was taken)
+  std::uint64_t soft = 0, hard = 0;  // the application's RLIMIT_NOFILE as read (0: not read)
 };
 
 struct high_fd_state {
@@ -90,6 +91,8 @@ inline fd_move move_fd_high(int fd, long below = INT_MAX) {
     r.error = errno;
     return r;
   }
+  r.soft = app.rlim_cur;
+  r.hard = app.rlim_max;
   const rlim_t bound = static_cast<rlim_t>(below > 0 ? below : 0);
   const rlim_t top = app.rlim_max < bound ? app.rlim_max : bound;
   const rlim_t number = static_cast<rlim_t>(fd);
@@ -126,10 +129,13 @@ inline fd_move move_fd_high(int fd, long below = INT_MAX) {
   return r;
 }
 
-// Counts a long-lived descriptor that stays in the application's range.
-inline void count_fd_in_app_range() {
+// Counts a long-lived descriptor that stays in the application's range, with the limits `m` read (read
+// here when it did not).
+inline void count_fd_in_app_range(const fd_move& m = fd_move{}) {
   struct rlimit rl {};
-  if (sys().getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+  rl.rlim_cur = static_cast<rlim_t>(m.soft);
+  rl.rlim_max = static_cast<rlim_t>(m.hard);
+  if (m.hard != 0 || sys().getrlimit(RLIMIT_NOFILE, &rl) == 0) {
     g_high_fd.kept_soft.store(rl.rlim_cur, std::memory_order_relaxed);
     g_high_fd.kept_hard.store(rl.rlim_max, std::memory_order_relaxed);
   }
@@ -141,7 +147,7 @@ inline void count_fd_in_app_range() {
 inline int keep_fd_high(int fd, long below = INT_MAX) {
   if (fd < 0) return fd;
   const fd_move m = move_fd_high(fd, below);
-  if (m.place != fd_place::moved) count_fd_in_app_range();
+  if (m.place != fd_place::moved) count_fd_in_app_range(m);
   return m.fd;
 }
 

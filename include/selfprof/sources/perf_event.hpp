@@ -117,7 +117,7 @@ class perf_event_source final : public tick_source {
       sys().close(fd);
       return status::error(std::string("PERF_EVENT_IOC_REFRESH: ") + std::strerror(e), e);
     }
-    if (placed.place != fd_place::moved) count_fd_in_app_range();
+    if (placed.place != fd_place::moved) count_fd_in_app_range(placed);
     fds_.emplace(tid, fd);
     return status::ok();
   }
