@@ -10245,6 +10245,7 @@ class thread_registry {
     fallback_.reset();
     config_ = config;
     counts_ = thread_counts{};
+    scanned_ = false;
     notes_.clear();
     fds_low_before_ = fds_in_app_range();
     fds_low_noted_ = false;
@@ -10312,6 +10313,14 @@ class thread_registry {
       if (it != threads_.end() && g.second != 0 && it->second.start == g.second) drop_locked(it);
     }
     for (probe& p : plan) merge_locked(p);
+    scanned_ = true;
+  }
+
+  // Whether scan() ran since begin(). A source that arms nothing leaves the first scan to the collector's
+  // first wake (a process that ends before then never pays for it), so a snapshot taken earlier scans first.
+  bool scanned() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return scanned_;
   }
 
   // The calling thread arms itself now (instead of at the next scan); with `unblock`, it first unblocks
@@ -10639,6 +10648,7 @@ class thread_registry {
   std::vector<std::string> notes_;
   std::uint64_t fds_low_before_ = 0;  // fds_in_app_range() when the session began
   bool fds_low_noted_ = false;
+  bool scanned_ = false;  // scan() ran since begin()
 };
 
 }  // namespace detail
@@ -17493,6 +17503,7 @@ class snapshot_maker {
     raw_snapshot s;
     if (running_ && parts_.collect) parts_.collect->pull_now();  // samples still in the kernel's rings
     parts_.store->copy_table(running_ ? parts_.ring : nullptr, windowed, s, window_seq);
+    if (!parts_.threads->scanned()) parts_.threads->scan(running_worker_tids());  // before the first wake
     s.thread_names = parts_.threads->names();
     if (parts_.store->merged().threads) {
       // Only the threads still in the table: the merged ones are not, and may be thousands.
@@ -19484,6 +19495,7 @@ inline status write_raw_dump(const raw_snapshot& raw, shared_symbolizer& sym, co
 #include <signal.h>
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19584,7 +19596,11 @@ inline std::unique_ptr<tick_source> make_source(source_kind k) {
 // perf_event is taken: with kernel time when it opens; user-only otherwise, which delivers the rate but
 // cannot see time spent in syscalls (said in the reason). The itimer is the last resort: one signal per
 // tick for the whole process, uneven across threads.
-inline source_choice choose_source(source_kind requested, source_config cfg) {
+// `signal_ready`, when given, is called once before the first signal source is tried: it installs the
+// sampling handler and sets cfg.signal_number, so a process the ring samples never has selfprof's handler
+// (and does not pay for installing it); its error refuses every signal source.
+inline source_choice choose_source(source_kind requested, source_config cfg,
+                                   const std::function<status(source_config&)>& signal_ready = nullptr) {
   source_choice out;
   char buf[160];
   const double tick = kernel_tick_hz();
@@ -19594,6 +19610,24 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
   const bool ring_forced = requested == source_kind::ring;
   const bool ring_first = ring_forced || requested == source_kind::automatic;
   if (ring_forced) requested = source_kind::automatic;
+  if (ring_first) {
+    auto ring = make_source(source_kind::ring);
+    status st = ring->open(cfg);
+    if (st) {
+      out.reason = ring_forced ? "forced by SELFPROF_SOURCE/options"
+                               : "the kernel writes samples into ring buffers: no signal reaches the program";
+      out.source = std::move(ring);
+      return out;
+    }
+    out.refused.push_back(std::string(source_name(source_kind::ring)) + ": " + st.message());
+  }
+  if (signal_ready) {
+    status st = signal_ready(cfg);
+    if (!st) {
+      out.refused.push_back("signal sources: " + st.message());
+      return out;
+    }
+  }
   if (requested == source_kind::automatic) {
     if (cfg.hz <= tick)
       order = {{source_kind::timer, false}, {source_kind::perf, false}, {source_kind::itimer, false}};
@@ -19605,7 +19639,6 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
     // The itimer delivers SIGPROF only: tried here when that is the sampling signal; otherwise the caller
     // takes SIGPROF and asks for the itimer itself when nothing else opened.
     if (cfg.signal_number != SIGPROF) order.pop_back();
-    if (ring_first) order.insert(order.begin(), {source_kind::ring, false});
   } else {
     order = {{requested, requested == source_kind::perf}};
   }
@@ -19619,10 +19652,7 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
       out.refused.push_back(name + ": " + st.message());
       continue;
     }
-    if (o.first == source_kind::ring) {
-      out.reason = ring_forced ? "forced by SELFPROF_SOURCE/options"
-                               : "the kernel writes samples into ring buffers: no signal reaches the program";
-    } else if (requested != source_kind::automatic) {
+    if (requested != source_kind::automatic) {
       out.reason = std::string("forced by SELFPROF_SOURCE/options");
     } else if (o.first == source_kind::timer && cfg.hz <= tick) {
       std::snprintf(buf, sizeof buf,
@@ -19643,7 +19673,7 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
     } else {
       out.reason = "last resort: per-thread sources unavailable (samples are uneven across threads)";
     }
-    if (ring_first && o.first != source_kind::ring && !out.refused.empty())
+    if (ring_first && !out.refused.empty())
       out.reason = "fell back from the ring source (" + out.refused.front() + "); " + out.reason;
     out.source = std::move(src);
     return out;
@@ -19764,12 +19794,8 @@ class profiler_core {
     }
     status st = prepare_ring();
     if (!st) return fail_start(st);
-    // A forced itimer can only deliver SIGPROF.
-    const int wanted =
-        opts_.sample_signal == 0 && opts_.source == source_kind::itimer ? SIGPROF : opts_.sample_signal;
-    st = install_sample_handler(wanted, signal_, notes_);
+    st = check_no_other_copy();  // the ring installs no handler, but defers to a copy that did
     if (!st) return fail_start(st);
-    sample_signal_ = signal_.number;
     st = choose_tick_source();
     if (!st) return fail_start(st);
     prepare_unwind();
@@ -19787,7 +19813,9 @@ class profiler_core {
     store_.begin(sc);
     snapshots_.begin(opts_, handler_counts::now());
     g_handler.active.store(true, std::memory_order_release);
-    registry_.scan(running_worker_tids());  // selfprof's threads running before start (the JIT flusher)
+    // Threads alive now: a signal source arms them (selfprof's own, the JIT flusher, left out). The ring
+    // covers them without arming: the collector's first wake scans for their names.
+    if (!pull_) registry_.scan(running_worker_tids());
     starting_threads_ = true;
     st = start_threads();
     if (!st) {
@@ -20030,17 +20058,43 @@ class profiler_core {
     }
     ring_.init(ring_memory_.data(), cap, opts_.max_depth, zeroed);
     g_handler.main_tid.store(static_cast<std::uint32_t>(::getpid()), std::memory_order_relaxed);
-    g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
     g_handler.ring.store(&ring_, std::memory_order_release);
+    return status::ok();
+  }
+
+  // The sampling handler, for a source that signals: installed before such a source opens (its first tick
+  // may come at once), after the main thread's stack end that its walks stop at is known.
+  status install_handler(source_config& cfg) {
+    // A forced itimer can only deliver SIGPROF.
+    const int wanted =
+        opts_.sample_signal == 0 && opts_.source == source_kind::itimer ? SIGPROF : opts_.sample_signal;
+    g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
+    status st = install_sample_handler(wanted, signal_, notes_);
+    if (!st) return st;
+    sample_signal_ = signal_.number;
+    cfg.signal_number = signal_.number;
     return status::ok();
   }
 
   status choose_tick_source() {
     source_config cfg;
     cfg.hz = opts_.hz;
-    cfg.signal_number = signal_.number;
     cfg.max_depth = opts_.max_depth;
-    source_choice choice = wall_ ? choose_wall_source(opts_.source, cfg) : choose_source(opts_.source, cfg);
+    // The ring signals nothing: `auto` and a forced ring install the handler only when the ring is refused.
+    const bool ring_first =
+        !wall_ && (opts_.source == source_kind::automatic || opts_.source == source_kind::ring);
+    if (!ring_first) {
+      status st = install_handler(cfg);
+      if (!st) return st;
+    }
+    source_choice choice;
+    if (wall_)
+      choice = choose_wall_source(opts_.source, cfg);
+    else if (ring_first)
+      choice = choose_source(opts_.source, cfg, [this](source_config& c) { return install_handler(c); });
+    else
+      choice = choose_source(opts_.source, cfg);
+    cfg.signal_number = signal_.number;  // installed on the way, or 0 (the ring)
     if (!choice.source && !wall_ && opts_.source == source_kind::automatic && opts_.sample_signal == 0 &&
         signal_.number != SIGPROF) {
       // Only the itimer is left, and it delivers SIGPROF alone: sample on SIGPROF when it is free.

@@ -747,6 +747,32 @@ TEST_CASE("ring source: a small locked-memory budget gives smaller rings, read m
   if (ring) CHECK(st.collector_wakes > 30);  // 16 pages hold ~7 samples: the 5 ms period
 }
 
+TEST_CASE("ring source: a profile taken before the collector's first thread scan still names the threads") {
+  wl::apply_test_environment();
+  std::atomic<bool> done{false};
+  std::thread named([&] {
+    pthread_setname_np(pthread_self(), "ring-named");
+    while (!done) usleep(1000);
+  });
+  usleep(20000);  // named before start
+  REQUIRE(selfprof::start(ring_options(99)));
+  // Right after start: the ring arms no thread, so the first scan is the collector's, at its first wake
+  // (at least 5 ms away); a profile taken before then scans itself.
+  const selfprof::profile p = selfprof::snapshot();
+  const bool ring = ring_running();
+  selfprof::stop();
+  done = true;
+  named.join();
+  bool main_named = false, other_named = false;
+  for (const auto& t : p.threads) {
+    main_named = main_named || (t.tid == static_cast<std::uint32_t>(::getpid()) && !t.name.empty());
+    other_named = other_named || t.name == "ring-named";
+  }
+  if (!ring) return;
+  CHECK(main_named);
+  CHECK(other_named);
+}
+
 TEST_CASE("auto takes the ring source where it opens: no sampling signal is even installed") {
   wl::apply_test_environment();
   selfprof::options o;

@@ -71,6 +71,7 @@ class thread_registry {
     fallback_.reset();
     config_ = config;
     counts_ = thread_counts{};
+    scanned_ = false;
     notes_.clear();
     fds_low_before_ = fds_in_app_range();
     fds_low_noted_ = false;
@@ -138,6 +139,14 @@ class thread_registry {
       if (it != threads_.end() && g.second != 0 && it->second.start == g.second) drop_locked(it);
     }
     for (probe& p : plan) merge_locked(p);
+    scanned_ = true;
+  }
+
+  // Whether scan() ran since begin(). A source that arms nothing leaves the first scan to the collector's
+  // first wake (a process that ends before then never pays for it), so a snapshot taken earlier scans first.
+  bool scanned() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return scanned_;
   }
 
   // The calling thread arms itself now (instead of at the next scan); with `unblock`, it first unblocks
@@ -465,6 +474,7 @@ class thread_registry {
   std::vector<std::string> notes_;
   std::uint64_t fds_low_before_ = 0;  // fds_in_app_range() when the session began
   bool fds_low_noted_ = false;
+  bool scanned_ = false;  // scan() ran since begin()
 };
 
 }  // namespace detail

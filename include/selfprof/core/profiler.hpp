@@ -122,12 +122,8 @@ class profiler_core {
     }
     status st = prepare_ring();
     if (!st) return fail_start(st);
-    // A forced itimer can only deliver SIGPROF.
-    const int wanted =
-        opts_.sample_signal == 0 && opts_.source == source_kind::itimer ? SIGPROF : opts_.sample_signal;
-    st = install_sample_handler(wanted, signal_, notes_);
+    st = check_no_other_copy();  // the ring installs no handler, but defers to a copy that did
     if (!st) return fail_start(st);
-    sample_signal_ = signal_.number;
     st = choose_tick_source();
     if (!st) return fail_start(st);
     prepare_unwind();
@@ -145,7 +141,9 @@ class profiler_core {
     store_.begin(sc);
     snapshots_.begin(opts_, handler_counts::now());
     g_handler.active.store(true, std::memory_order_release);
-    registry_.scan(running_worker_tids());  // selfprof's threads running before start (the JIT flusher)
+    // Threads alive now: a signal source arms them (selfprof's own, the JIT flusher, left out). The ring
+    // covers them without arming: the collector's first wake scans for their names.
+    if (!pull_) registry_.scan(running_worker_tids());
     starting_threads_ = true;
     st = start_threads();
     if (!st) {
@@ -388,17 +386,43 @@ class profiler_core {
     }
     ring_.init(ring_memory_.data(), cap, opts_.max_depth, zeroed);
     g_handler.main_tid.store(static_cast<std::uint32_t>(::getpid()), std::memory_order_relaxed);
-    g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
     g_handler.ring.store(&ring_, std::memory_order_release);
+    return status::ok();
+  }
+
+  // The sampling handler, for a source that signals: installed before such a source opens (its first tick
+  // may come at once), after the main thread's stack end that its walks stop at is known.
+  status install_handler(source_config& cfg) {
+    // A forced itimer can only deliver SIGPROF.
+    const int wanted =
+        opts_.sample_signal == 0 && opts_.source == source_kind::itimer ? SIGPROF : opts_.sample_signal;
+    g_handler.main_stack_end.store(main_stack_end(), std::memory_order_relaxed);
+    status st = install_sample_handler(wanted, signal_, notes_);
+    if (!st) return st;
+    sample_signal_ = signal_.number;
+    cfg.signal_number = signal_.number;
     return status::ok();
   }
 
   status choose_tick_source() {
     source_config cfg;
     cfg.hz = opts_.hz;
-    cfg.signal_number = signal_.number;
     cfg.max_depth = opts_.max_depth;
-    source_choice choice = wall_ ? choose_wall_source(opts_.source, cfg) : choose_source(opts_.source, cfg);
+    // The ring signals nothing: `auto` and a forced ring install the handler only when the ring is refused.
+    const bool ring_first =
+        !wall_ && (opts_.source == source_kind::automatic || opts_.source == source_kind::ring);
+    if (!ring_first) {
+      status st = install_handler(cfg);
+      if (!st) return st;
+    }
+    source_choice choice;
+    if (wall_)
+      choice = choose_wall_source(opts_.source, cfg);
+    else if (ring_first)
+      choice = choose_source(opts_.source, cfg, [this](source_config& c) { return install_handler(c); });
+    else
+      choice = choose_source(opts_.source, cfg);
+    cfg.signal_number = signal_.number;  // installed on the way, or 0 (the ring)
     if (!choice.source && !wall_ && opts_.source == source_kind::automatic && opts_.sample_signal == 0 &&
         signal_.number != SIGPROF) {
       // Only the itimer is left, and it delivers SIGPROF alone: sample on SIGPROF when it is free.

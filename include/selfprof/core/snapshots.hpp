@@ -19,6 +19,7 @@
 #include "selfprof/collect/session_info.hpp"
 #include "selfprof/collect/snapshot.hpp"
 #include "selfprof/collect/thread_registry.hpp"
+#include "selfprof/detail/worker.hpp"
 #include "selfprof/dump/dump.hpp"
 #include "selfprof/dump/symbolize.hpp"
 #include "selfprof/options.hpp"
@@ -64,6 +65,7 @@ class snapshot_maker {
     raw_snapshot s;
     if (running_ && parts_.collect) parts_.collect->pull_now();  // samples still in the kernel's rings
     parts_.store->copy_table(running_ ? parts_.ring : nullptr, windowed, s, window_seq);
+    if (!parts_.threads->scanned()) parts_.threads->scan(running_worker_tids());  // before the first wake
     s.thread_names = parts_.threads->names();
     if (parts_.store->merged().threads) {
       // Only the threads still in the table: the merged ones are not, and may be thousands.

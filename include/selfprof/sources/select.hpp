@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,7 +51,11 @@ inline std::unique_ptr<tick_source> make_source(source_kind k) {
 // perf_event is taken: with kernel time when it opens; user-only otherwise, which delivers the rate but
 // cannot see time spent in syscalls (said in the reason). The itimer is the last resort: one signal per
 // tick for the whole process, uneven across threads.
-inline source_choice choose_source(source_kind requested, source_config cfg) {
+// `signal_ready`, when given, is called once before the first signal source is tried: it installs the
+// sampling handler and sets cfg.signal_number, so a process the ring samples never has selfprof's handler
+// (and does not pay for installing it); its error refuses every signal source.
+inline source_choice choose_source(source_kind requested, source_config cfg,
+                                   const std::function<status(source_config&)>& signal_ready = nullptr) {
   source_choice out;
   char buf[160];
   const double tick = kernel_tick_hz();
@@ -60,6 +65,24 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
   const bool ring_forced = requested == source_kind::ring;
   const bool ring_first = ring_forced || requested == source_kind::automatic;
   if (ring_forced) requested = source_kind::automatic;
+  if (ring_first) {
+    auto ring = make_source(source_kind::ring);
+    status st = ring->open(cfg);
+    if (st) {
+      out.reason = ring_forced ? "forced by SELFPROF_SOURCE/options"
+                               : "the kernel writes samples into ring buffers: no signal reaches the program";
+      out.source = std::move(ring);
+      return out;
+    }
+    out.refused.push_back(std::string(source_name(source_kind::ring)) + ": " + st.message());
+  }
+  if (signal_ready) {
+    status st = signal_ready(cfg);
+    if (!st) {
+      out.refused.push_back("signal sources: " + st.message());
+      return out;
+    }
+  }
   if (requested == source_kind::automatic) {
     if (cfg.hz <= tick)
       order = {{source_kind::timer, false}, {source_kind::perf, false}, {source_kind::itimer, false}};
@@ -71,7 +94,6 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
     // The itimer delivers SIGPROF only: tried here when that is the sampling signal; otherwise the caller
     // takes SIGPROF and asks for the itimer itself when nothing else opened.
     if (cfg.signal_number != SIGPROF) order.pop_back();
-    if (ring_first) order.insert(order.begin(), {source_kind::ring, false});
   } else {
     order = {{requested, requested == source_kind::perf}};
   }
@@ -85,10 +107,7 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
       out.refused.push_back(name + ": " + st.message());
       continue;
     }
-    if (o.first == source_kind::ring) {
-      out.reason = ring_forced ? "forced by SELFPROF_SOURCE/options"
-                               : "the kernel writes samples into ring buffers: no signal reaches the program";
-    } else if (requested != source_kind::automatic) {
+    if (requested != source_kind::automatic) {
       out.reason = std::string("forced by SELFPROF_SOURCE/options");
     } else if (o.first == source_kind::timer && cfg.hz <= tick) {
       std::snprintf(buf, sizeof buf,
@@ -109,7 +128,7 @@ inline source_choice choose_source(source_kind requested, source_config cfg) {
     } else {
       out.reason = "last resort: per-thread sources unavailable (samples are uneven across threads)";
     }
-    if (ring_first && o.first != source_kind::ring && !out.refused.empty())
+    if (ring_first && !out.refused.empty())
       out.reason = "fell back from the ring source (" + out.refused.front() + "); " + out.reason;
     out.source = std::move(src);
     return out;

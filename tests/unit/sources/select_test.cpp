@@ -76,6 +76,40 @@ TEST_CASE("choose_source: at or below the kernel tick without the ring, auto tak
   CHECK(c.refused[0].find("Permission denied") != std::string::npos);
 }
 
+TEST_CASE("choose_source: the sampling signal is prepared only when the ring is refused") {
+  selfprof::detail::source_config cfg = config(kernel_tick_hz() / 2);
+  cfg.signal_number = 0;  // none installed yet
+  int asked = 0;
+  auto ready = [&](selfprof::detail::source_config& c) {
+    ++asked;
+    c.signal_number = SIGPROF;
+    return selfprof::status::ok();
+  };
+  {
+    auto c = choose_source(source_kind::automatic, cfg, ready);
+    REQUIRE(c.source);
+    // The ring needs no signal: asked only where perf_event is refused on this machine.
+    CHECK(asked == (c.source->kind() == source_kind::ring ? 0 : 1));
+    c.source->close();
+  }
+  seam_reset r;
+  selfprof::detail::sys().perf_event_open = refuse_ring;
+  asked = 0;
+  auto c = choose_source(source_kind::automatic, cfg, ready);
+  REQUIRE(c.source);
+  CHECK(asked == 1);
+  CHECK(c.source->kind() == source_kind::timer);
+  c.source->close();
+  // No signal to be had: every signal source is refused with the reason, after the ring's refusal.
+  auto none = choose_source(source_kind::automatic, cfg, [](selfprof::detail::source_config&) {
+    return selfprof::status::error("every candidate sampling signal is in use");
+  });
+  CHECK_FALSE(none.source);
+  REQUIRE(none.refused.size() == 2);
+  CHECK(none.refused[0].find("ring") == 0);
+  CHECK(none.refused[1] == "signal sources: every candidate sampling signal is in use");
+}
+
 TEST_CASE("choose_source: without perf_event and timers, auto falls back to the itimer and says why") {
   struct sigaction ignore {
   }, old{};
