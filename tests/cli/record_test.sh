@@ -340,9 +340,12 @@ for way in preload follow-exec; do
   cut=$(grep -E '^(deepfp;)?\[truncated\];(big_deep;)+fp_leaf( |;)' dfp-$way.folded | awk '{ n += $NF } END { print n + 0 }')
   # Sampled by perf_event rings (the recorder, or the library's ring source), the chain comes after at
   # least 3 cut stacks; a signal source walks the live stack and cuts none.
+  # The rest are marked, but for a rare one continued on a live stack that had re-entered the recursion
+  # (its bytes at the copy's end are the same every round): that one shows another depth.
   want_cut=0
   grep -qE "asked for after|selfprof: source ring" dfp-$way.err && want_cut=3
-  [ "$leaf" -gt 200 ] && [ $((full * 100)) -ge $((leaf * 85)) ] && [ "$cut" -ge $want_cut ] && [ $((full + cut)) -eq "$leaf" ] &&
+  [ "$leaf" -gt 200 ] && [ $((full * 100)) -ge $((leaf * 85)) ] && [ "$cut" -ge $want_cut ] &&
+    [ $((full + cut)) -le "$leaf" ] && [ $((leaf - full - cut)) -le $((leaf / 50)) ] &&
     ok "$way: a frame-pointer recursion deeper than the copy: $full of $leaf leaf samples reach main, $cut cut before the user chain" ||
     bad "$way: a recursion deeper than the copy: $full of $leaf reach main, $cut marked: $(sort -t' ' -k2 -rn dfp-$way.folded | head -3 | cut -c1-200)"
 done
