@@ -9218,7 +9218,8 @@ class session_info {
 // with a fallback CPU timer; the names of every thread seen; and the move of every thread to a new
 // primary source (the contention upgrade, sources/contention.hpp).
 // Context: setup only and the collector thread; register_current() on the registering thread, names() and
-// blocking() on a thread taking a snapshot or stats. Every method takes the registry's own lock.
+// blocking() on a thread taking a snapshot or stats, and scan() there too when a snapshot comes before the
+// collector's first scan (scanned()). Every method takes the registry's own lock.
 //
 // A thread is (tid, start time) (detail/task_start_time): a tid is reused once its thread has exited. A
 // record whose tid now shows another start time belongs to a dead thread: it is dropped (its source
