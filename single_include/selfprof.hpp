@@ -3221,6 +3221,7 @@ SELFPROF_API status dump_diff(const profile& before, const profile& after, const
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -12008,6 +12009,7 @@ inline std::vector<int> sample_signal_candidates() {
   return c;
 }
 
+// Called once by start(), before any source opens (the ring installs no handler, but defers as well).
 inline status check_no_other_copy() {
   for (int s : sample_signal_candidates()) {
     struct sigaction cur {};
@@ -12020,9 +12022,8 @@ inline status check_no_other_copy() {
   return status::ok();
 }
 
+// The caller has checked for another copy of selfprof (check_no_other_copy).
 inline status install_sample_handler(int requested, installed_signal& out, std::vector<std::string>& notes) {
-  status other = check_no_other_copy();
-  if (!other) return other;
   std::vector<int> candidates = requested > 0 ? std::vector<int>{requested} : sample_signal_candidates();
   // A signal the starting thread blocks is one the program may wait for (sigwait, signalfd): not free.
   sigset_t blocked;
@@ -20088,13 +20089,10 @@ class profiler_core {
       status st = install_handler(cfg);
       if (!st) return st;
     }
-    source_choice choice;
-    if (wall_)
-      choice = choose_wall_source(opts_.source, cfg);
-    else if (ring_first)
-      choice = choose_source(opts_.source, cfg, [this](source_config& c) { return install_handler(c); });
-    else
-      choice = choose_source(opts_.source, cfg);
+    std::function<status(source_config&)> signal_ready;
+    if (ring_first) signal_ready = [this](source_config& c) { return install_handler(c); };
+    source_choice choice =
+        wall_ ? choose_wall_source(opts_.source, cfg) : choose_source(opts_.source, cfg, signal_ready);
     cfg.signal_number = signal_.number;  // installed on the way, or 0 (the ring)
     if (!choice.source && !wall_ && opts_.source == source_kind::automatic && opts_.sample_signal == 0 &&
         signal_.number != SIGPROF) {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -415,13 +416,10 @@ class profiler_core {
       status st = install_handler(cfg);
       if (!st) return st;
     }
-    source_choice choice;
-    if (wall_)
-      choice = choose_wall_source(opts_.source, cfg);
-    else if (ring_first)
-      choice = choose_source(opts_.source, cfg, [this](source_config& c) { return install_handler(c); });
-    else
-      choice = choose_source(opts_.source, cfg);
+    std::function<status(source_config&)> signal_ready;
+    if (ring_first) signal_ready = [this](source_config& c) { return install_handler(c); };
+    source_choice choice =
+        wall_ ? choose_wall_source(opts_.source, cfg) : choose_source(opts_.source, cfg, signal_ready);
     cfg.signal_number = signal_.number;  // installed on the way, or 0 (the ring)
     if (!choice.source && !wall_ && opts_.source == source_kind::automatic && opts_.sample_signal == 0 &&
         signal_.number != SIGPROF) {

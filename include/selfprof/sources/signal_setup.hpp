@@ -94,6 +94,7 @@ inline std::vector<int> sample_signal_candidates() {
   return c;
 }
 
+// Called once by start(), before any source opens (the ring installs no handler, but defers as well).
 inline status check_no_other_copy() {
   for (int s : sample_signal_candidates()) {
     struct sigaction cur {};
@@ -106,9 +107,8 @@ inline status check_no_other_copy() {
   return status::ok();
 }
 
+// The caller has checked for another copy of selfprof (check_no_other_copy).
 inline status install_sample_handler(int requested, installed_signal& out, std::vector<std::string>& notes) {
-  status other = check_no_other_copy();
-  if (!other) return other;
   std::vector<int> candidates = requested > 0 ? std::vector<int>{requested} : sample_signal_candidates();
   // A signal the starting thread blocks is one the program may wait for (sigwait, signalfd): not free.
   sigset_t blocked;
