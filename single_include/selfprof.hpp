@@ -8916,10 +8916,11 @@ class sample_store {
     pcs_.assign(c.max_depth, 0);
   }
 
-  // Takes every published record out of `ring`.
-  void drain(sample_ring& ring) {
+  // Takes every published record out of `ring`. `ended`: nothing writes the ring any more (stop()), so
+  // no page is mapped ahead for writers (a short process would fault them in just before it exits).
+  void drain(sample_ring& ring, bool ended = false) {
     std::lock_guard<std::mutex> lock(mu_);
-    drain_locked(ring);
+    drain_locked(ring, !ended);
   }
 
   // Executable ranges from the last module scan, and the perf map to name JIT samples with (or null).
@@ -9076,7 +9077,7 @@ class sample_store {
   }
 
  private:
-  void drain_locked(sample_ring& ring) {
+  void drain_locked(sample_ring& ring, bool map_ahead = true) {
     const std::uint64_t now = windows_.enabled() ? monotonic_ns() : 0;
     games_.collect_closed();  // before the ring: the samples of these frames are in it
     while (ring_slot* s = ring.peek()) {
@@ -9104,7 +9105,7 @@ class sample_store {
       }
       ring.release(s);
     }
-    ring.map_ahead();
+    if (map_ahead) ring.map_ahead();
     games_.process_closed();
   }
 
@@ -10372,8 +10373,12 @@ class thread_registry {
   }
 
   // Names of every thread seen in this session, live or not, re-read for live threads (once per call,
-  // outside the lock: a thread registering meanwhile does not wait).
-  std::unordered_map<std::uint32_t, std::string> names() {
+  // outside the lock: a thread registering meanwhile does not wait); `reread` false right after a scan().
+  std::unordered_map<std::uint32_t, std::string> names(bool reread = true) {
+    if (!reread) {  // a scan() just read them
+      std::lock_guard<std::mutex> lock(mu_);
+      return names_;
+    }
     std::vector<std::pair<pid_t, std::uint64_t>> live;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -17505,8 +17510,12 @@ class snapshot_maker {
     raw_snapshot s;
     if (running_ && parts_.collect) parts_.collect->pull_now();  // samples still in the kernel's rings
     parts_.store->copy_table(running_ ? parts_.ring : nullptr, windowed, s, window_seq);
-    if (!parts_.threads->scanned()) parts_.threads->scan(running_worker_tids());  // before the first wake
-    s.thread_names = parts_.threads->names();
+    // Names for the table's threads: none when it is empty (a short process that took no sample).
+    if (!s.table.entries().empty()) {
+      const bool first = !parts_.threads->scanned();  // before the collector's first wake
+      if (first) parts_.threads->scan(running_worker_tids());
+      s.thread_names = parts_.threads->names(!first);
+    }
     if (parts_.store->merged().threads) {
       // Only the threads still in the table: the merged ones are not, and may be thousands.
       std::unordered_set<std::uint32_t> in_table;
@@ -19412,34 +19421,37 @@ inline std::string raw_dump_bytes(const raw_snapshot& raw, shared_symbolizer& sy
   for (const std::string& n : i.notes) out += "note " + raw_one_line(n) + "\n";
 
   // The executable mappings now, then those the collector saw that are gone (a dlclose) where nothing
-  // mapped now overlaps them.
+  // mapped now overlaps them. Only to name samples: a process that took none (most short-lived ones at
+  // the default rate) reads neither.
+  const bool sampled = !raw.table.entries().empty();
   std::string maps;
   std::vector<maps_entry> mapped;
-  if (read_text_file("/proc/self/maps", maps))
+  if (sampled && read_text_file("/proc/self/maps", maps))
     for_each_executable_mapping(maps, [&](const maps_entry& e) {
       raw_map_line(out, e);
       mapped.push_back(e);
     });
-  sym.with_current([&](symbolizer& s) {
-    for (const module& m : s.modules().modules()) {
-      if (m.mapped || m.kind != module_kind::file) continue;
-      bool overlaps = false;
-      for (const maps_entry& e : mapped) overlaps = overlaps || (m.start < e.end && e.start < m.end);
-      if (overlaps) continue;
-      maps_entry e;
-      e.start = m.start;
-      e.end = m.end;
-      e.offset = m.offset;
-      e.inode = m.inode;
-      e.dev_major = m.dev_major;
-      e.dev_minor = m.dev_minor;
-      e.deleted = m.deleted;
-      e.path = m.path;
-      raw_map_line(out, e);
-      mapped.push_back(e);
-    }
-    return 0;
-  });
+  if (sampled)
+    sym.with_current([&](symbolizer& s) {
+      for (const module& m : s.modules().modules()) {
+        if (m.mapped || m.kind != module_kind::file) continue;
+        bool overlaps = false;
+        for (const maps_entry& e : mapped) overlaps = overlaps || (m.start < e.end && e.start < m.end);
+        if (overlaps) continue;
+        maps_entry e;
+        e.start = m.start;
+        e.end = m.end;
+        e.offset = m.offset;
+        e.inode = m.inode;
+        e.dev_major = m.dev_major;
+        e.dev_minor = m.dev_minor;
+        e.deleted = m.deleted;
+        e.path = m.path;
+        raw_map_line(out, e);
+        mapped.push_back(e);
+      }
+      return 0;
+    });
 
   // Tagged addresses (JIT code named while sampling) are named here, where their names live.
   std::unordered_set<std::uint64_t> tagged;
@@ -20257,7 +20269,7 @@ class profiler_core {
     const bool quiet = restore_sample_handler(signal_);
     collector_.close_task_dir();
     if (quiet) release_unwind_tables();
-    store_.drain(ring_);
+    store_.drain(ring_, true);
     g_handler.ring.store(nullptr, std::memory_order_release);
     snapshots_.end();
     process_cpu_end_ = process_cpu_ns();

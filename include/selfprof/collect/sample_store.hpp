@@ -70,10 +70,11 @@ class sample_store {
     pcs_.assign(c.max_depth, 0);
   }
 
-  // Takes every published record out of `ring`.
-  void drain(sample_ring& ring) {
+  // Takes every published record out of `ring`. `ended`: nothing writes the ring any more (stop()), so
+  // no page is mapped ahead for writers (a short process would fault them in just before it exits).
+  void drain(sample_ring& ring, bool ended = false) {
     std::lock_guard<std::mutex> lock(mu_);
-    drain_locked(ring);
+    drain_locked(ring, !ended);
   }
 
   // Executable ranges from the last module scan, and the perf map to name JIT samples with (or null).
@@ -230,7 +231,7 @@ class sample_store {
   }
 
  private:
-  void drain_locked(sample_ring& ring) {
+  void drain_locked(sample_ring& ring, bool map_ahead = true) {
     const std::uint64_t now = windows_.enabled() ? monotonic_ns() : 0;
     games_.collect_closed();  // before the ring: the samples of these frames are in it
     while (ring_slot* s = ring.peek()) {
@@ -258,7 +259,7 @@ class sample_store {
       }
       ring.release(s);
     }
-    ring.map_ahead();
+    if (map_ahead) ring.map_ahead();
     games_.process_closed();
   }
 

@@ -197,8 +197,12 @@ class thread_registry {
   }
 
   // Names of every thread seen in this session, live or not, re-read for live threads (once per call,
-  // outside the lock: a thread registering meanwhile does not wait).
-  std::unordered_map<std::uint32_t, std::string> names() {
+  // outside the lock: a thread registering meanwhile does not wait); `reread` false right after a scan().
+  std::unordered_map<std::uint32_t, std::string> names(bool reread = true) {
+    if (!reread) {  // a scan() just read them
+      std::lock_guard<std::mutex> lock(mu_);
+      return names_;
+    }
     std::vector<std::pair<pid_t, std::uint64_t>> live;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -584,7 +584,7 @@ class profiler_core {
     const bool quiet = restore_sample_handler(signal_);
     collector_.close_task_dir();
     if (quiet) release_unwind_tables();
-    store_.drain(ring_);
+    store_.drain(ring_, true);
     g_handler.ring.store(nullptr, std::memory_order_release);
     snapshots_.end();
     process_cpu_end_ = process_cpu_ns();

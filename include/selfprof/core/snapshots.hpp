@@ -65,8 +65,12 @@ class snapshot_maker {
     raw_snapshot s;
     if (running_ && parts_.collect) parts_.collect->pull_now();  // samples still in the kernel's rings
     parts_.store->copy_table(running_ ? parts_.ring : nullptr, windowed, s, window_seq);
-    if (!parts_.threads->scanned()) parts_.threads->scan(running_worker_tids());  // before the first wake
-    s.thread_names = parts_.threads->names();
+    // Names for the table's threads: none when it is empty (a short process that took no sample).
+    if (!s.table.entries().empty()) {
+      const bool first = !parts_.threads->scanned();  // before the collector's first wake
+      if (first) parts_.threads->scan(running_worker_tids());
+      s.thread_names = parts_.threads->names(!first);
+    }
     if (parts_.store->merged().threads) {
       // Only the threads still in the table: the merged ones are not, and may be thousands.
       std::unordered_set<std::uint32_t> in_table;

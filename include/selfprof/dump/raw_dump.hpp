@@ -107,34 +107,37 @@ inline std::string raw_dump_bytes(const raw_snapshot& raw, shared_symbolizer& sy
   for (const std::string& n : i.notes) out += "note " + raw_one_line(n) + "\n";
 
   // The executable mappings now, then those the collector saw that are gone (a dlclose) where nothing
-  // mapped now overlaps them.
+  // mapped now overlaps them. Only to name samples: a process that took none (most short-lived ones at
+  // the default rate) reads neither.
+  const bool sampled = !raw.table.entries().empty();
   std::string maps;
   std::vector<maps_entry> mapped;
-  if (read_text_file("/proc/self/maps", maps))
+  if (sampled && read_text_file("/proc/self/maps", maps))
     for_each_executable_mapping(maps, [&](const maps_entry& e) {
       raw_map_line(out, e);
       mapped.push_back(e);
     });
-  sym.with_current([&](symbolizer& s) {
-    for (const module& m : s.modules().modules()) {
-      if (m.mapped || m.kind != module_kind::file) continue;
-      bool overlaps = false;
-      for (const maps_entry& e : mapped) overlaps = overlaps || (m.start < e.end && e.start < m.end);
-      if (overlaps) continue;
-      maps_entry e;
-      e.start = m.start;
-      e.end = m.end;
-      e.offset = m.offset;
-      e.inode = m.inode;
-      e.dev_major = m.dev_major;
-      e.dev_minor = m.dev_minor;
-      e.deleted = m.deleted;
-      e.path = m.path;
-      raw_map_line(out, e);
-      mapped.push_back(e);
-    }
-    return 0;
-  });
+  if (sampled)
+    sym.with_current([&](symbolizer& s) {
+      for (const module& m : s.modules().modules()) {
+        if (m.mapped || m.kind != module_kind::file) continue;
+        bool overlaps = false;
+        for (const maps_entry& e : mapped) overlaps = overlaps || (m.start < e.end && e.start < m.end);
+        if (overlaps) continue;
+        maps_entry e;
+        e.start = m.start;
+        e.end = m.end;
+        e.offset = m.offset;
+        e.inode = m.inode;
+        e.dev_major = m.dev_major;
+        e.dev_minor = m.dev_minor;
+        e.deleted = m.deleted;
+        e.path = m.path;
+        raw_map_line(out, e);
+        mapped.push_back(e);
+      }
+      return 0;
+    });
 
   // Tagged addresses (JIT code named while sampling) are named here, where their names live.
   std::unordered_set<std::uint64_t> tagged;

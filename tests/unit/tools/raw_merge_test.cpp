@@ -76,6 +76,29 @@ TEST_CASE(
   CHECK(folded_names(q, q.stacks[0]).find("tester [" + std::to_string(::getpid()) + "];") == 0);
 }
 
+TEST_CASE("raw merge: a dump without samples reads no mappings and still counts its process") {
+  selfprof::detail::shared_symbolizer sym;
+  const auto pc = reinterpret_cast<std::uint64_t>(&raw_merge_test_marker) + 1;
+  const std::string sampled = selfprof::detail::raw_dump_bytes(one_stack(pc, 2), sym, "busy");
+  CHECK(sampled.find("\nmap ") != std::string::npos);
+  CHECK(sampled.find("\nthread ") != std::string::npos);
+  selfprof::detail::raw_snapshot none = one_stack(pc, 1);
+  none.table = selfprof::detail::stack_table();
+  none.thread_names.clear();
+  const std::string text = selfprof::detail::raw_dump_bytes(none, sym, "short");
+  CHECK(text.find("\nmap ") == std::string::npos);
+  CHECK(text.find("\nend 0 0\n") != std::string::npos);
+  raw_process p;
+  selfprof::status st = parse_raw_dump(text, "b.selfprof-raw", p);
+  REQUIRE_MESSAGE(st, st.message());
+  CHECK(p.comm == "short");
+  raw_merger m(false);
+  m.add(p);
+  selfprof::profile out = m.take(1);
+  CHECK(out.info.samples == 0);
+  CHECK(out.stacks.empty());
+}
+
 TEST_CASE("raw merge: a profile per process has no root and no merge note; its mergers share one naming") {
   selfprof::detail::shared_symbolizer sym;
   const auto pc = reinterpret_cast<std::uint64_t>(&raw_merge_test_marker) + 1;
