@@ -3109,6 +3109,9 @@ struct stats {
   // continued few of those stacks and was given up
   bool ring_user_chain = false, ring_chain_given_back = false;
   std::uint64_t ring_chain_cut = 0;
+  // ring source: data pages of a CPU ring now (they start at an eighth and grow at the first samples), and
+  // samples taken twice while they grew (by the old and the new events; each kept once)
+  std::uint64_t ring_pages = 0, ring_grow_overlap = 0;
   std::uint64_t thread_checks = 0;    // thread-count checks made by the handler
   std::uint64_t thread_wakes = 0;     // ... that saw the count change and woke the collector
   std::uint64_t rate_capped = 0;      // perf ticks taken at a period stretched to the handler's cost
@@ -8795,6 +8798,8 @@ struct pulled_stats {
   std::uint64_t user_chain_since_ns = 0;  // CLOCK_MONOTONIC since the kernel's user chain is asked for, or 0
   std::uint64_t chain_cut = 0;    // samples cut where that chain (not asked for then) would have gone on
   bool chain_given_back = false;  // it was asked for, then continued too few stacks, and was given up
+  std::uint64_t ring_pages = 0;   // data pages of the largest CPU ring now (the rings grow, see perf_ring)
+  std::uint64_t overlap = 0;      // samples both sets of events took while the rings grew (kept once)
 };
 
 // What a pulling source may ask of the collector while it unwinds the samples it read, when rows are
@@ -11005,7 +11010,7 @@ inline std::unique_ptr<tick_source> open_upgrade_source(const source_config& bas
 // each CPU owns that CPU's ring; the others write into it (PERF_EVENT_IOC_SET_OUTPUT); inherited copies
 // write into their parent's. Started from a single-threaded main: one event per CPU, and every later thread
 // is the kernel's job, without /proc scans. selfprof's own threads inherit too: their samples are dropped by
-// tid when read.
+// tid when read. The rings start small and grow at their first samples (kRingStartShare).
 //
 // A sample: TID, TIME (CLOCK_MONOTONIC), IP, CALLCHAIN (the kernel's chain), REGS_USER (bp, sp, ip) and
 // STACK_USER (a copy of kStackCopyBytes above the user sp). The copy is unwound with the CFI rows the
@@ -11029,6 +11034,7 @@ inline std::unique_ptr<tick_source> open_upgrade_source(const source_config& bas
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -11044,10 +11050,19 @@ constexpr std::uint32_t kStackCopyBytes = 8192;
 // at first room for kPerfRingSeconds of samples at the ring's rate (one CPU runs one thread at a time, so a
 // CPU's ring fills at most at the rate), at most 512 pages (2 MiB, about 220 samples with their stack
 // copies). The collector reads every quarter of that (collect_period_ms). 99 Hz asks for 64 pages (256
-// KiB): the kernel allocates and zeroes every page at mmap, which a short-lived process pays for, and an
-// unprivileged user's budget (perf_event_mlock_kb, 516 KiB per CPU, then RLIMIT_MEMLOCK) is shared by
-// all of that user's processes.
-constexpr unsigned kRingPagesMax = 512, kRingPagesMin = 8;
+// KiB). An unprivileged user's budget (perf_event_mlock_kb, 516 KiB per CPU, then RLIMIT_MEMLOCK) is
+// shared by all of that user's processes.
+//
+// Rings start at an eighth of that (at least kRingPagesMin) and grow at their first samples: the kernel
+// allocates, zeroes and maps every page at mmap, and most short-lived processes take no sample at all.
+// A ring cannot be resized, and pointing an event at another ring waits for an RCU grace period
+// (10-12 ms each, on the collector), so growing opens a second set of events, on every thread of the
+// process, writing into full-size rings. Both sets sample until the first is disabled; samples are kept
+// by time, those of the first set before the switch and of the second after it, so no tick counts twice
+// or goes missing. Threads that appear while the second set opens would carry only the first set's
+// inherited events: then the second set is closed and growing tried again at a later read (at most
+// kRingGrowTries times; the rings then stay small and are read more often).
+constexpr unsigned kRingPagesMax = 512, kRingPagesMin = 8, kRingStartShare = 8, kRingGrowTries = 3;
 // The user chain switch. The kernel's frame-pointer chain (PERF_SAMPLE_CALLCHAIN's user part) costs a
 // sample about as much as the stack copy (bench/sample_parts.cpp), and the copy alone finishes most
 // stacks: where it ends, the thread's live stack goes on while it still holds the sampled frames. So
@@ -11090,6 +11105,7 @@ struct ring_counts {
   // lost: the kernel's PERF_RECORD_LOST counts, and records that could not be parsed (one each)
   std::uint64_t lost = 0, throttled = 0, full = 0;
   std::uint64_t stored = 0, truncated = 0;  // written into the sample ring; of them, cut short
+  std::uint64_t overlap = 0;                // taken by both sets of events while the rings grew: kept once
 };
 
 // Copies `len` bytes at ring position `at` out of a ring's data area of `size` bytes (a power of two),
@@ -11452,6 +11468,14 @@ class perf_ring_source final : public tick_source {
     // Two events per thread and CPU while the budget has room for them (see user chain switch), else
     // one that asks for the chain from the start.
     chain_pairs_ = 2 * need <= budget;
+    budget_ = budget;
+    cpus_ = cpus;
+    // Small rings first, where the budget has room for a second set of events to grow them with.
+    full_pages_ = ring_pages_for(config.hz, page_);
+    const std::size_t set = need * (chain_pairs_ ? 2 : 1);
+    const unsigned start_pages =
+        2 * set <= budget ? std::max(kRingPagesMin, full_pages_ / kRingStartShare) : full_pages_;
+    grow_tries_ = start_pages < full_pages_ ? kRingGrowTries : 0;
     chain_ = chain_switch{};
     if (!chain_pairs_) chain_.start_on();
     if (need > budget)
@@ -11464,7 +11488,7 @@ class perf_ring_source final : public tick_source {
     status st = status::ok();
     for (int user = config.user_clock_only ? 1 : 0; user <= 1; ++user) {
       user_only_ = user == 1;
-      st = open_cpus(self, cpus);
+      st = open_cpus(self, cpus, start_pages, rings_);
       if (st || (st.code() != EACCES && st.code() != EPERM)) break;
       close();
     }
@@ -11474,7 +11498,7 @@ class perf_ring_source final : public tick_source {
     }
     for (pid_t tid : tids) {
       if (tid == self) continue;
-      st = attach_thread(tid);
+      st = attach_thread(tid, rings_);
       if (!st && st.code() != ESRCH) {
         close();
         return st;
@@ -11526,9 +11550,10 @@ class perf_ring_source final : public tick_source {
       release_ring(rings_[i]);
       rings_.erase(rings_.begin() + static_cast<std::ptrdiff_t>(i));
     }
-    rows_ = nullptr;
     const chain_switch::action a = chain_.due();
     if (a != chain_switch::action::none) hand_over(a == chain_switch::action::ask);
+    if (n > 0 && grow_tries_ > 0) n += grow(out);
+    rows_ = nullptr;
     return n;
   }
 
@@ -11599,6 +11624,9 @@ class perf_ring_source final : public tick_source {
         chain_.on() ? (chain_.handed_over_ns() ? chain_.handed_over_ns() : opened_ns_) : 0;
     p.chain_cut = chain_.cut();
     p.chain_given_back = chain_.given_back();
+    p.overlap = counts_.overlap;
+    for (auto& r : rings_)
+      if (r.tid == 0) p.ring_pages = std::max<std::uint64_t>(p.ring_pages, r.data_bytes / page_);
     return p;
   }
 
@@ -11612,6 +11640,8 @@ class perf_ring_source final : public tick_source {
     double hz = 0;               // the rate its events sample at
     pid_t tid = 0;               // a thread's own ring (SELFPROF_FRAME_HZ), 0 for a CPU's
     std::uint64_t since_ns = 0;  // when that thread's own events started
+    // Samples kept: taken from `keep_from_ns`, before `keep_until_ns` (CLOCK_MONOTONIC; see grow()).
+    std::uint64_t keep_from_ns = 0, keep_until_ns = ~std::uint64_t{0};
   };
 
   // A task-clock event of `tid` on `cpu` at `hz`: inherited by the threads it creates (the CPU rings), or
@@ -11671,9 +11701,13 @@ class perf_ring_source final : public tick_source {
     c.base = nullptr;
   }
 
-  status open_cpus(pid_t self, int cpus) {
+  // Opens `owner`'s events on every CPU, each CPU's first event owning a ring of `pages` data pages
+  // (fewer where the locked-memory budget refuses), appended to `into`; `between` runs before each CPU's.
+  status open_cpus(pid_t owner, int cpus, unsigned pages, std::vector<cpu_ring>& into,
+                   const std::function<void()>& between = {}) {
     for (int c = 0; c < cpus; ++c) {
-      int fd = open_event(self, c, config_.hz);
+      if (between) between();
+      int fd = open_event(owner, c, config_.hz);
       if (fd < 0) {
         const int e = errno;
         if (e == ENODEV || (e == EINVAL && c > 0)) continue;  // an offline CPU
@@ -11691,13 +11725,13 @@ class perf_ring_source final : public tick_source {
       r.hz = config_.hz;
       r.fds.push_back(fd);
       ++events_;
-      rings_.push_back(r);
-      status st = map_ring(rings_.back(), ring_pages_for(config_.hz, page_));
+      into.push_back(r);
+      status st = map_ring(into.back(), pages);
       if (!st) return st;
-      st = add_chain_event(rings_.back(), self, c, config_.hz, true);
+      st = add_chain_event(into.back(), owner, c, config_.hz, true);
       if (!st) return st;
     }
-    if (rings_.empty()) return status::error("perf ring: no online CPU accepted an event", ENODEV);
+    if (into.empty()) return status::error("perf ring: no online CPU accepted an event", ENODEV);
     return status::ok();
   }
 
@@ -11724,9 +11758,10 @@ class perf_ring_source final : public tick_source {
         e);
   }
 
-  // A thread alive at open(): its own events, one per CPU, writing into that CPU's ring.
-  status attach_thread(pid_t tid) {
-    for (auto& r : rings_) {
+  // A thread alive at open(): its own events, one per CPU, writing into that CPU's ring of `rings`.
+  status attach_thread(pid_t tid, std::vector<cpu_ring>& rings) {
+    for (auto& r : rings) {
+      if (r.tid != 0) continue;
       int fd = open_event(tid, r.cpu, config_.hz);
       if (fd < 0) {
         const int e = errno;
@@ -11761,6 +11796,64 @@ class perf_ring_source final : public tick_source {
     if (::ioctl(fd, PERF_EVENT_IOC_SET_OUTPUT, r.fds[0]) == 0) return status::ok();
     const int e = errno;
     return status::error(std::string("perf ring: PERF_EVENT_IOC_SET_OUTPUT: ") + std::strerror(e), e);
+  }
+
+  // The rings' growth (see kRingStartShare): a second set of events on every thread but selfprof's, with
+  // full-size rings; when the threads did not change meanwhile, the first set is disabled, read for the
+  // last time and closed. Returns the records read from it.
+  std::size_t grow(sample_ring& out) {
+    --grow_tries_;
+    std::vector<pid_t> tids = app_threads();
+    const std::size_t set = tids.size() * static_cast<std::size_t>(cpus_) * (chain_pairs_ ? 2 : 1);
+    if (tids.empty() || events_ + set > budget_) return 0;
+    std::size_t small = ~std::size_t{0};
+    for (auto& r : rings_)
+      if (r.tid == 0) small = std::min(small, r.data_bytes);
+    std::vector<cpu_ring> grown;
+    std::size_t n = 0;
+    // The old rings fill meanwhile: read between one CPU's (or thread's) new events and the next.
+    const std::function<void()> read_old = [&] {
+      for (auto& r : rings_)
+        if (r.tid == 0) n += read_ring(r, out);
+    };
+    status st = open_cpus(tids[0], cpus_, full_pages_, grown, read_old);
+    for (std::size_t i = 1; st && i < tids.size(); ++i) {
+      read_old();
+      st = attach_thread(tids[i], grown);
+    }
+    bool larger = static_cast<bool>(st);
+    for (auto& r : grown) larger = larger && r.data_bytes > small;
+    if (!larger) grow_tries_ = 0;  // an event refused, or no locked memory for larger rings beside these
+    if (!larger || app_threads() != tids) {  // or a thread started (or ended) meanwhile: try again later
+      for (auto& r : grown) release_ring(r);
+      return n;
+    }
+    const std::uint64_t now = monotonic_ns();
+    for (auto& r : rings_) {
+      if (r.tid != 0) continue;
+      for (auto* fds : {&r.fds, &r.chain_fds})
+        for (int fd : *fds) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+      r.keep_until_ns = now;
+      n += read_ring(r, out);
+      release_ring(r);
+    }
+    rings_.erase(std::remove_if(rings_.begin(), rings_.end(), [](const cpu_ring& r) { return r.tid == 0; }),
+                 rings_.end());
+    for (auto& r : grown) r.keep_from_ns = now;
+    rings_.insert(rings_.end(), grown.begin(), grown.end());
+    grow_tries_ = 0;
+    return n;
+  }
+
+  // This process's threads but selfprof's own (skip_), sorted.
+  std::vector<pid_t> app_threads() const {
+    std::vector<pid_t> tids = list_threads();
+    tids.erase(
+        std::remove_if(tids.begin(), tids.end(),
+                       [&](pid_t t) { return std::find(skip_.begin(), skip_.end(), t) != skip_.end(); }),
+        tids.end());
+    std::sort(tids.begin(), tids.end());
+    return tids;
   }
 
   // Every event's user-chain twin takes over from it (`to_chain`), or hands back: each ring's events that
@@ -11828,6 +11921,10 @@ class perf_ring_source final : public tick_source {
     }
     const auto tid = static_cast<pid_t>(smp.tid());
     if (std::find(skip_.begin(), skip_.end(), tid) != skip_.end()) return;  // selfprof's own thread
+    if (smp.time < from.keep_from_ns || smp.time >= from.keep_until_ns) {   // the other set's (grow())
+      ++counts_.overlap;
+      return;
+    }
     // A CPU ring's sample of a thread that has its own ring since then: that ring has it.
     if (from.tid == 0 && has_own_ring(tid, smp.time)) return;
     if (smp.abi == PERF_SAMPLE_REGS_ABI_NONE) return;  // no user context (a kernel thread): nothing of ours
@@ -11896,7 +11993,10 @@ class perf_ring_source final : public tick_source {
   source_config config_;
   bool user_only_ = false;
   std::size_t page_ = 4096;
-  std::size_t events_ = 0;
+  std::size_t events_ = 0, budget_ = kMaxRingEvents;
+  int cpus_ = 1;
+  unsigned full_pages_ = kRingPagesMin;  // a CPU ring's data pages once grown
+  unsigned grow_tries_ = 0;              // growth attempts left (0: grown, or full-size from the start)
   std::vector<cpu_ring> rings_;
   mutable std::mutex mu_;  // collect() and the counters: the collector, and stop()
   std::vector<pid_t> skip_;
@@ -12787,7 +12887,7 @@ constexpr unsigned kCodeRescanMaxMs = 5000;  // the longest back-off between sca
 // What a source without signals reported lost (published by the collector for get_stats()).
 struct pulled_counts {
   std::atomic<std::uint64_t> records{0}, truncated{0}, full{0}, lost{0}, throttles{0};
-  std::atomic<std::uint64_t> user_chain_since_ns{0}, chain_cut{0};
+  std::atomic<std::uint64_t> user_chain_since_ns{0}, chain_cut{0}, ring_pages{0}, overlap{0};
   std::atomic<bool> chain_given_back{false};
   pulled_counts() = default;
   pulled_counts& operator=(const pulled_counts&) {
@@ -12804,6 +12904,8 @@ struct pulled_counts {
     user_chain_since_ns.store(p.user_chain_since_ns, std::memory_order_relaxed);
     chain_cut.store(p.chain_cut, std::memory_order_relaxed);
     chain_given_back.store(p.chain_given_back, std::memory_order_relaxed);
+    ring_pages.store(p.ring_pages, std::memory_order_relaxed);
+    overlap.store(p.overlap, std::memory_order_relaxed);
   }
 };
 
@@ -17505,13 +17607,13 @@ class snapshot_maker {
   bool began() const { return start_unix_ns_ != 0; }
 
   // Everything collected so far (the ring is drained first), or with `windowed` the last window not yet
-  // written (see sample_store::copy_table).
-  raw_snapshot raw(bool windowed = false, std::uint64_t* window_seq = nullptr) {
+  // written (see sample_store::copy_table). `sampled_names`: thread names only where there are samples to
+  // name (the raw exit dump: a short process that took none reads no thread's name).
+  raw_snapshot raw(bool windowed = false, std::uint64_t* window_seq = nullptr, bool sampled_names = false) {
     raw_snapshot s;
     if (running_ && parts_.collect) parts_.collect->pull_now();  // samples still in the kernel's rings
     parts_.store->copy_table(running_ ? parts_.ring : nullptr, windowed, s, window_seq);
-    // Names for the table's threads: none when it is empty (a short process that took no sample).
-    if (!s.table.entries().empty()) {
+    if (!sampled_names || !s.table.entries().empty()) {
       const bool first = !parts_.threads->scanned();  // before the collector's first wake
       if (first) parts_.threads->scan(running_worker_tids());
       s.thread_names = parts_.threads->names(!first);
@@ -19953,6 +20055,8 @@ class profiler_core {
     s.ring_user_chain = pulled_.user_chain_since_ns.load(std::memory_order_relaxed) != 0;
     s.ring_chain_cut = pulled_.chain_cut.load(std::memory_order_relaxed);
     s.ring_chain_given_back = pulled_.chain_given_back.load(std::memory_order_relaxed);
+    s.ring_pages = pulled_.ring_pages.load(std::memory_order_relaxed);
+    s.ring_grow_overlap = pulled_.overlap.load(std::memory_order_relaxed);
     const sample_store::sizes z = store_.size();
     s.samples = z.samples;
     s.unique_stacks = z.unique;
@@ -20003,7 +20107,7 @@ class profiler_core {
     if (is_raw_dump_path(opts_.out)) {
       // `selfprof record --follow-exec`: named by the recorder. Silent when it fails: a process that
       // outlives the recording (a daemon) finds the directory gone, and its stderr is the program's.
-      (void)write_raw_dump(snapshots_.raw(), symbols_,
+      (void)write_raw_dump(snapshots_.raw(false, nullptr, true), symbols_,
                            expand_path_template(opts_.out, fields_now(next_dump_number())),
                            dump_settings_for(opts_.out).sink);
       return;

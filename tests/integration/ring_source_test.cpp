@@ -747,6 +747,84 @@ TEST_CASE("ring source: a small locked-memory budget gives smaller rings, read m
   if (ring) CHECK(st.collector_wakes > 30);  // 16 pages hold ~7 samples: the 5 ms period
 }
 
+// Growing rings (see kRingStartShare): the first mmaps are the small rings, a larger one is the growth.
+// The event opened after the last CPU's grown ring is mapped (its user-chain twin) waits, so both sets of
+// events sample the spinning thread for a while, wherever it runs; not longer than the small rings hold.
+std::size_t g_first_map_bytes = 0;
+std::atomic<int> g_grown_maps{0};
+void* slow_growth_mmap(void* addr, std::size_t len, int prot, int flags, int fd, off_t off) {
+  if (g_first_map_bytes == 0) g_first_map_bytes = len;
+  if (len > g_first_map_bytes) g_grown_maps.fetch_add(1);
+  return ::mmap(addr, len, prot, flags, fd, off);
+}
+long slow_growth_open(void* attr, int pid, int cpu, int group, unsigned long flags) {
+  if (g_grown_maps.load() == static_cast<int>(::sysconf(_SC_NPROCESSORS_CONF)))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return selfprof::detail::default_perf_event_open(attr, pid, cpu, group, flags);
+}
+
+TEST_CASE("ring source: rings start small and grow at their first samples, no tick counted twice or lost") {
+  ring_seam_guard g;
+  wl::apply_test_environment();
+  g_first_map_bytes = 0;
+  g_grown_maps = 0;
+  selfprof::detail::sys().mmap = slow_growth_mmap;
+  selfprof::detail::sys().perf_event_open = slow_growth_open;
+  const double hz = 997;
+  REQUIRE(selfprof::start(ring_options(hz)));
+  const bool ring = ring_running();
+  const std::int64_t t0 = wl::thread_cpu_ns();
+  wl::run_rounds(800000000LL);
+  const std::int64_t cpu = wl::thread_cpu_ns() - t0;
+  selfprof::stop();
+  const selfprof::stats st = selfprof::get_stats();
+  const selfprof::profile p = selfprof::snapshot();
+  std::uint64_t mine = 0;
+  for (const auto& s : p.stacks)
+    if (wl::count_frames(p, s, "run_rounds")) mine += s.count;
+  const double expected = double(cpu) * hz / 1e9;
+  MESSAGE(mine << " samples under run_rounds, " << expected << " expected; ring " << st.ring_pages
+               << " pages, first map " << g_first_map_bytes << " bytes, " << g_grown_maps.load()
+               << " grown maps, " << st.ring_grow_overlap << " overlap, " << st.kernel_lost << " lost");
+  if (!ring) return;
+  const std::size_t page = std::size_t(::sysconf(_SC_PAGESIZE));
+  const unsigned full = selfprof::detail::ring_pages_for(hz, page);
+  CHECK(g_first_map_bytes == (full / selfprof::detail::kRingStartShare + 1) * page);
+  // Root, or a RLIMIT_MEMLOCK beyond perf_event_mlock_kb (Debian's 8 MiB), has room for the grown rings.
+  struct rlimit lock {};
+  ::getrlimit(RLIMIT_MEMLOCK, &lock);
+  if (::geteuid() != 0 && lock.rlim_cur < (std::size_t(full) + 1) * page * 4) {
+    MESSAGE("RLIMIT_MEMLOCK " << lock.rlim_cur << ": no room to grow the rings is allowed");
+    CHECK(double(mine) > expected * 0.9);
+    return;
+  }
+  CHECK(st.ring_pages == full);
+  CHECK(g_grown_maps.load() >= 1);
+  // Both sets sampled while the second one opened (20 ms): those ticks were kept once.
+  CHECK(st.ring_grow_overlap > 0);
+  CHECK(st.kernel_lost == 0);
+  CHECK(double(mine) > expected * 0.9);
+  // Without the time cut both sets' ticks of those 20 ms would be here.
+  CHECK(double(mine) < expected + double(st.ring_grow_overlap) / 2);
+}
+
+TEST_CASE("ring source: a short process maps only the small rings") {
+  ring_seam_guard g;
+  wl::apply_test_environment();
+  g_first_map_bytes = 0;
+  g_grown_maps = 0;
+  selfprof::detail::sys().mmap = slow_growth_mmap;
+  REQUIRE(selfprof::start(ring_options(99)));
+  const bool ring = ring_running();
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // no CPU time: no sample, nothing grows
+  const selfprof::stats st = selfprof::get_stats();
+  selfprof::stop();
+  if (!ring) return;
+  CHECK(g_grown_maps.load() == 0);
+  CHECK(st.collector_wakes > 0);
+  CHECK(g_first_map_bytes == (selfprof::detail::kRingPagesMin + 1) * std::size_t(::sysconf(_SC_PAGESIZE)));
+}
+
 TEST_CASE("ring source: a profile taken before the collector's first thread scan still names the threads") {
   wl::apply_test_environment();
   std::atomic<bool> done{false};

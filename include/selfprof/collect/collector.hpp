@@ -62,7 +62,7 @@ constexpr unsigned kCodeRescanMaxMs = 5000;  // the longest back-off between sca
 // What a source without signals reported lost (published by the collector for get_stats()).
 struct pulled_counts {
   std::atomic<std::uint64_t> records{0}, truncated{0}, full{0}, lost{0}, throttles{0};
-  std::atomic<std::uint64_t> user_chain_since_ns{0}, chain_cut{0};
+  std::atomic<std::uint64_t> user_chain_since_ns{0}, chain_cut{0}, ring_pages{0}, overlap{0};
   std::atomic<bool> chain_given_back{false};
   pulled_counts() = default;
   pulled_counts& operator=(const pulled_counts&) {
@@ -79,6 +79,8 @@ struct pulled_counts {
     user_chain_since_ns.store(p.user_chain_since_ns, std::memory_order_relaxed);
     chain_cut.store(p.chain_cut, std::memory_order_relaxed);
     chain_given_back.store(p.chain_given_back, std::memory_order_relaxed);
+    ring_pages.store(p.ring_pages, std::memory_order_relaxed);
+    overlap.store(p.overlap, std::memory_order_relaxed);
   }
 };
 

@@ -268,6 +268,8 @@ class profiler_core {
     s.ring_user_chain = pulled_.user_chain_since_ns.load(std::memory_order_relaxed) != 0;
     s.ring_chain_cut = pulled_.chain_cut.load(std::memory_order_relaxed);
     s.ring_chain_given_back = pulled_.chain_given_back.load(std::memory_order_relaxed);
+    s.ring_pages = pulled_.ring_pages.load(std::memory_order_relaxed);
+    s.ring_grow_overlap = pulled_.overlap.load(std::memory_order_relaxed);
     const sample_store::sizes z = store_.size();
     s.samples = z.samples;
     s.unique_stacks = z.unique;
@@ -318,7 +320,7 @@ class profiler_core {
     if (is_raw_dump_path(opts_.out)) {
       // `selfprof record --follow-exec`: named by the recorder. Silent when it fails: a process that
       // outlives the recording (a daemon) finds the directory gone, and its stderr is the program's.
-      (void)write_raw_dump(snapshots_.raw(), symbols_,
+      (void)write_raw_dump(snapshots_.raw(false, nullptr, true), symbols_,
                            expand_path_template(opts_.out, fields_now(next_dump_number())),
                            dump_settings_for(opts_.out).sink);
       return;

@@ -60,13 +60,13 @@ class snapshot_maker {
   bool began() const { return start_unix_ns_ != 0; }
 
   // Everything collected so far (the ring is drained first), or with `windowed` the last window not yet
-  // written (see sample_store::copy_table).
-  raw_snapshot raw(bool windowed = false, std::uint64_t* window_seq = nullptr) {
+  // written (see sample_store::copy_table). `sampled_names`: thread names only where there are samples to
+  // name (the raw exit dump: a short process that took none reads no thread's name).
+  raw_snapshot raw(bool windowed = false, std::uint64_t* window_seq = nullptr, bool sampled_names = false) {
     raw_snapshot s;
     if (running_ && parts_.collect) parts_.collect->pull_now();  // samples still in the kernel's rings
     parts_.store->copy_table(running_ ? parts_.ring : nullptr, windowed, s, window_seq);
-    // Names for the table's threads: none when it is empty (a short process that took no sample).
-    if (!s.table.entries().empty()) {
+    if (!sampled_names || !s.table.entries().empty()) {
       const bool first = !parts_.threads->scanned();  // before the collector's first wake
       if (first) parts_.threads->scan(running_worker_tids());
       s.thread_names = parts_.threads->names(!first);

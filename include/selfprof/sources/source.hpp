@@ -38,6 +38,8 @@ struct pulled_stats {
   std::uint64_t user_chain_since_ns = 0;  // CLOCK_MONOTONIC since the kernel's user chain is asked for, or 0
   std::uint64_t chain_cut = 0;    // samples cut where that chain (not asked for then) would have gone on
   bool chain_given_back = false;  // it was asked for, then continued too few stacks, and was given up
+  std::uint64_t ring_pages = 0;   // data pages of the largest CPU ring now (the rings grow, see perf_ring)
+  std::uint64_t overlap = 0;      // samples both sets of events took while the rings grew (kept once)
 };
 
 // What a pulling source may ask of the collector while it unwinds the samples it read, when rows are
