@@ -11053,8 +11053,10 @@ constexpr std::uint32_t kStackCopyBytes = 8192;
 // KiB). An unprivileged user's budget (perf_event_mlock_kb, 516 KiB per CPU, then RLIMIT_MEMLOCK) is
 // shared by all of that user's processes.
 //
-// Rings start at an eighth of that (at least kRingPagesMin) and grow at their first samples: the kernel
-// allocates, zeroes and maps every page at mmap, and most short-lived processes take no sample at all.
+// Rings start at an eighth of that (at least kRingPagesMin) and grow at the first read that finds samples
+// kRingGrowAfterMs or more after open (never at stop): the kernel allocates, zeroes and maps every page at
+// mmap, most short-lived processes take no sample at all, and one that lives a few tens of milliseconds
+// is read often enough meanwhile.
 // A ring cannot be resized, and pointing an event at another ring waits for an RCU grace period
 // (10-12 ms each, on the collector), so growing opens a second set of events, on every thread of the
 // process, writing into full-size rings. Both sets sample until the first is disabled; samples are kept
@@ -11063,6 +11065,7 @@ constexpr std::uint32_t kStackCopyBytes = 8192;
 // inherited events: then the second set is closed and growing tried again at a later read (at most
 // kRingGrowTries times; the rings then stay small and are read more often).
 constexpr unsigned kRingPagesMax = 512, kRingPagesMin = 8, kRingStartShare = 8, kRingGrowTries = 3;
+constexpr unsigned kRingGrowAfterMs = 100;
 // The user chain switch. The kernel's frame-pointer chain (PERF_SAMPLE_CALLCHAIN's user part) costs a
 // sample about as much as the stack copy (bench/sample_parts.cpp), and the copy alone finishes most
 // stacks: where it ends, the thread's live stack goes on while it still holds the sampled frames. So
@@ -11552,7 +11555,8 @@ class perf_ring_source final : public tick_source {
     }
     const chain_switch::action a = chain_.due();
     if (a != chain_switch::action::none) hand_over(a == chain_switch::action::ask);
-    if (n > 0 && grow_tries_ > 0) n += grow(out);
+    if (n > 0 && grow_tries_ > 0 && monotonic_ns() - opened_ns_ >= kRingGrowAfterMs * 1000000ull)
+      n += grow(out);
     rows_ = nullptr;
     return n;
   }
@@ -11587,11 +11591,13 @@ class perf_ring_source final : public tick_source {
     rings_.push_back(r);
     return status::ok();
   }
+  // At stop: the last read, so the rings no longer grow (a short process would pay for it at exit).
   std::size_t collect_again(sample_ring& out) override {
     std::vector<pid_t> skip;
     {
       std::lock_guard<std::mutex> lock(mu_);
       skip = skip_;
+      grow_tries_ = 0;
     }
     return collect(out, skip);
   }
