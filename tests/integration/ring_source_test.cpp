@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
@@ -18,6 +19,7 @@
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -748,8 +750,9 @@ TEST_CASE("ring source: a small locked-memory budget gives smaller rings, read m
 }
 
 // Growing rings (see kRingStartShare): the first mmaps are the small rings, a larger one is the growth.
-// The event opened after the last CPU's grown ring is mapped (its user-chain twin) waits, so both sets of
-// events sample the spinning thread for a while, wherever it runs; not longer than the small rings hold.
+// The event opened after the last CPU's grown ring is mapped (its user-chain twin) waits until the spinning
+// thread has run 20 ms more, so both sets of events sample it for a while, wherever it runs; not longer than
+// the small rings hold.
 std::size_t g_first_map_bytes = 0;
 std::atomic<int> g_grown_maps{0};
 void* slow_growth_mmap(void* addr, std::size_t len, int prot, int flags, int fd, off_t off) {
@@ -757,9 +760,19 @@ void* slow_growth_mmap(void* addr, std::size_t len, int prot, int flags, int fd,
   if (len > g_first_map_bytes) g_grown_maps.fetch_add(1);
   return ::mmap(addr, len, prot, flags, fd, off);
 }
+clockid_t g_spinner_clock{};
 long slow_growth_open(void* attr, int pid, int cpu, int group, unsigned long flags) {
-  if (g_grown_maps.load() == static_cast<int>(::sysconf(_SC_NPROCESSORS_CONF)))
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (g_grown_maps.load() == static_cast<int>(::sysconf(_SC_NPROCESSORS_CONF))) {
+    // Until the spinning thread has run 20 ms more (a loaded machine may not run it at once), at most 2 s.
+    auto cpu_ns = [] {
+      timespec t{};
+      ::clock_gettime(g_spinner_clock, &t);
+      return std::int64_t(t.tv_sec) * 1000000000 + t.tv_nsec;
+    };
+    const std::int64_t until = cpu_ns() + 20000000;
+    for (int i = 0; i < 2000 && cpu_ns() < until; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return selfprof::detail::default_perf_event_open(attr, pid, cpu, group, flags);
 }
 
@@ -770,6 +783,7 @@ TEST_CASE("ring source: rings start small and grow at their first samples, no ti
   g_grown_maps = 0;
   selfprof::detail::sys().mmap = slow_growth_mmap;
   selfprof::detail::sys().perf_event_open = slow_growth_open;
+  REQUIRE(::pthread_getcpuclockid(::pthread_self(), &g_spinner_clock) == 0);
   const double hz = 997;
   REQUIRE(selfprof::start(ring_options(hz)));
   const bool ring = ring_running();
@@ -800,7 +814,7 @@ TEST_CASE("ring source: rings start small and grow at their first samples, no ti
   }
   CHECK(st.ring_pages == full);
   CHECK(g_grown_maps.load() >= 1);
-  // Both sets sampled while the second one opened (20 ms): those ticks were kept once.
+  // Both sets sampled while the second one opened (20 ms of the thread's CPU): those ticks were kept once.
   CHECK(st.ring_grow_overlap > 0);
   CHECK(st.kernel_lost == 0);
   CHECK(double(mine) > expected * 0.9);

@@ -62,16 +62,16 @@ constexpr std::uint32_t kStackCopyBytes = 8192;
 // shared by all of that user's processes.
 //
 // Rings start at an eighth of that (at least kRingPagesMin) and grow at the first read that finds samples
-// kRingGrowAfterMs or more after open (never at stop): the kernel allocates, zeroes and maps every page at
-// mmap, most short-lived processes take no sample at all, and one that lives a few tens of milliseconds
-// is read often enough meanwhile.
-// A ring cannot be resized, and pointing an event at another ring waits for an RCU grace period
-// (10-12 ms each, on the collector), so growing opens a second set of events, on every thread of the
-// process, writing into full-size rings. Both sets sample until the first is disabled; samples are kept
-// by time, those of the first set before the switch and of the second after it, so no tick counts twice
-// or goes missing. Threads that appear while the second set opens would carry only the first set's
-// inherited events: then the second set is closed and growing tried again at a later read (at most
-// kRingGrowTries times; the rings then stay small and are read more often).
+// of the program (not selfprof's threads') kRingGrowAfterMs or more after open (never at stop): the kernel
+// allocates, zeroes and maps every page at mmap, most short-lived processes take no sample at all, and one
+// that lives a few tens of milliseconds is read often enough meanwhile. A ring cannot be resized, and
+// pointing an event at another ring waits for an RCU grace period (10-12 ms each, on the collector), so
+// growing opens a second set of events, on every thread of the process, writing into full-size rings. Both
+// sets sample until the first is disabled; samples are kept by time, those of the first set before the switch
+// and of the second after it, so no tick counts twice or goes missing. Threads that appear while the second
+// set opens would carry only the first set's inherited events: then the second set is closed and growing
+// tried again at a later read (at most kRingGrowTries times; the rings then stay small and are read more
+// often).
 constexpr unsigned kRingPagesMax = 512, kRingPagesMin = 8, kRingStartShare = 8, kRingGrowTries = 3;
 constexpr unsigned kRingGrowAfterMs = 100;
 // The user chain switch. The kernel's frame-pointer chain (PERF_SAMPLE_CALLCHAIN's user part) costs a
@@ -549,6 +549,7 @@ class perf_ring_source final : public tick_source {
     skip_ = skip;
     rows_ = rows;
     std::size_t n = 0;
+    const std::uint64_t taken = counts_.stored + counts_.full;  // the program's samples, not selfprof's
     for (auto& c : rings_)
       if (c.base) n += read_ring(c, out);
     for (std::size_t i = 0; i < rings_.size();) {
@@ -563,7 +564,8 @@ class perf_ring_source final : public tick_source {
     }
     const chain_switch::action a = chain_.due();
     if (a != chain_switch::action::none) hand_over(a == chain_switch::action::ask);
-    if (n > 0 && grow_tries_ > 0 && monotonic_ns() - opened_ns_ >= kRingGrowAfterMs * 1000000ull)
+    if (counts_.stored + counts_.full > taken && grow_tries_ > 0 &&
+        monotonic_ns() - opened_ns_ >= kRingGrowAfterMs * 1000000ull)
       n += grow(out);
     rows_ = nullptr;
     return n;
