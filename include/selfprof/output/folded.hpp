@@ -148,15 +148,15 @@ inline bool is_marker(const profile& p, std::uint32_t index, bool (*pred)(std::s
 }
 
 inline bool is_truncated_name(std::string_view name) { return name == truncated_marker; }
-inline bool is_any_marker_name(std::string_view) { return true; }
 
-// Does stack `s` carry its [truncated] marker already: at frames[first], or right below a root marker of
-// another kind there (a recording's process root keeps its stacks, cut ones too, in one tower)?
+// Does stack `s` carry its [truncated] marker already: at frames[first], or right below a root there (a
+// recording's process root keeps its stacks, cut ones too, in one tower; read back from folded text,
+// that root is an ordinary frame)?
 inline bool has_truncated_marker(const profile& p, const stack& s, std::size_t first) {
   const auto at = [&](std::size_t i) {
     return i < s.frames.size() && is_marker(p, s.frames[i], is_truncated_name);
   };
-  return at(first) || (at(first + 1) && is_marker(p, s.frames[first], is_any_marker_name));
+  return at(first) || at(first + 1);
 }
 
 // Cuts `s` to at most `n` bytes without splitting a UTF-8 sequence.

@@ -187,7 +187,10 @@ class folded_parser {
         if (index == 0 && is_thread_root_name(name)) {
           kind = frame_kind::marker;
           note_thread(name, s);
-        } else if (name == truncated_marker && (index == 0 || (index == 1 && s.tid != 0))) {
+        } else if (name == truncated_marker &&
+                   (index == 0 || (index == 1 && (s.tid != 0 || semi < text.size())))) {
+          // At the root, or right below a thread's or a recording's process root (`cc1plus;[truncated];
+          // ...`) with frames after it; at the leaf (`x;[truncated]`) it is an ordinary name.
           kind = frame_kind::marker;
           s.truncated = true;
         }

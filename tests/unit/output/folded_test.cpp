@@ -238,6 +238,26 @@ TEST_CASE("folded parse: frames, kinds, markers, threads and totals") {
   CHECK(a_frames == 1);
 }
 
+TEST_CASE("folded parse: a recording's process roots keep their cut stacks' [truncated] marker and count") {
+  const std::string text =
+      "cc1plus;[truncated];f;g 5\n"
+      "cc1plus;_start;main;f 3\n"
+      "sh;[truncated] 1\n";  // at the leaf: an ordinary name
+  const auto r = parse_folded(text, "merged.folded");
+  REQUIRE(r.ok());
+  const auto& p = r.prof;
+  CHECK(p.info.samples == 9);
+  CHECK(p.info.truncated == 5);
+  REQUIRE(p.stacks.size() == 3);
+  CHECK(p.stacks[0].truncated);
+  CHECK(p.frames[p.stacks[0].frames[1]].kind == frame_kind::marker);
+  CHECK(p.frames[p.stacks[0].frames[0]].kind == frame_kind::native);  // one cc1plus tower
+  CHECK(p.stacks[0].frames[0] == p.stacks[1].frames[0]);
+  CHECK_FALSE(p.stacks[2].truncated);
+  // Written back as read: no second marker above the root.
+  CHECK(write_folded(p) == "cc1plus;[truncated];f;g 5\ncc1plus;_start;main;f 3\nsh;[truncated] 1\n");
+}
+
 TEST_CASE("folded parse: every dialect: flamegraph.pl, inferno, speedscope, Pyroscope, difffolded") {
   const std::string text =
       "# comment line\n"
