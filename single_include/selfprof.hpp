@@ -8308,6 +8308,9 @@ class sample_ring {
   }
 
   std::size_t capacity() const { return capacity_; }
+  // The slots map_ahead() maps past the producers (0: a quarter of the ring, for signal handlers, whose
+  // bursts nobody bounds). A source the collector reads writes at most what one read finds.
+  void set_map_ahead(std::size_t slots) { ahead_.store(slots, std::memory_order_relaxed); }
   std::size_t max_depth() const { return max_depth_; }
 
   // Producer: claims a slot or returns nullptr when the ring is full. Fill it, then publish(slot, pos).
@@ -8341,13 +8344,15 @@ class sample_ring {
     s->seq.store(tail_ + capacity_ + 1, std::memory_order_release);
     ++tail_;
   }
-  // Consumer: maps the pages of the slots up to a quarter of the ring past the producers by writing each
-  // slot's word (a locked no-op), once in the ring's life. A fresh page whose first access is a read
-  // (claim() reads the word) maps the shared zero page, and the producer's write that follows replaces
-  // it: a copy-on-write fault that flushes the TLB of every CPU the process runs on, an interrupt in
-  // each running application thread, page after page. Written first, a page is mapped once, here.
+  // Consumer: maps the pages of the slots up to a quarter of the ring (or set_map_ahead's count) past the
+  // producers by writing each slot's word (a locked no-op), once in the ring's life. A fresh page whose
+  // first access is a read (claim() reads the word) maps the shared zero page, and the producer's write
+  // that follows replaces it: a copy-on-write fault that flushes the TLB of every CPU the process runs
+  // on, an interrupt in each running application thread, page after page. Written first, a page is
+  // mapped once, here.
   void map_ahead() {
-    const std::uint64_t ahead = head_.load(std::memory_order_relaxed) + capacity_ / 4;
+    const std::size_t want = ahead_.load(std::memory_order_relaxed);
+    const std::uint64_t ahead = head_.load(std::memory_order_relaxed) + (want ? want : capacity_ / 4);
     const std::uint64_t until = ahead < capacity_ ? ahead : capacity_;
     for (; mapped_ < until; ++mapped_) slot(mapped_)->seq.fetch_or(0, std::memory_order_relaxed);
   }
@@ -8366,6 +8371,7 @@ class sample_ring {
   alignas(64) std::atomic<std::uint64_t> head_{0};
   alignas(64) std::uint64_t tail_ = 0;
   std::uint64_t mapped_ = 0;  // slots below it have been written (consumer only)
+  std::atomic<std::size_t> ahead_{0};
 };
 
 }  // namespace detail
@@ -8851,6 +8857,8 @@ class tick_source {
     (void)out;
     return 0;
   }
+  // The most samples one collect() may write into the sample ring now (0: not bounded).
+  virtual std::size_t records_per_read() const { return 0; }
   virtual unsigned collect_period_ms() const { return 50; }
   virtual pulled_stats pulled() const { return {}; }  // what collect() read, for stats
   virtual status set_thread_rate(pid_t tid, double hz) {
@@ -11604,6 +11612,14 @@ class perf_ring_source final : public tick_source {
     return collect(out, skip);
   }
 
+  // Each sample carries a kStackCopyBytes stack copy: the rings hold at most this many between two reads.
+  std::size_t records_per_read() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::size_t n = 0;
+    for (auto& r : rings_) n += r.data_bytes / kStackCopyBytes + 1;
+    return n;
+  }
+
   // How often the collector must read so that no ring fills: a quarter of the time a ring holds at the
   // rate, between 5 and 200 ms. Until the source asks for the user chain, the first reads come sooner
   // (kChainFirstReadMs, then half the time since open): a program whose stacks outgrow the copy from the
@@ -13065,7 +13081,9 @@ class collector {
       // the rows of modules it reaches parsed, see ring_rows), the drain notes samples in unparsed ones.
       if (config_.unwind_rows) build_rows();
       if (config_.pull) {
-        if (!mapped) config_.store->drain(*config_.ring);  // maps ahead before collect() writes the ring
+        // Maps ahead what one read can write (rings grow, see perf_ring), before collect() writes it.
+        config_.ring->set_map_ahead(config_.pull->records_per_read());
+        if (!mapped) config_.store->drain(*config_.ring);
         mapped = true;
         std::uint64_t asked;
         {

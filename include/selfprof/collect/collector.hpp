@@ -232,7 +232,9 @@ class collector {
       // the rows of modules it reaches parsed, see ring_rows), the drain notes samples in unparsed ones.
       if (config_.unwind_rows) build_rows();
       if (config_.pull) {
-        if (!mapped) config_.store->drain(*config_.ring);  // maps ahead before collect() writes the ring
+        // Maps ahead what one read can write (rings grow, see perf_ring), before collect() writes it.
+        config_.ring->set_map_ahead(config_.pull->records_per_read());
+        if (!mapped) config_.store->drain(*config_.ring);
         mapped = true;
         std::uint64_t asked;
         {

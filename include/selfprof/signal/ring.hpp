@@ -72,6 +72,9 @@ class sample_ring {
   }
 
   std::size_t capacity() const { return capacity_; }
+  // The slots map_ahead() maps past the producers (0: a quarter of the ring, for signal handlers, whose
+  // bursts nobody bounds). A source the collector reads writes at most what one read finds.
+  void set_map_ahead(std::size_t slots) { ahead_.store(slots, std::memory_order_relaxed); }
   std::size_t max_depth() const { return max_depth_; }
 
   // Producer: claims a slot or returns nullptr when the ring is full. Fill it, then publish(slot, pos).
@@ -105,13 +108,15 @@ class sample_ring {
     s->seq.store(tail_ + capacity_ + 1, std::memory_order_release);
     ++tail_;
   }
-  // Consumer: maps the pages of the slots up to a quarter of the ring past the producers by writing each
-  // slot's word (a locked no-op), once in the ring's life. A fresh page whose first access is a read
-  // (claim() reads the word) maps the shared zero page, and the producer's write that follows replaces
-  // it: a copy-on-write fault that flushes the TLB of every CPU the process runs on, an interrupt in
-  // each running application thread, page after page. Written first, a page is mapped once, here.
+  // Consumer: maps the pages of the slots up to a quarter of the ring (or set_map_ahead's count) past the
+  // producers by writing each slot's word (a locked no-op), once in the ring's life. A fresh page whose
+  // first access is a read (claim() reads the word) maps the shared zero page, and the producer's write
+  // that follows replaces it: a copy-on-write fault that flushes the TLB of every CPU the process runs
+  // on, an interrupt in each running application thread, page after page. Written first, a page is
+  // mapped once, here.
   void map_ahead() {
-    const std::uint64_t ahead = head_.load(std::memory_order_relaxed) + capacity_ / 4;
+    const std::size_t want = ahead_.load(std::memory_order_relaxed);
+    const std::uint64_t ahead = head_.load(std::memory_order_relaxed) + (want ? want : capacity_ / 4);
     const std::uint64_t until = ahead < capacity_ ? ahead : capacity_;
     for (; mapped_ < until; ++mapped_) slot(mapped_)->seq.fetch_or(0, std::memory_order_relaxed);
   }
@@ -130,6 +135,7 @@ class sample_ring {
   alignas(64) std::atomic<std::uint64_t> head_{0};
   alignas(64) std::uint64_t tail_ = 0;
   std::uint64_t mapped_ = 0;  // slots below it have been written (consumer only)
+  std::atomic<std::size_t> ahead_{0};
 };
 
 }  // namespace detail

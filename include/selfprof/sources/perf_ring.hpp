@@ -612,6 +612,14 @@ class perf_ring_source final : public tick_source {
     return collect(out, skip);
   }
 
+  // Each sample carries a kStackCopyBytes stack copy: the rings hold at most this many between two reads.
+  std::size_t records_per_read() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::size_t n = 0;
+    for (auto& r : rings_) n += r.data_bytes / kStackCopyBytes + 1;
+    return n;
+  }
+
   // How often the collector must read so that no ring fills: a quarter of the time a ring holds at the
   // rate, between 5 and 200 ms. Until the source asks for the user chain, the first reads come sooner
   // (kChainFirstReadMs, then half the time since open): a program whose stacks outgrow the copy from the

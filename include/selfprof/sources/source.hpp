@@ -91,6 +91,8 @@ class tick_source {
     (void)out;
     return 0;
   }
+  // The most samples one collect() may write into the sample ring now (0: not bounded).
+  virtual std::size_t records_per_read() const { return 0; }
   virtual unsigned collect_period_ms() const { return 50; }
   virtual pulled_stats pulled() const { return {}; }  // what collect() read, for stats
   virtual status set_thread_rate(pid_t tid, double hz) {

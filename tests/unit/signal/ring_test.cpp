@@ -137,3 +137,29 @@ TEST_CASE("ring: a fresh ring's pages are mapped by the consumer's writes, a qua
   f.ring.map_ahead();  // every slot mapped: nothing left to do, nothing past the end touched
   ::munmap(mem, bytes);
 }
+
+TEST_CASE("ring: a source the collector reads maps ahead only what one read can write") {
+  const std::size_t capacity = 256, depth = 127, stride = sample_ring::stride_for(depth);
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t bytes = (capacity * stride + page - 1) / page * page;
+  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(mem != MAP_FAILED);
+  auto* base = static_cast<unsigned char*>(mem);
+  auto resident = [&](std::size_t slot) {
+    unsigned char v = 0;
+    REQUIRE(::mincore(base + slot * stride / page * page, page, &v) == 0);
+    return (v & 1) != 0;
+  };
+  ring_fixture f;
+  f.ring.init(mem, capacity, depth, true);
+  f.ring.set_map_ahead(10);
+  f.ring.map_ahead();
+  for (std::size_t i = 0; i < 10; ++i) CHECK(resident(i));
+  CHECK_FALSE(resident(10 + page / stride + 1));  // past the page holding slot 9
+  CHECK_FALSE(resident(capacity / 4));            // a signal source's quarter
+  for (std::uint64_t i = 0; i < 10; ++i) REQUIRE(f.push(1, i));
+  f.ring.map_ahead();  // follows the producer: 10 more
+  for (std::size_t i = 10; i < 20; ++i) CHECK(resident(i));
+  CHECK_FALSE(resident(20 + page / stride + 1));
+  ::munmap(mem, bytes);
+}
