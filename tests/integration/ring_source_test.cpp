@@ -775,15 +775,19 @@ long slow_growth_open(void* attr, int pid, int cpu, int group, unsigned long fla
   }
   return selfprof::detail::default_perf_event_open(attr, pid, cpu, group, flags);
 }
-
-TEST_CASE("ring source: rings start small and grow at their first samples, no tick counted twice or lost") {
-  ring_seam_guard g;
-  wl::apply_test_environment();
+// Both seams, with the calling thread as the spinning one.
+void watch_growth() {
   g_first_map_bytes = 0;
   g_grown_maps = 0;
   selfprof::detail::sys().mmap = slow_growth_mmap;
   selfprof::detail::sys().perf_event_open = slow_growth_open;
   REQUIRE(::pthread_getcpuclockid(::pthread_self(), &g_spinner_clock) == 0);
+}
+
+TEST_CASE("ring source: rings start small and grow once the program's samples come; no tick twice or lost") {
+  ring_seam_guard g;
+  wl::apply_test_environment();
+  watch_growth();
   const double hz = 997;
   REQUIRE(selfprof::start(ring_options(hz)));
   const bool ring = ring_running();
@@ -825,9 +829,7 @@ TEST_CASE("ring source: rings start small and grow at their first samples, no ti
 TEST_CASE("ring source: rings grow neither without samples nor in a session shorter than kRingGrowAfterMs") {
   ring_seam_guard g;
   wl::apply_test_environment();
-  g_first_map_bytes = 0;
-  g_grown_maps = 0;
-  selfprof::detail::sys().mmap = slow_growth_mmap;
+  watch_growth();
   REQUIRE(selfprof::start(ring_options(997)));
   const bool ring = ring_running();
   std::this_thread::sleep_for(std::chrono::milliseconds(150));  // no CPU time: no sample, nothing grows

@@ -89,23 +89,30 @@ TEST_CASE("ring: four producers, one consumer: every record arrives once, or is 
   CHECK(received + dropped.load() == long(kProducers) * kEach);
 }
 
-TEST_CASE("ring: a fresh ring's pages are mapped by the consumer's writes, a quarter of the ring ahead") {
-  // A page the producers read first would map the shared zero page, then be replaced at their write (a
-  // copy-on-write fault that flushes the TLB of every CPU the process runs on). map_ahead() writes first.
-  const std::size_t capacity = 64, depth = 127, stride = sample_ring::stride_for(depth);
+// Fresh anonymous pages for a ring of `capacity` slots, and which of them the kernel has mapped.
+struct fresh_ring_pages {
+  static constexpr std::size_t depth = 127;
+  const std::size_t capacity, stride = sample_ring::stride_for(depth);
   const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const std::size_t bytes = (capacity * stride + page - 1) / page * page;
   void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  REQUIRE(mem != MAP_FAILED);
-  auto* base = static_cast<unsigned char*>(mem);
-  auto resident = [&](std::size_t slot) {  // the page holding the slot's first byte
+  explicit fresh_ring_pages(std::size_t slots) : capacity(slots) { REQUIRE(mem != MAP_FAILED); }
+  ~fresh_ring_pages() { ::munmap(mem, bytes); }
+  bool resident(std::size_t slot) const {  // the page holding the slot's first byte
     unsigned char v = 0;
-    const std::size_t at = slot * stride / page * page;
-    REQUIRE(::mincore(base + at, page, &v) == 0);
+    REQUIRE(::mincore(static_cast<unsigned char*>(mem) + slot * stride / page * page, page, &v) == 0);
     return (v & 1) != 0;
-  };
+  }
+};
+
+TEST_CASE("ring: a fresh ring's pages are mapped by the consumer's writes, a quarter of the ring ahead") {
+  // A page the producers read first would map the shared zero page, then be replaced at their write (a
+  // copy-on-write fault that flushes the TLB of every CPU the process runs on). map_ahead() writes first.
+  const std::size_t capacity = 64;
+  fresh_ring_pages m(capacity);
+  auto resident = [&](std::size_t slot) { return m.resident(slot); };
   ring_fixture f;
-  f.ring.init(mem, capacity, depth, true);  // fresh anonymous pages: nothing touched
+  f.ring.init(m.mem, capacity, m.depth, true);  // fresh anonymous pages: nothing touched
   for (std::size_t i = 0; i < capacity; i += 4) CHECK_FALSE(resident(i));
   f.ring.map_ahead();
   for (std::size_t i = 0; i < capacity / 4; ++i) CHECK(resident(i));
@@ -135,23 +142,15 @@ TEST_CASE("ring: a fresh ring's pages are mapped by the consumer's writes, a qua
   }
   CHECK(f.ring.peek() == nullptr);
   f.ring.map_ahead();  // every slot mapped: nothing left to do, nothing past the end touched
-  ::munmap(mem, bytes);
 }
 
 TEST_CASE("ring: a source the collector reads maps ahead only what one read can write") {
-  const std::size_t capacity = 256, depth = 127, stride = sample_ring::stride_for(depth);
-  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  const std::size_t bytes = (capacity * stride + page - 1) / page * page;
-  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  REQUIRE(mem != MAP_FAILED);
-  auto* base = static_cast<unsigned char*>(mem);
-  auto resident = [&](std::size_t slot) {
-    unsigned char v = 0;
-    REQUIRE(::mincore(base + slot * stride / page * page, page, &v) == 0);
-    return (v & 1) != 0;
-  };
+  const std::size_t capacity = 256;
+  fresh_ring_pages m(capacity);
+  auto resident = [&](std::size_t slot) { return m.resident(slot); };
+  const std::size_t page = m.page, stride = m.stride;
   ring_fixture f;
-  f.ring.init(mem, capacity, depth, true);
+  f.ring.init(m.mem, capacity, m.depth, true);
   f.ring.set_map_ahead(10);
   f.ring.map_ahead();
   for (std::size_t i = 0; i < 10; ++i) CHECK(resident(i));
@@ -161,5 +160,4 @@ TEST_CASE("ring: a source the collector reads maps ahead only what one read can 
   f.ring.map_ahead();  // follows the producer: 10 more
   for (std::size_t i = 10; i < 20; ++i) CHECK(resident(i));
   CHECK_FALSE(resident(20 + page / stride + 1));
-  ::munmap(mem, bytes);
 }
