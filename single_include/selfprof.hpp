@@ -3109,8 +3109,9 @@ struct stats {
   // continued few of those stacks and was given up
   bool ring_user_chain = false, ring_chain_given_back = false;
   std::uint64_t ring_chain_cut = 0;
-  // ring source: data pages of a CPU ring now (they start at an eighth and grow at the first samples), and
-  // samples taken twice while they grew (by the old and the new events; each kept once)
+  // ring source: data pages of a CPU ring now (they start at an eighth and grow once the program takes
+  // samples, at least 100 ms after start), and samples taken twice while they grew (by the old and the
+  // new events; each kept once)
   std::uint64_t ring_pages = 0, ring_grow_overlap = 0;
   std::uint64_t thread_checks = 0;    // thread-count checks made by the handler
   std::uint64_t thread_wakes = 0;     // ... that saw the count change and woke the collector
@@ -11018,7 +11019,7 @@ inline std::unique_ptr<tick_source> open_upgrade_source(const source_config& bas
 // each CPU owns that CPU's ring; the others write into it (PERF_EVENT_IOC_SET_OUTPUT); inherited copies
 // write into their parent's. Started from a single-threaded main: one event per CPU, and every later thread
 // is the kernel's job, without /proc scans. selfprof's own threads inherit too: their samples are dropped by
-// tid when read. The rings start small and grow at their first samples (kRingStartShare).
+// tid when read. The rings start small and grow once the program takes samples (kRingStartShare).
 //
 // A sample: TID, TIME (CLOCK_MONOTONIC), IP, CALLCHAIN (the kernel's chain), REGS_USER (bp, sp, ip) and
 // STACK_USER (a copy of kStackCopyBytes above the user sp). The copy is unwound with the CFI rows the

@@ -82,8 +82,9 @@ struct stats {
   // continued few of those stacks and was given up
   bool ring_user_chain = false, ring_chain_given_back = false;
   std::uint64_t ring_chain_cut = 0;
-  // ring source: data pages of a CPU ring now (they start at an eighth and grow at the first samples), and
-  // samples taken twice while they grew (by the old and the new events; each kept once)
+  // ring source: data pages of a CPU ring now (they start at an eighth and grow once the program takes
+  // samples, at least 100 ms after start), and samples taken twice while they grew (by the old and the
+  // new events; each kept once)
   std::uint64_t ring_pages = 0, ring_grow_overlap = 0;
   std::uint64_t thread_checks = 0;    // thread-count checks made by the handler
   std::uint64_t thread_wakes = 0;     // ... that saw the count change and woke the collector

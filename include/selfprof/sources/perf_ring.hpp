@@ -8,7 +8,7 @@
 // each CPU owns that CPU's ring; the others write into it (PERF_EVENT_IOC_SET_OUTPUT); inherited copies
 // write into their parent's. Started from a single-threaded main: one event per CPU, and every later thread
 // is the kernel's job, without /proc scans. selfprof's own threads inherit too: their samples are dropped by
-// tid when read. The rings start small and grow at their first samples (kRingStartShare).
+// tid when read. The rings start small and grow once the program takes samples (kRingStartShare).
 //
 // A sample: TID, TIME (CLOCK_MONOTONIC), IP, CALLCHAIN (the kernel's chain), REGS_USER (bp, sp, ip) and
 // STACK_USER (a copy of kStackCopyBytes above the user sp). The copy is unwound with the CFI rows the
