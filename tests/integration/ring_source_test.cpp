@@ -750,19 +750,22 @@ TEST_CASE("ring source: a small locked-memory budget gives smaller rings, read m
 }
 
 // Growing rings (see kRingStartShare): the first mmaps are the small rings, a larger one is the growth.
-// The event opened after the last CPU's grown ring is mapped (its user-chain twin) waits until the spinning
-// thread has run 20 ms more, so both sets of events sample it for a while, wherever it runs; not longer than
-// the small rings hold.
+// The grown set opens the spinning thread's events on every CPU first (the lowest tid), then another
+// thread's. The first of those waits until the spinning thread has run 20 ms more, so both sets sample it
+// for a while, wherever it runs, with whichever event of a pair samples (the user chain's or not); not
+// longer than the small rings hold.
 std::size_t g_first_map_bytes = 0;
 std::atomic<int> g_grown_maps{0};
+std::atomic<bool> g_waited{false};
 void* slow_growth_mmap(void* addr, std::size_t len, int prot, int flags, int fd, off_t off) {
   if (g_first_map_bytes == 0) g_first_map_bytes = len;
   if (len > g_first_map_bytes) g_grown_maps.fetch_add(1);
   return ::mmap(addr, len, prot, flags, fd, off);
 }
 clockid_t g_spinner_clock{};
+pid_t g_spinner_tid = 0;
 long slow_growth_open(void* attr, int pid, int cpu, int group, unsigned long flags) {
-  if (g_grown_maps.load() == static_cast<int>(::sysconf(_SC_NPROCESSORS_CONF))) {
+  if (g_grown_maps.load() > 0 && pid != g_spinner_tid && !g_waited.exchange(true)) {
     // Until the spinning thread has run 20 ms more (a loaded machine may not run it at once), at most 2 s.
     auto cpu_ns = [] {
       timespec t{};
@@ -779,8 +782,10 @@ long slow_growth_open(void* attr, int pid, int cpu, int group, unsigned long fla
 void watch_growth() {
   g_first_map_bytes = 0;
   g_grown_maps = 0;
+  g_waited = false;
   selfprof::detail::sys().mmap = slow_growth_mmap;
   selfprof::detail::sys().perf_event_open = slow_growth_open;
+  g_spinner_tid = static_cast<pid_t>(::syscall(SYS_gettid));
   REQUIRE(::pthread_getcpuclockid(::pthread_self(), &g_spinner_clock) == 0);
 }
 
@@ -788,6 +793,11 @@ TEST_CASE("ring source: rings start small and grow once the program's samples co
   ring_seam_guard g;
   wl::apply_test_environment();
   watch_growth();
+  // An idle thread, whose events the grown set opens after the spinning thread's (see slow_growth_open).
+  std::atomic<bool> done{false};
+  std::thread idle([&] {
+    while (!done) usleep(2000);
+  });
   const double hz = 997;
   REQUIRE(selfprof::start(ring_options(hz)));
   const bool ring = ring_running();
@@ -795,6 +805,8 @@ TEST_CASE("ring source: rings start small and grow once the program's samples co
   wl::run_rounds(800000000LL);
   const std::int64_t cpu = wl::thread_cpu_ns() - t0;
   selfprof::stop();
+  done = true;
+  idle.join();
   const selfprof::stats st = selfprof::get_stats();
   const selfprof::profile p = selfprof::snapshot();
   std::uint64_t mine = 0;
@@ -803,7 +815,8 @@ TEST_CASE("ring source: rings start small and grow once the program's samples co
   const double expected = double(cpu) * hz / 1e9;
   MESSAGE(mine << " samples under run_rounds, " << expected << " expected; ring " << st.ring_pages
                << " pages, first map " << g_first_map_bytes << " bytes, " << g_grown_maps.load()
-               << " grown maps, " << st.ring_grow_overlap << " overlap, " << st.kernel_lost << " lost");
+               << " grown maps, " << st.ring_grow_overlap << " overlap, " << st.kernel_lost
+               << " lost; user chain " << std::string(st.ring_user_chain ? "on" : "off"));
   if (!ring) return;
   const std::size_t page = std::size_t(::sysconf(_SC_PAGESIZE));
   const unsigned full = selfprof::detail::ring_pages_for(hz, page);
@@ -818,7 +831,8 @@ TEST_CASE("ring source: rings start small and grow once the program's samples co
   }
   CHECK(st.ring_pages == full);
   CHECK(g_grown_maps.load() >= 1);
-  // Both sets sampled while the second one opened (20 ms of the thread's CPU): those ticks were kept once.
+  // Both sets sampled while the second one opened (20 ms of the thread's CPU), with the user chain asked
+  // for or not: those ticks were kept once.
   CHECK(st.ring_grow_overlap > 0);
   CHECK(st.kernel_lost == 0);
   CHECK(double(mine) > expected * 0.9);
