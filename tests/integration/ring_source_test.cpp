@@ -849,15 +849,26 @@ TEST_CASE("ring source: rings grow neither without samples nor in a session shor
   std::this_thread::sleep_for(std::chrono::milliseconds(150));  // no CPU time: no sample, nothing grows
   const std::uint64_t before = selfprof::get_stats().collector_wakes;
   selfprof::stop();
-  // Samples, then stop within kRingGrowAfterMs of the start: no read grows the rings, nor the last.
-  REQUIRE(selfprof::start(ring_options(997)));
-  wl::run_rounds(40000000LL);
-  selfprof::stop();
-  const selfprof::stats st = selfprof::get_stats();
-  MESSAGE(st.samples << " samples, " << before << " wakes in the first session");
+  // Samples, then stop within kRingGrowAfterMs of the start: no read grows the rings, nor the last. A loaded
+  // machine may stretch the session past it: then once more, up to 5 sessions.
+  selfprof::stats st{};
+  bool short_session = false;
+  for (int i = 0; i < 5 && !short_session; ++i) {
+    g_grown_maps = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(selfprof::start(ring_options(997)));
+    wl::run_rounds(40000000LL);
+    selfprof::stop();
+    short_session =
+        std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(selfprof::detail::kRingGrowAfterMs);
+    st = selfprof::get_stats();
+  }
+  MESSAGE(st.samples << " samples, " << before << " wakes in the first session; a session within "
+                     << selfprof::detail::kRingGrowAfterMs
+                     << " ms: " << std::string(short_session ? "yes" : "no"));
   if (!ring) return;
   CHECK(st.samples > 10);
-  CHECK(g_grown_maps.load() == 0);
+  if (short_session) CHECK(g_grown_maps.load() == 0);
   CHECK(before > 0);
   const std::size_t page = std::size_t(::sysconf(_SC_PAGESIZE));
   CHECK(g_first_map_bytes ==
