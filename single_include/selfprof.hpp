@@ -11713,10 +11713,11 @@ class perf_ring_source final : public tick_source {
     return max_stack_;
   }
 
-  void release_ring(cpu_ring& c) {
+  // Closes `c`'s events (disabled first, unless the caller did) and unmaps its ring.
+  void release_ring(cpu_ring& c, bool disabled = false) {
     for (auto* fds : {&c.chain_fds, &c.fds})
       for (int fd : *fds) {
-        ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+        if (!disabled) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
         sys().close(fd);
         if (events_ > 0) --events_;
       }
@@ -11860,7 +11861,7 @@ class perf_ring_source final : public tick_source {
         for (int fd : *fds) ::ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
       r.keep_until_ns = now;
       n += read_ring(r, out);
-      release_ring(r);
+      release_ring(r, true);
     }
     rings_.erase(std::remove_if(rings_.begin(), rings_.end(), [](const cpu_ring& r) { return r.tid == 0; }),
                  rings_.end());
