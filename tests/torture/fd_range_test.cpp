@@ -2,7 +2,8 @@
 // sampler's syscall files) stay above the application's range, and RLIMIT_NOFILE stays as the application
 // set it, during sampling and after stop() (issue 15, item 8): 50 threads at a soft limit of 1024, 100
 // threads at 64, wall mode, and a soft limit equal to the hard limit (the descriptors then stay where
-// they are, counted and noted). The perf parts are skipped where perf_event cannot be opened.
+// they are, counted and noted), and the DWARF files a profile's file:line lookups keep open. The perf
+// parts are skipped where perf_event cannot be opened.
 // ctest-labels: no_tsan
 // Not under TSan: it defers asynchronous signals.
 #include <doctest/doctest.h>
@@ -276,4 +277,42 @@ TEST_CASE("torture: soft limit == hard limit: perf_event fds stay, counted and n
     return;
   }
   CHECK(WEXITSTATUS(status) == 0);  // 11..17: which check failed (see above)
+}
+
+TEST_CASE("torture: file:line lookups keep their DWARF files' descriptors above the soft limit") {
+#if SELFPROF_HAS_LIBDW
+  fd_range_test::soft_limit limit(128, 64);
+  if (!limit.ok) {
+    MESSAGE("skipped: the hard RLIMIT_NOFILE (" << limit.saved.rlim_max << ") leaves no room above 128");
+    return;
+  }
+  const struct rlimit before = fd_range_test::nofile();
+  const int app_fd = fd_range_test::next_fd();
+  wl::apply_test_environment();
+  selfprof::options o;
+  o.hz = 199;
+  REQUIRE(selfprof::start(o));
+  const std::int64_t t0 = wl::thread_cpu_ns();
+  while (wl::thread_cpu_ns() - t0 < 200000000) wl::spin_units(1);
+  REQUIRE(selfprof::stop());
+  // The dump's lookups open this program's DWARF and keep it, with its libdw session, for later dumps.
+  const selfprof::profile p = selfprof::snapshot();
+  bool line = false;
+  for (const auto& f : p.frames)
+    line = line || (f.line != 0 && f.name.find("spin_units") != std::string::npos);
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  REQUIRE(n > 0);
+  exe[n] = '\0';
+  const fd_range_test::fd_census files = fd_range_test::census(exe, 128);
+  MESSAGE("spin_units with a line: " << line << "; descriptors of " << exe << ": " << files.total << ", "
+                                     << files.below << " below the soft limit");
+  CHECK(line);
+  CHECK(files.total >= 1);
+  CHECK(files.below == 0);
+  CHECK(fd_range_test::next_fd() == app_fd);
+  CHECK(fd_range_test::same_limit(fd_range_test::nofile(), before));
+#else
+  MESSAGE("skipped: built without libdw");
+#endif
 }

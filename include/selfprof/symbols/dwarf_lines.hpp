@@ -36,6 +36,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "selfprof/detail/high_fd.hpp"
 #include "selfprof/detail/sys.hpp"
 #include "selfprof/symbols/debug_file.hpp"
 #include "selfprof/symbols/demangle.hpp"
@@ -271,7 +272,9 @@ class dwarf_lines {
     // libdwfl would map the file itself (ELF_C_READ_MMAP_PRIVATE), and a mapped file truncated in place
     // raises SIGBUS: the file with the DWARF is opened here with ELF_C_READ (pread) and given to Dwfl as
     // the module's ELF by find_elf, so nothing needs find_debuginfo.
-    if (!from.empty()) file->fd = open_regular_file(from, from == path ? m.inode : 0);
+    // The session, and so the descriptor, lives as long as the cache: above the application's range, where
+    // a program that closes or reuses its low descriptors cannot take it from under libdw.
+    if (!from.empty()) file->fd = keep_fd_high(open_regular_file(from, from == path ? m.inode : 0));
     if (file->fd >= 0 && libdw().elf_version(EV_CURRENT) != EV_NONE)  // elf_begin fails before elf_version
       file->elf = libdw().elf_begin(file->fd, ELF_C_READ, nullptr);
     Dwarf_Addr low = 0, high = 0;
