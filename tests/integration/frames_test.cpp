@@ -187,7 +187,8 @@ TEST_CASE("SELFPROF_FRAME_HZ: marked threads sampled faster, all-frames profile 
   selfprof::stats st = selfprof::get_stats();
   selfprof::profile all = selfprof::snapshot();
   selfprof::profile slow = selfprof::snapshot_slow_frames();
-  MESSAGE("source " << selfprof::source_name(st.source) << "; slow profile at " << slow.info.hz << " Hz");
+  MESSAGE("source " << std::string(selfprof::source_name(st.source)) << "; slow profile at " << slow.info.hz
+                    << " Hz");
   for (auto& n : st.notes) MESSAGE("note: " << n);
   check_spike_scenario(all, slow);
   CHECK(slow.info.hz == doctest::Approx(1000));

@@ -151,7 +151,7 @@ TEST_CASE("auto at 99 Hz: threads that wait for a CPU move from the CPU timer to
   done.store(true);
   for (auto& t : busy) t.join();
   REQUIRE(selfprof::stop());
-  MESSAGE("source " << selfprof::source_name(st.source) << ": " << st.source_reason);
+  MESSAGE("source " << std::string(selfprof::source_name(st.source)) << ": " << st.source_reason);
   for (const auto& n : st.notes) MESSAGE("note: " << n);
   MESSAGE("decided after " << records_at_switch << " samples, " << st.collector_wakes << " collector wakes");
   REQUIRE(decided(st));
@@ -179,7 +179,7 @@ TEST_CASE("auto at 1 kHz: perf_event delivers the rate; without perf, CPU timers
   REQUIRE(r.started);
   double weighted = double(r.st.samples) / (double(r.cpu_ns) / 1e9);
   double distinct = double(r.st.records) / (double(r.cpu_ns) / 1e9);
-  MESSAGE("auto 1 kHz -> " << selfprof::source_name(r.st.source) << " (" << r.st.source_detail
+  MESSAGE("auto 1 kHz -> " << std::string(selfprof::source_name(r.st.source)) << " (" << r.st.source_detail
                            << "): " << weighted << " weighted, " << distinct
                            << " distinct samples/CPU-s; effective " << r.st.effective_hz);
   if (perf_user_only_expected()) {

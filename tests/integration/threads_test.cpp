@@ -6,10 +6,14 @@
 #include <doctest/doctest.h>
 
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <thread>
+#include <vector>
 
 #include "workload.hpp"
 
@@ -94,21 +98,45 @@ TEST_CASE("500 short threads at 1 kHz: no crash, no leaked descriptors or timers
   int fds_before = wl::count_dir("/proc/self/fd");
   int timers_before = wl::count_posix_timers();
   REQUIRE(selfprof::start(opts(1000)));
+  std::atomic<std::int64_t> short_cpu{0};
   for (int round = 0; round < 50; ++round) {
     std::vector<std::thread> ts;
-    for (int i = 0; i < 10; ++i) ts.emplace_back([] { wl::spin_units(20); });
+    for (int i = 0; i < 10; ++i)
+      ts.emplace_back([&short_cpu] {
+        wl::spin_units(20);
+        short_cpu += wl::thread_cpu_ns();
+      });
     for (auto& t : ts) t.join();
   }
   selfprof::stats during = selfprof::get_stats();
+  // Sampling goes on after the churn: 60 ms of CPU in this thread, armed from the start by every source.
+  const std::int64_t t0 = wl::thread_cpu_ns();
+  while (wl::thread_cpu_ns() - t0 < 60000000) wl::spin_units(1);
+  const std::int64_t main_cpu = wl::thread_cpu_ns() - t0;
   REQUIRE(selfprof::stop());
   selfprof::stats st = selfprof::get_stats();
-  MESSAGE("source " << selfprof::source_name(st.source) << ", threads seen " << during.threads_seen
-                    << ", samples " << st.samples);
-  CHECK(st.samples > 0);
-  CHECK(during.threads_seen >= 2);
   CHECK(wl::count_dir("/proc/self/fd") == fds_before);
   CHECK(wl::count_posix_timers() == timers_before);
   CHECK(st.threads_armed == 0);
+  const selfprof::profile p = selfprof::snapshot();
+  const auto me = static_cast<std::uint32_t>(::syscall(SYS_gettid));
+  std::uint64_t main_samples = 0, short_samples = 0;
+  for (const auto& s : p.stacks)
+    if (wl::count_frames(p, s, "spin_units")) (s.tid == me ? main_samples : short_samples) += s.count;
+  const double period = double(p.info.period_ns);
+  MESSAGE("source " << std::string(selfprof::source_name(st.source)) << ", threads seen "
+                    << during.threads_seen << "; short threads: " << short_samples << " samples for "
+                    << short_cpu / 1000000 << " ms of CPU; this thread after them: " << main_samples
+                    << " samples for " << main_cpu / 1000000 << " ms; a sample stands for " << period / 1e6
+                    << " ms");
+  REQUIRE(period > 0);
+  CHECK(double(main_samples) > double(main_cpu) / period * 0.5);
+  // The ring follows every thread from its clone and the itimer counts the process's CPU time: the short
+  // threads' time is in the profile. The per-thread signal sources find a new thread within 20 to 50 ms
+  // (the handler's thread count, the collector's scan), after these 1 ms threads have ended.
+  if (st.source == selfprof::source_kind::ring || st.source == selfprof::source_kind::itimer)
+    CHECK(double(short_samples) > double(short_cpu) / period * 0.5);
+  CHECK(during.threads_seen >= 2);
 }
 
 TEST_CASE("register_thread() arms the calling thread at once") {
