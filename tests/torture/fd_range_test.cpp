@@ -33,9 +33,10 @@ namespace fd_range_test {
 // The soft RLIMIT_NOFILE of one test case; the original one is put back at the end.
 struct soft_limit {
   struct rlimit saved {};
+  rlim_t soft = 0;
   bool ok = false;
   // `room`: descriptors needed above the soft limit (the hard limit must leave that many).
-  soft_limit(rlim_t soft, rlim_t room) {
+  soft_limit(rlim_t soft_wanted, rlim_t room) : soft(soft_wanted) {
     REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
     if (saved.rlim_max < soft + room) return;
     struct rlimit rl = saved;
@@ -43,6 +44,12 @@ struct soft_limit {
     ok = ::setrlimit(RLIMIT_NOFILE, &rl) == 0;
   }
   ~soft_limit() { ::setrlimit(RLIMIT_NOFILE, &saved); }
+  // True (and says so) when the limit could not be set: the test case is skipped.
+  bool skipped() const {
+    if (!ok)
+      MESSAGE("skipped: the hard RLIMIT_NOFILE (" << saved.rlim_max << ") leaves no room above " << soft);
+    return !ok;
+  }
 };
 
 struct rlimit nofile() {
@@ -188,29 +195,20 @@ void check_perf_session(int threads, rlim_t soft) {
 TEST_CASE("torture: 50 threads at a soft limit of 1024: perf_event fds stay above it, the limit stays") {
   if (fd_range_test::perf_disabled()) return;
   fd_range_test::soft_limit limit(1024, 256);
-  if (!limit.ok) {
-    MESSAGE("skipped: the hard RLIMIT_NOFILE (" << limit.saved.rlim_max << ") leaves no room above 1024");
-    return;
-  }
+  if (limit.skipped()) return;
   fd_range_test::check_perf_session(50, 1024);
 }
 
 TEST_CASE("torture: 100 threads at a soft limit of 64: every thread armed, the application's fds below 64") {
   if (fd_range_test::perf_disabled()) return;
   fd_range_test::soft_limit limit(64, 256);
-  if (!limit.ok) {
-    MESSAGE("skipped: the hard RLIMIT_NOFILE (" << limit.saved.rlim_max << ") leaves no room above 64");
-    return;
-  }
+  if (limit.skipped()) return;
   fd_range_test::check_perf_session(100, 64);
 }
 
 TEST_CASE("torture: wall mode: the sampler's kept files stay above the soft limit") {
   fd_range_test::soft_limit limit(128, 256);
-  if (!limit.ok) {
-    MESSAGE("skipped: the hard RLIMIT_NOFILE (" << limit.saved.rlim_max << ") leaves no room above 128");
-    return;
-  }
+  if (limit.skipped()) return;
   const struct rlimit before = fd_range_test::nofile();
   const int app_fd = fd_range_test::next_fd();
   fd_range_test::workers idle(40, false);
@@ -282,10 +280,7 @@ TEST_CASE("torture: soft limit == hard limit: perf_event fds stay, counted and n
 TEST_CASE("torture: file:line lookups keep their DWARF files' descriptors above the soft limit") {
 #if SELFPROF_HAS_LIBDW
   fd_range_test::soft_limit limit(128, 64);
-  if (!limit.ok) {
-    MESSAGE("skipped: the hard RLIMIT_NOFILE (" << limit.saved.rlim_max << ") leaves no room above 128");
-    return;
-  }
+  if (limit.skipped()) return;
   const struct rlimit before = fd_range_test::nofile();
   const int app_fd = fd_range_test::next_fd();
   wl::apply_test_environment();

@@ -110,14 +110,13 @@ TEST_CASE("ring: a fresh ring's pages are mapped by the consumer's writes, a qua
   // copy-on-write fault that flushes the TLB of every CPU the process runs on). map_ahead() writes first.
   const std::size_t capacity = 64;
   fresh_ring_pages m(capacity);
-  auto resident = [&](std::size_t slot) { return m.resident(slot); };
   ring_fixture f;
   f.ring.init(m.mem, capacity, m.depth, true);  // fresh anonymous pages: nothing touched
-  for (std::size_t i = 0; i < capacity; i += 4) CHECK_FALSE(resident(i));
+  for (std::size_t i = 0; i < capacity; i += 4) CHECK_FALSE(m.resident(i));
   f.ring.map_ahead();
-  for (std::size_t i = 0; i < capacity / 4; ++i) CHECK(resident(i));
-  CHECK_FALSE(resident(capacity / 4 + 4));
-  CHECK_FALSE(resident(capacity - 1));
+  for (std::size_t i = 0; i < capacity / 4; ++i) CHECK(m.resident(i));
+  CHECK_FALSE(m.resident(capacity / 4 + 4));
+  CHECK_FALSE(m.resident(capacity - 1));
   // Producers and the consumer work as before; the next map_ahead() follows the producers.
   for (std::uint64_t i = 0; i < 20; ++i) REQUIRE(f.push(1, 1000 + i));
   for (std::uint64_t i = 0; i < 20; ++i) {
@@ -127,12 +126,12 @@ TEST_CASE("ring: a fresh ring's pages are mapped by the consumer's writes, a qua
     f.ring.release(s);
   }
   f.ring.map_ahead();
-  for (std::size_t i = 20; i < 20 + capacity / 4; ++i) CHECK(resident(i));
-  CHECK_FALSE(resident(capacity - 1));
+  for (std::size_t i = 20; i < 20 + capacity / 4; ++i) CHECK(m.resident(i));
+  CHECK_FALSE(m.resident(capacity - 1));
   // A word a producer wrote is left as it is (the write is a locked no-op): published records stay.
   for (std::uint64_t i = 0; i < capacity - 4; ++i) REQUIRE(f.push(2, 2000 + i));
   f.ring.map_ahead();
-  for (std::size_t i = 0; i < capacity; i += 4) CHECK(resident(i));
+  for (std::size_t i = 0; i < capacity; i += 4) CHECK(m.resident(i));
   for (std::uint64_t i = 0; i < capacity - 4; ++i) {
     ring_slot* s = f.ring.peek();
     REQUIRE(s != nullptr);
@@ -147,17 +146,16 @@ TEST_CASE("ring: a fresh ring's pages are mapped by the consumer's writes, a qua
 TEST_CASE("ring: a source the collector reads maps ahead only what one read can write") {
   const std::size_t capacity = 256;
   fresh_ring_pages m(capacity);
-  auto resident = [&](std::size_t slot) { return m.resident(slot); };
   const std::size_t page = m.page, stride = m.stride;
   ring_fixture f;
   f.ring.init(m.mem, capacity, m.depth, true);
   f.ring.set_map_ahead(10);
   f.ring.map_ahead();
-  for (std::size_t i = 0; i < 10; ++i) CHECK(resident(i));
-  CHECK_FALSE(resident(10 + page / stride + 1));  // past the page holding slot 9
-  CHECK_FALSE(resident(capacity / 4));            // a signal source's quarter
+  for (std::size_t i = 0; i < 10; ++i) CHECK(m.resident(i));
+  CHECK_FALSE(m.resident(10 + page / stride + 1));  // past the page holding slot 9
+  CHECK_FALSE(m.resident(capacity / 4));            // a signal source's quarter
   for (std::uint64_t i = 0; i < 10; ++i) REQUIRE(f.push(1, i));
   f.ring.map_ahead();  // follows the producer: 10 more
-  for (std::size_t i = 10; i < 20; ++i) CHECK(resident(i));
-  CHECK_FALSE(resident(20 + page / stride + 1));
+  for (std::size_t i = 10; i < 20; ++i) CHECK(m.resident(i));
+  CHECK_FALSE(m.resident(20 + page / stride + 1));
 }
